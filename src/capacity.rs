@@ -1,0 +1,160 @@
+//! Sizes: parsing Kubernetes quantities into bytes and the Go build's "pretty" rounding of a
+//! filesystem's size (reference/kubevirt-legacy-spec.md section 2.3).
+
+const KI: u128 = 1024;
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+/// Why a quantity could not be read as a byte count.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    /// Not the Kubernetes quantity grammar.
+    #[error("{0:?} is not a valid quantity")]
+    Syntax(String),
+    /// Negative sizes make no sense for storage.
+    #[error("{0:?} is negative")]
+    Negative(String),
+    /// Larger than any disk (more than 2^64 bytes).
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+}
+
+/// Parses a Kubernetes quantity (`1Gi`, `500M`, `1.5Gi`, `1e9`, `100m`) into bytes, rounding a
+/// fractional byte count up, as Kubernetes does for storage.
+pub fn parse_bytes(quantity: &str) -> Result<u64, QuantityError> {
+    let s = quantity.trim();
+    let err = || QuantityError::Syntax(quantity.to_owned());
+    if s.is_empty() || s.len() > 64 {
+        return Err(err());
+    }
+    let (negative, s) = match s.as_bytes()[0] {
+        b'-' => (true, &s[1..]),
+        b'+' => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let number_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (number, suffix) = s.split_at(number_end);
+    if number.is_empty() || number == "." || number.matches('.').count() > 1 {
+        return Err(err());
+    }
+    let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
+    // value = mantissa / 10^frac_digits * multiplier
+    let digits = format!("{int_part}{frac_part}");
+    let digits = digits.trim_start_matches('0');
+    if digits.len() > 30 {
+        return Err(QuantityError::TooLarge(quantity.to_owned()));
+    }
+    let mantissa: u128 = if digits.is_empty() { 0 } else { digits.parse().map_err(|_| err())? };
+    let mut scale_down: u32 = frac_part.len() as u32;
+    let (numerator, denominator_pow10): (u128, u32) = match suffix {
+        "" => (1, 0),
+        "Ki" => (KI, 0),
+        "Mi" => (KI.pow(2), 0),
+        "Gi" => (KI.pow(3), 0),
+        "Ti" => (KI.pow(4), 0),
+        "Pi" => (KI.pow(5), 0),
+        "Ei" => (KI.pow(6), 0),
+        "m" => (1, 3),
+        "k" => (10u128.pow(3), 0),
+        "M" => (10u128.pow(6), 0),
+        "G" => (10u128.pow(9), 0),
+        "T" => (10u128.pow(12), 0),
+        "P" => (10u128.pow(15), 0),
+        "E" => (10u128.pow(18), 0),
+        exp if exp.starts_with(['e', 'E']) => {
+            let e: i32 = exp[1..].parse().map_err(|_| err())?;
+            if !(-30..=30).contains(&e) {
+                return Err(QuantityError::TooLarge(quantity.to_owned()));
+            }
+            if e >= 0 { (10u128.pow(e as u32), 0) } else { (1, (-e) as u32) }
+        }
+        _ => return Err(err()),
+    };
+    scale_down += denominator_pow10;
+    if mantissa != 0 && negative {
+        return Err(QuantityError::Negative(quantity.to_owned()));
+    }
+    let scaled = mantissa.checked_mul(numerator).ok_or_else(|| QuantityError::TooLarge(quantity.to_owned()))?;
+    let divisor = 10u128.checked_pow(scale_down).ok_or_else(|| QuantityError::TooLarge(quantity.to_owned()))?;
+    let bytes = scaled.div_ceil(divisor);
+    u64::try_from(bytes).map_err(|_| QuantityError::TooLarge(quantity.to_owned()))
+}
+
+/// The Go build's capacity: round a filesystem size down to whole GiB from 10 GiB on, to whole
+/// MiB from 10 MiB on, else keep it.
+pub fn round_down_pretty(bytes: u64) -> u64 {
+    if bytes / GIB >= 10 {
+        bytes / GIB * GIB
+    } else if bytes / MIB >= 10 {
+        bytes / MIB * MIB
+    } else {
+        bytes
+    }
+}
+
+/// Formats a byte count the way Go's `resource.Quantity` prints BinarySI values: the largest
+/// binary suffix that divides it exactly (`49Gi`, `2047Mi`, `1536`).
+pub fn format_binary_si(bytes: u64) -> String {
+    const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let mut value = bytes;
+    let mut index = 0;
+    while value != 0 && value.is_multiple_of(1024) && index < SUFFIXES.len() - 1 {
+        value /= 1024;
+        index += 1;
+    }
+    format!("{value}{}", SUFFIXES[index])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_rounding_matches_the_go_unit_tests() {
+        assert_eq!(round_down_pretty(2 * GIB), 2 * GIB);
+        assert_eq!(round_down_pretty(2 * GIB + 2), 2 * GIB);
+        assert_eq!(round_down_pretty(2 * GIB - 2), 2047 * MIB);
+        assert_eq!(round_down_pretty(20 * GIB - 2), 19 * GIB);
+        assert_eq!(round_down_pretty(5 * MIB + 3), 5 * MIB + 3);
+    }
+
+    #[test]
+    fn binary_si_formatting_matches_go() {
+        assert_eq!(format_binary_si(2 * GIB), "2Gi");
+        assert_eq!(format_binary_si(2047 * MIB), "2047Mi");
+        assert_eq!(format_binary_si(49 * GIB), "49Gi");
+        assert_eq!(format_binary_si(1536), "1536");
+        assert_eq!(format_binary_si(0), "0");
+    }
+
+    #[test]
+    fn quantities_parse_to_bytes() {
+        let cases = [
+            ("1Gi", GIB),
+            ("200Mi", 200 * MIB),
+            ("1Mi", MIB),
+            ("1G", 1_000_000_000),
+            ("500M", 500_000_000),
+            ("1.5Gi", GIB + GIB / 2),
+            ("1e3", 1000),
+            ("1E3", 1000),
+            ("1500m", 2),
+            ("100m", 1),
+            ("0", 0),
+            ("12345", 12345),
+            (" 1Ki ", 1024),
+            ("+1k", 1000),
+            ("0.1", 1),
+        ];
+        for (q, want) in cases {
+            assert_eq!(parse_bytes(q), Ok(want), "{q}");
+        }
+    }
+
+    #[test]
+    fn bad_quantities_are_errors_not_panics() {
+        for q in ["", "Gi", "1.2.3", "1Qi", "1 Gi", "1e", "1e99", "-1Gi", "1Gii", ".", "99999999999999999999Ei"] {
+            assert!(parse_bytes(q).is_err(), "{q}");
+        }
+    }
+}

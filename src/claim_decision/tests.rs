@@ -1,0 +1,275 @@
+use super::*;
+use crate::test_fixtures::*;
+
+fn interest(claim: ClaimBuilder) -> Interest {
+    claim_interest(&claim.build().metadata, &me())
+}
+
+fn decide(claim: ClaimBuilder, class: Option<&StorageClass>) -> Decision {
+    decide_claim(&claim.build(), class, &me(), &config())
+}
+
+fn wffc() -> StorageClass {
+    class("hpp", "WaitForFirstConsumer")
+}
+
+fn immediate() -> StorageClass {
+    class("hpp", "Immediate")
+}
+
+fn provisioned(d: Decision) -> ProvisionPlan {
+    match d {
+        Decision::Provision(plan) => *plan,
+        other => panic!("expected Provision, got {other:?}"),
+    }
+}
+
+// ---- stage 1: metadata ----
+
+#[test]
+fn metadata_provision_on_node_for_us_is_a_candidate() {
+    assert_eq!(interest(claim("hpp").on_node(NODE)), Interest::Candidate);
+}
+
+#[test]
+fn metadata_provision_on_node_for_another_node_wins_over_selected_node() {
+    assert_eq!(interest(claim("hpp").on_node(OTHER_NODE).selected(NODE)), Interest::Ignore);
+}
+
+#[test]
+fn metadata_selected_node_with_ga_or_beta_provisioner_key_is_a_candidate() {
+    assert_eq!(interest(claim("hpp").selected(NODE)), Interest::Candidate);
+    let beta_only = claim("hpp")
+        .annotation(crate::keys::SELECTED_NODE, NODE)
+        .annotation(crate::keys::STORAGE_PROVISIONER_BETA, PROVISIONER);
+    assert_eq!(interest(beta_only), Interest::Candidate);
+    let ga_only = claim("hpp")
+        .annotation(crate::keys::SELECTED_NODE, NODE)
+        .annotation(crate::keys::STORAGE_PROVISIONER, PROVISIONER);
+    assert_eq!(interest(ga_only), Interest::Candidate);
+}
+
+#[test]
+fn metadata_selected_for_another_node_is_ignored() {
+    assert_eq!(interest(claim("hpp").selected(OTHER_NODE)), Interest::Ignore);
+}
+
+#[test]
+fn metadata_other_provisioner_or_no_annotation_is_ignored() {
+    assert_eq!(interest(claim("hpp")), Interest::Ignore);
+    let other = claim("hpp")
+        .annotation(crate::keys::STORAGE_PROVISIONER, "example.com/other")
+        .annotation(crate::keys::SELECTED_NODE, NODE);
+    assert_eq!(interest(other), Interest::Ignore);
+}
+
+#[test]
+fn metadata_immediate_claim_without_node_is_a_candidate_for_the_explanation() {
+    assert_eq!(interest(claim("hpp").provisioner_annotations()), Interest::Candidate);
+}
+
+#[test]
+fn metadata_bound_or_deleting_claims_are_ignored() {
+    assert_eq!(interest(claim("hpp").on_node(NODE).annotation(crate::keys::BIND_COMPLETED, "yes")), Interest::Ignore);
+    let mut deleting = claim("hpp").on_node(NODE).build();
+    deleting.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+    assert_eq!(claim_interest(&deleting.metadata, &me()), Interest::Ignore);
+}
+
+// ---- stage 2: Go unit-test table (isCorrectNodeByBindingMode) ----
+
+#[test]
+fn provision_on_node_for_us_under_immediate_provisions() {
+    provisioned(decide(claim("hpp").on_node(NODE), Some(&immediate())));
+}
+
+#[test]
+fn provision_on_node_for_another_node_under_immediate_is_skipped() {
+    assert_eq!(decide(claim("hpp").on_node(OTHER_NODE), Some(&immediate())), Decision::Skip(SkipReason::OtherNode));
+}
+
+#[test]
+fn no_annotations_under_immediate_is_nobodys_and_gets_the_explanation_once_annotated_by_the_pv_controller() {
+    assert_eq!(decide(claim("hpp"), Some(&immediate())), Decision::Skip(SkipReason::NotYetSelected));
+    assert_eq!(decide(claim("hpp").provisioner_annotations(), Some(&immediate())), Decision::ExplainImmediate);
+}
+
+#[test]
+fn selected_node_for_us_under_wffc_provisions() {
+    let plan = provisioned(decide(claim("hpp").selected(NODE), Some(&wffc())));
+    assert_eq!(plan.binding_mode, BindingMode::WaitForFirstConsumer);
+    assert!(!plan.pinned_by_annotation);
+}
+
+#[test]
+fn provision_on_node_for_us_under_wffc_without_selected_node_provisions() {
+    let plan = provisioned(decide(claim("hpp").on_node(NODE), Some(&wffc())));
+    assert!(plan.pinned_by_annotation);
+}
+
+#[test]
+fn no_annotations_under_wffc_waits() {
+    assert_eq!(decide(claim("hpp"), Some(&wffc())), Decision::Skip(SkipReason::NotYetSelected));
+}
+
+#[test]
+fn provision_on_node_for_us_wins_over_selected_node_for_another() {
+    provisioned(decide(claim("hpp").on_node(NODE).selected(OTHER_NODE), Some(&wffc())));
+}
+
+#[test]
+fn selected_node_for_us_loses_to_provision_on_node_for_another() {
+    // The case the Go test meant to cover but did not (typo in its node name).
+    assert_eq!(
+        decide(claim("hpp").on_node(OTHER_NODE).selected(NODE), Some(&wffc())),
+        Decision::Skip(SkipReason::OtherNode)
+    );
+}
+
+#[test]
+fn selected_node_for_another_node_is_skipped() {
+    assert_eq!(decide(claim("hpp").selected(OTHER_NODE), Some(&wffc())), Decision::Skip(SkipReason::OtherNode));
+}
+
+#[test]
+fn selected_node_without_storage_provisioner_annotation_waits_for_the_pv_controller() {
+    let c = claim("hpp").annotation(crate::keys::SELECTED_NODE, NODE);
+    assert_eq!(decide(c, Some(&wffc())), Decision::Skip(SkipReason::NotYetSelected));
+}
+
+#[test]
+fn ga_and_beta_storage_provisioner_keys_are_both_read() {
+    for key in [crate::keys::STORAGE_PROVISIONER, crate::keys::STORAGE_PROVISIONER_BETA] {
+        let c = claim("hpp").annotation(crate::keys::SELECTED_NODE, NODE).annotation(key, PROVISIONER);
+        provisioned(decide(c, Some(&wffc())));
+    }
+}
+
+// ---- class ----
+
+#[test]
+fn bound_claims_are_skipped() {
+    let c = claim("hpp").on_node(NODE).spec(|s| s.volume_name = Some("pv-1".into()));
+    assert_eq!(decide(c, Some(&wffc())), Decision::Skip(SkipReason::AlreadyBound));
+}
+
+#[test]
+fn claims_without_class_or_with_a_missing_class_are_skipped() {
+    let no_class = claim("hpp").on_node(NODE).spec(|s| s.storage_class_name = None);
+    assert_eq!(decide(no_class, None), Decision::Skip(SkipReason::NoClass));
+    assert_eq!(decide(claim("hpp").on_node(NODE), None), Decision::Skip(SkipReason::ClassNotFound("hpp".into())));
+}
+
+#[test]
+fn classes_of_other_provisioners_are_skipped_even_with_provision_on_node() {
+    let mut other = wffc();
+    other.provisioner = "example.com/other".into();
+    assert_eq!(decide(claim("hpp").on_node(NODE), Some(&other)), Decision::Skip(SkipReason::OtherProvisioner));
+}
+
+#[test]
+fn beta_class_annotation_wins_over_spec_class_name() {
+    let c = claim("ignored").on_node(NODE).annotation(crate::keys::STORAGE_CLASS_BETA, "hpp").build();
+    assert_eq!(claim_class_name(&c), Some("hpp"));
+    let plan = provisioned(decide_claim(&c, Some(&wffc()), &me(), &config()));
+    assert_eq!(plan.class_name, "hpp");
+}
+
+// ---- unsupported claims ----
+
+#[test]
+fn unsupported_claims_are_refused_with_the_reason() {
+    type Check = fn(&Refusal) -> bool;
+    let cases: Vec<(ClaimBuilder, Check)> = vec![
+        (claim("hpp").on_node(NODE).block(), |r| matches!(r, Refusal::Block(_))),
+        (claim("hpp").on_node(NODE).selector(), |r| matches!(r, Refusal::Selector)),
+        (claim("hpp").on_node(NODE).data_source(), |r| matches!(r, Refusal::DataSource)),
+        (
+            claim("hpp").on_node(NODE).access_modes(&["ReadWriteMany"]),
+            |r| matches!(r, Refusal::AccessMode(m) if m == "ReadWriteMany"),
+        ),
+        (
+            claim("hpp").on_node(NODE).access_modes(&["ReadWriteOnce", "ReadOnlyMany"]),
+            |r| matches!(r, Refusal::AccessMode(m) if m == "ReadOnlyMany"),
+        ),
+        (claim("hpp").on_node(NODE).access_modes(&[]), |r| matches!(r, Refusal::NoAccessModes)),
+        (claim("hpp").on_node(NODE).spec(|s| s.resources = None), |r| matches!(r, Refusal::BadRequest(_))),
+    ];
+    for (c, check) in cases {
+        match decide(c, Some(&wffc())) {
+            Decision::Refuse(r) => assert!(check(&r), "unexpected refusal {r:?}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn block_refusal_message_matches_the_go_build() {
+    let Decision::Refuse(r) = decide(claim("hpp").on_node(NODE).block(), Some(&wffc())) else { panic!() };
+    assert_eq!(r.to_string(), "kubevirt.io/hostpath-provisioner does not support block volume provisioning");
+}
+
+#[test]
+fn unknown_class_parameters_are_refused_with_the_known_list() {
+    let mut c = wffc();
+    c.parameters = Some(BTreeMap::from([("pvDir".to_owned(), "/x".to_owned())]));
+    let Decision::Refuse(r) = decide(claim("hpp").on_node(NODE), Some(&c)) else { panic!() };
+    assert!(matches!(&r, Refusal::UnknownParameter { key, .. } if key == "pvDir"));
+    assert!(r.to_string().contains("storagePool"), "{r}");
+}
+
+#[test]
+fn storage_pool_parameter_picks_a_configured_pool_or_is_refused() {
+    let mut c = wffc();
+    c.parameters = Some(BTreeMap::from([("storagePool".to_owned(), "legacy".to_owned())]));
+    assert_eq!(provisioned(decide(claim("hpp").on_node(NODE), Some(&c))).pool.name, "legacy");
+    c.parameters = Some(BTreeMap::from([("storagePool".to_owned(), "fast".to_owned())]));
+    assert!(matches!(decide(claim("hpp").on_node(NODE), Some(&c)), Decision::Refuse(Refusal::UnknownPool { .. })));
+}
+
+// ---- plan contents ----
+
+#[test]
+fn plan_carries_class_policy_options_and_claim_modes() {
+    let mut c = wffc();
+    c.reclaim_policy = Some("Retain".into());
+    c.mount_options = Some(vec!["noatime".into()]);
+    let plan = provisioned(decide(claim("hpp").on_node(NODE).access_modes(&["ReadWriteOncePod"]), Some(&c)));
+    assert_eq!(plan.reclaim_policy, "Retain");
+    assert_eq!(plan.mount_options, vec!["noatime".to_owned()]);
+    assert_eq!(plan.access_modes, vec!["ReadWriteOncePod".to_owned()]);
+    assert_eq!(plan.pv_name, format!("pvc-{UID}"));
+    assert_eq!(plan.dir_name, format!("pvc-{UID}"));
+    assert_eq!(plan.request, "1Gi");
+    assert_eq!(plan.request_bytes, 1 << 30);
+}
+
+#[test]
+fn unset_reclaim_policy_means_delete() {
+    let mut c = wffc();
+    c.reclaim_policy = None;
+    assert_eq!(provisioned(decide(claim("hpp").on_node(NODE), Some(&c))).reclaim_policy, "Delete");
+}
+
+#[test]
+fn naming_prefix_puts_the_claim_name_first() {
+    let mut cfg = config();
+    cfg.use_naming_prefix = true;
+    let plan = provisioned(decide_claim(&claim("hpp").on_node(NODE).build(), Some(&wffc()), &me(), &cfg));
+    assert_eq!(plan.dir_name, format!("data-pvc-{UID}"));
+}
+
+#[test]
+fn provision_on_node_policy_restricts_who_may_pin_claims() {
+    let mut cfg = config();
+    cfg.provision_on_node = ProvisionOnNodePolicy::Deny;
+    let d = decide_claim(&claim("hpp").on_node(NODE).build(), Some(&wffc()), &me(), &cfg);
+    assert!(matches!(d, Decision::Refuse(Refusal::ProvisionOnNodeNotAllowed(_))));
+    // WFFC claims are unaffected.
+    provisioned(decide_claim(&claim("hpp").selected(NODE).build(), Some(&wffc()), &me(), &cfg));
+    cfg.provision_on_node = ProvisionOnNodePolicy::Namespaces(vec!["vms".into()]);
+    provisioned(decide_claim(&claim("hpp").on_node(NODE).namespace("vms").build(), Some(&wffc()), &me(), &cfg));
+    let d = decide_claim(&claim("hpp").on_node(NODE).build(), Some(&wffc()), &me(), &cfg);
+    assert!(matches!(d, Decision::Refuse(Refusal::ProvisionOnNodeNotAllowed(ns)) if ns == "default"));
+}

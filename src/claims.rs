@@ -1,0 +1,292 @@
+//! The claim reconciler: decide whether a claim is this node's, then ensure its directory and PV.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Resource;
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::capacity::{format_binary_si, round_down_pretty};
+use crate::claim_decision::{self, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
+use crate::config::PvCapacity;
+use crate::context::{Context, MAX_RETRY};
+use crate::error::{ClaimError, Retry, reason};
+use crate::keys;
+use crate::metrics::Metrics;
+use crate::pool::{Created, VolumeDirName};
+use crate::volume_spec::build_pv;
+
+/// How long to wait before looking again at a claim whose class does not exist yet.
+const CLASS_RECHECK: Duration = Duration::from_secs(30);
+
+type ClaimMeta = PartialObjectMeta<PersistentVolumeClaim>;
+
+/// Reconciles one claim (from its metadata).
+pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action, ClaimError> {
+    let key = object_key(&meta.metadata);
+    if claim_decision::claim_interest(&meta.metadata, &ctx.me) == Interest::Ignore {
+        ctx.reset_retry(&key);
+        return Ok(Action::await_change());
+    }
+    let (Some(namespace), Some(name)) = (meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref()) else {
+        return Ok(Action::await_change());
+    };
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let Some(claim) = claims.get_opt(name).await? else {
+        return Ok(Action::await_change());
+    };
+    if claim.metadata.uid != meta.metadata.uid {
+        // Deleted and recreated under the same name; the new one arrives as its own event.
+        return Ok(Action::await_change());
+    }
+    let class = claim_decision::claim_class_name(&claim).and_then(|class| ctx.classes.get(&ObjectRef::new(class)));
+    let action = match claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision) {
+        Decision::Skip(SkipReason::ClassNotFound(class)) => {
+            tracing::debug!(claim = %key, %class, "class not found; looking again later");
+            Action::requeue(CLASS_RECHECK)
+        }
+        Decision::Skip(skip) => {
+            tracing::trace!(claim = %key, ?skip, "not ours");
+            Action::await_change()
+        }
+        Decision::ExplainImmediate => {
+            explain_immediate(&ctx, &claim).await;
+            Action::await_change()
+        }
+        Decision::Refuse(refusal) => {
+            tracing::warn!(claim = %key, %refusal, "refusing claim");
+            Metrics::outcome(&ctx.metrics.provisions, "refused", refusal_label(&refusal));
+            ctx.warn(&claim_ref(&claim), reason::PROVISIONING_FAILED, "Provision", refusal.to_string()).await;
+            Action::await_change()
+        }
+        Decision::Provision(plan) => {
+            let started = Instant::now();
+            provision(&ctx, &claim, &plan).await?;
+            ctx.metrics.provision_seconds.observe(started.elapsed().as_secs_f64());
+            Action::await_change()
+        }
+    };
+    ctx.reset_retry(&key);
+    Ok(action)
+}
+
+/// Decides when to retry after an error, and reports it on the claim.
+pub fn error_policy(meta: Arc<ClaimMeta>, error: &ClaimError, ctx: Arc<Context>) -> Action {
+    let key = object_key(&meta.metadata);
+    Metrics::outcome(&ctx.metrics.provisions, "error", error.metric_label());
+    let delay = match error.retry() {
+        Retry::Backoff => ctx.next_retry(&key),
+        Retry::AfterChange => MAX_RETRY,
+    };
+    tracing::warn!(claim = %key, %error, retry_in = ?delay, "provisioning failed");
+    let ctx2 = ctx.clone();
+    let regarding = meta_ref(&meta.metadata);
+    let note = failure_note(error);
+    let reason = error.reason();
+    // error_policy is synchronous; the event goes out on its own task.
+    tokio::spawn(async move { ctx2.warn(&regarding, reason, "Provision", note).await });
+    Action::requeue(delay)
+}
+
+fn failure_note(error: &ClaimError) -> String {
+    format!("failed to provision volume: {error}")
+}
+
+async fn provision(ctx: &Context, claim: &PersistentVolumeClaim, plan: &ProvisionPlan) -> Result<(), ClaimError> {
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
+    if let Some(existing) = pvs.get_opt(&plan.pv_name).await? {
+        // Already provisioned (by us before a restart, or by the Go build): nothing to do.
+        return check_owner(&existing, &plan.pv_name, &claim_uid);
+    }
+    let pool = ctx.pools.get(&plan.pool.name).ok_or_else(|| ClaimError::UnknownPool(plan.pool.name.clone()))?;
+    pool.check(ctx.config.require_mountpoint)?;
+    let stats = pool.stats()?;
+    let available = stats.available_bytes.saturating_sub(ctx.config.reserved_bytes);
+    let dir = VolumeDirName::new(&plan.dir_name).map_err(|e| ClaimError::Pool(e.into()))?;
+    let regarding = claim_ref(claim);
+    if plan.request_bytes > available && !pool.volume_dir_exists(&dir)? {
+        let error = ClaimError::InsufficientSpace {
+            pool: plan.pool.name.clone(),
+            node: ctx.me.node.clone(),
+            requested: plan.request_bytes,
+            available,
+            reserved: ctx.config.reserved_bytes,
+        };
+        if plan.binding_mode == BindingMode::WaitForFirstConsumer && !plan.pinned_by_annotation {
+            return reschedule(ctx, claim, &error).await;
+        }
+        return Err(error);
+    }
+    ctx.normal(
+        &regarding,
+        reason::PROVISIONING,
+        "Provision",
+        format!(
+            "External provisioner is provisioning volume for claim \"{}/{}\"",
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+            claim.metadata.name.as_deref().unwrap_or_default()
+        ),
+    )
+    .await;
+    let node = ctx.node_facts().await?;
+    let created = pool.create_volume_dir(&dir, ctx.config.dir_mode)?;
+    let capacity = match ctx.config.pv_capacity {
+        PvCapacity::Request => Quantity(plan.request.clone()),
+        PvCapacity::Filesystem => Quantity(format_binary_si(round_down_pretty(stats.go_total_bytes))),
+    };
+    let pv = build_pv(plan, claim, &ctx.me, &node, capacity);
+    match pvs.create(&PostParams::default(), &pv).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            // Created concurrently (a retry racing a slow response): fine if it is for this claim.
+            let existing = pvs.get(&plan.pv_name).await?;
+            check_owner(&existing, &plan.pv_name, &claim_uid)?;
+        }
+        Err(create_error) => {
+            // Leave nothing behind: remove the directory again if this attempt made it and it
+            // is still empty (a directory a workload already wrote to is never touched here).
+            if created == Created::New
+                && let Err(cleanup) = pool.remove_empty_volume_dir(&dir)
+            {
+                return Err(ClaimError::Cleanup {
+                    create: create_error.to_string(),
+                    dir: pool.path().join(dir.as_str()).display().to_string(),
+                    cleanup: cleanup.to_string(),
+                });
+            }
+            return Err(create_error.into());
+        }
+    }
+    tracing::info!(claim = %claim_key(claim), pv = %plan.pv_name, path = %pool.path().join(dir.as_str()).display(), "provisioned");
+    Metrics::outcome(&ctx.metrics.provisions, "success", "none");
+    ctx.forget_warnings(&claim_uid);
+    ctx.normal(
+        &regarding,
+        reason::PROVISIONING_SUCCEEDED,
+        "Provision",
+        format!("Successfully provisioned volume {}", plan.pv_name),
+    )
+    .await;
+    Ok(())
+}
+
+fn check_owner(pv: &PersistentVolume, pv_name: &str, claim_uid: &str) -> Result<(), ClaimError> {
+    let bound_uid =
+        pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.as_deref()).unwrap_or_default();
+    if bound_uid == claim_uid {
+        Ok(())
+    } else {
+        Err(ClaimError::PvConflict { pv: pv_name.to_owned(), other_uid: bound_uid.to_owned() })
+    }
+}
+
+/// Gives a WaitForFirstConsumer claim back to the scheduler by removing `selected-node`, so that
+/// it can pick a node with room. The JSON patch tests the value first: if the scheduler already
+/// moved the claim elsewhere, nothing is removed.
+async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim, why: &ClaimError) -> Result<(), ClaimError> {
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), claim.metadata.namespace.as_deref().unwrap_or_default());
+    let pointer = format!("/metadata/annotations/{}", keys::SELECTED_NODE.replace('~', "~0").replace('/', "~1"));
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        { "op": "test", "path": pointer, "value": ctx.me.node },
+        { "op": "remove", "path": pointer },
+    ]))
+    .map_err(|e| ClaimError::Api(kube::Error::SerdeError(e)))?;
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    match claims.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+        Ok(_) => {}
+        // 422: the test failed (the annotation changed meanwhile); 404: claim gone. Both fine.
+        Err(kube::Error::Api(status)) if status.code == 422 || status.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(claim = %claim_key(claim), %why, "handed the claim back to the scheduler");
+    Metrics::outcome(&ctx.metrics.provisions, "rescheduled", why.metric_label());
+    ctx.warn(
+        &claim_ref(claim),
+        reason::PROVISIONING_FAILED,
+        "Provision",
+        format!("{why}; removed {} so the scheduler can choose another node", keys::SELECTED_NODE),
+    )
+    .await;
+    Ok(())
+}
+
+/// Writes the single cluster-wide explanation for an Immediate claim that names no node. Every
+/// node computes the same event name, so the first create wins and the others get AlreadyExists.
+async fn explain_immediate(ctx: &Context, claim: &PersistentVolumeClaim) {
+    let (Some(namespace), Some(uid)) = (claim.metadata.namespace.as_deref(), claim.metadata.uid.as_deref()) else {
+        return;
+    };
+    let name = format!("{uid}.node-selection-required");
+    let event = K8sEvent {
+        metadata: ObjectMeta { name: Some(name), namespace: Some(namespace.to_owned()), ..Default::default() },
+        event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        action: Some("Provision".into()),
+        reason: Some(reason::NODE_SELECTION_REQUIRED.into()),
+        note: Some(format!(
+            "StorageClass {} uses volumeBindingMode Immediate, so no node is chosen for this claim and it will stay Pending. \
+             Use a WaitForFirstConsumer StorageClass (recommended), or annotate the claim with {}: <node name>.",
+            claim_decision::claim_class_name(claim).unwrap_or_default(),
+            keys::PROVISION_ON_NODE
+        )),
+        regarding: Some(claim_ref(claim)),
+        reporting_controller: Some(ctx.me.provisioner.clone()),
+        // The same for every node: the event speaks for the cluster, not for one node.
+        reporting_instance: Some(ctx.me.provisioner.clone()),
+        type_: Some("Warning".into()),
+        ..Default::default()
+    };
+    let events: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), namespace);
+    match events.create(&PostParams::default(), &event).await {
+        Ok(_) => {
+            tracing::info!(claim = %claim_key(claim), "explained why an Immediate claim without a node stays Pending")
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => tracing::warn!(claim = %claim_key(claim), %error, "could not publish the node-selection event"),
+    }
+}
+
+fn refusal_label(refusal: &claim_decision::Refusal) -> &'static str {
+    use claim_decision::Refusal::*;
+    match refusal {
+        Block(_) => "block",
+        Selector => "selector",
+        DataSource => "data_source",
+        AccessMode(_) | NoAccessModes => "access_mode",
+        UnknownParameter { .. } | UnknownPool { .. } => "parameters",
+        BadRequest(_) => "request",
+        BadName(_) => "name",
+        ProvisionOnNodeNotAllowed(_) => "provision_on_node_denied",
+    }
+}
+
+fn object_key(meta: &ObjectMeta) -> String {
+    format!("{}/{}", meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
+}
+
+fn claim_key(claim: &PersistentVolumeClaim) -> String {
+    object_key(&claim.metadata)
+}
+
+fn claim_ref(claim: &PersistentVolumeClaim) -> ObjectReference {
+    claim.object_ref(&())
+}
+
+fn meta_ref(meta: &ObjectMeta) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: meta.namespace.clone(),
+        name: meta.name.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        ..Default::default()
+    }
+}

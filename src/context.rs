@@ -1,0 +1,219 @@
+//! State shared by both reconcilers: client, configuration, pools, stores, events, backoff.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Client;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+
+use crate::claim_decision::{DecisionConfig, Identity};
+use crate::config::Config;
+use crate::health::Health;
+use crate::keys;
+use crate::metrics::Metrics;
+use crate::pool::PoolRoot;
+use crate::volume_spec::NodeFacts;
+
+/// Shortest and longest retry delay (DESIGN.md section 2: about 1 s to 5 min, forever).
+pub const MIN_RETRY: Duration = Duration::from_secs(1);
+/// See [`MIN_RETRY`].
+pub const MAX_RETRY: Duration = Duration::from_secs(300);
+/// The same warning on the same object is repeated at most this often.
+const EVENT_REPEAT: Duration = Duration::from_secs(300);
+
+/// Everything a reconcile needs.
+pub struct Context {
+    /// API client (no client-side throttle).
+    pub client: Client,
+    /// Validated configuration.
+    pub config: Config,
+    /// Provisioner name and node.
+    pub me: Identity,
+    /// Inputs of the claim decision.
+    pub decision: DecisionConfig,
+    /// Open pool roots by name.
+    pub pools: HashMap<String, PoolRoot>,
+    /// StorageClasses (all; a handful of objects).
+    pub classes: Store<StorageClass>,
+    /// Claim metadata of the whole cluster.
+    pub claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Readiness.
+    pub health: Arc<Health>,
+    recorder: Recorder,
+    node: tokio::sync::Mutex<Option<NodeFacts>>,
+    backoffs: Mutex<HashMap<String, ExponentialBackoff>>,
+    last_warnings: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl Context {
+    /// Builds the context.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        config: Config,
+        pools: HashMap<String, PoolRoot>,
+        classes: Store<StorageClass>,
+        claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+    ) -> Self {
+        let me = Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone() };
+        let decision = DecisionConfig {
+            use_naming_prefix: config.use_naming_prefix,
+            pools: config.pools.clone(),
+            provision_on_node: config.provision_on_node.clone(),
+        };
+        let reporter =
+            Reporter { controller: config.provisioner_name.clone(), instance: Some(config.node_name.clone()) };
+        let recorder = Recorder::new(client.clone(), reporter);
+        Self {
+            client,
+            config,
+            me,
+            decision,
+            pools,
+            classes,
+            claims,
+            metrics,
+            health,
+            recorder,
+            node: tokio::sync::Mutex::new(None),
+            backoffs: Mutex::new(HashMap::new()),
+            last_warnings: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// This node's name and `kubernetes.io/hostname` label, read once from the Node object.
+    pub async fn node_facts(&self) -> Result<NodeFacts, kube::Error> {
+        let mut cached = self.node.lock().await;
+        if let Some(facts) = cached.as_ref() {
+            return Ok(facts.clone());
+        }
+        let node = Api::<Node>::all(self.client.clone()).get(&self.me.node).await?;
+        let hostname = node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(keys::HOSTNAME_LABEL))
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .unwrap_or_else(|| self.me.node.clone());
+        let facts = NodeFacts { name: self.me.node.clone(), hostname };
+        *cached = Some(facts.clone());
+        Ok(facts)
+    }
+
+    /// The cached hostname label, or the node name before the Node was read.
+    pub async fn my_hostname(&self) -> String {
+        match self.node_facts().await {
+            Ok(facts) => facts.hostname,
+            Err(_) => self.me.node.clone(),
+        }
+    }
+
+    /// Next retry delay for `key` (exponential with jitter, capped, never giving up).
+    pub fn next_retry(&self, key: &str) -> Duration {
+        let mut backoffs = self.backoffs.lock().unwrap_or_else(|e| e.into_inner());
+        let backoff = backoffs.entry(key.to_owned()).or_insert_with(new_backoff);
+        backoff.next().unwrap_or(MAX_RETRY)
+    }
+
+    /// Forgets the backoff of `key` after a success.
+    pub fn reset_retry(&self, key: &str) {
+        self.backoffs.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+
+    /// Publishes a Normal event.
+    pub async fn normal(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
+        self.publish(regarding, EventType::Normal, reason, action, note).await;
+    }
+
+    /// Publishes a Warning event, unless the same warning went out on the object recently.
+    pub async fn warn(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
+        let key = regarding.uid.clone().or_else(|| regarding.name.clone()).unwrap_or_default();
+        {
+            let mut last = self.last_warnings.lock().unwrap_or_else(|e| e.into_inner());
+            let text = format!("{reason}: {note}");
+            if let Some((previous, at)) = last.get(&key)
+                && *previous == text
+                && at.elapsed() < EVENT_REPEAT
+            {
+                return;
+            }
+            last.insert(key, (text, Instant::now()));
+        }
+        self.publish(regarding, EventType::Warning, reason, action, note).await;
+    }
+
+    /// Forgets warnings about an object that was dealt with or is gone.
+    pub fn forget_warnings(&self, uid: &str) {
+        self.last_warnings.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
+
+    async fn publish(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate_utf8(note, 1024)),
+            action: action.into(),
+            secondary: None,
+        };
+        // An event that cannot be written must not fail the operation it reports on.
+        if let Err(error) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(%error, reason, object = ?regarding.name, "could not publish event");
+        }
+    }
+}
+
+fn new_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(MIN_RETRY)
+        .with_max_delay(MAX_RETRY)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary (event notes are limited to 1 KiB).
+pub fn truncate_utf8(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_from_about_a_second_to_five_minutes_and_never_ends() {
+        let mut b = new_backoff();
+        let first = b.next().unwrap();
+        assert!(first >= MIN_RETRY && first <= MIN_RETRY * 2, "{first:?}");
+        let later: Vec<Duration> = b.take(40).collect();
+        assert_eq!(later.len(), 40, "never gives up");
+        // backon adds up to 100% jitter on top of the capped delay.
+        assert!(later.iter().all(|d| *d <= MAX_RETRY * 2), "{later:?}");
+        assert!(*later.last().unwrap() >= MAX_RETRY, "{later:?}");
+    }
+
+    #[test]
+    fn truncation_keeps_utf8_valid() {
+        assert_eq!(truncate_utf8("héllo".into(), 2), "h");
+        assert_eq!(truncate_utf8("abc".into(), 10), "abc");
+    }
+}

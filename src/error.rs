@@ -1,0 +1,152 @@
+//! Errors of the two reconcilers. Each variant knows the event reason it is reported under,
+//! whether retrying can help, and a short label for metrics.
+
+use crate::pool::PoolError;
+
+/// Event reasons, with the Go build's meanings (DESIGN.md section 1.8).
+pub mod reason {
+    /// Normal: provisioning started.
+    pub const PROVISIONING: &str = "Provisioning";
+    /// Normal: PV created.
+    pub const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
+    /// Warning: could not provision (with the reason).
+    pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+    /// Warning: the directory of a failed provisioning could not be removed again.
+    pub const PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
+    /// Warning: could not delete a released volume.
+    pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+    /// Warning: an Immediate claim names no node, so no node will ever provision it.
+    pub const NODE_SELECTION_REQUIRED: &str = "NodeSelectionRequired";
+    /// Normal: the claim was handed back to the scheduler (not enough room on this node).
+    pub const RESCHEDULING: &str = "Rescheduling";
+}
+
+/// Whether and how soon to try again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// Transient: back off exponentially and retry.
+    Backoff,
+    /// Needs a change (to the object or by an admin): wait for the object to change, and look
+    /// again after the slowest backoff step in case the world changed instead.
+    AfterChange,
+}
+
+/// Provisioning failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// An API call failed.
+    #[error("Kubernetes API error: {0}")]
+    Api(#[from] kube::Error),
+    /// The pool refused or failed.
+    #[error("{0}")]
+    Pool(#[from] PoolError),
+    /// A PV of our name exists but belongs to another claim.
+    #[error("PersistentVolume {pv} already exists and is bound to another claim (uid {other_uid})")]
+    PvConflict {
+        /// PV name.
+        pv: String,
+        /// The claimRef UID found.
+        other_uid: String,
+    },
+    /// Not enough free space.
+    #[error(
+        "not enough free space in pool {pool} on node {node}: the claim requests {requested} bytes, {available} bytes are available after the {reserved}-byte reserve"
+    )]
+    InsufficientSpace {
+        /// Pool name.
+        pool: String,
+        /// Node name.
+        node: String,
+        /// Requested bytes.
+        requested: u64,
+        /// Available bytes after the reserve.
+        available: u64,
+        /// Reserve.
+        reserved: u64,
+    },
+    /// PV creation failed and the directory could not be removed again.
+    #[error(
+        "creating the PV failed ({create}) and removing directory {dir} again failed too ({cleanup}); remove it by hand"
+    )]
+    Cleanup {
+        /// Why the PV create failed.
+        create: String,
+        /// Directory left behind.
+        dir: String,
+        /// Why removal failed.
+        cleanup: String,
+    },
+    /// The pool named in a plan is not open on this node.
+    #[error("pool {0} is not configured on this node")]
+    UnknownPool(String),
+}
+
+impl ClaimError {
+    /// The event reason to report this under.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Cleanup { .. } => reason::PROVISIONING_CLEANUP_FAILED,
+            _ => reason::PROVISIONING_FAILED,
+        }
+    }
+
+    /// Whether to retry with backoff.
+    pub fn retry(&self) -> Retry {
+        match self {
+            Self::Api(_) | Self::InsufficientSpace { .. } | Self::Cleanup { .. } => Retry::Backoff,
+            Self::Pool(e) if e.is_retryable() => Retry::Backoff,
+            Self::Pool(_) | Self::PvConflict { .. } | Self::UnknownPool(_) => Retry::AfterChange,
+        }
+    }
+
+    /// Label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Api(_) => "api",
+            Self::Pool(_) => "pool",
+            Self::PvConflict { .. } => "pv_conflict",
+            Self::InsufficientSpace { .. } => "insufficient_space",
+            Self::Cleanup { .. } => "cleanup",
+            Self::UnknownPool(_) => "unknown_pool",
+        }
+    }
+}
+
+/// Deletion failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// An API call failed.
+    #[error("Kubernetes API error: {0}")]
+    Api(#[from] kube::Error),
+    /// The pool refused or failed.
+    #[error("{0}")]
+    Pool(#[from] PoolError),
+    /// The pool named by the accepted path is not open on this node.
+    #[error("pool {0} is not configured on this node")]
+    UnknownPool(String),
+}
+
+impl VolumeError {
+    /// The event reason to report this under.
+    pub fn reason(&self) -> &'static str {
+        reason::VOLUME_FAILED_DELETE
+    }
+
+    /// Whether to retry with backoff.
+    pub fn retry(&self) -> Retry {
+        match self {
+            Self::Api(_) => Retry::Backoff,
+            Self::Pool(e) if e.is_retryable() => Retry::Backoff,
+            Self::Pool(_) | Self::UnknownPool(_) => Retry::AfterChange,
+        }
+    }
+
+    /// Label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Api(_) => "api",
+            Self::Pool(_) => "pool",
+            Self::UnknownPool(_) => "unknown_pool",
+        }
+    }
+}

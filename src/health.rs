@@ -1,0 +1,138 @@
+//! Liveness, readiness and metrics over HTTP: `/healthz`, `/readyz`, `/metrics`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::metrics::Metrics;
+
+/// Readiness state: ready once every watch delivered its first list, and while the API answers.
+#[derive(Default)]
+pub struct Health {
+    claims_synced: AtomicBool,
+    classes_synced: AtomicBool,
+    volumes_synced: AtomicBool,
+    api_reachable: AtomicBool,
+    pools_usable: AtomicBool,
+}
+
+/// Which initial list arrived.
+#[derive(Clone, Copy, Debug)]
+pub enum Watch {
+    /// Claim metadata.
+    Claims,
+    /// StorageClasses.
+    Classes,
+    /// PersistentVolumes.
+    Volumes,
+}
+
+impl Health {
+    /// Records that a watch delivered its initial list.
+    pub fn synced(&self, watch: Watch) {
+        let flag = match watch {
+            Watch::Claims => &self.claims_synced,
+            Watch::Classes => &self.classes_synced,
+            Watch::Volumes => &self.volumes_synced,
+        };
+        flag.store(true, Ordering::Relaxed);
+    }
+
+    /// Records whether the last API interaction of a watch succeeded.
+    pub fn set_api_reachable(&self, reachable: bool) {
+        self.api_reachable.store(reachable, Ordering::Relaxed);
+    }
+
+    /// Records whether every pool root is usable.
+    pub fn set_pools_usable(&self, usable: bool) {
+        self.pools_usable.store(usable, Ordering::Relaxed);
+    }
+
+    /// Why not ready, or None when ready.
+    pub fn not_ready_reason(&self) -> Option<&'static str> {
+        if !self.claims_synced.load(Ordering::Relaxed) {
+            Some("claim watch has not delivered its initial list")
+        } else if !self.classes_synced.load(Ordering::Relaxed) {
+            Some("StorageClass watch has not delivered its initial list")
+        } else if !self.volumes_synced.load(Ordering::Relaxed) {
+            Some("PersistentVolume watch has not delivered its initial list")
+        } else if !self.api_reachable.load(Ordering::Relaxed) {
+            Some("Kubernetes API is not reachable")
+        } else if !self.pools_usable.load(Ordering::Relaxed) {
+            Some("a pool root is missing, not a directory, or not a required mount point")
+        } else {
+            None
+        }
+    }
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until the process exits.
+pub async fn serve(addr: SocketAddr, health: Arc<Health>, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                continue;
+            }
+        };
+        let health = health.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let response = respond(req.uri().path(), &health, &metrics);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+fn respond(path: &str, health: &Health, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match path {
+        "/healthz" | "/livez" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
+        "/readyz" => match health.not_ready_reason() {
+            None => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
+            Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {reason}\n")),
+        },
+        "/metrics" => (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode()),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+        response.headers_mut().insert(hyper::header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_when_every_watch_synced_the_api_answers_and_pools_are_usable() {
+        let h = Health::default();
+        assert!(h.not_ready_reason().is_some());
+        h.synced(Watch::Claims);
+        h.synced(Watch::Classes);
+        h.synced(Watch::Volumes);
+        h.set_pools_usable(true);
+        assert_eq!(h.not_ready_reason(), Some("Kubernetes API is not reachable"));
+        h.set_api_reachable(true);
+        assert_eq!(h.not_ready_reason(), None);
+        h.set_pools_usable(false);
+        assert!(h.not_ready_reason().is_some());
+    }
+}

@@ -1,0 +1,347 @@
+//! Volume layout: PV names, directory names, the node label, and which `hostPath` paths may be
+//! deleted (DESIGN.md sections 1, 5 and 6). Pure functions over plain data.
+
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// Longest name a directory entry may have on Linux filesystems.
+pub const MAX_DIR_NAME_BYTES: usize = 255;
+/// Longest label value Kubernetes accepts.
+const MAX_LABEL_VALUE_BYTES: usize = 63;
+
+/// A configured pool: a name and an absolute root directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolPath {
+    /// Pool name (`legacy` for `PV_DIR`, as in the kubevirt CSI driver).
+    pub name: String,
+    /// Absolute, lexically normalised root directory.
+    pub root: PathBuf,
+}
+
+/// `pvc-<uid>`: the PV name both builds derive from the claim UID.
+pub fn pv_name(claim_uid: &str) -> String {
+    format!("pvc-{claim_uid}")
+}
+
+/// The UID inside a PV name `pvc-<uid>`, if it has that shape.
+pub fn uid_from_pv_name(pv_name: &str) -> Option<&str> {
+    pv_name.strip_prefix("pvc-").filter(|uid| is_uid(uid))
+}
+
+/// A Kubernetes UID as the API server generates it (RFC 4122 text form, lowercase hex).
+pub fn is_uid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_digit() || ('a'..='f').contains(&c),
+        })
+}
+
+/// A DNS-1123 subdomain (what claim names and namespaces are), checked again because a path is
+/// built from it and the API is not trusted.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && label.as_bytes()[0] != b'-'
+                && label.as_bytes()[label.len() - 1] != b'-'
+        })
+}
+
+/// Why a directory name could not be derived.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// The claim UID is not a UID.
+    #[error("claim UID {0:?} is not a valid UID")]
+    BadUid(String),
+    /// The claim name is not a DNS-1123 subdomain.
+    #[error("claim name {0:?} is not a valid DNS-1123 name")]
+    BadClaimName(String),
+}
+
+/// The directory name for a claim: `pvc-<uid>`, or `<claim>-pvc-<uid>` with the naming prefix.
+///
+/// A prefixed name over 255 bytes (claim names reach 253) is shortened deterministically: the
+/// claim name is cut and a hash of the full name keeps distinct claims distinct. The suffix
+/// `-pvc-<uid>` is always kept whole, because deletion recognises volumes by it.
+pub fn dir_name(claim_name: &str, claim_uid: &str, use_naming_prefix: bool) -> Result<String, NameError> {
+    if !is_uid(claim_uid) {
+        return Err(NameError::BadUid(claim_uid.to_owned()));
+    }
+    let pv = pv_name(claim_uid);
+    if !use_naming_prefix {
+        return Ok(pv);
+    }
+    if !is_dns_subdomain(claim_name) {
+        return Err(NameError::BadClaimName(claim_name.to_owned()));
+    }
+    let full = format!("{claim_name}-{pv}");
+    if full.len() <= MAX_DIR_NAME_BYTES {
+        return Ok(full);
+    }
+    let hash = short_hash(claim_name);
+    // <cut claim>-<hash>-pvc-<uid>
+    let keep = MAX_DIR_NAME_BYTES - pv.len() - hash.len() - 2;
+    // Claim names are ASCII, so any byte index is a char boundary.
+    let cut = claim_name[..keep].trim_end_matches(['-', '.']);
+    Ok(format!("{cut}-{hash}-{pv}"))
+}
+
+fn short_hash(s: &str) -> String {
+    let digest = Sha256::digest(s.as_bytes());
+    digest[..4].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The value of our node label on PVs: the node name when it is a valid label value, otherwise a
+/// stable hash of it (node names may be 253 bytes, label values only 63).
+pub fn node_label_value(node_name: &str) -> String {
+    let valid = !node_name.is_empty()
+        && node_name.len() <= MAX_LABEL_VALUE_BYTES
+        && node_name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && node_name.as_bytes()[0].is_ascii_alphanumeric()
+        && node_name.as_bytes()[node_name.len() - 1].is_ascii_alphanumeric();
+    if valid {
+        node_name.to_owned()
+    } else {
+        let digest = Sha256::digest(node_name.as_bytes());
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("sha256-{hex}")
+    }
+}
+
+/// Why a PV's `hostPath.path` is not accepted for deletion.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PathRefusal {
+    /// Not an absolute path.
+    #[error("path {0:?} is not absolute")]
+    NotAbsolute(String),
+    /// Contains `..`, which cannot be resolved lexically without trusting symlinks.
+    #[error("path {0:?} contains '..'")]
+    ParentComponent(String),
+    /// Not directly under any configured pool root.
+    #[error("path {path:?} is not directly under a pool root ({roots})")]
+    OutsidePools {
+        /// The refused path.
+        path: String,
+        /// The configured roots, for the message.
+        roots: String,
+    },
+    /// The last component is not one of the known directory layouts for this PV.
+    #[error(
+        "directory name {name:?} does not match the layouts for PV {pv} (pvc-<uid>, <claim>-pvc-<uid>, <namespace>-<claim>-pvc-<uid>)"
+    )]
+    UnknownLayout {
+        /// The last path component.
+        name: String,
+        /// The PV name.
+        pv: String,
+    },
+    /// The PV name is not `pvc-<uid>`, so no layout can match.
+    #[error("PV name {0:?} is not pvc-<uid>; only volumes named by a claim UID are deleted")]
+    ForeignPvName(String),
+}
+
+/// A path accepted for deletion: which pool and which entry directly under its root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcceptedPath {
+    /// Pool name.
+    pub pool: String,
+    /// Directory name directly under the pool root.
+    pub dir_name: String,
+}
+
+/// Lexically normalises an absolute path: drops `.` and duplicate or trailing slashes. Refuses
+/// `..` (resolving it lexically could disagree with the kernel when a symlink is involved).
+pub fn normalise(path: &str) -> Result<PathBuf, PathRefusal> {
+    let p = Path::new(path);
+    if !p.is_absolute() {
+        return Err(PathRefusal::NotAbsolute(path.to_owned()));
+    }
+    let mut out = PathBuf::from("/");
+    for component in p.components() {
+        match component {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(part) => out.push(part),
+            Component::ParentDir => return Err(PathRefusal::ParentComponent(path.to_owned())),
+            Component::Prefix(_) => return Err(PathRefusal::NotAbsolute(path.to_owned())),
+        }
+    }
+    Ok(out)
+}
+
+/// Decides whether `host_path` of PV `pv_name` may be deleted: it must be a direct child of a
+/// pool root and named in one of the layouts either build ever wrote, with the PV's own UID.
+pub fn accept_delete_path(host_path: &str, pv_name: &str, pools: &[PoolPath]) -> Result<AcceptedPath, PathRefusal> {
+    if uid_from_pv_name(pv_name).is_none() {
+        return Err(PathRefusal::ForeignPvName(pv_name.to_owned()));
+    }
+    let path = normalise(host_path)?;
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Err(outside(host_path, pools));
+    };
+    let Some(pool) = pools.iter().find(|pool| pool.root == parent) else {
+        return Err(outside(host_path, pools));
+    };
+    if !matches_layout(name, pv_name) {
+        return Err(PathRefusal::UnknownLayout { name: name.to_owned(), pv: pv_name.to_owned() });
+    }
+    Ok(AcceptedPath { pool: pool.name.clone(), dir_name: name.to_owned() })
+}
+
+fn outside(host_path: &str, pools: &[PoolPath]) -> PathRefusal {
+    let roots = pools.iter().map(|p| p.root.display().to_string()).collect::<Vec<_>>().join(", ");
+    PathRefusal::OutsidePools { path: host_path.to_owned(), roots }
+}
+
+/// `pvc-<uid>`, or `<prefix>-pvc-<uid>` where the prefix looks like a claim name, possibly
+/// preceded by a namespace (both DNS-1123 characters) or shortened with a hash.
+pub fn matches_layout(dir_name: &str, pv_name: &str) -> bool {
+    if dir_name == pv_name {
+        return true;
+    }
+    let Some(prefix) = dir_name.strip_suffix(pv_name).and_then(|p| p.strip_suffix('-')) else {
+        return false;
+    };
+    !prefix.is_empty()
+        && dir_name.len() <= MAX_DIR_NAME_BYTES
+        && prefix.as_bytes()[0].is_ascii_alphanumeric()
+        && prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "0b5c7f8e-6a4d-4e1f-9c2b-3d4e5f607182";
+    const OTHER_UID: &str = "11111111-2222-4333-8444-555555555555";
+
+    fn pools() -> Vec<PoolPath> {
+        vec![PoolPath { name: "legacy".into(), root: PathBuf::from("/var/hpvolumes") }]
+    }
+
+    #[test]
+    fn pv_name_is_pvc_dash_uid() {
+        assert_eq!(pv_name(UID), format!("pvc-{UID}"));
+        assert_eq!(uid_from_pv_name(&pv_name(UID)), Some(UID));
+        assert_eq!(uid_from_pv_name("pvc-not-a-uid"), None);
+        assert_eq!(uid_from_pv_name("my-volume"), None);
+    }
+
+    #[test]
+    fn directory_without_prefix_is_the_pv_name() {
+        assert_eq!(dir_name("data", UID, false).unwrap(), format!("pvc-{UID}"));
+    }
+
+    #[test]
+    fn directory_with_prefix_is_claim_dash_pv_name_without_namespace() {
+        assert_eq!(dir_name("data", UID, true).unwrap(), format!("data-pvc-{UID}"));
+    }
+
+    #[test]
+    fn long_claim_name_is_shortened_deterministically_below_255_bytes() {
+        let long = format!("{}.{}.{}.{}", "a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(61));
+        assert_eq!(long.len(), 253);
+        let name = dir_name(&long, UID, true).unwrap();
+        assert!(name.len() <= MAX_DIR_NAME_BYTES, "{} bytes", name.len());
+        assert!(name.ends_with(&format!("-pvc-{UID}")));
+        assert_eq!(name, dir_name(&long, UID, true).unwrap(), "deterministic");
+        // Two claims differing only past the cut get different directories.
+        let other = format!("{}e", &long[..252]);
+        assert_ne!(name, dir_name(&other, UID, true).unwrap());
+        // And deletion recognises the shortened name.
+        assert!(matches_layout(&name, &pv_name(UID)));
+    }
+
+    #[test]
+    fn claim_name_at_the_limit_is_kept_whole() {
+        // 214 + "-pvc-<uid>" (41) = 255 bytes exactly.
+        let fits = format!("{x}.{x}.{x}.{y}", x = "x".repeat(60), y = "y".repeat(31));
+        assert_eq!(fits.len(), 214);
+        let name = dir_name(&fits, UID, true).unwrap();
+        assert_eq!(name.len(), MAX_DIR_NAME_BYTES);
+        assert_eq!(name, format!("{fits}-pvc-{UID}"));
+    }
+
+    #[test]
+    fn invalid_names_never_reach_a_path() {
+        assert!(matches!(dir_name("../etc", UID, true), Err(NameError::BadClaimName(_))));
+        assert!(matches!(dir_name("a/b", UID, true), Err(NameError::BadClaimName(_))));
+        assert!(matches!(dir_name("data", "../../x", false), Err(NameError::BadUid(_))));
+        assert!(matches!(dir_name("data", "0B5C7F8E-6A4D-4E1F-9C2B-3D4E5F607182", false), Err(NameError::BadUid(_))));
+    }
+
+    #[test]
+    fn node_label_value_is_the_name_or_a_stable_hash() {
+        assert_eq!(node_label_value("node-1"), "node-1");
+        let long = "n".repeat(100);
+        let v = node_label_value(&long);
+        assert!(v.len() <= 63 && v.starts_with("sha256-"));
+        assert_eq!(v, node_label_value(&long));
+        assert_ne!(v, node_label_value(&"m".repeat(100)));
+    }
+
+    #[test]
+    fn each_go_layout_under_the_pool_is_accepted() {
+        let pv = pv_name(UID);
+        for name in [pv.clone(), format!("data-{pv}"), format!("default-data-{pv}"), format!("ns.with.dots-claim-{pv}")]
+        {
+            let accepted = accept_delete_path(&format!("/var/hpvolumes/{name}"), &pv, &pools()).unwrap();
+            assert_eq!(accepted, AcceptedPath { pool: "legacy".into(), dir_name: name });
+        }
+    }
+
+    #[test]
+    fn redundant_slashes_and_dots_are_normalised() {
+        let pv = pv_name(UID);
+        let accepted = accept_delete_path(&format!("/var//hpvolumes/./{pv}/"), &pv, &pools()).unwrap();
+        assert_eq!(accepted.dir_name, pv);
+    }
+
+    #[test]
+    fn paths_outside_the_pool_are_refused() {
+        let pv = pv_name(UID);
+        for path in ["/", "/etc", "/var/hpvolumes", "/var/other/pvc-x", "/var/hpvolumes-evil/pvc-x"] {
+            let path = path.replace("pvc-x", &pv);
+            assert!(
+                matches!(accept_delete_path(&path, &pv, &pools()), Err(PathRefusal::OutsidePools { .. })),
+                "{path}"
+            );
+        }
+        // Nested one level deeper is not "directly under".
+        let nested = format!("/var/hpvolumes/sub/{pv}");
+        assert!(matches!(accept_delete_path(&nested, &pv, &pools()), Err(PathRefusal::OutsidePools { .. })));
+    }
+
+    #[test]
+    fn traversal_and_relative_paths_are_refused() {
+        let pv = pv_name(UID);
+        let up = format!("/var/hpvolumes/../hpvolumes/{pv}");
+        assert!(matches!(accept_delete_path(&up, &pv, &pools()), Err(PathRefusal::ParentComponent(_))));
+        let rel = format!("var/hpvolumes/{pv}");
+        assert!(matches!(accept_delete_path(&rel, &pv, &pools()), Err(PathRefusal::NotAbsolute(_))));
+        assert!(matches!(accept_delete_path("", &pv, &pools()), Err(PathRefusal::NotAbsolute(_))));
+    }
+
+    #[test]
+    fn a_directory_of_another_uid_or_unknown_shape_is_refused() {
+        let pv = pv_name(UID);
+        let other = format!("/var/hpvolumes/pvc-{OTHER_UID}");
+        assert!(matches!(accept_delete_path(&other, &pv, &pools()), Err(PathRefusal::UnknownLayout { .. })));
+        for name in ["data", "lost+found", &format!("-{pv}"), &format!("DATA-{pv}"), &format!("{pv}-x")] {
+            let path = format!("/var/hpvolumes/{name}");
+            assert!(accept_delete_path(&path, &pv, &pools()).is_err(), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_pv_not_named_after_a_claim_uid_is_refused() {
+        assert!(matches!(
+            accept_delete_path("/var/hpvolumes/pvc-foo", "pvc-foo", &pools()),
+            Err(PathRefusal::ForeignPvName(_))
+        ));
+    }
+}

@@ -1,0 +1,73 @@
+//! Entry point: parse configuration, set up logging and the client, run until SIGTERM.
+
+use clap::Parser;
+use hostpath_provisioner::config::{Args, Config, LogFormat};
+use hostpath_provisioner::controller;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = match Args::parse().validate() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("hostpath-provisioner: configuration error: {error}");
+            std::process::exit(2);
+        }
+    };
+    init_logging(config.log_format);
+    let client = match client(&config).await {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("hostpath-provisioner: cannot configure the Kubernetes client: {error:#}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(error) = controller::run(client, config, shutdown_signal()).await {
+        tracing::error!(%error, "cannot start");
+        eprintln!("hostpath-provisioner: {error}");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+async fn client(config: &Config) -> anyhow::Result<kube::Client> {
+    let kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(kube_config)?)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// Resolves on SIGTERM (the kubelet stopping the pod) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown requested; finishing in-flight operations");
+}

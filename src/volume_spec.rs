@@ -1,0 +1,165 @@
+//! The PersistentVolume we write for a provisioned claim (DESIGN.md section 5). Pure.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, PersistentVolume,
+    PersistentVolumeClaim, PersistentVolumeSpec, VolumeNodeAffinity,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::claim_decision::{Identity, ProvisionPlan};
+use crate::keys;
+use crate::layout;
+
+/// The node a volume is placed on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Node object name.
+    pub name: String,
+    /// Value of the Node's `kubernetes.io/hostname` label (the node name when it has none).
+    pub hostname: String,
+}
+
+/// Builds the PV for `claim` as planned. `capacity` is what the PV advertises (the request, or
+/// the Go build's rounded filesystem size).
+pub fn build_pv(
+    plan: &ProvisionPlan,
+    claim: &PersistentVolumeClaim,
+    me: &Identity,
+    node: &NodeFacts,
+    capacity: Quantity,
+) -> PersistentVolume {
+    let annotations = BTreeMap::from([
+        (keys::PROVISIONED_BY.to_owned(), me.provisioner.clone()),
+        (keys::PROVISIONER_IDENTITY.to_owned(), me.provisioner.clone()),
+        (keys::PROVISION_ON_NODE.to_owned(), node.name.clone()),
+    ]);
+    let labels = BTreeMap::from([(keys::NODE_LABEL.to_owned(), layout::node_label_value(&node.name))]);
+    let path = plan.pool.root.join(&plan.dir_name);
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(plan.pv_name.clone()),
+            annotations: Some(annotations),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            access_modes: Some(plan.access_modes.clone()),
+            capacity: Some(BTreeMap::from([("storage".to_owned(), capacity)])),
+            claim_ref: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("PersistentVolumeClaim".into()),
+                namespace: claim.metadata.namespace.clone(),
+                name: claim.metadata.name.clone(),
+                uid: claim.metadata.uid.clone(),
+                resource_version: claim.metadata.resource_version.clone(),
+                ..Default::default()
+            }),
+            storage_class_name: Some(plan.class_name.clone()),
+            persistent_volume_reclaim_policy: Some(plan.reclaim_policy.clone()),
+            mount_options: (!plan.mount_options.is_empty()).then(|| plan.mount_options.clone()),
+            volume_mode: Some("Filesystem".into()),
+            host_path: Some(HostPathVolumeSource {
+                path: path.to_string_lossy().into_owned(),
+                // A missing directory must fail the pod, not silently create one on the root disk.
+                type_: Some("Directory".into()),
+            }),
+            node_affinity: Some(VolumeNodeAffinity {
+                required: Some(NodeSelector {
+                    node_selector_terms: vec![NodeSelectorTerm {
+                        match_expressions: Some(vec![NodeSelectorRequirement {
+                            key: keys::HOSTNAME_LABEL.into(),
+                            operator: "In".into(),
+                            values: Some(vec![node.hostname.clone()]),
+                        }]),
+                        match_fields: None,
+                    }],
+                }),
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim_decision::{BindingMode, Decision, decide_claim};
+    use crate::test_fixtures::*;
+
+    fn plan_for(claim: &PersistentVolumeClaim) -> ProvisionPlan {
+        let mut c = class("hpp", "WaitForFirstConsumer");
+        c.mount_options = Some(vec!["noatime".into()]);
+        c.reclaim_policy = Some("Retain".into());
+        match decide_claim(claim, Some(&c), &me(), &config()) {
+            Decision::Provision(plan) => *plan,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn node() -> NodeFacts {
+        NodeFacts { name: NODE.into(), hostname: "node-a.example.com".into() }
+    }
+
+    #[test]
+    fn pv_has_the_shape_of_design_section_5() {
+        let claim = claim("hpp").selected(NODE).access_modes(&["ReadWriteOncePod"]).build();
+        let plan = plan_for(&claim);
+        assert_eq!(plan.binding_mode, BindingMode::WaitForFirstConsumer);
+        let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+
+        assert_eq!(pv.metadata.name.as_deref(), Some(format!("pvc-{UID}").as_str()));
+        let ann = pv.metadata.annotations.as_ref().unwrap();
+        assert_eq!(ann[keys::PROVISIONED_BY], PROVISIONER);
+        assert_eq!(ann[keys::PROVISIONER_IDENTITY], PROVISIONER);
+        assert_eq!(ann[keys::PROVISION_ON_NODE], NODE);
+        assert_eq!(pv.metadata.labels.as_ref().unwrap()[keys::NODE_LABEL], NODE);
+        assert!(pv.metadata.finalizers.is_none(), "no finalizers (DESIGN.md 1.7)");
+
+        let spec = pv.spec.unwrap();
+        let claim_ref = spec.claim_ref.unwrap();
+        assert_eq!(claim_ref.uid.as_deref(), Some(UID));
+        assert_eq!(claim_ref.name.as_deref(), Some("data"));
+        assert_eq!(claim_ref.namespace.as_deref(), Some("default"));
+        assert_eq!(claim_ref.kind.as_deref(), Some("PersistentVolumeClaim"));
+        assert_eq!(spec.storage_class_name.as_deref(), Some("hpp"));
+        assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Retain"));
+        assert_eq!(spec.mount_options, Some(vec!["noatime".to_owned()]));
+        assert_eq!(spec.access_modes, Some(vec!["ReadWriteOncePod".to_owned()]));
+        assert_eq!(spec.capacity.unwrap()["storage"], Quantity("1Gi".into()));
+        assert_eq!(spec.volume_mode.as_deref(), Some("Filesystem"));
+        let host_path = spec.host_path.unwrap();
+        assert_eq!(host_path.path, format!("/var/hpvolumes/pvc-{UID}"));
+        assert_eq!(host_path.type_.as_deref(), Some("Directory"));
+        let terms = spec.node_affinity.unwrap().required.unwrap().node_selector_terms;
+        assert_eq!(terms.len(), 1);
+        let exprs = terms[0].match_expressions.as_ref().unwrap();
+        assert_eq!(exprs.len(), 1);
+        assert_eq!(exprs[0].key, "kubernetes.io/hostname");
+        assert_eq!(exprs[0].operator, "In");
+        assert_eq!(exprs[0].values, Some(vec!["node-a.example.com".to_owned()]), "hostname label value, not node name");
+    }
+
+    #[test]
+    fn pv_without_mount_options_has_none() {
+        let claim = claim("hpp").selected(NODE).build();
+        let mut plan = plan_for(&claim);
+        plan.mount_options.clear();
+        let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        assert_eq!(pv.spec.unwrap().mount_options, None);
+    }
+
+    #[test]
+    fn the_written_path_is_accepted_for_deletion() {
+        // What we write must be what we later agree to delete.
+        let claim = claim("hpp").selected(NODE).build();
+        let plan = plan_for(&claim);
+        let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        let path = pv.spec.unwrap().host_path.unwrap().path;
+        let accepted = layout::accept_delete_path(&path, &plan.pv_name, &config().pools).unwrap();
+        assert_eq!(accepted.dir_name, plan.dir_name);
+    }
+}

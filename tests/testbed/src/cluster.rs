@@ -1,0 +1,111 @@
+//! A control plane plus simulated nodes, each with its own pool root and provisioner process.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kube::Client;
+
+use crate::control_plane::{ControlPlane, Options};
+use crate::provisioner::{Provisioner, ProvisionerSpec};
+
+/// How long a fresh provisioner may take to answer `/readyz` (its initial lists included).
+pub const PROVISIONER_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One simulated node: a Node object, a pool root directory and the provisioner serving it.
+pub struct SimNode {
+    /// Node object name (`--node-name`).
+    pub name: String,
+    /// Its `kubernetes.io/hostname` label, which PV node affinity must use.
+    pub hostname: String,
+    /// The node's pool root (`--pv-dir`), under the control plane's temp dir.
+    pub pool_root: PathBuf,
+    pub provisioner: Provisioner,
+}
+
+impl SimNode {
+    /// Creates Node `name` (hostname label = name) and a pool root, starts a provisioner with
+    /// the admin kubeconfig and `extra_args`, and waits until it is ready.
+    pub async fn start(cp: &ControlPlane, name: &str, binary: &Path, extra_args: &[String]) -> Result<SimNode> {
+        let spec = ProvisionerSpec {
+            extra_args: extra_args.to_vec(),
+            ..ProvisionerSpec::new(binary, name, pool_root_for(cp, name), cp.kubeconfig_path())
+        };
+        Self::start_with(cp, name, spec).await
+    }
+
+    /// Like [`SimNode::start`] with full control of the provisioner's spec (its `node_name`
+    /// must be `name`; its pool root is created if missing).
+    pub async fn start_with(cp: &ControlPlane, name: &str, spec: ProvisionerSpec) -> Result<SimNode> {
+        cp.add_node(name, name).await?;
+        std::fs::create_dir_all(&spec.pool_root)
+            .with_context(|| format!("creating pool root {}", spec.pool_root.display()))?;
+        let pool_root = spec.pool_root.clone();
+        let mut provisioner = Provisioner::spawn(spec, cp.temp_dir())?;
+        provisioner.wait_ready(PROVISIONER_READY_TIMEOUT).await?;
+        Ok(SimNode { name: name.to_string(), hostname: name.to_string(), pool_root, provisioner })
+    }
+}
+
+/// `<temp dir>/nodes/<name>/pool`.
+pub fn pool_root_for(cp: &ControlPlane, node: &str) -> PathBuf {
+    cp.temp_dir().join("nodes").join(node).join("pool")
+}
+
+/// What [`Cluster::start_with`] builds.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    /// The provisioner executable.
+    pub binary: PathBuf,
+    /// Number of nodes, named `node-1`, `node-2`, ...
+    pub nodes: usize,
+    pub control_plane: Options,
+    /// Passed to every provisioner.
+    pub provisioner_args: Vec<String>,
+}
+
+impl ClusterSpec {
+    pub fn new(binary: impl Into<PathBuf>, nodes: usize) -> ClusterSpec {
+        ClusterSpec { binary: binary.into(), nodes, control_plane: Options::default(), provisioner_args: Vec::new() }
+    }
+}
+
+/// A control plane of its own with N simulated nodes.
+///
+/// Dropping it stops the provisioners first, then the control plane (field order).
+pub struct Cluster {
+    pub nodes: Vec<SimNode>,
+    pub cp: ControlPlane,
+}
+
+impl Cluster {
+    /// `nodes` nodes named `node-1`..`node-N`, default options.
+    pub async fn start(nodes: usize, binary: &Path) -> Result<Cluster> {
+        Self::start_with(ClusterSpec::new(binary, nodes)).await
+    }
+
+    pub async fn start_with(spec: ClusterSpec) -> Result<Cluster> {
+        let cp = ControlPlane::start_with(spec.control_plane.clone()).await?;
+        let mut nodes = Vec::with_capacity(spec.nodes);
+        for i in 1..=spec.nodes {
+            let name = format!("node-{i}");
+            nodes.push(SimNode::start(&cp, &name, &spec.binary, &spec.provisioner_args).await?);
+        }
+        Ok(Cluster { nodes, cp })
+    }
+
+    /// A new admin client for the calling runtime.
+    pub fn client(&self) -> Client {
+        self.cp.admin_client()
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Option<&SimNode> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The node called `name`, mutably (to kill or restart its provisioner).
+    pub fn node_mut(&mut self, name: &str) -> Option<&mut SimNode> {
+        self.nodes.iter_mut().find(|n| n.name == name)
+    }
+}
