@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes control-plane binaries (kube-apiserver, kube-controller-manager,
-# kube-scheduler, etcd) from the Go module proxy and caches them by version outside the repository.
+# kube-scheduler, etcd, and kubectl for rendering and applying deploy/) from the Go module proxy and caches them by version outside the repository.
 # Rebuilds only what is missing. Prints the bin directory on its last line.
 #
 # Why a wrapper module: k8s.io/kubernetes lists its staging modules at v0.0.0 with replace
@@ -24,7 +24,10 @@ GO_MINOR="$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')"
 mkdir -p "$BIN" "$WORK"
 
 have() { # have <binary> <expected version substring>
-  [ -x "$BIN/$1" ] && "$BIN/$1" --version 2>/dev/null | grep -q -- "$2"
+  local flag=--version
+  [ "$1" = kubectl ] && flag="version --client"
+  # shellcheck disable=SC2086 # flag is two words for kubectl
+  [ -x "$BIN/$1" ] && "$BIN/$1" $flag 2>/dev/null | grep -q -- "$2"
 }
 
 K8S_MINOR="$(echo "$K8S_VERSION" | cut -d. -f2)"
@@ -35,7 +38,7 @@ cri-client cri-streaming csi-translation-lib dynamic-resource-allocation endpoin
 kms kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
 mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller streaming"
 
-build_kubernetes() {
+build_kubernetes() { # build_kubernetes <command>...
   local dir="$WORK/k8s-$K8S_VERSION"
   mkdir -p "$dir"
   {
@@ -56,6 +59,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
   log "resolving k8s.io/kubernetes $K8S_VERSION modules (module proxy: $(go env GOPROXY))"
@@ -68,14 +72,14 @@ GO
     ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$K8S_MINOR"
     ldflags+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
   done
-  log "compiling kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (cold: 15-30 min on 2 cores)"
+  local pkgs=()
+  for cmd in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
+  log "compiling $* $K8S_VERSION (cold: 10-30 min on 2 cores)"
   local start=$SECONDS
   (cd "$dir" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod go build -v -trimpath \
-      -tags selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$BIN/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler 2>&1 | awk '{n++; if (n % 200 == 0) printf "[control-plane] ... %d packages compiled (%s)\n", n, $0 > "/dev/stderr"}') \
+      -tags selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$BIN/" "${pkgs[@]}" 2>&1 | awk '{n++; if (n % 200 == 0) printf "[control-plane] ... %d packages compiled (%s)\n", n, $0 > "/dev/stderr"}') \
     || die "building Kubernetes failed"
-  [ -x "$BIN/kube-apiserver" ] || die "building Kubernetes failed (no kube-apiserver produced)"
+  for cmd in "$@"; do [ -x "$BIN/$cmd" ] || die "building Kubernetes failed (no $cmd produced)"; done
   log "Kubernetes built in $((SECONDS - start)) s"
 }
 
@@ -93,13 +97,12 @@ build_etcd() {
 }
 
 if have etcd "${ETCD_VERSION#v}"; then log "etcd $ETCD_VERSION cached"; else build_etcd; fi
-if have kube-apiserver "$K8S_VERSION" && have kube-controller-manager "$K8S_VERSION" \
-   && have kube-scheduler "$K8S_VERSION"; then
-  log "Kubernetes $K8S_VERSION cached"
-else
-  build_kubernetes
-fi
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler; do
+missing=()
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  if have "$cmd" "$K8S_VERSION"; then log "$cmd $K8S_VERSION cached"; else missing+=("$cmd"); fi
+done
+[ "${#missing[@]}" -eq 0 ] || build_kubernetes "${missing[@]}"
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   [ -x "$BIN/$b" ] || die "$b missing after build"
 done
 echo "$BIN"

@@ -62,78 +62,84 @@ pub async fn run(
 
     let shutdown = shutdown.shared();
 
+    // Readiness comes from the watch events themselves (InitDone), not from
+    // `Store::wait_until_ready`: in kube-runtime 5.0 only the last of several concurrent waiters
+    // on a store is woken, and the controller's own runner is one of them.
+
     // StorageClasses: few, watched whole.
     let (classes, class_writer) = reflector::store::<StorageClass>();
-    let class_events = watcher(Api::<StorageClass>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(class_writer);
-    tokio::spawn(observe("storageclasses", class_events, health.clone(), metrics.clone()).for_each(|_| async {}));
+    let class_events = observe(
+        Watch::Classes,
+        watcher(Api::<StorageClass>::all(client.clone()), watcher::Config::default()),
+        &health,
+        &metrics,
+    )
+    .reflect(class_writer);
+    tokio::spawn(class_events.for_each(|_| async {}));
 
     // Claims: metadata only; the annotations decide ownership (DESIGN.md section 4).
     let (claim_store, claim_writer) = reflector::store::<PartialObjectMeta<PersistentVolumeClaim>>();
-    let claim_events =
-        watcher(Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .reflect(claim_writer);
-    let claim_trigger =
-        observe("persistentvolumeclaims", claim_events, health.clone(), metrics.clone()).applied_objects();
+    let claim_events = observe(
+        Watch::Claims,
+        watcher(Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(client.clone()), watcher::Config::default()),
+        &health,
+        &metrics,
+    )
+    .reflect(claim_writer)
+    .applied_objects();
+
+    // Volumes: ours carry a node label, so each node watches only its own. PVs the Go build
+    // made have no label and get a second watch of unlabelled PVs.
+    let pv_api = Api::<PersistentVolume>::all(client.clone());
+    let own_selector = format!("{}={}", keys::NODE_LABEL, layout::node_label_value(&config.node_name));
+    let legacy_selector = format!("!{}", keys::NODE_LABEL);
+    let (own_store, own_writer) = reflector::store::<PersistentVolume>();
+    let own_events = observe(
+        Watch::Volumes,
+        watcher(pv_api.clone(), watcher::Config::default().labels(&own_selector)),
+        &health,
+        &metrics,
+    )
+    .reflect(own_writer)
+    .applied_objects();
+    let (legacy_store, legacy_writer) = reflector::store::<PersistentVolume>();
+    let legacy_events = observe(
+        Watch::LegacyVolumes,
+        watcher(pv_api, watcher::Config::default().labels(&legacy_selector)),
+        &health,
+        &metrics,
+    )
+    .reflect(legacy_writer)
+    .applied_objects();
 
     let ctx = Arc::new(Context::new(
         client.clone(),
         config.clone(),
         pools,
-        classes.clone(),
+        classes,
         claim_store.clone(),
         metrics.clone(),
         health.clone(),
     ));
 
     let controller_config = controller::Config::default().concurrency(config.max_concurrency);
-    let claim_controller = Controller::for_stream(claim_trigger, claim_store.clone())
+    let claim_controller = Controller::for_stream(claim_events, claim_store)
         .with_config(controller_config.clone())
         .graceful_shutdown_on(shutdown.clone())
         .run(claims::reconcile, claims::error_policy, ctx.clone())
-        .for_each(|_| async {});
-
-    // Volumes: ours carry a node label, so each node watches only its own. PVs the Go build
-    // made have no label and get a second watch of unlabelled PVs.
-    let pv_api = Api::<PersistentVolume>::all(client.clone());
-    let own = watcher::Config::default().labels(&format!(
-        "{}={}",
-        keys::NODE_LABEL,
-        layout::node_label_value(&config.node_name)
-    ));
-    let unlabelled = watcher::Config::default().labels(&format!("!{}", keys::NODE_LABEL));
-    let own_volumes = Controller::new(pv_api.clone(), own).with_config(controller_config.clone());
-    let legacy_volumes = Controller::new(pv_api, unlabelled).with_config(controller_config);
-    let own_store = own_volumes.store();
-    let legacy_store = legacy_volumes.store();
-    let own_volumes = own_volumes
+        .for_each(log_controller_error);
+    let own_volumes = Controller::for_stream(own_events, own_store)
+        .with_config(controller_config.clone())
         .graceful_shutdown_on(shutdown.clone())
         .run(volumes::reconcile, volumes::error_policy, ctx.clone())
-        .for_each(|_| async {});
-    let legacy_volumes = legacy_volumes
+        .for_each(log_controller_error);
+    let legacy_volumes = Controller::for_stream(legacy_events, legacy_store)
+        .with_config(controller_config)
         .graceful_shutdown_on(shutdown.clone())
         .run(volumes::reconcile, volumes::error_policy, ctx.clone())
-        .for_each(|_| async {});
+        .for_each(log_controller_error);
 
-    {
-        let health = health.clone();
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            if classes.wait_until_ready().await.is_ok() {
-                health.synced(Watch::Classes);
-            }
-            if claim_store.wait_until_ready().await.is_ok() {
-                health.synced(Watch::Claims);
-            }
-            if own_store.wait_until_ready().await.is_ok() && legacy_store.wait_until_ready().await.is_ok() {
-                health.synced(Watch::Volumes);
-            }
-            tracing::info!(node = %ctx.me.node, "initial lists received; ready");
-            orphans::remove_orphan_directories(&ctx).await;
-        });
-    }
+    tokio::spawn(after_initial_lists(ctx.clone()));
     tokio::spawn(refresh_pools(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");
@@ -142,22 +148,46 @@ pub async fn run(
     Ok(())
 }
 
-/// Marks the API reachable or not from a watch stream's results, and counts restarts.
-fn observe<S, T>(
-    watch: &'static str,
+/// Once every watch has delivered its initial list: log it and clean up after earlier crashes.
+async fn after_initial_lists(ctx: Arc<Context>) {
+    while !ctx.health.all_synced() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::info!(node = %ctx.me.node, "initial lists received; ready");
+    orphans::remove_orphan_directories(&ctx).await;
+}
+
+/// Reconcile errors are reported by the error policies; what surfaces here are watch and
+/// queue errors of the controller machinery.
+async fn log_controller_error<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, E>) {
+    if let Err(error) = result {
+        tracing::debug!(%error, "controller");
+    }
+}
+
+/// Marks the initial list of `watch` received, the API reachable or not, and counts restarts.
+fn observe<K, S>(
+    watch: Watch,
     stream: S,
-    health: Arc<Health>,
-    metrics: Arc<Metrics>,
-) -> impl futures::Stream<Item = Result<T, watcher::Error>> + Send
+    health: &Arc<Health>,
+    metrics: &Arc<Metrics>,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + use<K, S>
 where
-    S: futures::Stream<Item = Result<T, watcher::Error>> + Send,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
 {
-    stream.inspect(move |result| match result {
-        Ok(_) => health.set_api_reachable(true),
+    let (health, metrics) = (health.clone(), metrics.clone());
+    stream.default_backoff().inspect(move |result| match result {
+        Ok(event) => {
+            health.set_api_reachable(true);
+            if matches!(event, watcher::Event::InitDone) {
+                tracing::debug!(?watch, "initial list received");
+                health.synced(watch);
+            }
+        }
         Err(error) => {
-            tracing::warn!(watch, %error, "watch failed; retrying with backoff");
+            tracing::warn!(?watch, %error, "watch failed; retrying with backoff");
             health.set_api_reachable(false);
-            metrics.watch_restarts.get_or_create(&WatchLabel { watch: watch.into() }).inc();
+            metrics.watch_restarts.get_or_create(&WatchLabel { watch: format!("{watch:?}").to_lowercase() }).inc();
         }
     })
 }

@@ -21,6 +21,7 @@ pub struct Health {
     claims_synced: AtomicBool,
     classes_synced: AtomicBool,
     volumes_synced: AtomicBool,
+    legacy_volumes_synced: AtomicBool,
     api_reachable: AtomicBool,
     pools_usable: AtomicBool,
 }
@@ -32,8 +33,10 @@ pub enum Watch {
     Claims,
     /// StorageClasses.
     Classes,
-    /// PersistentVolumes.
+    /// PersistentVolumes labelled for this node.
     Volumes,
+    /// PersistentVolumes without our node label (made by the Go build).
+    LegacyVolumes,
 }
 
 impl Health {
@@ -43,6 +46,7 @@ impl Health {
             Watch::Claims => &self.claims_synced,
             Watch::Classes => &self.classes_synced,
             Watch::Volumes => &self.volumes_synced,
+            Watch::LegacyVolumes => &self.legacy_volumes_synced,
         };
         flag.store(true, Ordering::Relaxed);
     }
@@ -57,13 +61,20 @@ impl Health {
         self.pools_usable.store(usable, Ordering::Relaxed);
     }
 
+    /// Whether every watch delivered its initial list.
+    pub fn all_synced(&self) -> bool {
+        [&self.claims_synced, &self.classes_synced, &self.volumes_synced, &self.legacy_volumes_synced]
+            .iter()
+            .all(|flag| flag.load(Ordering::Relaxed))
+    }
+
     /// Why not ready, or None when ready.
     pub fn not_ready_reason(&self) -> Option<&'static str> {
         if !self.claims_synced.load(Ordering::Relaxed) {
             Some("claim watch has not delivered its initial list")
         } else if !self.classes_synced.load(Ordering::Relaxed) {
             Some("StorageClass watch has not delivered its initial list")
-        } else if !self.volumes_synced.load(Ordering::Relaxed) {
+        } else if !self.all_synced() {
             Some("PersistentVolume watch has not delivered its initial list")
         } else if !self.api_reachable.load(Ordering::Relaxed) {
             Some("Kubernetes API is not reachable")
@@ -129,6 +140,8 @@ mod tests {
         h.synced(Watch::Classes);
         h.synced(Watch::Volumes);
         h.set_pools_usable(true);
+        assert!(h.not_ready_reason().is_some(), "legacy PV watch not synced yet");
+        h.synced(Watch::LegacyVolumes);
         assert_eq!(h.not_ready_reason(), Some("Kubernetes API is not reachable"));
         h.set_api_reachable(true);
         assert_eq!(h.not_ready_reason(), None);

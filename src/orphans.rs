@@ -22,7 +22,6 @@ pub fn uid_of_dir(name: &str) -> Option<&str> {
 
 /// Removes empty orphan directories in every pool. Errors are logged, never fatal.
 pub async fn remove_orphan_directories(ctx: &Context) {
-    let claim_uids: HashSet<String> = ctx.claims.state().iter().filter_map(|c| c.metadata.uid.clone()).collect();
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     for (pool_name, pool) in &ctx.pools {
         let entries = match pool.list_entries() {
@@ -32,6 +31,9 @@ pub async fn remove_orphan_directories(ctx: &Context) {
                 continue;
             }
         };
+        // Snapshot claims only after listing: a directory being provisioned right now belongs to
+        // a claim that was already in the store when its directory was made.
+        let claim_uids: HashSet<String> = ctx.claims.state().iter().filter_map(|c| c.metadata.uid.clone()).collect();
         for entry in entries {
             let Some(uid) = uid_of_dir(&entry) else { continue };
             if claim_uids.contains(uid) {

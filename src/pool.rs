@@ -1,71 +1,2029 @@
-//! TEMPORARY STUB (replaced by the real module).
-use std::path::{Path, PathBuf};
-#[derive(Debug, thiserror::Error)]
-pub enum PoolError {
-    #[error("x")]
-    X,
-    #[error("bad name {0}")]
-    Name(#[from] InvalidDirName),
-}
-impl PoolError {
-    pub fn is_retryable(&self) -> bool {
-        true
-    }
-}
-#[derive(Debug, thiserror::Error)]
-#[error("bad")]
-pub struct InvalidDirName;
+//! The filesystem edge of the provisioner: pool roots and the volume directories directly under them.
+//!
+//! Everything here goes through a [`PoolRoot`] handle (a descriptor opened once) and a validated
+//! single-component [`VolumeDirName`]; no free-form path from the API ever reaches the kernel.
+//! DESIGN.md section 6 is the contract; the rules it implies are:
+//!
+//! - The volume directory is opened beneath the pool root descriptor with `openat2`
+//!   (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`), or with
+//!   `openat(O_NOFOLLOW)` on kernels without `openat2` (a single component, so that is equivalent
+//!   for symlinks). A symlink is never followed: it is unlinked as a name.
+//! - Trees are removed by descriptor, iteratively (an explicit stack, so depth is bounded by memory,
+//!   not by the thread stack or `PATH_MAX`), with every directory opened relative to its parent's
+//!   descriptor. Non-directories are unlinked and never opened.
+//! - Every directory entered is checked to be on the pool's own mount (`RESOLVE_NO_XDEV`, then
+//!   `st_dev`, `STATX_ATTR_MOUNT_ROOT` and the statx mount id); another mount stops the deletion.
+//! - Callers re-check the root with [`PoolRoot::check`] before each operation, so an unmounted or
+//!   replaced pool disk stops provisioning and deletion (DESIGN.md section 6, `--require-mountpoint`).
+
+use std::ffi::{CStr, CString, OsStr};
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
+use rustix::io::Errno;
+
+/// Longest directory name Linux filesystems accept (`NAME_MAX`).
+const MAX_NAME_BYTES: usize = 255;
+
+/// How many of the deepest directory levels a removal keeps open.
+///
+/// Holding one descriptor per level would make a deep tree exhaust `RLIMIT_NOFILE` (often 1024)
+/// and fail forever; re-opening a parent through `..` could leave the tree if a directory was
+/// moved meanwhile. So a removal keeps open the volume directory, the deepest `OPEN_DIR_WINDOW`
+/// levels and at most `MAX_ANCHORS` "anchor" levels spread evenly above them (every
+/// `stride`-th level, the stride doubling whenever the anchors would exceed the cap). An evicted
+/// ancestor is re-opened by name from the nearest open one, never through `..`, and every
+/// directory re-opened must have the device and inode recorded on the way down. That bounds a
+/// removal to 1 + 64 + 64 directory descriptors at any depth, and re-opening stays cheap: a tree
+/// 10,000 levels deep costs about 25,000 extra opens.
+const OPEN_DIR_WINDOW: usize = 64;
+
+/// Cap on the anchor levels kept open above the window (see [`OPEN_DIR_WINDOW`]).
+const MAX_ANCHORS: usize = 64;
+
+/// How often a directory is re-listed when entries keep appearing in it while it is emptied.
+const MAX_RESCANS: u32 = 8;
+
+/// How often an entry may change between file and directory under us before we give up.
+const MAX_TYPE_CHANGES: u32 = 4;
+
+/// How often `openat2` is retried when the kernel reports a concurrent rename (`EAGAIN`).
+const MAX_OPENAT2_RETRIES: u32 = 16;
+
+/// Mode given to directories that lack owner read, write or search permission before emptying.
+const OWNER_RWX: u32 = 0o700;
+
+/// A validated directory name directly under a pool root: non-empty, at most 255 bytes, no '/',
+/// no NUL, not "." or "..".
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct VolumeDirName(String);
+
 impl VolumeDirName {
+    /// Validates `s` as a single path component that cannot climb out of or alias the pool root.
     pub fn new(s: &str) -> Result<Self, InvalidDirName> {
-        Ok(Self(s.into()))
+        let reason = if s.is_empty() {
+            Some("it is empty")
+        } else if s.len() > MAX_NAME_BYTES {
+            Some("it is longer than 255 bytes")
+        } else if s == "." || s == ".." {
+            Some("it names the current or parent directory")
+        } else if s.contains('/') {
+            Some("it contains '/'")
+        } else if s.contains('\0') {
+            Some("it contains a NUL byte")
+        } else {
+            None
+        };
+        match reason {
+            None => Ok(Self(s.to_owned())),
+            Some(reason) => Err(InvalidDirName { name: truncate_for_message(s, 300), reason }),
+        }
     }
+
+    /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
-#[derive(PartialEq, Eq, Debug)]
+
+impl fmt::Display for VolumeDirName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A string refused as a [`VolumeDirName`]; the message quotes it (shortened) and says why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid volume directory name {name:?}: {reason}; a volume directory name must be a single \
+     path component of 1 to 255 bytes, without '/' or NUL, and not '.' or '..'"
+)]
+pub struct InvalidDirName {
+    name: String,
+    reason: &'static str,
+}
+
+/// Whether [`PoolRoot::create_volume_dir`] made the directory or found it already there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Created {
+    /// The directory was created by this call.
     New,
+    /// The directory already existed (a retry or a restart after a crash); its mode was reset.
     Existing,
 }
+
+/// Outcome of [`PoolRoot::remove_volume_dir`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Removal {
-    Removed { entries: u64 },
+    /// The volume was removed; `entries` counts the names unlinked, the volume directory included.
+    Removed {
+        /// Names unlinked (files, links, special files and directories, the volume itself too).
+        entries: u64,
+    },
+    /// Nothing was there: DESIGN.md section 1.6 counts a missing directory as already deleted.
     AlreadyGone,
 }
+
+/// Capacity figures of a pool's filesystem, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolStats {
+    /// Size of the filesystem: `f_blocks * f_frsize`.
     pub total_bytes: u64,
+    /// Free space including the blocks reserved for root: `f_bfree * f_frsize`.
     pub free_bytes: u64,
+    /// Space available to unprivileged users: `f_bavail * f_frsize`.
     pub available_bytes: u64,
+    /// `f_blocks * f_bsize`, the capacity figure the Go provisioner reported (kept for parity).
     pub go_total_bytes: u64,
 }
-pub struct PoolRoot(PathBuf);
+
+/// Everything that can go wrong at the filesystem edge; each message names the path and the remedy
+/// because it becomes the note of a Kubernetes event read by a cluster admin.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The configured root path is relative or contains `.` or `..` components.
+    #[error(
+        "pool {pool:?}: root path {} must be absolute and must not contain '.' or '..' \
+         components; fix the pool configuration",
+        .path.display()
+    )]
+    InvalidRootPath {
+        /// Pool name.
+        pool: String,
+        /// Path as configured.
+        path: PathBuf,
+    },
+    /// The pool root (or one of its parents) does not exist.
+    #[error(
+        "pool {pool:?}: root directory {} does not exist; create it or mount the pool's disk \
+         there, then restart the provisioner",
+        .path.display()
+    )]
+    RootMissing {
+        /// Pool name.
+        pool: String,
+        /// Pool root path.
+        path: PathBuf,
+    },
+    /// The pool root, or a component of its path, is not a directory.
+    #[error(
+        "pool {pool:?}: root {} is not a directory; point the pool at a directory",
+        .path.display()
+    )]
+    RootNotDirectory {
+        /// Pool name.
+        pool: String,
+        /// Pool root path.
+        path: PathBuf,
+    },
+    /// The pool root's last component is a symlink, refused so the pool cannot be redirected.
+    #[error(
+        "pool {pool:?}: root {} is a symbolic link, which is refused so that the pool cannot be \
+         silently redirected; configure the directory it points to instead",
+        .path.display()
+    )]
+    RootIsSymlink {
+        /// Pool name.
+        pool: String,
+        /// Pool root path.
+        path: PathBuf,
+    },
+    /// The root path now names another directory than the one opened at startup.
+    #[error(
+        "pool {pool:?}: {} no longer names the directory opened at startup (was the disk \
+         unmounted, or the directory moved or replaced?); nothing is created or deleted in this \
+         pool until an admin restores it and restarts the provisioner",
+        .path.display()
+    )]
+    RootChanged {
+        /// Pool name.
+        pool: String,
+        /// Pool root path.
+        path: PathBuf,
+    },
+    /// `--require-mountpoint` is set and nothing is mounted at the pool root.
+    #[error(
+        "pool {pool:?}: nothing is mounted at {} and require-mountpoint is set; mount the pool's \
+         disk there (provisioning and deletion wait and resume by themselves)",
+        .path.display()
+    )]
+    RootNotMountpoint {
+        /// Pool name.
+        pool: String,
+        /// Pool root path.
+        path: PathBuf,
+    },
+    /// A symlink sits where a volume directory should be created.
+    #[error(
+        "{}: a symbolic link is where the volume directory should be; it was left untouched and \
+         not followed; an admin should inspect and remove it",
+        .path.display()
+    )]
+    VolumeIsSymlink {
+        /// Path of the symlink.
+        path: PathBuf,
+    },
+    /// A non-directory sits where a volume directory should be created.
+    #[error(
+        "{}: exists but is not a directory, so it cannot be used as a volume; an admin should \
+         inspect and remove it",
+        .path.display()
+    )]
+    VolumeNotDirectory {
+        /// Path of the entry.
+        path: PathBuf,
+    },
+    /// Another mount was met inside (or on) a volume directory; the operation stopped there.
+    #[error(
+        "{}: another filesystem is mounted there, inside a volume; the provisioner never \
+         creates, deletes or descends across a mount, so it stopped there (entries a deletion \
+         removed before meeting it stay removed); unmount it (umount {}) and the next attempt \
+         can proceed",
+        .path.display(), .path.display()
+    )]
+    MountInsideVolume {
+        /// Path of the mount point (reconstructed for the message).
+        path: PathBuf,
+    },
+    /// The kernel refused an operation (EPERM/EACCES): immutable attribute, ownership, LSM.
+    #[error(
+        "{}: {op} was refused ({source}); check for the immutable or append-only attribute \
+         (lsattr; chattr -i -a), ownership, or a security-module denial (SELinux/AppArmor audit \
+         log); once fixed, the next attempt can succeed",
+        .path.display()
+    )]
+    PermissionDenied {
+        /// What we were doing.
+        op: &'static str,
+        /// The path concerned (reconstructed for the message).
+        path: PathBuf,
+        /// The kernel's error.
+        source: Errno,
+    },
+    /// The tree changed under the deletion in a way that made continuing unsafe.
+    #[error(
+        "{}: the directory tree changed while it was being deleted (an entry was moved, replaced \
+         or kept reappearing); stopped to stay safe, the deletion will be retried",
+        .path.display()
+    )]
+    TreeChanged {
+        /// Where the change was seen.
+        path: PathBuf,
+    },
+    /// Any other system call failure.
+    #[error("{}: {op} failed ({source}); {}", .path.display(), io_hint(*.source))]
+    Io {
+        /// What we were doing.
+        op: &'static str,
+        /// The path concerned (reconstructed for the message).
+        path: PathBuf,
+        /// The kernel's error.
+        source: Errno,
+    },
+    /// A volume directory that should be empty is not, so it was kept.
+    #[error(
+        "{}: kept because it is not empty (a workload may have written to it); remove it by \
+         hand if its data is not needed",
+        .path.display()
+    )]
+    VolumeNotEmpty {
+        /// Path of the directory.
+        path: PathBuf,
+    },
+    /// A name was refused as a volume directory name.
+    #[error(transparent)]
+    InvalidName(#[from] InvalidDirName),
+    /// A directory mode outside 0..=0o7777 was requested.
+    #[error("directory mode {mode:#o} is not a permission mode (at most 0o7777); fix the configured mode")]
+    InvalidMode {
+        /// The requested mode.
+        mode: u32,
+    },
+}
+
+impl PoolError {
+    /// Whether retrying the same operation later can succeed without an admin acting.
+    ///
+    /// Transient I/O (EIO, EBUSY, ENOSPC, EMFILE, ...), a tree that changed under us, and a
+    /// missing mount at boot (the disk may be mounted after the DaemonSet starts) are retryable.
+    /// Symlinks where a volume should be, mounts inside a volume, non-directories, permission
+    /// refusals (immutable files, LSM denials) and configuration mistakes stay exactly as they are
+    /// until an admin acts, so retrying them only repeats the same event.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            PoolError::RootNotMountpoint { .. } | PoolError::TreeChanged { .. } => true,
+            PoolError::Io { source, .. } => errno_is_retryable(*source),
+            PoolError::InvalidRootPath { .. }
+            | PoolError::RootMissing { .. }
+            | PoolError::RootNotDirectory { .. }
+            | PoolError::RootIsSymlink { .. }
+            | PoolError::RootChanged { .. }
+            | PoolError::VolumeIsSymlink { .. }
+            | PoolError::VolumeNotDirectory { .. }
+            | PoolError::MountInsideVolume { .. }
+            | PoolError::PermissionDenied { .. }
+            | PoolError::VolumeNotEmpty { .. }
+            | PoolError::InvalidName(_)
+            | PoolError::InvalidMode { .. } => false,
+        }
+    }
+
+    /// A short stable label for metrics (`reason` label of the refused/failed counters).
+    pub fn label(&self) -> &'static str {
+        match self {
+            PoolError::InvalidRootPath { .. } => "invalid_root_path",
+            PoolError::RootMissing { .. } => "root_missing",
+            PoolError::RootNotDirectory { .. } => "root_not_directory",
+            PoolError::RootIsSymlink { .. } => "root_is_symlink",
+            PoolError::RootChanged { .. } => "root_changed",
+            PoolError::RootNotMountpoint { .. } => "root_not_mountpoint",
+            PoolError::VolumeIsSymlink { .. } => "volume_is_symlink",
+            PoolError::VolumeNotDirectory { .. } => "volume_not_directory",
+            PoolError::MountInsideVolume { .. } => "mount_inside_volume",
+            PoolError::PermissionDenied { .. } => "permission_denied",
+            PoolError::TreeChanged { .. } => "tree_changed",
+            PoolError::Io { .. } => "io",
+            PoolError::VolumeNotEmpty { .. } => "volume_not_empty",
+            PoolError::InvalidName(_) => "invalid_name",
+            PoolError::InvalidMode { .. } => "invalid_mode",
+        }
+    }
+}
+
+/// Errors that describe a state only an admin can change are not retried.
+fn errno_is_retryable(e: Errno) -> bool {
+    !matches!(
+        e,
+        Errno::ROFS
+            | Errno::INVAL
+            | Errno::NAMETOOLONG
+            | Errno::BADF
+            | Errno::NOTDIR
+            | Errno::LOOP
+            | Errno::XDEV
+            | Errno::OPNOTSUPP
+            | Errno::PERM
+            | Errno::ACCESS
+    )
+}
+
+/// The remedy half of an I/O error message.
+fn io_hint(e: Errno) -> &'static str {
+    match e {
+        Errno::ROFS => "the pool's filesystem is read-only; remount it read-write",
+        Errno::NOSPC | Errno::DQUOT => "the pool's filesystem or its quota is full; free space (retried automatically)",
+        Errno::IO => {
+            "the disk reported an I/O error; check the kernel log (dmesg) and the disk (retried \
+             automatically)"
+        }
+        Errno::BUSY => "the entry is in use (retried automatically)",
+        Errno::MFILE | Errno::NFILE | Errno::NOMEM => {
+            "the node is short of file descriptors or memory (retried automatically)"
+        }
+        e if errno_is_retryable(e) => "retried automatically",
+        _ => "an admin should investigate",
+    }
+}
+
+/// Maps a failed system call to the error an admin can act on.
+fn fs_error(op: &'static str, path: PathBuf, source: Errno) -> PoolError {
+    match source {
+        Errno::PERM | Errno::ACCESS => PoolError::PermissionDenied { op, path, source },
+        _ => PoolError::Io { op, path, source },
+    }
+}
+
+/// Shortens `s` to at most `max` bytes on a character boundary, marking the cut.
+fn truncate_for_message(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+/// What one `statx` (or `fstat` on kernels before 4.11) says about an inode.
+#[derive(Clone, Copy, Debug)]
+struct Inode {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    /// `STATX_ATTR_MOUNT_ROOT`, when the kernel reports it (5.8+).
+    mount_root: Option<bool>,
+    /// `STATX_MNT_ID`, when the kernel reports it (5.8+).
+    mnt_id: Option<u64>,
+}
+
+impl Inode {
+    fn file_type(&self) -> FileType {
+        FileType::from_raw_mode(self.mode)
+    }
+}
+
+/// `statx` of `path` relative to `dirfd` (`""` with `AT_EMPTY_PATH` for the descriptor itself).
+fn inode_at<P: rustix::path::Arg + Copy>(dirfd: BorrowedFd<'_>, path: P, flags: AtFlags) -> Result<Inode, Errno> {
+    let mask = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::INO | StatxFlags::MNT_ID;
+    match rustix::fs::statx(dirfd, path, flags, mask) {
+        Ok(st) => {
+            let mount_root = st
+                .stx_attributes_mask
+                .contains(StatxAttributes::MOUNT_ROOT)
+                .then(|| st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT));
+            let mnt_id =
+                StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::MNT_ID).then_some(st.stx_mnt_id);
+            Ok(Inode {
+                dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+                ino: st.stx_ino,
+                mode: u32::from(st.stx_mode),
+                mount_root,
+                mnt_id,
+            })
+        }
+        Err(Errno::NOSYS) => {
+            let st = rustix::fs::statat(dirfd, path, flags)?;
+            Ok(Inode { dev: st.st_dev, ino: st.st_ino, mode: st.st_mode, mount_root: None, mnt_id: None })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `statx` of an open descriptor.
+fn inode_of(fd: BorrowedFd<'_>) -> Result<Inode, Errno> {
+    inode_at(fd, c"", AtFlags::EMPTY_PATH)
+}
+
+/// A pool root directory, opened once; all volume operations are relative to its descriptor.
+#[derive(Debug)]
+pub struct PoolRoot {
+    name: String,
+    path: PathBuf,
+    /// `O_PATH` descriptor of the root: enough for `*at` calls, `statx` and `fstatvfs`, and needs
+    /// no permission on the directory itself.
+    fd: OwnedFd,
+    dev: u64,
+    ino: u64,
+    mnt_id: Option<u64>,
+    /// Cleared the first time `openat2` reports `ENOSYS` (kernels before 5.6).
+    openat2: AtomicBool,
+}
+
+/// What opening a directory entry as a directory found.
+enum DirOpen {
+    Opened(OwnedFd, Inode),
+    NotDirectory,
+    Gone,
+}
+
 impl PoolRoot {
-    pub fn open(_n: &str, p: &Path) -> Result<Self, PoolError> {
-        Ok(Self(p.into()))
+    /// Opens an existing absolute directory as a pool root.
+    ///
+    /// Symlinks in intermediate components are followed once, here: everything at and above the
+    /// root is admin territory (tenants only write inside volume directories), and distributions
+    /// like Fedora CoreOS make `/mnt` a symlink. The directory reached is pinned by this handle,
+    /// and [`PoolRoot::check`] refuses to go on if the path later resolves elsewhere. A symlink as
+    /// the last component is refused (`RootIsSymlink`): it is almost always a mistake, and
+    /// refusing it keeps "the pool root" and "the directory at that path" the same thing.
+    /// `.` and `..` components are refused because the lexical path matching of DESIGN.md
+    /// section 6 would disagree with the kernel about them.
+    pub fn open(name: &str, path: &Path) -> Result<PoolRoot, PoolError> {
+        let has_dots = path.as_os_str().as_bytes().split(|b| *b == b'/').any(|c| c == b"." || c == b"..");
+        if !path.is_absolute() || has_dots {
+            return Err(PoolError::InvalidRootPath { pool: name.to_owned(), path: path.to_owned() });
+        }
+        // Dropping repeated and trailing slashes matters: a trailing slash would make the kernel
+        // follow a final symlink despite O_NOFOLLOW.
+        let clean: PathBuf = path.components().collect();
+        debug_assert!(clean.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_))));
+        let fd = rustix::fs::openat(CWD, &clean, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| match e {
+                Errno::NOENT => PoolError::RootMissing { pool: name.to_owned(), path: clean.clone() },
+                Errno::NOTDIR => PoolError::RootNotDirectory { pool: name.to_owned(), path: clean.clone() },
+                e => fs_error("open the pool root", clean.clone(), e),
+            })?;
+        let inode = inode_of(fd.as_fd()).map_err(|e| fs_error("stat the pool root", clean.clone(), e))?;
+        match inode.file_type() {
+            FileType::Directory => {}
+            FileType::Symlink => {
+                return Err(PoolError::RootIsSymlink { pool: name.to_owned(), path: clean });
+            }
+            _ => {
+                return Err(PoolError::RootNotDirectory { pool: name.to_owned(), path: clean });
+            }
+        }
+        Ok(PoolRoot {
+            name: name.to_owned(),
+            path: clean,
+            fd,
+            dev: inode.dev,
+            ino: inode.ino,
+            mnt_id: inode.mnt_id,
+            openat2: AtomicBool::new(true),
+        })
     }
+
+    /// The pool's configured name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pool root path (without repeated or trailing slashes).
     pub fn path(&self) -> &Path {
-        &self.0
+        &self.path
     }
-    pub fn check(&self, _r: bool) -> Result<(), PoolError> {
+
+    /// The host path of a volume directory, for PV specs and messages only; operations never use it.
+    pub fn volume_path(&self, name: &VolumeDirName) -> PathBuf {
+        self.path.join(name.as_str())
+    }
+
+    /// Verifies that the root path still names the directory opened at startup (same device and
+    /// inode) and, when `require_mountpoint`, that it is a mount point. Call it before every
+    /// operation: an unmounted disk must neither receive new volumes nor have its mount point's
+    /// underlying directory cleaned instead of the disk.
+    pub fn check(&self, require_mountpoint: bool) -> Result<(), PoolError> {
+        let now = inode_at(CWD, &self.path, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| match e {
+            Errno::NOENT => PoolError::RootMissing { pool: self.name.clone(), path: self.path.clone() },
+            e => fs_error("stat the pool root", self.path.clone(), e),
+        })?;
+        if (now.dev, now.ino) != (self.dev, self.ino) {
+            return Err(PoolError::RootChanged { pool: self.name.clone(), path: self.path.clone() });
+        }
+        if require_mountpoint && !self.is_mountpoint()? {
+            return Err(PoolError::RootNotMountpoint { pool: self.name.clone(), path: self.path.clone() });
+        }
         Ok(())
     }
-    pub fn create_volume_dir(&self, _n: &VolumeDirName, _m: u32) -> Result<Created, PoolError> {
-        Ok(Created::New)
+
+    /// Whether something is mounted at the root path, bind mounts of a subdirectory of the same
+    /// filesystem included.
+    ///
+    /// Uses `STATX_ATTR_MOUNT_ROOT` (Linux 5.8+); older kernels fall back to comparing the device
+    /// with the parent's and then to `/proc/self/mountinfo`, which also knows same-device binds.
+    pub fn is_mountpoint(&self) -> Result<bool, PoolError> {
+        let inode = inode_at(CWD, &self.path, AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| fs_error("stat the pool root", self.path.clone(), e))?;
+        match inode.mount_root {
+            Some(root) => Ok(root),
+            None => self.is_mountpoint_without_statx_attr(inode.dev),
+        }
     }
-    pub fn volume_dir_exists(&self, _n: &VolumeDirName) -> Result<bool, PoolError> {
-        Ok(false)
+
+    /// The pre-5.8 answer of [`PoolRoot::is_mountpoint`].
+    fn is_mountpoint_without_statx_attr(&self, dev: u64) -> Result<bool, PoolError> {
+        let Some(parent) = self.path.parent() else {
+            return Ok(true); // "/" is always a mount point
+        };
+        let parent_inode = inode_at(CWD, parent, AtFlags::empty())
+            .map_err(|e| fs_error("stat the pool root's parent", parent.to_owned(), e))?;
+        if parent_inode.dev != dev {
+            return Ok(true);
+        }
+        // Same device as the parent: only the mount table can tell a bind mount of a subdirectory
+        // from a plain directory. mountinfo shows resolved paths, hence the canonical form.
+        let canonical = std::fs::canonicalize(&self.path).map_err(|e| PoolError::Io {
+            op: "resolve the pool root path",
+            path: self.path.clone(),
+            source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        })?;
+        let table = std::fs::read("/proc/self/mountinfo").map_err(|e| PoolError::Io {
+            op: "read the mount table",
+            path: PathBuf::from("/proc/self/mountinfo"),
+            source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        })?;
+        Ok(mountinfo_lists_mountpoint(&table, canonical.as_os_str().as_bytes()))
     }
-    pub fn remove_volume_dir(&self, _n: &VolumeDirName) -> Result<Removal, PoolError> {
-        Ok(Removal::AlreadyGone)
+
+    /// Creates the volume directory with exactly `mode` (whatever the umask, DESIGN.md section 1.9).
+    ///
+    /// An existing directory is accepted as [`Created::Existing`] so retries and restarts converge
+    /// (DESIGN.md section 5), and its mode is reset to `mode`. An existing symlink or
+    /// non-directory is refused and left untouched.
+    pub fn create_volume_dir(&self, name: &VolumeDirName, mode: u32) -> Result<Created, PoolError> {
+        if mode > 0o7777 {
+            return Err(PoolError::InvalidMode { mode });
+        }
+        let mode = Mode::from_raw_mode(mode);
+        let path = self.volume_path(name);
+        let created = match rustix::fs::mkdirat(&self.fd, name.as_str(), mode) {
+            Ok(()) => Created::New,
+            Err(Errno::EXIST) => Created::Existing,
+            Err(e) => return Err(fs_error("create the volume directory", path, e)),
+        };
+        let fd = match self.open_dir_beneath(self.fd.as_fd(), name.as_str(), &|| path.clone())? {
+            DirOpen::Opened(fd, _) => fd,
+            DirOpen::NotDirectory => {
+                let inode = inode_at(self.fd.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW);
+                return Err(match inode {
+                    Ok(i) if i.file_type() == FileType::Symlink => PoolError::VolumeIsSymlink { path },
+                    _ => PoolError::VolumeNotDirectory { path },
+                });
+            }
+            // Removed between mkdir and open: another actor is at work; let the retry sort it out.
+            DirOpen::Gone => return Err(fs_error("open the volume directory", path, Errno::NOENT)),
+        };
+        // mkdirat applied the umask; fchmod on our own descriptor sets exactly `mode`.
+        rustix::fs::fchmod(&fd, mode).map_err(|e| fs_error("set the volume directory mode", path.clone(), e))?;
+        tracing::debug!(pool = %self.name, path = %path.display(), ?created, "volume directory ready");
+        Ok(created)
     }
-    pub fn remove_empty_volume_dir(&self, _n: &VolumeDirName) -> Result<(), PoolError> {
-        Ok(())
+
+    /// True if an entry of that name exists under the root, whatever its type (symlinks are not
+    /// followed, so a dangling symlink exists).
+    pub fn volume_dir_exists(&self, name: &VolumeDirName) -> Result<bool, PoolError> {
+        match rustix::fs::statat(&self.fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(fs_error("stat the volume directory", self.volume_path(name), e)),
+        }
     }
+
+    /// Removes the volume directory tree without following symlinks or leaving the pool's mount.
+    ///
+    /// A missing entry is [`Removal::AlreadyGone`]. A symlink or other non-directory at the volume
+    /// name is unlinked (never followed) and counts as removed. A mount met anywhere inside stops
+    /// the removal with [`PoolError::MountInsideVolume`]; entries removed before that stay removed.
+    pub fn remove_volume_dir(&self, name: &VolumeDirName) -> Result<Removal, PoolError> {
+        let removal = Walker::new(self, OPEN_DIR_WINDOW, MAX_ANCHORS).remove(name)?;
+        tracing::debug!(pool = %self.name, volume = %name, ?removal, "volume directory removed");
+        Ok(removal)
+    }
+
+    /// Removes the volume directory only if it is empty: the cleanup after a failed PV creation
+    /// and of orphan directories must never touch data a workload already wrote. A missing entry
+    /// is fine; a symlink, non-directory or mount point in its place is refused and kept.
+    pub fn remove_empty_volume_dir(&self, name: &VolumeDirName) -> Result<(), PoolError> {
+        let path = self.volume_path(name);
+        // rmdir(2) never follows a symlink in the last component (it answers ENOTDIR) and never
+        // removes a non-empty directory, so one call is safe on its own.
+        match rustix::fs::unlinkat(&self.fd, name.as_str(), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(Errno::NOTEMPTY | Errno::EXIST) => Err(PoolError::VolumeNotEmpty { path }),
+            Err(Errno::NOTDIR) => {
+                let inode = inode_at(self.fd.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW);
+                Err(match inode {
+                    Ok(i) if i.file_type() == FileType::Symlink => PoolError::VolumeIsSymlink { path },
+                    _ => PoolError::VolumeNotDirectory { path },
+                })
+            }
+            Err(Errno::BUSY) => Err(PoolError::MountInsideVolume { path }),
+            Err(e) => Err(fs_error("remove the empty volume directory", path, e)),
+        }
+    }
+
+    /// Names of the entries directly under the pool root (any type, "." and ".." left out), for
+    /// orphan cleanup. Names that are not UTF-8 are skipped: this provisioner never makes them.
     pub fn list_entries(&self) -> Result<Vec<String>, PoolError> {
-        Ok(vec![])
+        let list_error = |e| fs_error("list the pool root", self.path.clone(), e);
+        // The root handle is O_PATH, which cannot be read; "." through it is the same directory.
+        let fd = rustix::fs::openat(
+            &self.fd,
+            c".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(list_error)?;
+        let mut dir = Dir::new(fd).map_err(list_error)?;
+        let mut names = Vec::new();
+        while let Some(entry) = dir.read() {
+            let entry = entry.map_err(list_error)?;
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            if let Ok(name) = name.to_str() {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
     }
+
+    /// Capacity of the pool's filesystem.
     pub fn stats(&self) -> Result<PoolStats, PoolError> {
-        Ok(PoolStats { total_bytes: 0, free_bytes: 0, available_bytes: u64::MAX, go_total_bytes: 0 })
+        let st = rustix::fs::fstatvfs(&self.fd).map_err(|e| fs_error("statvfs the pool root", self.path.clone(), e))?;
+        Ok(PoolStats {
+            total_bytes: st.f_blocks.saturating_mul(st.f_frsize),
+            free_bytes: st.f_bfree.saturating_mul(st.f_frsize),
+            available_bytes: st.f_bavail.saturating_mul(st.f_frsize),
+            go_total_bytes: st.f_blocks.saturating_mul(st.f_bsize),
+        })
+    }
+
+    /// Opens `name` under `dirfd` as a directory without following any symlink or crossing any
+    /// mount, with `openat2` where the kernel has it.
+    fn open_beneath<P: rustix::path::Arg + Copy>(
+        &self,
+        dirfd: BorrowedFd<'_>,
+        name: P,
+        flags: OFlags,
+    ) -> Result<OwnedFd, Errno> {
+        let flags = flags | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        if self.openat2.load(Ordering::Relaxed) {
+            let resolve =
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV;
+            let mut attempts = 0;
+            loop {
+                match rustix::fs::openat2(dirfd, name, flags, Mode::empty(), resolve) {
+                    // The kernel saw a concurrent rename and could not prove containment.
+                    Err(Errno::AGAIN) if attempts < MAX_OPENAT2_RETRIES => attempts += 1,
+                    Err(Errno::NOSYS) => {
+                        self.openat2.store(false, Ordering::Relaxed);
+                        break;
+                    }
+                    result => return result,
+                }
+            }
+        }
+        // One component with O_NOFOLLOW cannot traverse a symlink; mounts are caught afterwards by
+        // the device and mount checks of the caller.
+        rustix::fs::openat(dirfd, name, flags, Mode::empty())
+    }
+
+    /// Whether an inode belongs to another mount than the pool root's.
+    fn is_foreign_mount(&self, inode: &Inode) -> bool {
+        inode.dev != self.dev
+            || inode.mount_root == Some(true)
+            || matches!((inode.mnt_id, self.mnt_id), (Some(a), Some(b)) if a != b)
+    }
+
+    /// Opens a directory entry for listing, refusing mounts and making it writable by its owner.
+    ///
+    /// `path` is only for messages. Directories missing owner read, write or search permission are
+    /// `fchmod`ed to 0700 through the opened descriptor, which matters when the provisioner runs
+    /// without `CAP_DAC_OVERRIDE`.
+    fn open_dir_beneath<P: rustix::path::Arg + Copy>(
+        &self,
+        dirfd: BorrowedFd<'_>,
+        name: P,
+        path: &dyn Fn() -> PathBuf,
+    ) -> Result<DirOpen, PoolError> {
+        let fd = match self.open_beneath(dirfd, name, OFlags::RDONLY) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(DirOpen::Gone),
+            // ELOOP: a symlink (O_NOFOLLOW, RESOLVE_NO_SYMLINKS); ENOTDIR: another non-directory.
+            Err(Errno::LOOP | Errno::NOTDIR) => return Ok(DirOpen::NotDirectory),
+            Err(Errno::XDEV) => {
+                return Err(PoolError::MountInsideVolume { path: path() });
+            }
+            Err(Errno::ACCESS) => return self.open_unreadable_dir(dirfd, name, path),
+            Err(e) => return Err(fs_error("open directory", path(), e)),
+        };
+        let inode = self.inspect_dir(fd.as_fd(), path)?;
+        if inode.mode & OWNER_RWX != OWNER_RWX {
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(OWNER_RWX))
+                .map_err(|e| fs_error("make directory writable", path(), e))?;
+        }
+        Ok(DirOpen::Opened(fd, inode))
+    }
+
+    /// `open_dir_beneath` for a directory we may not read (mode 0000, 0300, ... without
+    /// `CAP_DAC_READ_SEARCH`): an `O_PATH` descriptor needs no permission on the directory, then
+    /// its mode is fixed and it is re-opened for listing through that descriptor.
+    fn open_unreadable_dir<P: rustix::path::Arg + Copy>(
+        &self,
+        dirfd: BorrowedFd<'_>,
+        name: P,
+        path: &dyn Fn() -> PathBuf,
+    ) -> Result<DirOpen, PoolError> {
+        let pfd = match self.open_beneath(dirfd, name, OFlags::PATH) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(DirOpen::Gone),
+            Err(Errno::LOOP | Errno::NOTDIR) => return Ok(DirOpen::NotDirectory),
+            Err(Errno::XDEV) => {
+                return Err(PoolError::MountInsideVolume { path: path() });
+            }
+            Err(e) => return Err(fs_error("open directory", path(), e)),
+        };
+        let before = self.inspect_dir(pfd.as_fd(), path)?;
+        // fchmod refuses O_PATH descriptors. chmod through the descriptor's /proc magic link acts
+        // on exactly the inode the descriptor holds, never on a symlink target. It is the one
+        // absolute path we hand the kernel, and it names our own descriptor, not the pool.
+        let magic = format!("/proc/self/fd/{}", pfd.as_raw_fd());
+        rustix::fs::chmod(magic.as_str(), Mode::from_raw_mode(OWNER_RWX))
+            .map_err(|e| fs_error("make directory readable", path(), e))?;
+        let fd = rustix::fs::openat(
+            &pfd,
+            c".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| fs_error("open directory", path(), e))?;
+        let after = self.inspect_dir(fd.as_fd(), path)?;
+        if (after.dev, after.ino) != (before.dev, before.ino) {
+            return Err(PoolError::TreeChanged { path: path() });
+        }
+        Ok(DirOpen::Opened(fd, after))
+    }
+
+    /// `statx` of an opened directory, refusing anything on another mount.
+    fn inspect_dir(&self, fd: BorrowedFd<'_>, path: &dyn Fn() -> PathBuf) -> Result<Inode, PoolError> {
+        let inode = inode_of(fd).map_err(|e| fs_error("stat directory", path(), e))?;
+        if self.is_foreign_mount(&inode) {
+            return Err(PoolError::MountInsideVolume { path: path() });
+        }
+        if inode.file_type() != FileType::Directory {
+            // O_DIRECTORY makes this impossible; refuse rather than trust it blindly.
+            return Err(PoolError::TreeChanged { path: path() });
+        }
+        Ok(inode)
+    }
+}
+
+/// Whether a `/proc/self/mountinfo` table has a mount at exactly `path` (resolved bytes).
+fn mountinfo_lists_mountpoint(table: &[u8], path: &[u8]) -> bool {
+    table
+        .split(|b| *b == b'\n')
+        .filter_map(|line| line.split(|b| *b == b' ').nth(4))
+        .any(|field| unescape_mountinfo(field) == path)
+}
+
+/// Undoes the octal escapes (`\040` for space, `\011`, `\012`, `\134`) of mountinfo path fields.
+fn unescape_mountinfo(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        if field[i] == b'\\' && i + 4 <= field.len() {
+            let digits = &field[i + 1..i + 4];
+            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
+                let value = digits.iter().fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
+                if let Ok(byte) = u8::try_from(value) {
+                    out.push(byte);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(field[i]);
+        i += 1;
+    }
+    out
+}
+
+/// One directory on the removal stack.
+struct Frame {
+    /// Name within the parent (the volume name for the bottom frame).
+    name: CString,
+    /// Identity recorded when first opened, checked again whenever the directory is re-opened.
+    dev: u64,
+    ino: u64,
+    /// `None` while evicted to keep the number of open descriptors bounded.
+    dir: Option<Dir>,
+    /// How often this directory has been re-listed because it was not empty at `rmdir`.
+    rescans: u32,
+}
+
+/// What removing one directory entry did.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// The name was unlinked.
+    Unlinked,
+    /// The entry is a directory and was pushed on the stack to be emptied first.
+    Descended,
+    /// The entry had already vanished (a concurrent deletion); nothing to do.
+    Gone,
+}
+
+/// The iterative, descriptor-based tree removal behind [`PoolRoot::remove_volume_dir`].
+struct Walker<'a> {
+    pool: &'a PoolRoot,
+    stack: Vec<Frame>,
+    /// Deepest levels kept open (see [`OPEN_DIR_WINDOW`]).
+    window: usize,
+    /// Cap on open anchor levels below the window (see [`MAX_ANCHORS`]).
+    max_anchors: usize,
+    /// Levels that are multiples of `stride` stay open as anchors once they leave the window.
+    stride: usize,
+    entries: u64,
+    open_dirs: usize,
+    max_open_dirs: usize,
+    /// Directories opened again after eviction (for tests of the descriptor budget).
+    reopened: u64,
+}
+
+impl<'a> Walker<'a> {
+    fn new(pool: &'a PoolRoot, window: usize, max_anchors: usize) -> Self {
+        let window = window.max(1);
+        Walker {
+            pool,
+            stack: Vec::new(),
+            window,
+            max_anchors: max_anchors.max(1),
+            stride: window,
+            entries: 0,
+            open_dirs: 0,
+            max_open_dirs: 0,
+            reopened: 0,
+        }
+    }
+
+    fn remove(&mut self, volume: &VolumeDirName) -> Result<Removal, PoolError> {
+        let name = CString::new(volume.as_str()).map_err(|_| PoolError::Io {
+            op: "use the volume name",
+            path: self.pool.volume_path(volume),
+            source: Errno::INVAL,
+        })?;
+        match self.remove_entry(None, &name, FileType::Unknown, 0)? {
+            Step::Gone => return Ok(Removal::AlreadyGone),
+            Step::Unlinked => return Ok(Removal::Removed { entries: 1 }),
+            Step::Descended => {}
+        }
+        self.drain()?;
+        Ok(Removal::Removed { entries: self.entries })
+    }
+
+    /// Empties and removes every directory on the stack, deepest first.
+    fn drain(&mut self) -> Result<(), PoolError> {
+        while let Some(top) = self.stack.len().checked_sub(1) {
+            self.ensure_open(top)?;
+            let next = match self.stack[top].dir.as_mut() {
+                Some(dir) => dir.read(),
+                None => return Err(self.changed(Some(top))),
+            };
+            match next {
+                None => self.finish_top()?,
+                Some(Err(e)) => {
+                    return Err(fs_error("list directory", self.path_of(Some(top), None), e));
+                }
+                Some(Ok(entry)) => {
+                    let name = entry.file_name();
+                    if name == c"." || name == c".." {
+                        continue;
+                    }
+                    self.remove_entry(Some(top), name, entry.file_type(), 0)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the entry `name` of frame `parent` (`None`: the pool root), descending into it if
+    /// it is a directory. `file_type` is the `d_type` hint; it is only a hint, because the entry
+    /// may change under us: safety never rests on it, only on `O_NOFOLLOW` opens and `unlinkat`.
+    fn remove_entry(
+        &mut self,
+        parent: Option<usize>,
+        name: &CStr,
+        file_type: FileType,
+        rescans: u32,
+    ) -> Result<Step, PoolError> {
+        let mut as_dir = match file_type {
+            FileType::Directory => true,
+            FileType::Unknown => {
+                let parent_fd = self.parent_fd(parent)?;
+                match inode_at(parent_fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(inode) => inode.file_type() == FileType::Directory,
+                    Err(Errno::NOENT) => return Ok(Step::Gone),
+                    Err(e) => return Err(fs_error("stat", self.path_of(parent, Some(name)), e)),
+                }
+            }
+            _ => false,
+        };
+        for _ in 0..MAX_TYPE_CHANGES {
+            if as_dir {
+                let opened = {
+                    let parent_fd = self.parent_fd(parent)?;
+                    let path = || self.path_of(parent, Some(name));
+                    self.pool.open_dir_beneath(parent_fd, name, &path)?
+                };
+                match opened {
+                    DirOpen::Opened(fd, inode) => {
+                        self.push(name, fd, inode, rescans)?;
+                        return Ok(Step::Descended);
+                    }
+                    DirOpen::NotDirectory => as_dir = false,
+                    DirOpen::Gone => return Ok(Step::Gone),
+                }
+            } else {
+                let parent_fd = self.parent_fd(parent)?;
+                match rustix::fs::unlinkat(parent_fd, name, AtFlags::empty()) {
+                    Ok(()) => {
+                        self.entries += 1;
+                        return Ok(Step::Unlinked);
+                    }
+                    Err(Errno::NOENT) => return Ok(Step::Gone),
+                    // Linux answers unlink(2) on a directory with EISDIR: it became one.
+                    Err(Errno::ISDIR) => as_dir = true,
+                    // A file bind-mounted over this name (in our namespace) cannot be unlinked.
+                    Err(Errno::BUSY) => {
+                        let mounted = inode_at(parent_fd, name, AtFlags::SYMLINK_NOFOLLOW)
+                            .is_ok_and(|inode| self.pool.is_foreign_mount(&inode));
+                        let path = self.path_of(parent, Some(name));
+                        return Err(if mounted {
+                            PoolError::MountInsideVolume { path }
+                        } else {
+                            fs_error("unlink", path, Errno::BUSY)
+                        });
+                    }
+                    Err(e) => return Err(fs_error("unlink", self.path_of(parent, Some(name)), e)),
+                }
+            }
+        }
+        Err(PoolError::TreeChanged { path: self.path_of(parent, Some(name)) })
+    }
+
+    /// The top directory is listed to the end: remove it from its parent, re-listing it if
+    /// entries appeared meanwhile.
+    fn finish_top(&mut self) -> Result<(), PoolError> {
+        let Some(mut frame) = self.stack.pop() else {
+            return Ok(());
+        };
+        if frame.dir.take().is_some() {
+            self.open_dirs -= 1;
+        }
+        let parent = self.stack.len().checked_sub(1);
+        if let Some(p) = parent {
+            self.ensure_open(p)?;
+        }
+        let parent_fd = self.parent_fd(parent)?;
+        match rustix::fs::unlinkat(parent_fd, frame.name.as_c_str(), AtFlags::REMOVEDIR) {
+            Ok(()) => {
+                self.entries += 1;
+                Ok(())
+            }
+            Err(Errno::NOENT) => Ok(()),
+            Err(Errno::NOTEMPTY | Errno::EXIST) => {
+                if frame.rescans >= MAX_RESCANS {
+                    return Err(PoolError::TreeChanged { path: self.path_of(parent, Some(&frame.name)) });
+                }
+                self.remove_entry(parent, &frame.name, FileType::Directory, frame.rescans + 1).map(|_| ())
+            }
+            // rmdir(2) answers EBUSY for a mount point that appeared after we listed the parent.
+            Err(Errno::BUSY) => Err(PoolError::MountInsideVolume { path: self.path_of(parent, Some(&frame.name)) }),
+            Err(e) => Err(fs_error("remove directory", self.path_of(parent, Some(&frame.name)), e)),
+        }
+    }
+
+    /// Pushes an opened directory and evicts the descriptor that falls out of the window.
+    fn push(&mut self, name: &CStr, fd: OwnedFd, inode: Inode, rescans: u32) -> Result<(), PoolError> {
+        self.stack.push(Frame { name: name.to_owned(), dev: inode.dev, ino: inode.ino, dir: None, rescans });
+        let index = self.stack.len() - 1;
+        self.install(index, fd)
+    }
+
+    /// Makes `fd` the listing descriptor of frame `index` and enforces the window.
+    fn install(&mut self, index: usize, fd: OwnedFd) -> Result<(), PoolError> {
+        let dir = Dir::new(fd).map_err(|e| fs_error("list directory", self.path_of(Some(index), None), e))?;
+        if self.stack[index].dir.replace(dir).is_none() {
+            self.open_dirs += 1;
+        }
+        // The level leaving the window stays open if it is an anchor. Invariant: below the
+        // window, exactly the levels that are multiples of `stride` are open (besides level 0).
+        if let Some(evict) = index.checked_sub(self.window)
+            && evict >= 1
+        {
+            if evict % self.stride == 0 {
+                while evict / self.stride > self.max_anchors {
+                    self.stride *= 2;
+                    let old = self.stride / 2;
+                    for odd in (old..=evict).step_by(self.stride) {
+                        self.close(odd);
+                    }
+                }
+            } else {
+                self.close(evict);
+            }
+        }
+        self.max_open_dirs = self.max_open_dirs.max(self.open_dirs);
+        Ok(())
+    }
+
+    /// Evicts frame `index`'s descriptor (it is re-opened by name when needed again).
+    fn close(&mut self, index: usize) {
+        if self.stack[index].dir.take().is_some() {
+            self.open_dirs -= 1;
+        }
+    }
+
+    /// Re-opens frame `index` if it was evicted, walking down by name from the nearest open
+    /// ancestor (never through `..`) and checking every directory is the one recorded.
+    fn ensure_open(&mut self, index: usize) -> Result<(), PoolError> {
+        if self.stack[index].dir.is_some() {
+            return Ok(());
+        }
+        let first = (0..index).rev().find(|&i| self.stack[i].dir.is_some()).map_or(0, |i| i + 1);
+        for k in first..=index {
+            let parent = k.checked_sub(1);
+            let opened = {
+                let parent_fd = self.parent_fd(parent)?;
+                let path = || self.path_of(Some(k), None);
+                self.pool.open_dir_beneath(parent_fd, self.stack[k].name.as_c_str(), &path)?
+            };
+            match opened {
+                DirOpen::Opened(fd, inode) if (inode.dev, inode.ino) == (self.stack[k].dev, self.stack[k].ino) => {
+                    self.reopened += 1;
+                    self.install(k, fd)?;
+                }
+                _ => return Err(self.changed(Some(k))),
+            }
+        }
+        Ok(())
+    }
+
+    /// The descriptor entries of frame `parent` are relative to (`None`: the pool root).
+    fn parent_fd(&self, parent: Option<usize>) -> Result<BorrowedFd<'_>, PoolError> {
+        match parent {
+            None => Ok(self.pool.fd.as_fd()),
+            Some(i) => match self.stack[i].dir.as_ref() {
+                Some(dir) => dir.fd().map_err(|e| fs_error("use directory", self.path_of(Some(i), None), e)),
+                None => Err(self.changed(Some(i))),
+            },
+        }
+    }
+
+    fn changed(&self, frame: Option<usize>) -> PoolError {
+        PoolError::TreeChanged { path: self.path_of(frame, None) }
+    }
+
+    /// Rebuilds a path for messages only: the pool root, the names of frames `0..=frame`, then
+    /// `child`. Very deep paths keep their head and tail so an event note stays readable.
+    fn path_of(&self, frame: Option<usize>, child: Option<&CStr>) -> PathBuf {
+        const HEAD: usize = 8;
+        const TAIL: usize = 24;
+        let frames = frame.map_or(&self.stack[..0], |f| &self.stack[..=f]);
+        let mut names: Vec<&OsStr> = frames.iter().map(|f| OsStr::from_bytes(f.name.to_bytes())).collect();
+        if let Some(child) = child {
+            names.push(OsStr::from_bytes(child.to_bytes()));
+        }
+        let mut path = self.pool.path.clone();
+        if names.len() > HEAD + TAIL + 1 {
+            let skipped = names.len() - HEAD - TAIL;
+            path.extend(&names[..HEAD]);
+            path.push(format!("...({skipped} more levels)..."));
+            path.extend(&names[names.len() - TAIL..]);
+        } else {
+            path.extend(&names);
+        }
+        path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use rustix::mount::{MountFlags, UnmountFlags};
+    use tempfile::TempDir;
+
+    /// A temporary directory holding a pool root `pool/` and an `outside/` directory beside it.
+    struct Fixture {
+        tmp: TempDir,
+        pool: PoolRoot,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            fs::create_dir(tmp.path().join("pool")).expect("mkdir pool");
+            fs::create_dir(tmp.path().join("outside")).expect("mkdir outside");
+            let pool = PoolRoot::open("test", &tmp.path().join("pool")).expect("open pool");
+            Fixture { tmp, pool }
+        }
+
+        fn root(&self) -> PathBuf {
+            self.tmp.path().join("pool")
+        }
+
+        fn outside(&self) -> PathBuf {
+            self.tmp.path().join("outside")
+        }
+
+        fn vol(&self, name: &str) -> PathBuf {
+            self.root().join(name)
+        }
+
+        fn remove(&self, name: &str) -> Result<Removal, PoolError> {
+            self.pool.remove_volume_dir(&dir_name(name))
+        }
+    }
+
+    fn dir_name(s: &str) -> VolumeDirName {
+        VolumeDirName::new(s).expect("valid name")
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        fs::symlink_metadata(path).expect("stat").permissions().mode() & 0o7777
+    }
+
+    fn exists(path: &Path) -> bool {
+        fs::symlink_metadata(path).is_ok()
+    }
+
+    /// Unmounts (lazily, so a failing test cannot leave it behind busy) when dropped.
+    struct MountGuard(PathBuf);
+
+    impl MountGuard {
+        fn tmpfs(at: &Path, size: &CStr) -> Self {
+            rustix::mount::mount("tmpfs", at, "tmpfs", MountFlags::empty(), size)
+                .expect("mount tmpfs (tests must run as root)");
+            MountGuard(at.to_owned())
+        }
+
+        fn bind(source: &Path, at: &Path) -> Self {
+            rustix::mount::mount_bind(source, at).expect("bind mount (tests must run as root)");
+            MountGuard(at.to_owned())
+        }
+    }
+
+    impl Drop for MountGuard {
+        fn drop(&mut self) {
+            let _ = rustix::mount::unmount(&self.0, UnmountFlags::DETACH);
+        }
+    }
+
+    /// Builds `depth` nested directories named `d` by descriptor (paths would exceed PATH_MAX),
+    /// with a file `f` at every level; returns the number of names created.
+    fn make_deep_tree(top: &Path, depth: usize) -> u64 {
+        let mut fd = rustix::fs::open(top, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open top");
+        for _ in 0..depth {
+            rustix::fs::mknodat(&fd, "f", FileType::RegularFile, Mode::from_raw_mode(0o644), 0).expect("mknod f");
+            rustix::fs::mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).expect("mkdir d");
+            fd = rustix::fs::openat(&fd, "d", OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open d");
+        }
+        2 * depth as u64
+    }
+
+    // ---- VolumeDirName ----
+
+    #[test]
+    fn dir_name_accepts_layout_names_up_to_255_bytes() {
+        for ok in ["pvc-0b4c3c2e-1b2a-4d53-9a3f-3f2d4c5b6a7e", "db-pvc-1", "a", "...", ".x"] {
+            assert_eq!(dir_name(ok).as_str(), ok);
+        }
+        let longest = "x".repeat(255);
+        assert_eq!(dir_name(&longest).as_str(), longest);
+    }
+
+    #[test]
+    fn dir_name_refuses_empty_dots_slash_nul_and_256_bytes() {
+        for bad in ["", ".", "..", "a/b", "/", "../x", "a\0b", &"x".repeat(256)] {
+            let err = VolumeDirName::new(bad).expect_err(bad);
+            assert!(err.to_string().contains("single path component"), "{err}");
+        }
+    }
+
+    // ---- PoolRoot::open ----
+
+    #[test]
+    fn open_refuses_relative_and_dotted_paths() {
+        for bad in ["pool", "./pool", "/tmp/../etc", "/tmp/./x"] {
+            let err = PoolRoot::open("p", Path::new(bad)).expect_err(bad);
+            assert!(matches!(err, PoolError::InvalidRootPath { .. }), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn open_refuses_missing_directory_and_regular_file() {
+        let fx = Fixture::new();
+        let err = PoolRoot::open("p", &fx.tmp.path().join("nope")).expect_err("missing");
+        assert!(matches!(err, PoolError::RootMissing { .. }), "{err}");
+        fs::write(fx.tmp.path().join("file"), b"x").expect("write");
+        let err = PoolRoot::open("p", &fx.tmp.path().join("file")).expect_err("file");
+        assert!(matches!(err, PoolError::RootNotDirectory { .. }), "{err}");
+        let err = PoolRoot::open("p", &fx.tmp.path().join("file/sub")).expect_err("file/sub");
+        assert!(matches!(err, PoolError::RootNotDirectory { .. }), "{err}");
+    }
+
+    #[test]
+    fn open_refuses_symlink_as_last_component_even_with_trailing_slash() {
+        let fx = Fixture::new();
+        let link = fx.tmp.path().join("link");
+        symlink(fx.root(), &link).expect("symlink");
+        for path in [link.clone(), PathBuf::from(format!("{}/", link.display()))] {
+            let err = PoolRoot::open("p", &path).expect_err("symlink root");
+            assert!(matches!(err, PoolError::RootIsSymlink { .. }), "{err}");
+        }
+    }
+
+    #[test]
+    fn open_follows_symlinked_intermediate_component_and_pins_the_directory() {
+        let fx = Fixture::new();
+        let link = fx.tmp.path().join("link");
+        symlink(fx.tmp.path(), &link).expect("symlink");
+        let pool = PoolRoot::open("p", &link.join("pool")).expect("open through link");
+        assert_eq!(pool.path(), link.join("pool"));
+        pool.check(false).expect("same directory");
+        pool.create_volume_dir(&dir_name("v"), 0o777).expect("create");
+        assert!(fx.vol("v").is_dir());
+        // Re-pointing the intermediate link makes the path name another directory: refused.
+        fs::remove_file(&link).expect("rm link");
+        symlink(fx.outside(), &link).expect("relink");
+        fs::create_dir(fx.outside().join("pool")).expect("mkdir");
+        let err = pool.check(false).expect_err("moved");
+        assert!(matches!(err, PoolError::RootChanged { .. }), "{err}");
+    }
+
+    // ---- check / is_mountpoint ----
+
+    #[test]
+    fn check_detects_a_replaced_or_removed_root() {
+        let fx = Fixture::new();
+        fx.pool.check(false).expect("unchanged");
+        fs::rename(fx.root(), fx.tmp.path().join("old")).expect("rename");
+        let err = fx.pool.check(false).expect_err("removed");
+        assert!(matches!(err, PoolError::RootMissing { .. }), "{err}");
+        assert!(!err.is_retryable());
+        fs::create_dir(fx.root()).expect("mkdir");
+        let err = fx.pool.check(false).expect_err("replaced");
+        assert!(matches!(err, PoolError::RootChanged { .. }), "{err}");
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn require_mountpoint_refuses_plain_directory_and_an_unmounted_disk() {
+        let fx = Fixture::new();
+        assert!(!fx.pool.is_mountpoint().expect("plain"));
+        let err = fx.pool.check(true).expect_err("plain dir");
+        assert!(matches!(err, PoolError::RootNotMountpoint { .. }), "{err}");
+        assert!(err.is_retryable());
+
+        let disk = fx.tmp.path().join("disk");
+        fs::create_dir(&disk).expect("mkdir");
+        let mount = MountGuard::tmpfs(&disk, c"size=1m");
+        let pool = PoolRoot::open("disk", &disk).expect("open");
+        assert!(pool.is_mountpoint().expect("mounted"));
+        pool.check(true).expect("mounted pool passes");
+        drop(mount);
+        // The disk went away: the path now names the empty mount point directory.
+        let err = pool.check(true).expect_err("unmounted");
+        assert!(matches!(err, PoolError::RootChanged { .. }), "{err}");
+    }
+
+    #[test]
+    fn bind_mount_of_a_same_filesystem_subdirectory_is_a_mountpoint() {
+        let fx = Fixture::new();
+        assert!(!fx.pool.is_mountpoint_without_statx_attr(fx.pool.dev).expect("plain"));
+        let src = fx.outside().join("src");
+        fs::create_dir(&src).expect("mkdir");
+        let _mount = MountGuard::bind(&src, &fx.root());
+        let pool = PoolRoot::open("bind", &fx.root()).expect("open");
+        assert_eq!(pool.dev, fx.pool.dev, "same filesystem");
+        assert!(pool.is_mountpoint().expect("statx"));
+        assert!(pool.is_mountpoint_without_statx_attr(pool.dev).expect("fallback"));
+        pool.check(true).expect("bind mount counts");
+    }
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        let table = b"36 35 98:0 /mnt1 /mnt/my\\040disk rw,noatime master:1 - ext3 /dev/root rw\n\
+                      37 35 98:0 / /var/pool\\134x rw - ext4 /dev/sda rw\n";
+        assert!(mountinfo_lists_mountpoint(table, b"/mnt/my disk"));
+        assert!(mountinfo_lists_mountpoint(table, b"/var/pool\\x"));
+        assert!(!mountinfo_lists_mountpoint(table, b"/mnt/my\\040disk"));
+        assert!(!mountinfo_lists_mountpoint(table, b"/mnt"));
+        assert_eq!(unescape_mountinfo(b"a\\04"), b"a\\04");
+    }
+
+    #[test]
+    fn stats_report_the_pool_filesystem_sizes() {
+        let fx = Fixture::new();
+        let _mount = MountGuard::tmpfs(&fx.root(), c"size=4m");
+        let pool = PoolRoot::open("disk", &fx.root()).expect("open");
+        let stats = pool.stats().expect("stats");
+        assert_eq!(stats.total_bytes, 4 << 20);
+        assert_eq!(stats.go_total_bytes, 4 << 20);
+        assert!(stats.available_bytes <= stats.free_bytes);
+        assert!(stats.free_bytes <= stats.total_bytes && stats.free_bytes > 0);
+    }
+
+    // ---- create_volume_dir ----
+
+    /// Sets the process umask and restores it; umask is process-wide, so such tests serialise.
+    struct UmaskGuard {
+        old: Mode,
+        _lock: std::sync::MutexGuard<'static, ()>,
+    }
+
+    static UMASK_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    impl UmaskGuard {
+        fn set(mask: u32) -> Self {
+            let lock = UMASK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            let old = rustix::process::umask(Mode::from_raw_mode(mask));
+            UmaskGuard { old, _lock: lock }
+        }
+    }
+
+    impl Drop for UmaskGuard {
+        fn drop(&mut self) {
+            rustix::process::umask(self.old);
+        }
+    }
+
+    #[test]
+    fn create_applies_mode_0777_despite_umask_022() {
+        let fx = Fixture::new();
+        let created = {
+            let _umask = UmaskGuard::set(0o022);
+            fx.pool.create_volume_dir(&dir_name("pvc-1"), 0o777)
+        };
+        assert_eq!(created.expect("create"), Created::New);
+        assert_eq!(mode_of(&fx.vol("pvc-1")), 0o777);
+        fx.pool.create_volume_dir(&dir_name("pvc-2"), 0o2750).expect("create");
+        assert_eq!(mode_of(&fx.vol("pvc-2")), 0o2750);
+    }
+
+    #[test]
+    fn create_accepts_an_existing_directory_and_resets_its_mode() {
+        let fx = Fixture::new();
+        fs::create_dir(fx.vol("pvc-1")).expect("mkdir");
+        fs::set_permissions(fx.vol("pvc-1"), fs::Permissions::from_mode(0o700)).expect("chmod");
+        fs::write(fx.vol("pvc-1").join("data"), b"kept").expect("write");
+        let created = fx.pool.create_volume_dir(&dir_name("pvc-1"), 0o777).expect("create");
+        assert_eq!(created, Created::Existing);
+        assert_eq!(mode_of(&fx.vol("pvc-1")), 0o777);
+        assert_eq!(fs::read(fx.vol("pvc-1").join("data")).expect("read"), b"kept");
+    }
+
+    #[test]
+    fn create_refuses_an_existing_regular_file() {
+        let fx = Fixture::new();
+        fs::write(fx.vol("pvc-1"), b"not a dir").expect("write");
+        fs::set_permissions(fx.vol("pvc-1"), fs::Permissions::from_mode(0o600)).expect("chmod");
+        let err = fx.pool.create_volume_dir(&dir_name("pvc-1"), 0o777).expect_err("file");
+        assert!(matches!(err, PoolError::VolumeNotDirectory { .. }), "{err}");
+        assert!(!err.is_retryable());
+        assert_eq!(mode_of(&fx.vol("pvc-1")), 0o600);
+        assert_eq!(fs::read(fx.vol("pvc-1")).expect("read"), b"not a dir");
+    }
+
+    #[test]
+    fn create_refuses_a_symlink_named_like_the_volume_and_leaves_its_target_alone() {
+        let fx = Fixture::new();
+        let target = fx.outside().join("secret");
+        fs::create_dir(&target).expect("mkdir");
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o700)).expect("chmod");
+        symlink(&target, fx.vol("pvc-1")).expect("symlink");
+        let err = fx.pool.create_volume_dir(&dir_name("pvc-1"), 0o777).expect_err("symlink");
+        assert!(matches!(err, PoolError::VolumeIsSymlink { .. }), "{err}");
+        assert!(err.to_string().contains(&*fx.vol("pvc-1").to_string_lossy()), "{err}");
+        assert_eq!(mode_of(&target), 0o700, "target mode must not change");
+        assert!(fs::symlink_metadata(fx.vol("pvc-1")).expect("link").is_symlink());
+    }
+
+    #[test]
+    fn create_refuses_modes_beyond_0o7777() {
+        let fx = Fixture::new();
+        let err = fx.pool.create_volume_dir(&dir_name("pvc-1"), 0o10777).expect_err("mode");
+        assert!(matches!(err, PoolError::InvalidMode { .. }), "{err}");
+        assert!(!exists(&fx.vol("pvc-1")));
+    }
+
+    #[test]
+    fn volume_dir_exists_does_not_follow_symlinks() {
+        let fx = Fixture::new();
+        assert!(!fx.pool.volume_dir_exists(&dir_name("pvc-1")).expect("missing"));
+        symlink("/nonexistent/target", fx.vol("pvc-1")).expect("dangling symlink");
+        assert!(fx.pool.volume_dir_exists(&dir_name("pvc-1")).expect("dangling"));
+        fx.pool.create_volume_dir(&dir_name("pvc-2"), 0o777).expect("create");
+        assert!(fx.pool.volume_dir_exists(&dir_name("pvc-2")).expect("dir"));
+    }
+
+    #[test]
+    fn remove_empty_volume_dir_keeps_data_symlinks_and_files() {
+        let fx = Fixture::new();
+        fx.pool.create_volume_dir(&dir_name("empty"), 0o777).expect("create");
+        fx.pool.remove_empty_volume_dir(&dir_name("empty")).expect("empty");
+        assert!(!exists(&fx.vol("empty")));
+        fx.pool.remove_empty_volume_dir(&dir_name("empty")).expect("missing is fine");
+
+        fs::create_dir(fx.vol("used")).expect("mkdir");
+        fs::write(fx.vol("used/data"), b"x").expect("write");
+        let err = fx.pool.remove_empty_volume_dir(&dir_name("used")).expect_err("not empty");
+        assert!(matches!(err, PoolError::VolumeNotEmpty { .. }), "{err}");
+        assert!(exists(&fx.vol("used/data")));
+
+        fs::create_dir(fx.outside().join("empty")).expect("mkdir");
+        symlink(fx.outside().join("empty"), fx.vol("link")).expect("symlink");
+        let err = fx.pool.remove_empty_volume_dir(&dir_name("link")).expect_err("symlink");
+        assert!(matches!(err, PoolError::VolumeIsSymlink { .. }), "{err}");
+        assert!(fx.outside().join("empty").is_dir());
+
+        fs::write(fx.vol("file"), b"").expect("write");
+        let err = fx.pool.remove_empty_volume_dir(&dir_name("file")).expect_err("file");
+        assert!(matches!(err, PoolError::VolumeNotDirectory { .. }), "{err}");
+    }
+
+    #[test]
+    fn list_entries_names_everything_under_the_root_that_is_utf8() {
+        let fx = Fixture::new();
+        fs::create_dir(fx.vol("pvc-1")).expect("mkdir");
+        fs::write(fx.vol("file"), b"").expect("write");
+        symlink("/nowhere", fx.vol("link")).expect("symlink");
+        let odd = OsStr::from_bytes(b"bad-\xff");
+        fs::create_dir(fx.root().join(odd)).expect("mkdir");
+        let mut names = fx.pool.list_entries().expect("list");
+        names.sort();
+        assert_eq!(names, ["file", "link", "pvc-1"]);
+    }
+
+    #[test]
+    fn invalid_names_convert_into_pool_errors() {
+        let err: PoolError = VolumeDirName::new("..").expect_err("dots").into();
+        assert!(!err.is_retryable());
+        assert_eq!(err.label(), "invalid_name");
+    }
+
+    // ---- remove_volume_dir ----
+
+    #[test]
+    fn remove_of_a_missing_volume_is_already_gone() {
+        let fx = Fixture::new();
+        assert_eq!(fx.remove("pvc-1").expect("remove"), Removal::AlreadyGone);
+    }
+
+    #[test]
+    fn remove_deletes_a_nested_tree_and_counts_names() {
+        let fx = Fixture::new();
+        let v = fx.vol("pvc-1");
+        fs::create_dir_all(v.join("a/b/c")).expect("mkdir");
+        fs::write(v.join("a/b/c/f"), b"x").expect("write");
+        fs::write(v.join("top"), b"x").expect("write");
+        fs::create_dir(fx.vol("pvc-2")).expect("neighbour");
+        // pvc-1, a, b, c, f, top
+        assert_eq!(fx.remove("pvc-1").expect("remove"), Removal::Removed { entries: 6 });
+        assert!(!exists(&v));
+        assert!(fx.vol("pvc-2").is_dir(), "neighbour volume untouched");
+        assert_eq!(fx.remove("pvc-1").expect("again"), Removal::AlreadyGone);
+    }
+
+    #[test]
+    fn remove_unlinks_a_symlinked_volume_dir_and_keeps_its_target() {
+        for openat2 in [true, false] {
+            let fx = Fixture::new();
+            fx.pool.openat2.store(openat2, Ordering::Relaxed);
+            let target = fx.outside().join("data");
+            fs::create_dir(&target).expect("mkdir");
+            fs::write(target.join("precious"), b"keep").expect("write");
+            symlink(&target, fx.vol("pvc-1")).expect("symlink");
+            let removal = fx.remove("pvc-1").expect("remove");
+            assert_eq!(removal, Removal::Removed { entries: 1 }, "openat2={openat2}");
+            assert!(!exists(&fx.vol("pvc-1")), "the link itself is removed");
+            assert_eq!(fs::read(target.join("precious")).expect("read"), b"keep");
+        }
+    }
+
+    #[test]
+    fn remove_keeps_the_target_of_a_symlink_to_a_file_outside_the_pool() {
+        let fx = Fixture::new();
+        let target = fx.outside().join("passwd");
+        fs::write(&target, b"root:x:0:0").expect("write");
+        fs::create_dir(fx.vol("pvc-1")).expect("mkdir");
+        symlink(&target, fx.vol("pvc-1").join("link")).expect("symlink");
+        fx.remove("pvc-1").expect("remove");
+        assert_eq!(fs::read(&target).expect("read"), b"root:x:0:0");
+    }
+
+    #[test]
+    fn remove_keeps_the_contents_of_symlinked_directories_outside_the_volume() {
+        for openat2 in [true, false] {
+            let fx = Fixture::new();
+            fx.pool.openat2.store(openat2, Ordering::Relaxed);
+            let target = fx.outside().join("dir");
+            fs::create_dir_all(target.join("sub")).expect("mkdir");
+            fs::write(target.join("sub/f"), b"keep").expect("write");
+            fs::create_dir(fx.vol("other")).expect("neighbour");
+            fs::write(fx.vol("other/f"), b"keep").expect("write");
+            fs::create_dir_all(fx.vol("pvc-1/a")).expect("mkdir");
+            symlink(&target, fx.vol("pvc-1/a/abs")).expect("absolute link");
+            symlink("../../other", fx.vol("pvc-1/a/rel")).expect("relative link");
+            symlink("../../../outside/dir/sub", fx.vol("pvc-1/a/up")).expect("climbing link");
+            let removal = fx.remove("pvc-1").expect("remove");
+            assert_eq!(removal, Removal::Removed { entries: 5 }, "openat2={openat2}");
+            assert_eq!(fs::read(target.join("sub/f")).expect("read"), b"keep");
+            assert_eq!(fs::read(fx.vol("other/f")).expect("read"), b"keep");
+        }
+    }
+
+    #[test]
+    fn remove_unlinks_special_and_read_only_files_without_opening_them() {
+        let fx = Fixture::new();
+        let v = fx.vol("pvc-1");
+        fs::create_dir(&v).expect("mkdir");
+        let dirfd = rustix::fs::open(&v, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open");
+        // A FIFO without a reader: opening it in either direction would block forever.
+        rustix::fs::mknodat(&dirfd, "fifo", FileType::Fifo, Mode::from_raw_mode(0o666), 0).expect("mkfifo");
+        rustix::fs::mknodat(
+            &dirfd,
+            "null",
+            FileType::CharacterDevice,
+            Mode::from_raw_mode(0o666),
+            rustix::fs::makedev(1, 3),
+        )
+        .expect("mknod");
+        let _listener = std::os::unix::net::UnixListener::bind(v.join("sock")).expect("socket");
+        fs::write(v.join("ro"), b"x").expect("write");
+        fs::set_permissions(v.join("ro"), fs::Permissions::from_mode(0o000)).expect("chmod");
+        // A hard link to a file outside the tree: the outside name and content must survive.
+        let outside = fx.outside().join("shared");
+        fs::write(&outside, b"shared content").expect("write");
+        fs::set_permissions(&outside, fs::Permissions::from_mode(0o444)).expect("chmod");
+        fs::hard_link(&outside, v.join("hardlink")).expect("link");
+        drop(dirfd);
+
+        let (tx, rx) = mpsc::channel();
+        let root = fx.root();
+        std::thread::spawn(move || {
+            let pool = PoolRoot::open("test", &root).expect("open");
+            let _ = tx.send(pool.remove_volume_dir(&dir_name("pvc-1")).map_err(|e| e.to_string()));
+        });
+        let removal = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("removal blocked: a FIFO or device was opened")
+            .expect("remove");
+        assert_eq!(removal, Removal::Removed { entries: 6 });
+        assert_eq!(fs::read(&outside).expect("read"), b"shared content");
+        let meta = fs::metadata(&outside).expect("stat");
+        assert_eq!((meta.nlink(), meta.mode() & 0o7777), (1, 0o444));
+    }
+
+    #[test]
+    fn remove_handles_directories_without_write_or_search_permission() {
+        let fx = Fixture::new();
+        let v = fx.vol("pvc-1");
+        for d in ["r-x", "none", "wx", "r-x/inner"] {
+            fs::create_dir_all(v.join(d)).expect("mkdir");
+            fs::write(v.join(d).join("f"), b"x").expect("write");
+        }
+        for (d, mode) in [("r-x/inner", 0o000), ("r-x", 0o500), ("none", 0o000), ("wx", 0o300)] {
+            fs::set_permissions(v.join(d), fs::Permissions::from_mode(mode)).expect("chmod");
+        }
+        fs::set_permissions(&v, fs::Permissions::from_mode(0o500)).expect("chmod");
+        fx.remove("pvc-1").expect("remove");
+        assert!(!exists(&v));
+    }
+
+    const UNPRIVILEGED_ROOT_ENV: &str = "HOSTPATH_POOL_TEST_UNPRIVILEGED_ROOT";
+    const UNPRIVILEGED_OK: &str = "UNPRIVILEGED-REMOVAL-OK";
+    const NOBODY: u32 = 65534;
+
+    /// Root's CAP_DAC_OVERRIDE hides missing permissions, so the permission rule is proven by
+    /// re-running this test binary as `nobody` (owner of the tree, no capabilities).
+    #[test]
+    fn remove_fixes_directory_permissions_when_running_without_capabilities() {
+        let fx = Fixture::new();
+        fs::set_permissions(fx.tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        let v = fx.vol("vol");
+        for d in ["r-x", "r-x/inner", "none", "wx", "r--"] {
+            fs::create_dir_all(v.join(d)).expect("mkdir");
+            fs::write(v.join(d).join("f"), b"x").expect("write");
+        }
+        let mut all = vec![fx.root(), v.clone()];
+        for d in ["r-x", "r-x/inner", "none", "wx", "r--"] {
+            all.push(v.join(d));
+            all.push(v.join(d).join("f"));
+        }
+        for path in &all {
+            std::os::unix::fs::lchown(path, Some(NOBODY), Some(NOBODY)).expect("chown");
+        }
+        let modes = [("r-x/inner", 0o000), ("r-x", 0o500), ("none", 0o000), ("wx", 0o300), ("r--", 0o400), ("", 0o500)];
+        for (d, mode) in modes {
+            fs::set_permissions(v.join(d), fs::Permissions::from_mode(mode)).expect("chmod");
+        }
+        // A copy of this binary that nobody may execute, wherever the target directory lives;
+        // the original if the temporary directory is mounted noexec.
+        let original = std::env::current_exe().expect("current exe");
+        let copy = fx.tmp.path().join("pool-tests");
+        fs::copy(&original, &copy).expect("copy exe");
+        fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod");
+        let test_name = format!(
+            "{}::unprivileged_removal_child",
+            module_path!().split_once("::").map_or(module_path!(), |(_, rest)| rest)
+        );
+        let run_as_nobody = |exe: &Path| {
+            Command::new(exe)
+                .args([test_name.as_str(), "--exact", "--ignored", "--nocapture"])
+                .env(UNPRIVILEGED_ROOT_ENV, fx.root())
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .output()
+        };
+        let out = match run_as_nobody(&copy) {
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => run_as_nobody(&original),
+            other => other,
+        }
+        .expect("run the test binary as nobody");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stdout.contains(UNPRIVILEGED_OK), "child failed:\n{stdout}\n{stderr}");
+        assert!(!exists(&v));
+    }
+
+    #[test]
+    #[ignore = "run as nobody by remove_fixes_directory_permissions_when_running_without_capabilities"]
+    fn unprivileged_removal_child() {
+        let Some(root) = std::env::var_os(UNPRIVILEGED_ROOT_ENV) else {
+            return;
+        };
+        assert_ne!(rustix::process::getuid().as_raw(), 0, "must not run as root");
+        let pool = PoolRoot::open("test", Path::new(&root)).expect("open");
+        let removal = pool.remove_volume_dir(&dir_name("vol")).expect("remove");
+        assert_eq!(removal, Removal::Removed { entries: 11 });
+        println!("{UNPRIVILEGED_OK}");
+    }
+
+    /// Clears the immutable attribute again so the temporary directory can be cleaned up.
+    struct ImmutableGuard(PathBuf);
+
+    impl Drop for ImmutableGuard {
+        fn drop(&mut self) {
+            let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+        }
+    }
+
+    #[test]
+    fn remove_reports_an_immutable_file_by_name() {
+        let fx = Fixture::new();
+        let locked = fx.vol("pvc-1/sub/locked");
+        fs::create_dir_all(fx.vol("pvc-1/sub")).expect("mkdir");
+        fs::write(&locked, b"x").expect("write");
+        let Ok(status) = Command::new("chattr").arg("+i").arg(&locked).status() else {
+            eprintln!("chattr is not installed; skipping");
+            return;
+        };
+        let _guard = ImmutableGuard(locked.clone());
+        if !status.success() {
+            eprintln!("this filesystem has no immutable attribute; skipping");
+            return;
+        }
+        let err = fx.remove("pvc-1").expect_err("immutable file");
+        assert!(matches!(err, PoolError::PermissionDenied { ref path, .. } if *path == locked), "{err}");
+        assert!(!err.is_retryable());
+        assert!(err.to_string().contains("chattr -i"), "{err}");
+    }
+
+    #[test]
+    fn remove_stops_at_a_tmpfs_mounted_inside_the_volume() {
+        for openat2 in [true, false] {
+            let fx = Fixture::new();
+            fx.pool.openat2.store(openat2, Ordering::Relaxed);
+            let mnt = fx.vol("pvc-1/a/mnt");
+            fs::create_dir_all(&mnt).expect("mkdir");
+            let mount = MountGuard::tmpfs(&mnt, c"size=1m");
+            fs::write(mnt.join("keep"), b"other filesystem").expect("write");
+            let err = fx.remove("pvc-1").expect_err("mount inside");
+            assert!(matches!(err, PoolError::MountInsideVolume { ref path } if *path == mnt), "{err}");
+            assert!(!err.is_retryable());
+            assert!(err.to_string().contains(&format!("umount {}", mnt.display())), "{err}");
+            assert_eq!(fs::read(mnt.join("keep")).expect("read"), b"other filesystem");
+            drop(mount);
+            fx.remove("pvc-1").expect("remove after unmount");
+            assert!(!exists(&fx.vol("pvc-1")));
+        }
+    }
+
+    #[test]
+    fn remove_stops_at_a_bind_mount_from_the_same_filesystem() {
+        for openat2 in [true, false] {
+            let fx = Fixture::new();
+            fx.pool.openat2.store(openat2, Ordering::Relaxed);
+            fs::create_dir(fx.vol("pvc-other")).expect("mkdir");
+            fs::write(fx.vol("pvc-other/data"), b"neighbour").expect("write");
+            let at = fx.vol("pvc-1/bind");
+            fs::create_dir_all(&at).expect("mkdir");
+            let _mount = MountGuard::bind(&fx.vol("pvc-other"), &at);
+            let err = fx.remove("pvc-1").expect_err("bind mount inside");
+            assert!(matches!(err, PoolError::MountInsideVolume { .. }), "openat2={openat2}: {err}");
+            assert_eq!(fs::read(fx.vol("pvc-other/data")).expect("read"), b"neighbour");
+        }
+    }
+
+    #[test]
+    fn remove_stops_at_a_file_bind_mounted_inside_the_volume() {
+        let fx = Fixture::new();
+        let outside = fx.outside().join("file");
+        fs::write(&outside, b"keep").expect("write");
+        fs::create_dir(fx.vol("pvc-1")).expect("mkdir");
+        fs::write(fx.vol("pvc-1/f"), b"").expect("write");
+        let _mount = MountGuard::bind(&outside, &fx.vol("pvc-1/f"));
+        let err = fx.remove("pvc-1").expect_err("file mount");
+        assert!(matches!(err, PoolError::MountInsideVolume { .. }), "{err}");
+        assert_eq!(fs::read(&outside).expect("read"), b"keep");
+    }
+
+    #[test]
+    fn remove_refuses_a_volume_dir_that_is_itself_a_mount_point() {
+        for openat2 in [true, false] {
+            let fx = Fixture::new();
+            fx.pool.openat2.store(openat2, Ordering::Relaxed);
+            fs::create_dir(fx.vol("pvc-1")).expect("mkdir");
+            let _mount = MountGuard::tmpfs(&fx.vol("pvc-1"), c"size=1m");
+            fs::write(fx.vol("pvc-1/keep"), b"x").expect("write");
+            let err = fx.remove("pvc-1").expect_err("mounted volume");
+            assert!(matches!(err, PoolError::MountInsideVolume { .. }), "{err}");
+            assert!(exists(&fx.vol("pvc-1/keep")));
+        }
+    }
+
+    #[test]
+    fn remove_handles_a_tree_10000_levels_deep() {
+        let fx = Fixture::new();
+        fs::create_dir(fx.vol("pvc-1")).expect("mkdir");
+        let names = make_deep_tree(&fx.vol("pvc-1"), 10_000);
+        // 20,000 bytes of path: beyond PATH_MAX, so only descriptor-relative calls reach the bottom.
+        let mut walker = Walker::new(&fx.pool, OPEN_DIR_WINDOW, MAX_ANCHORS);
+        let removal = walker.remove(&dir_name("pvc-1")).expect("remove");
+        assert_eq!(removal, Removal::Removed { entries: names + 1 });
+        assert!(!exists(&fx.vol("pvc-1")));
+        assert!(walker.max_open_dirs <= 1 + OPEN_DIR_WINDOW + MAX_ANCHORS);
+        assert!(walker.reopened < 50_000, "{} re-opens", walker.reopened);
+    }
+
+    #[test]
+    fn remove_keeps_open_descriptors_bounded_and_reopens_ancestors_by_name() {
+        let fx = Fixture::new();
+        fs::create_dir(fx.vol("pvc-1")).expect("mkdir");
+        let names = make_deep_tree(&fx.vol("pvc-1"), 300);
+        let mut walker = Walker::new(&fx.pool, 4, 16);
+        let removal = walker.remove(&dir_name("pvc-1")).expect("remove");
+        assert_eq!(removal, Removal::Removed { entries: names + 1 });
+        assert!(walker.max_open_dirs <= 1 + 4 + 16, "{} open", walker.max_open_dirs);
+        assert!(walker.reopened > 0, "the deep levels must have been evicted");
+        // Anchors keep re-opening linear-ish: without them it would be about 300^2 / 8 = 11,250 (75 re-open walks of 150 levels on average).
+        assert!(walker.reopened < 3_000, "{} re-opens", walker.reopened);
+        assert!(!exists(&fx.vol("pvc-1")));
+    }
+
+    #[test]
+    fn remove_handles_100000_entries_in_one_directory() {
+        let fx = Fixture::new();
+        fs::create_dir(fx.vol("pvc-1")).expect("mkdir");
+        let dirfd = rustix::fs::open(fx.vol("pvc-1"), OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open");
+        for i in 0..100_000 {
+            rustix::fs::mknodat(&dirfd, format!("file-{i}"), FileType::RegularFile, Mode::from_raw_mode(0o644), 0)
+                .expect("mknod");
+        }
+        drop(dirfd);
+        let removal = fx.remove("pvc-1").expect("remove");
+        assert_eq!(removal, Removal::Removed { entries: 100_001 });
+        assert!(!exists(&fx.vol("pvc-1")));
+    }
+
+    #[test]
+    fn entries_that_vanish_before_removal_are_ignored() {
+        let fx = Fixture::new();
+        let mut walker = Walker::new(&fx.pool, 4, 3);
+        for hint in [FileType::RegularFile, FileType::Directory, FileType::Unknown, FileType::Symlink] {
+            let step = walker.remove_entry(None, c"vanished", hint, 0).expect("vanished");
+            assert_eq!(step, Step::Gone, "{hint:?}");
+        }
+    }
+
+    #[test]
+    fn wrong_type_hints_from_getdents_are_corrected() {
+        let fx = Fixture::new();
+        fs::create_dir_all(fx.vol("dir/sub")).expect("mkdir");
+        fs::write(fx.vol("file"), b"x").expect("write");
+        let mut walker = Walker::new(&fx.pool, 4, 3);
+        assert_eq!(walker.remove_entry(None, c"file", FileType::Directory, 0).expect("file"), Step::Unlinked);
+        assert_eq!(walker.remove_entry(None, c"dir", FileType::RegularFile, 0).expect("dir"), Step::Descended);
+        assert!(!exists(&fx.vol("file")));
+    }
+
+    /// getdents said "directory" but a symlink was swapped in before the open: the open must
+    /// refuse to follow it and the name must be unlinked, whatever the link points to.
+    #[test]
+    fn a_symlink_swapped_in_for_a_directory_is_unlinked_not_followed() {
+        for openat2 in [true, false] {
+            let fx = Fixture::new();
+            fx.pool.openat2.store(openat2, Ordering::Relaxed);
+            let target = fx.outside().join("dir");
+            fs::create_dir(&target).expect("mkdir");
+            fs::write(target.join("keep"), b"keep").expect("write");
+            fs::set_permissions(&target, fs::Permissions::from_mode(0o500)).expect("chmod");
+            symlink(&target, fx.vol("abs")).expect("symlink");
+            symlink("../outside/dir", fx.vol("rel")).expect("symlink");
+            let mut walker = Walker::new(&fx.pool, 4, 3);
+            for link in [c"abs", c"rel"] {
+                let step = walker.remove_entry(None, link, FileType::Directory, 0);
+                assert_eq!(step.expect("unlink"), Step::Unlinked, "openat2={openat2}");
+            }
+            // The same race with a FIFO: O_DIRECTORY refuses it before a FIFO open could block.
+            rustix::fs::mknodat(&fx.pool.fd, "fifo", FileType::Fifo, Mode::from_raw_mode(0o600), 0).expect("mkfifo");
+            let step = walker.remove_entry(None, c"fifo", FileType::Directory, 0);
+            assert_eq!(step.expect("unlink fifo"), Step::Unlinked);
+            assert!(walker.stack.is_empty(), "nothing was entered");
+            assert_eq!(fs::read(target.join("keep")).expect("read"), b"keep");
+            assert_eq!(mode_of(&target), 0o500, "the target was not chmodded");
+            assert!(!exists(&fx.vol("abs")) && !exists(&fx.vol("rel")));
+        }
+    }
+
+    #[test]
+    fn an_evicted_directory_replaced_meanwhile_is_not_reopened() {
+        let fx = Fixture::new();
+        fs::create_dir_all(fx.vol("pvc-1/a/b/c")).expect("mkdir");
+        let mut walker = Walker::new(&fx.pool, 64, 64);
+        for (parent, name) in [(None, c"pvc-1"), (Some(0), c"a"), (Some(1), c"b")] {
+            let step = walker.remove_entry(parent, name, FileType::Unknown, 0).expect("descend");
+            assert_eq!(step, Step::Descended);
+        }
+        walker.close(1);
+        walker.close(2);
+        fs::rename(fx.vol("pvc-1/a"), fx.outside().join("moved")).expect("rename");
+        fs::create_dir_all(fx.vol("pvc-1/a/b")).expect("mkdir");
+        let err = walker.ensure_open(2).expect_err("another directory");
+        assert!(matches!(err, PoolError::TreeChanged { .. }), "{err}");
+        assert!(err.is_retryable());
+        assert!(exists(&fx.outside().join("moved/b/c")));
+    }
+
+    #[test]
+    fn a_directory_refilled_after_listing_is_listed_again() {
+        let fx = Fixture::new();
+        fs::create_dir(fx.vol("pvc-1")).expect("mkdir");
+        let mut walker = Walker::new(&fx.pool, 64, 64);
+        let step = walker.remove_entry(None, c"pvc-1", FileType::Unknown, 0).expect("descend");
+        assert_eq!(step, Step::Descended);
+        while let Some(entry) = walker.stack[0].dir.as_mut().and_then(Dir::read) {
+            entry.expect("read");
+        }
+        fs::write(fx.vol("pvc-1/late"), b"x").expect("write");
+        walker.finish_top().expect("rmdir fails, the directory is listed again");
+        assert_eq!(walker.stack.len(), 1);
+        assert_eq!(walker.stack[0].rescans, 1);
+        walker.drain().expect("drain");
+        assert!(!exists(&fx.vol("pvc-1")));
+        assert_eq!(walker.entries, 2);
+    }
+
+    #[test]
+    fn concurrent_removals_of_the_same_volume_all_succeed() {
+        let fx = Fixture::new();
+        for d in 0..50 {
+            let dir = fx.vol("pvc-1").join(format!("d{d}"));
+            fs::create_dir_all(&dir).expect("mkdir");
+            for f in 0..200 {
+                fs::write(dir.join(format!("f{f}")), b"").expect("write");
+            }
+        }
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4).map(|_| s.spawn(|| fx.remove("pvc-1"))).collect();
+            for w in workers {
+                w.join().expect("thread").expect("concurrent removal");
+            }
+        });
+        assert!(!exists(&fx.vol("pvc-1")));
+    }
+
+    // ---- errors ----
+
+    #[test]
+    fn retry_classes_follow_who_must_act() {
+        let p = PathBuf::from("/pool/pvc-1");
+        let admin = [
+            PoolError::MountInsideVolume { path: p.clone() },
+            PoolError::VolumeIsSymlink { path: p.clone() },
+            PoolError::VolumeNotDirectory { path: p.clone() },
+            PoolError::PermissionDenied { op: "unlink", path: p.clone(), source: Errno::PERM },
+            PoolError::Io { op: "unlink", path: p.clone(), source: Errno::ROFS },
+        ];
+        for e in admin {
+            assert!(!e.is_retryable(), "{e}");
+            assert!(e.to_string().contains("/pool/pvc-1"), "{e}");
+        }
+        for errno in [Errno::BUSY, Errno::IO, Errno::NOSPC, Errno::MFILE] {
+            let e = PoolError::Io { op: "unlink", path: p.clone(), source: errno };
+            assert!(e.is_retryable(), "{e}");
+            assert!(e.to_string().contains("retried automatically"), "{e}");
+        }
+        assert!(PoolError::TreeChanged { path: p }.is_retryable());
+    }
+
+    #[test]
+    fn permission_errors_name_the_file_and_the_immutable_attribute() {
+        let e = fs_error("unlink", PathBuf::from("/pool/pvc-1/locked"), Errno::PERM);
+        let msg = e.to_string();
+        assert!(msg.contains("/pool/pvc-1/locked") && msg.contains("chattr -i"), "{msg}");
+        assert_eq!(e.label(), "permission_denied");
+    }
+
+    #[test]
+    fn very_deep_paths_in_messages_keep_head_and_tail() {
+        let fx = Fixture::new();
+        let mut walker = Walker::new(&fx.pool, 4, 3);
+        for i in 0..100 {
+            walker.stack.push(Frame {
+                name: CString::new(format!("n{i}")).expect("name"),
+                dev: 0,
+                ino: 0,
+                dir: None,
+                rescans: 0,
+            });
+        }
+        let path = walker.path_of(Some(99), Some(c"leaf")).display().to_string();
+        assert!(path.starts_with(&format!("{}/n0/n1/", fx.root().display())), "{path}");
+        assert!(path.contains("more levels") && path.ends_with("/n99/leaf"), "{path}");
     }
 }

@@ -8,6 +8,7 @@ use kube::Client;
 
 use crate::control_plane::{ControlPlane, Options};
 use crate::provisioner::{Provisioner, ProvisionerSpec};
+use crate::report::LogsOnFailure;
 
 /// How long a fresh provisioner may take to answer `/readyz` (its initial lists included).
 pub const PROVISIONER_READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,13 +32,19 @@ impl SimNode {
             extra_args: extra_args.to_vec(),
             ..ProvisionerSpec::new(binary, name, pool_root_for(cp, name), cp.kubeconfig_path())
         };
-        Self::start_with(cp, name, spec).await
+        Self::start_with(cp, name, &[], spec).await
     }
 
-    /// Like [`SimNode::start`] with full control of the provisioner's spec (its `node_name`
-    /// must be `name`; its pool root is created if missing).
-    pub async fn start_with(cp: &ControlPlane, name: &str, spec: ProvisionerSpec) -> Result<SimNode> {
-        cp.add_node(name, name).await?;
+    /// Like [`SimNode::start`], with extra Node labels (say, a per-test group for pods to
+    /// select on the shared control plane) and full control of the provisioner's spec (its
+    /// `node_name` should be `name`; its pool root is created if missing).
+    pub async fn start_with(
+        cp: &ControlPlane,
+        name: &str,
+        labels: &[(&str, &str)],
+        spec: ProvisionerSpec,
+    ) -> Result<SimNode> {
+        cp.add_node_labeled(name, name, labels).await?;
         std::fs::create_dir_all(&spec.pool_root)
             .with_context(|| format!("creating pool root {}", spec.pool_root.display()))?;
         let pool_root = spec.pool_root.clone();
@@ -102,6 +109,16 @@ impl Cluster {
     /// The node called `name`.
     pub fn node(&self, name: &str) -> Option<&SimNode> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// A guard that prints the logs of every provisioner and component unless the test calls
+    /// [`LogsOnFailure::passed`] (a test returning `Err` is not a panic, so `Drop` stays silent).
+    pub fn logs_on_failure(&self) -> LogsOnFailure {
+        let mut logs = self.cp.logs_on_failure();
+        for node in &self.nodes {
+            logs.watch_provisioner(&node.provisioner);
+        }
+        logs
     }
 
     /// The node called `name`, mutably (to kill or restart its provisioner).

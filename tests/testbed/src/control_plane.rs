@@ -17,6 +17,7 @@ use serde_json::json;
 use crate::kubeconfig::Connection;
 use crate::pki::{Pki, random_hex};
 use crate::process::{ManagedChild, ProcessSpec, TempDir, free_port, tail_file};
+use crate::report::LogsOnFailure;
 
 /// Knobs for [`ControlPlane::start_with`]; `Options::default()` suits functional tests.
 #[derive(Clone, Debug)]
@@ -197,7 +198,7 @@ impl ControlPlane {
 
     /// Directory, certificates, tokens, ports and command lines of one start attempt.
     fn prepare(bin_dir: &Path, options: &Options) -> Result<ControlPlane> {
-        let dir = TempDir::new("testbed-cp")?;
+        let dir = TempDir::new("cp")?;
         let pki = Pki::generate(&dir.path().join("pki"))?;
         let admin_token = random_hex(24)?;
         let token_file = dir.path().join("tokens.csv");
@@ -402,10 +403,13 @@ impl ControlPlane {
         out
     }
 
-    /// A guard that prints every component's log tail to stderr if the test panics while it
-    /// lives; for tests on the shared control plane, which is never dropped.
-    pub fn logs_on_panic(&self) -> LogsOnPanic<'_> {
-        LogsOnPanic { cp: self }
+    /// A guard that prints every component's log tail to stderr unless the test calls
+    /// [`LogsOnFailure::passed`]; for tests on the shared control plane, which is never dropped,
+    /// and for failures returned as `Err`, which `Drop` cannot see.
+    pub fn logs_on_failure(&self) -> LogsOnFailure {
+        LogsOnFailure::new(
+            self.log_paths().into_iter().map(|(name, path)| (name.to_string(), path.to_path_buf())).collect(),
+        )
     }
 
     fn components(&self) -> [&Component; 4] {
@@ -448,19 +452,6 @@ impl Drop for ControlPlane {
             eprintln!("testbed: test panicked; control plane ({}) logs:\n{}", states.join(", "), self.log_tails(40));
         }
         self.stop_all();
-    }
-}
-
-/// See [`ControlPlane::logs_on_panic`].
-pub struct LogsOnPanic<'a> {
-    cp: &'a ControlPlane,
-}
-
-impl Drop for LogsOnPanic<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("testbed: test panicked; control plane logs:\n{}", self.cp.log_tails(40));
-        }
     }
 }
 
@@ -521,7 +512,7 @@ impl Layout<'_> {
             program: self.bin_dir.join(name),
             args,
             env: Vec::new(),
-            env_remove: Vec::new(),
+            clean_env: false,
             log_path: self.dir.join(format!("{name}.log")),
         }
     }

@@ -32,7 +32,10 @@ impl Connection {
     pub fn client(&self) -> Result<Client> {
         let mut config = kube::Config::new(self.url.parse().with_context(|| format!("parsing {}", self.url))?);
         config.root_cert = Some(vec![self.ca_der.clone()]);
-        config.auth_info.token = Some(self.token.clone().into());
+        // Empty means anonymous (health endpoints), not an empty bearer header.
+        if !self.token.is_empty() {
+            config.auth_info.token = Some(self.token.clone().into());
+        }
         Client::try_from(config).context("building a kube client")
     }
 

@@ -37,8 +37,9 @@ pub(crate) struct ProcessSpec {
     pub program: PathBuf,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
-    /// Inherited variables to drop, so the test runner's environment cannot leak in.
-    pub env_remove: Vec<String>,
+    /// Start from an empty environment (plus [`PASSED_THROUGH_ENV`]) instead of inheriting
+    /// the test runner's, so that none of its settings can leak into the process.
+    pub clean_env: bool,
     /// stdout and stderr are both appended here.
     pub log_path: PathBuf,
 }
@@ -54,6 +55,9 @@ impl ProcessSpec {
         line
     }
 }
+
+/// What a process started with [`ProcessSpec::clean_env`] still inherits.
+pub(crate) const PASSED_THROUGH_ENV: [&str; 4] = ["PATH", "HOME", "TMPDIR", "RUST_BACKTRACE"];
 
 /// A running child process owned by the harness.
 #[derive(Debug)]
@@ -190,8 +194,13 @@ fn spawn_on_this_thread(spec: &ProcessSpec) -> io::Result<Child> {
     // A header per start, so a restarted component's log shows where each run begins.
     writeln!(log, "==== testbed: starting {}", spec.command_line())?;
     let mut command = Command::new(&spec.program);
-    for name in &spec.env_remove {
-        command.env_remove(name);
+    if spec.clean_env {
+        command.env_clear();
+        for name in PASSED_THROUGH_ENV {
+            if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
+        }
     }
     command
         .args(&spec.args)
@@ -288,15 +297,32 @@ extern "C" fn cleanup_at_exit() {
 
 /// A fresh directory under the system temp dir, removed on drop and at process exit.
 ///
-/// Set `TESTBED_KEEP_TEMP=1` to keep it for inspection.
+/// Its name carries the creating PID (`testbed-p<pid>-...`). Neither `Drop` nor `atexit` runs
+/// when a test binary is SIGKILLed (a CI timeout, say), and each such leftover holds etcd's
+/// preallocated WAL (64 MiB), so the first directory a process creates also sweeps leftovers of
+/// processes that no longer exist. Their children died with them (PDEATHSIG), so nothing uses
+/// those files any more.
+///
+/// Set `TESTBED_KEEP_TEMP=1` to keep directories for inspection; kept ones are named
+/// `testbed-kept-...` and never swept.
 #[derive(Debug)]
 pub(crate) struct TempDir {
     path: PathBuf,
 }
 
+const SWEPT_PREFIX: &str = "testbed-p";
+
 impl TempDir {
-    pub fn new(prefix: &str) -> Result<TempDir> {
-        let path = std::env::temp_dir().join(crate::unique_name(prefix));
+    /// `what` says what the directory is for (`cp`), as part of its name.
+    pub fn new(what: &str) -> Result<TempDir> {
+        static SWEEP: Once = Once::new();
+        SWEEP.call_once(sweep_dead_processes_dirs);
+        let prefix = if keep_temp() {
+            format!("testbed-kept-{what}")
+        } else {
+            format!("{SWEPT_PREFIX}{}-{what}", std::process::id())
+        };
+        let path = std::env::temp_dir().join(crate::unique_name(&prefix));
         fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         if !keep_temp() {
             register_dir(&path);
@@ -306,6 +332,27 @@ impl TempDir {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// Removes `testbed-p<pid>-*` directories whose process is gone.
+fn sweep_dead_processes_dirs() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SWEPT_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = fs::remove_dir_all(entry.path());
+        }
     }
 }
 

@@ -12,22 +12,6 @@ use crate::process::{ManagedChild, ProcessSpec, free_port, tail_file};
 /// Default `RUST_LOG`: enough to follow each decision in a failed test's log tail.
 pub const DEFAULT_RUST_LOG: &str = "info,hostpath_provisioner=debug";
 
-/// Settings the provisioner reads from the environment (DESIGN.md section 3); removed from the
-/// inherited environment so that only what a test sets reaches the process.
-const CONFIG_ENV: [&str; 11] = [
-    "NODE_NAME",
-    "PV_DIR",
-    "USE_NAMING_PREFIX",
-    "PROVISIONER_NAME",
-    "PV_CAPACITY",
-    "DIR_MODE",
-    "REQUIRE_MOUNTPOINT",
-    "LOG_FORMAT",
-    "STORAGE_POOLS",
-    "KUBECONFIG",
-    "RUST_LOG",
-];
-
 /// How to run one provisioner process.
 #[derive(Clone, Debug)]
 pub struct ProvisionerSpec {
@@ -41,7 +25,10 @@ pub struct ProvisionerSpec {
     pub kubeconfig: PathBuf,
     /// Appended after the standard flags.
     pub extra_args: Vec<String>,
-    /// Set on top of `RUST_LOG=`[`DEFAULT_RUST_LOG`] (so a test can override it).
+    /// The process's environment besides `PATH`, `HOME`, `TMPDIR`, `RUST_BACKTRACE`,
+    /// `NO_COLOR=1` and `RUST_LOG=`[`DEFAULT_RUST_LOG`] (entries here override the last two). Nothing else is
+    /// inherited: the provisioner reads its settings from env vars too (`PV_DIR`,
+    /// `KUBECONFIG`, ...), and the test runner's must not leak in.
     pub env: Vec<(String, String)>,
 }
 
@@ -106,14 +93,18 @@ impl Provisioner {
             metrics_addr.to_string(),
         ];
         args.extend(spec.extra_args.iter().cloned());
-        let mut env = vec![("RUST_LOG".to_string(), DEFAULT_RUST_LOG.to_string())];
+        let mut env = vec![
+            ("RUST_LOG".to_string(), DEFAULT_RUST_LOG.to_string()),
+            // Logs go to a file that people read in failure reports: no colour codes.
+            ("NO_COLOR".to_string(), "1".to_string()),
+        ];
         env.extend(spec.env.iter().cloned());
         let process = ProcessSpec {
             name: format!("provisioner-{}", spec.node_name),
             program: spec.binary.clone(),
             args,
             env,
-            env_remove: CONFIG_ENV.iter().map(|s| s.to_string()).collect(),
+            clean_env: true,
             log_path: log_dir.join(format!("provisioner-{}.log", spec.node_name)),
         };
         let child = ManagedChild::spawn(&process)?;

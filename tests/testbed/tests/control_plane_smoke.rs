@@ -28,10 +28,10 @@ fn phase_of_volume(volume: &PersistentVolume) -> Option<&str> {
     volume.status.as_ref()?.phase.as_deref()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn wffc_claim_goes_through_scheduler_binder_and_release() -> Result<()> {
     let cp = shared_control_plane().await?;
-    let _logs = cp.logs_on_panic();
+    let logs = cp.logs_on_failure();
     let client = cp.admin_client();
 
     // Our own nodes, under a group label our pod selects, so other tests' nodes stay out of it.
@@ -153,13 +153,14 @@ async fn wffc_claim_goes_through_scheduler_binder_and_release() -> Result<()> {
         Ok::<_, kube::Error>(volumes.get_opt(&volume_name).await?.is_none().then_some(()))
     })
     .await?;
+    logs.passed();
     Ok(())
 }
 
 #[tokio::test]
 async fn service_account_token_authenticates_and_rbac_restricts_it() -> Result<()> {
     let cp = shared_control_plane().await?;
-    let _logs = cp.logs_on_panic();
+    let logs = cp.logs_on_failure();
     let client = cp.admin_client();
     let namespace = unique_name("token");
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &fixtures::namespace(&namespace)).await?;
@@ -240,6 +241,7 @@ async fn service_account_token_authenticates_and_rbac_restricts_it() -> Result<(
         Ok::<_, kube::Error>(nodes_as_account.list(&Default::default()).await.ok())
     })
     .await?;
+    logs.passed();
     Ok(())
 }
 
@@ -247,6 +249,7 @@ async fn service_account_token_authenticates_and_rbac_restricts_it() -> Result<(
 async fn own_control_plane_survives_an_apiserver_restart_and_cleans_up() -> Result<()> {
     let mut cp = ControlPlane::start().await?;
     eprintln!("own control plane started in {:.1?}", cp.started_in());
+    let logs = cp.logs_on_failure();
     let namespace = unique_name("outage");
     Api::<Namespace>::all(cp.admin_client()).create(&PostParams::default(), &fixtures::namespace(&namespace)).await?;
 
@@ -273,6 +276,7 @@ async fn own_control_plane_survives_an_apiserver_restart_and_cleans_up() -> Resu
     let pids: Vec<u32> = cp.pids().into_iter().map(|(_, pid)| pid).collect();
     assert_eq!(pids.len(), 4, "all four components run");
     let dir = cp.temp_dir().to_path_buf();
+    logs.passed();
     drop(cp);
     for pid in pids {
         let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();

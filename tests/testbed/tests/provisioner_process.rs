@@ -11,7 +11,7 @@ use testbed::{Provisioner, ProvisionerSpec, Result, wait_for};
 /// Prints its command line and environment, then idles; exits 0 on SIGTERM.
 const FAKE_PROVISIONER: &str = r#"#!/bin/sh
 echo "args: $*"
-echo "env: RUST_LOG=$RUST_LOG PV_DIR=${PV_DIR:-unset} EXTRA=${EXTRA:-unset}"
+echo "env: RUST_LOG=$RUST_LOG NO_COLOR=$NO_COLOR PV_DIR=${PV_DIR:-unset} EXTRA=${EXTRA:-unset}"
 trap 'echo "got SIGTERM"; exit 0' TERM
 echo "handling SIGTERM"
 while :; do sleep 0.1; done
@@ -61,7 +61,8 @@ async fn provisioner_gets_its_flags_environment_log_and_signals() -> Result<()> 
         kc = dir.join("kc").display(),
     );
     wait_for_log(&provisioner, &expected_args, 1).await?;
-    wait_for_log(&provisioner, "env: RUST_LOG=info,hostpath_provisioner=debug PV_DIR=unset EXTRA=yes", 1).await?;
+    wait_for_log(&provisioner, "env: RUST_LOG=info,hostpath_provisioner=debug NO_COLOR=1 PV_DIR=unset EXTRA=yes", 1)
+        .await?;
     assert!(provisioner.is_running());
 
     let first_pid = provisioner.pid();

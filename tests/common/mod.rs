@@ -1,0 +1,214 @@
+//! Shared setup for the end-to-end tests: one real control plane per test binary, and per test a
+//! namespace, StorageClasses and simulated nodes of its own, so tests run in parallel without
+//! seeing each other's claims land on their nodes.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::Client;
+use testbed::fixtures;
+use testbed::{ControlPlane, ProvisionerSpec, SimNode};
+
+pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
+/// Label on a test's nodes; its pods select it so they never land on another test's nodes.
+pub const GROUP_LABEL: &str = "hpp-test/group";
+/// Generous: the machine may be busy with parallel tests; timings are not what is tested here.
+pub const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The provisioner under test.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_hostpath-provisioner"))
+}
+
+/// One test's slice of the shared cluster.
+pub struct TestEnv {
+    pub cp: &'static ControlPlane,
+    pub client: Client,
+    pub ns: String,
+    pub group: String,
+    pub nodes: Vec<SimNode>,
+}
+
+impl TestEnv {
+    /// A namespace and `nodes` simulated nodes (`<group>-1`, ...) each running a provisioner.
+    pub async fn start(test: &str, nodes: usize) -> TestEnv {
+        Self::start_with(test, nodes, |spec| spec).await
+    }
+
+    /// Like [`TestEnv::start`], adjusting each node's provisioner spec.
+    pub async fn start_with(test: &str, nodes: usize, adjust: impl Fn(ProvisionerSpec) -> ProvisionerSpec) -> TestEnv {
+        let cp = testbed::shared_control_plane().await.expect("control plane");
+        let client = cp.admin_client();
+        let group = testbed::unique_name(test);
+        let ns = group.clone();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &fixtures::namespace(&ns))
+            .await
+            .expect("create namespace");
+        let mut env = TestEnv { cp, client, ns, group, nodes: Vec::new() };
+        for i in 1..=nodes {
+            env.add_node(&format!("{}-{i}", env.group), &adjust).await;
+        }
+        env
+    }
+
+    /// Adds a node of this test's group with its own pool root and provisioner.
+    pub async fn add_node(&mut self, name: &str, adjust: &impl Fn(ProvisionerSpec) -> ProvisionerSpec) {
+        self.cp.add_node_labeled(name, name, &[(GROUP_LABEL, &self.group)]).await.expect("add node");
+        let pool = testbed::pool_root_for(self.cp, name);
+        std::fs::create_dir_all(&pool).expect("pool root");
+        let spec = adjust(ProvisionerSpec::new(binary(), name, pool, self.cp.kubeconfig_path()));
+        let mut provisioner = testbed::Provisioner::spawn(spec, self.cp.temp_dir()).expect("spawn provisioner");
+        provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("provisioner ready");
+        // add_node_labeled already created the Node; SimNode only bundles what we started.
+        self.nodes.push(SimNode {
+            name: name.to_owned(),
+            hostname: name.to_owned(),
+            pool_root: testbed::pool_root_for(self.cp, name),
+            provisioner,
+        });
+    }
+
+    pub fn node(&self, name: &str) -> &SimNode {
+        self.nodes.iter().find(|n| n.name == name).expect("node of this test")
+    }
+
+    pub fn node_mut(&mut self, name: &str) -> &mut SimNode {
+        self.nodes.iter_mut().find(|n| n.name == name).expect("node of this test")
+    }
+
+    /// A StorageClass of our provisioner named after this test.
+    pub async fn class(&self, suffix: &str, build: impl FnOnce(fixtures::StorageClassBuilder) -> fixtures::StorageClassBuilder) -> String {
+        let name = format!("{}-{suffix}", self.group);
+        let class = build(fixtures::storage_class(&name, PROVISIONER)).build();
+        Api::<StorageClass>::all(self.client.clone()).create(&PostParams::default(), &class).await.expect("create class");
+        name
+    }
+
+    pub fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn pvs(&self) -> Api<PersistentVolume> {
+        Api::all(self.client.clone())
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub async fn create_claim(&self, claim: fixtures::ClaimBuilder) -> PersistentVolumeClaim {
+        self.claims().create(&PostParams::default(), &claim.build()).await.expect("create claim")
+    }
+
+    /// A pod using `claim`, restricted to this test's nodes.
+    pub async fn create_pod(&self, name: &str, claim: &str) -> Pod {
+        let pod = fixtures::pod_using_claim(&self.ns, name, claim).node_selector(GROUP_LABEL, &self.group).build();
+        self.pods().create(&PostParams::default(), &pod).await.expect("create pod")
+    }
+
+    /// Waits until the claim is Bound and returns its PV.
+    pub async fn wait_bound(&self, claim: &str) -> PersistentVolume {
+        let claims = self.claims();
+        let pv_name = testbed::wait_until(
+            &format!("claim {}/{claim} Bound", self.ns),
+            TIMEOUT,
+            || async { claims.get(claim).await },
+            |c: &PersistentVolumeClaim| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.log_tails()))
+        .spec
+        .and_then(|s| s.volume_name)
+        .expect("bound claim names its volume");
+        self.pvs().get(&pv_name).await.expect("get PV")
+    }
+
+    /// Deletes a claim (and nothing else).
+    pub async fn delete_claim(&self, claim: &str) {
+        self.claims().delete(claim, &DeleteParams::default()).await.expect("delete claim");
+    }
+
+    pub async fn delete_pod(&self, pod: &str) {
+        self.pods().delete(pod, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.expect("delete pod");
+    }
+
+    /// Waits until the PV no longer exists.
+    pub async fn wait_pv_gone(&self, pv: &str) {
+        let pvs = self.pvs();
+        testbed::wait_for(&format!("PV {pv} deleted"), TIMEOUT, || async {
+            anyhow::Ok(pvs.get_opt(pv).await?.is_none().then_some(()))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.log_tails()));
+    }
+
+    /// Waits until the PV reaches `phase`.
+    pub async fn wait_pv_phase(&self, pv: &str, phase: &str) -> PersistentVolume {
+        let pvs = self.pvs();
+        testbed::wait_until(
+            &format!("PV {pv} {phase}"),
+            TIMEOUT,
+            || async { pvs.get(pv).await },
+            |p: &PersistentVolume| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.log_tails()))
+    }
+
+    /// Events (events.k8s.io) regarding the object with `uid`, in `namespace`.
+    pub async fn events_for(&self, namespace: &str, uid: &str) -> Vec<Event> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let list = events.list(&ListParams::default()).await.expect("list events");
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid))
+            .collect()
+    }
+
+    /// Waits for an event with `reason` about the object `uid` and returns its note.
+    pub async fn wait_event(&self, namespace: &str, uid: &str, reason: &str) -> String {
+        testbed::wait_for(&format!("event {reason} on {uid}"), TIMEOUT, || async {
+            let events = self.events_for(namespace, uid).await;
+            anyhow::Ok(events.into_iter().find(|e| e.reason.as_deref() == Some(reason)).map(|e| e.note.unwrap_or_default()))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.log_tails()))
+    }
+
+    pub fn log_tails(&self) -> String {
+        let mut out = String::new();
+        for node in &self.nodes {
+            out.push_str(&format!("--- provisioner {} ---\n{}\n", node.name, node.provisioner.log_tail(40)));
+        }
+        out
+    }
+}
+
+/// Names of the entries directly under `dir`.
+pub fn entries(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// The claim UID.
+pub fn uid(claim: &PersistentVolumeClaim) -> String {
+    claim.metadata.uid.clone().expect("uid")
+}
+
+/// Waits until `path` no longer exists.
+pub async fn wait_path_gone(path: &Path) {
+    testbed::wait_for(&format!("{} removed", path.display()), TIMEOUT, || async {
+        anyhow::Ok((!path.exists()).then_some(()))
+    })
+    .await
+    .expect("path removed");
+}

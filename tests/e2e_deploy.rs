@@ -1,0 +1,135 @@
+//! End-to-end: the manifests in deploy/ render and pass server-side dry-run, and the provisioner
+//! does its whole job under exactly the RBAC of deploy/legacy, which denies everything else.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::*;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use testbed::fixtures;
+
+const NAMESPACE: &str = "kubevirt-hostpath-provisioner";
+const SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-admin";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn kubectl(env: &TestEnv, args: &[&str]) -> String {
+    let output = Command::new(env.cp.kubectl())
+        .arg("--kubeconfig")
+        .arg(env.cp.kubeconfig_path())
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run kubectl");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "kubectl {args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+async fn ensure_namespace(env: &TestEnv) {
+    match Api::<Namespace>::all(env.client.clone()).create(&PostParams::default(), &fixtures::namespace(NAMESPACE)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => panic!("create namespace: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deploy_manifests_render_and_pass_server_side_dry_run() {
+    let env = TestEnv::start("dryrun", 0).await;
+    let rendered = kubectl(&env, &["kustomize", "deploy/legacy"]);
+    for kind in ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "StorageClass"] {
+        assert!(rendered.contains(&format!("kind: {kind}")), "rendered deploy/legacy lacks a {kind}");
+    }
+    assert!(rendered.contains("rbac.authorization.k8s.io/v1\n"), "RBAC in rbac/v1");
+    assert!(rendered.contains("volumeBindingMode: WaitForFirstConsumer"));
+    let openshift = kubectl(&env, &["kustomize", "deploy/openshift"]);
+    assert!(openshift.contains("kind: SecurityContextConstraints") && openshift.contains("kind: DaemonSet"));
+
+    // Namespaced objects can only be dry-run once their namespace exists.
+    ensure_namespace(&env).await;
+    let out = kubectl(&env, &["apply", "--dry-run=server", "-k", "deploy/legacy"]);
+    for object in ["daemonset.apps/kubevirt-hostpath-provisioner", "clusterrole.rbac.authorization.k8s.io/kubevirt-hostpath-provisioner"] {
+        assert!(out.contains(object), "{object} missing from dry-run output:\n{out}");
+    }
+    assert!(out.lines().all(|l| l.trim().is_empty() || l.contains("(server dry run)")), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn provisioner_works_under_exactly_the_deploy_rbac() {
+    let mut env = TestEnv::start("rbac", 0).await;
+    kubectl(&env, &["apply", "-k", "deploy/legacy"]);
+
+    // A token of the DaemonSet's ServiceAccount, as the kubelet would mount it.
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), NAMESPACE);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let token = accounts
+        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest")
+        .status
+        .and_then(|s| s.token)
+        .expect("a TokenRequest answer carries the token");
+    let kubeconfig = env.cp.temp_dir().join(format!("{}-sa.kubeconfig", env.group));
+    env.cp.write_kubeconfig_for_token(&token, &kubeconfig).expect("kubeconfig");
+    let node = format!("{}-1", env.group);
+    let sa_kubeconfig = kubeconfig.clone();
+    env.add_node(&node, &move |mut spec| {
+        spec.kubeconfig = sa_kubeconfig.clone();
+        spec
+    })
+    .await;
+
+    // Provision with the deployed WaitForFirstConsumer class and delete again.
+    let claim = env.create_claim(fixtures::claim(&env.ns, "data", "hostpath-provisioner", "1Mi")).await;
+    env.create_pod("app", "data").await;
+    let pv = env.wait_bound("data").await;
+    let dir = env.node(&node).pool_root.join(format!("pvc-{}", uid(&claim)));
+    assert!(dir.is_dir());
+    env.wait_event(&env.ns, &uid(&claim), "ProvisioningSucceeded").await;
+    env.delete_pod("app").await;
+    env.delete_claim("data").await;
+    env.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
+    wait_path_gone(&dir).await;
+
+    // Anything outside the role is denied.
+    let as_provisioner = env.cp.client_for_token(&token).expect("client");
+    let forbidden = |result: Result<(), kube::Error>, what: &str| match result {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{what}: {status:?}"),
+        other => panic!("{what} must be forbidden, got {other:?}"),
+    };
+    forbidden(Api::<Secret>::all(as_provisioner.clone()).list(&ListParams::default()).await.map(|_| ()), "list secrets");
+    forbidden(Api::<Node>::all(as_provisioner.clone()).list(&ListParams::default()).await.map(|_| ()), "list nodes");
+    let label = serde_json::json!({"metadata": {"labels": {"evil": "yes"}}});
+    forbidden(
+        Api::<Node>::all(as_provisioner.clone()).patch(&node, &PatchParams::default(), &Patch::Merge(&label)).await.map(|_| ()),
+        "patch a node",
+    );
+    let pod = fixtures::pod_using_claim(&env.ns, "sneaky", "data").build();
+    forbidden(
+        Api::<Pod>::namespaced(as_provisioner.clone(), &env.ns).create(&PostParams::default(), &pod).await.map(|_| ()),
+        "create a pod",
+    );
+    forbidden(
+        env_claims(&as_provisioner, &env.ns).delete("data", &Default::default()).await.map(|_| ()),
+        "delete a claim",
+    );
+}
+
+fn env_claims(client: &kube::Client, ns: &str) -> Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> {
+    Api::namespaced(client.clone(), ns)
+}
+
