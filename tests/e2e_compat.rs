@@ -29,7 +29,12 @@ fn go_pv(claim: &PersistentVolumeClaim, path: &Path, owner: &str, owner_annotati
 }
 
 /// Creates a claim nobody provisions (Immediate, no node) and binds `pv` (built from it) to it.
-async fn bound_claim(env: &TestEnv, class: &str, name: &str, pv: impl FnOnce(&PersistentVolumeClaim) -> PersistentVolume) -> PersistentVolume {
+async fn bound_claim(
+    env: &TestEnv,
+    class: &str,
+    name: &str,
+    pv: impl FnOnce(&PersistentVolumeClaim) -> PersistentVolume,
+) -> PersistentVolume {
     let claim = env.create_claim(fixtures::claim(&env.ns, name, class, "1Gi")).await;
     let pv = env.pvs().create(&PostParams::default(), &pv(&claim)).await.expect("create PV");
     env.wait_bound(name).await;
@@ -59,7 +64,8 @@ async fn go_built_pvs_are_deleted_by_the_owning_node_in_every_layout() {
             go_pv(claim, &owner_node.pool_root.join(&dir), owner, annotated)
         })
         .await;
-        let dir_name = Path::new(&pv.spec.as_ref().unwrap().host_path.as_ref().unwrap().path).file_name().unwrap().to_owned();
+        let dir_name =
+            Path::new(&pv.spec.as_ref().unwrap().host_path.as_ref().unwrap().path).file_name().unwrap().to_owned();
         // Data on the owner, and a same-named directory on the other node that must survive.
         let owner_dir = owner_node.pool_root.join(&dir_name);
         std::fs::create_dir_all(owner_dir.join("sub")).unwrap();

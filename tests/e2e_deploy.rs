@@ -28,16 +28,15 @@ fn kubectl(env: &TestEnv, args: &[&str]) -> String {
         .output()
         .expect("run kubectl");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "kubectl {args:?} failed: {}\n{stdout}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "kubectl {args:?} failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
     stdout
 }
 
 async fn ensure_namespace(env: &TestEnv) {
-    match Api::<Namespace>::all(env.client.clone()).create(&PostParams::default(), &fixtures::namespace(NAMESPACE)).await {
+    match Api::<Namespace>::all(env.client.clone())
+        .create(&PostParams::default(), &fixtures::namespace(NAMESPACE))
+        .await
+    {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 409 => {}
         Err(e) => panic!("create namespace: {e}"),
@@ -59,7 +58,10 @@ async fn deploy_manifests_render_and_pass_server_side_dry_run() {
     // Namespaced objects can only be dry-run once their namespace exists.
     ensure_namespace(&env).await;
     let out = kubectl(&env, &["apply", "--dry-run=server", "-k", "deploy/legacy"]);
-    for object in ["daemonset.apps/kubevirt-hostpath-provisioner", "clusterrole.rbac.authorization.k8s.io/kubevirt-hostpath-provisioner"] {
+    for object in [
+        "daemonset.apps/kubevirt-hostpath-provisioner",
+        "clusterrole.rbac.authorization.k8s.io/kubevirt-hostpath-provisioner",
+    ] {
         assert!(out.contains(object), "{object} missing from dry-run output:\n{out}");
     }
     assert!(out.lines().all(|l| l.trim().is_empty() || l.contains("(server dry run)")), "{out}");
@@ -111,11 +113,17 @@ async fn provisioner_works_under_exactly_the_deploy_rbac() {
         Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{what}: {status:?}"),
         other => panic!("{what} must be forbidden, got {other:?}"),
     };
-    forbidden(Api::<Secret>::all(as_provisioner.clone()).list(&ListParams::default()).await.map(|_| ()), "list secrets");
+    forbidden(
+        Api::<Secret>::all(as_provisioner.clone()).list(&ListParams::default()).await.map(|_| ()),
+        "list secrets",
+    );
     forbidden(Api::<Node>::all(as_provisioner.clone()).list(&ListParams::default()).await.map(|_| ()), "list nodes");
     let label = serde_json::json!({"metadata": {"labels": {"evil": "yes"}}});
     forbidden(
-        Api::<Node>::all(as_provisioner.clone()).patch(&node, &PatchParams::default(), &Patch::Merge(&label)).await.map(|_| ()),
+        Api::<Node>::all(as_provisioner.clone())
+            .patch(&node, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .map(|_| ()),
         "patch a node",
     );
     let pod = fixtures::pod_using_claim(&env.ns, "sneaky", "data").build();
@@ -132,4 +140,3 @@ async fn provisioner_works_under_exactly_the_deploy_rbac() {
 fn env_claims(client: &kube::Client, ns: &str) -> Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> {
     Api::namespaced(client.clone(), ns)
 }
-

@@ -54,7 +54,10 @@ async fn wffc_claim_is_provisioned_on_the_scheduler_chosen_node() {
     assert_eq!(spec.host_path.as_ref().unwrap().type_.as_deref(), Some("Directory"));
     let term = &spec.node_affinity.unwrap().required.unwrap().node_selector_terms[0];
     let expr = &term.match_expressions.as_ref().unwrap()[0];
-    assert_eq!((expr.key.as_str(), expr.values.clone()), ("kubernetes.io/hostname", Some(vec![chosen.hostname.clone()])));
+    assert_eq!(
+        (expr.key.as_str(), expr.values.clone()),
+        ("kubernetes.io/hostname", Some(vec![chosen.hostname.clone()]))
+    );
 
     // The directory exists on the chosen node only, world-writable whatever the umask.
     let dir = chosen.pool_root.join(format!("pvc-{uid}"));

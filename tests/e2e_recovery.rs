@@ -28,7 +28,8 @@ async fn provisioner_killed_mid_way_converges_without_duplicates_or_orphans() {
     // Create claims while killing the provisioner every few claims, at varying moments.
     let mut uids = BTreeSet::new();
     for i in 0..CLAIMS {
-        let claim = env.create_claim(fixtures::claim(&env.ns, &format!("c{i}"), &class, "1Mi").provision_on_node(&node)).await;
+        let claim =
+            env.create_claim(fixtures::claim(&env.ns, &format!("c{i}"), &class, "1Mi").provision_on_node(&node)).await;
         uids.insert(uid(&claim));
         if i % 6 == 5 {
             tokio::time::sleep(Duration::from_millis(37 * i as u64 % 300)).await;

@@ -11,8 +11,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use testbed::fixtures;
 use testbed::{ControlPlane, ProvisionerSpec, SimNode};
 
@@ -85,10 +85,17 @@ impl TestEnv {
     }
 
     /// A StorageClass of our provisioner named after this test.
-    pub async fn class(&self, suffix: &str, build: impl FnOnce(fixtures::StorageClassBuilder) -> fixtures::StorageClassBuilder) -> String {
+    pub async fn class(
+        &self,
+        suffix: &str,
+        build: impl FnOnce(fixtures::StorageClassBuilder) -> fixtures::StorageClassBuilder,
+    ) -> String {
         let name = format!("{}-{suffix}", self.group);
         let class = build(fixtures::storage_class(&name, PROVISIONER)).build();
-        Api::<StorageClass>::all(self.client.clone()).create(&PostParams::default(), &class).await.expect("create class");
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .expect("create class");
         name
     }
 
@@ -137,7 +144,10 @@ impl TestEnv {
     }
 
     pub async fn delete_pod(&self, pod: &str) {
-        self.pods().delete(pod, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.expect("delete pod");
+        self.pods()
+            .delete(pod, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+            .await
+            .expect("delete pod");
     }
 
     /// Waits until the PV no longer exists.
@@ -167,17 +177,16 @@ impl TestEnv {
     pub async fn events_for(&self, namespace: &str, uid: &str) -> Vec<Event> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let list = events.list(&ListParams::default()).await.expect("list events");
-        list.items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid))
-            .collect()
+        list.items.into_iter().filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid)).collect()
     }
 
     /// Waits for an event with `reason` about the object `uid` and returns its note.
     pub async fn wait_event(&self, namespace: &str, uid: &str, reason: &str) -> String {
         testbed::wait_for(&format!("event {reason} on {uid}"), TIMEOUT, || async {
             let events = self.events_for(namespace, uid).await;
-            anyhow::Ok(events.into_iter().find(|e| e.reason.as_deref() == Some(reason)).map(|e| e.note.unwrap_or_default()))
+            anyhow::Ok(
+                events.into_iter().find(|e| e.reason.as_deref() == Some(reason)).map(|e| e.note.unwrap_or_default()),
+            )
         })
         .await
         .unwrap_or_else(|e| panic!("{e:#}\n{}", self.log_tails()))

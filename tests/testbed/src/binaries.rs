@@ -7,8 +7,10 @@ use std::sync::Mutex;
 
 use anyhow::{Context, Result, anyhow, bail};
 
-/// The four binaries a control plane runs, all in one directory.
-pub(crate) const REQUIRED: [&str; 4] = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"];
+/// The binaries a control plane runs, plus kubectl (tests render and apply `deploy/` with it),
+/// all in one directory.
+pub(crate) const REQUIRED: [&str; 5] =
+    ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"];
 
 /// Overrides the directory (skips the build script entirely).
 pub const BIN_DIR_ENV: &str = "TESTBED_K8S_BIN_DIR";

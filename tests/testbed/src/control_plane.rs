@@ -151,6 +151,7 @@ pub struct ControlPlane {
     kubeconfig_path: PathBuf,
     options: Options,
     started_in: Duration,
+    bin_dir: PathBuf,
     dir: TempDir,
 }
 
@@ -225,6 +226,7 @@ impl ControlPlane {
             kubeconfig_path,
             options: options.clone(),
             started_in: Duration::ZERO,
+            bin_dir: bin_dir.to_path_buf(),
             dir,
         })
     }
@@ -320,6 +322,12 @@ impl ControlPlane {
     /// How long [`ControlPlane::start_with`] took, binary lookup included.
     pub fn started_in(&self) -> Duration {
         self.started_in
+    }
+
+    /// The kubectl built with the control plane (same version), for rendering and applying
+    /// manifests; pass it `--kubeconfig` [`ControlPlane::kubeconfig_path`].
+    pub fn kubectl(&self) -> PathBuf {
+        self.bin_dir.join("kubectl")
     }
 
     /// Creates a Node the scheduler will place pods on (see [`crate::fixtures::node`]).
