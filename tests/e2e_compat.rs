@@ -46,8 +46,9 @@ async fn go_built_pvs_are_deleted_by_the_owning_node_in_every_layout() {
     let env = TestEnv::start("compat", 2).await;
     let class = env.class("imm", |c| c.immediate()).await;
     let (a, b) = (env.nodes[0].name.clone(), env.nodes[1].name.clone());
-    // (claim name, layout, owner, owner annotation present)
-    let cases: [(&str, fn(&str, &str, &str) -> String, &str, bool); 6] = [
+    // (claim name, layout from (namespace, claim, uid), owner, owner annotation present)
+    type Layout = fn(&str, &str, &str) -> String;
+    let cases: [(&str, Layout, &str, bool); 6] = [
         ("plain", |_, _, uid| format!("pvc-{uid}"), &a, true),
         ("prefixed", |_, claim, uid| format!("{claim}-pvc-{uid}"), &b, true),
         ("nsprefixed", |ns, claim, uid| format!("{ns}-{claim}-pvc-{uid}"), &a, true),
