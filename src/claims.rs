@@ -105,8 +105,7 @@ async fn provision(ctx: &Context, claim: &PersistentVolumeClaim, plan: &Provisio
         // Already provisioned (by us before a restart, or by the Go build): nothing to do.
         return check_owner(&existing, &plan.pv_name, &claim_uid);
     }
-    let pool = ctx.pools.get(&plan.pool.name).ok_or_else(|| ClaimError::UnknownPool(plan.pool.name.clone()))?;
-    pool.check(ctx.config.require_mountpoint)?;
+    let pool = ctx.pools.usable(&plan.pool.name).ok_or_else(|| ClaimError::UnknownPool(plan.pool.name.clone()))??;
     let stats = pool.stats()?;
     let available = stats.available_bytes.saturating_sub(ctx.config.reserved_bytes);
     let dir = VolumeDirName::new(&plan.dir_name).map_err(|e| ClaimError::Pool(e.into()))?;

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::health::Health;
 use crate::keys;
 use crate::metrics::Metrics;
-use crate::pool::PoolRoot;
+use crate::pools::Pools;
 use crate::volume_spec::NodeFacts;
 
 /// Shortest and longest retry delay (DESIGN.md section 2: about 1 s to 5 min, forever).
@@ -37,8 +37,8 @@ pub struct Context {
     pub me: Identity,
     /// Inputs of the claim decision.
     pub decision: DecisionConfig,
-    /// Open pool roots by name.
-    pub pools: HashMap<String, PoolRoot>,
+    /// This node's pools.
+    pub pools: Pools,
     /// StorageClasses (all; a handful of objects).
     pub classes: Store<StorageClass>,
     /// Claim metadata of the whole cluster.
@@ -59,7 +59,7 @@ impl Context {
     pub fn new(
         client: Client,
         config: Config,
-        pools: HashMap<String, PoolRoot>,
+        pools: Pools,
         classes: Store<StorageClass>,
         claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
         metrics: Arc<Metrics>,

@@ -1,6 +1,5 @@
 //! Wiring: watches, stores, the two reconcilers, health and metrics, graceful shutdown.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,22 +16,15 @@ use crate::config::Config;
 use crate::context::Context;
 use crate::health::{self, Health, Watch};
 use crate::metrics::{Metrics, PoolLabel, WatchLabel};
-use crate::pool::{PoolError, PoolRoot};
+use crate::pools::{OpenError, Pools};
 use crate::{claims, keys, layout, orphans, volumes};
 
 /// Why the provisioner could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A pool root is unusable.
-    #[error("pool {pool} at {path}: {source}")]
-    Pool {
-        /// Pool name.
-        pool: String,
-        /// Root path.
-        path: String,
-        /// Why.
-        source: PoolError,
-    },
+    /// A pool root is missing or not a directory.
+    #[error(transparent)]
+    Pool(#[from] OpenError),
 }
 
 /// How often pool gauges and pool readiness are refreshed (local statvfs only, no API calls).
@@ -44,20 +36,10 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let mut pools = HashMap::new();
-    for pool in &config.pools {
-        let root = PoolRoot::open(&pool.name, &pool.root)
-            .and_then(|root| root.check(config.require_mountpoint).map(|()| root))
-            .map_err(|source| StartError::Pool {
-                pool: pool.name.clone(),
-                path: pool.root.display().to_string(),
-                source,
-            })?;
-        pools.insert(pool.name.clone(), root);
-    }
+    let pools = Pools::open(&config.pools, config.require_mountpoint)?;
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
-    health.set_pools_usable(true);
+    health.set_pools_usable(pools_usable(&pools));
     serve_http(&config, &health, &metrics);
 
     let shutdown = shutdown.shared();
@@ -206,25 +188,45 @@ fn serve_http(config: &Config, health: &Arc<Health>, metrics: &Arc<Metrics>) {
     }
 }
 
-/// Keeps pool gauges and pool readiness current.
+/// Whether every pool can be used now; logs the ones that cannot.
+fn pools_usable(pools: &Pools) -> bool {
+    let mut usable = true;
+    for name in pools.names() {
+        if let Some(Err(error)) = pools.usable(name) {
+            tracing::warn!(pool = name, %error, "pool unusable; provisioning and deletion wait for it");
+            usable = false;
+        }
+    }
+    usable
+}
+
+/// Keeps pool gauges and pool readiness current (local statvfs only, no API calls).
 async fn refresh_pools(ctx: Arc<Context>) {
     let mut ticker = tokio::time::interval(POOL_REFRESH);
+    let mut was_usable = true;
     loop {
         ticker.tick().await;
         let mut usable = true;
-        for (name, pool) in &ctx.pools {
-            let label = PoolLabel { pool: name.clone() };
-            match pool.check(ctx.config.require_mountpoint).and_then(|()| pool.stats()) {
-                Ok(stats) => {
+        for name in ctx.pools.names() {
+            let label = PoolLabel { pool: name.to_owned() };
+            match ctx.pools.usable(name).map(|pool| pool.and_then(|pool| pool.stats())) {
+                Some(Ok(stats)) => {
                     ctx.metrics.pool_capacity_bytes.get_or_create(&label).set(stats.total_bytes as i64);
                     ctx.metrics.pool_free_bytes.get_or_create(&label).set(stats.available_bytes as i64);
                 }
-                Err(error) => {
+                Some(Err(error)) => {
                     usable = false;
-                    tracing::warn!(pool = %name, %error, "pool unusable");
+                    if was_usable {
+                        tracing::warn!(pool = %name, %error, "pool unusable; provisioning and deletion wait for it");
+                    }
                 }
+                None => {}
             }
         }
+        if usable && !was_usable {
+            tracing::info!("every pool is usable again");
+        }
+        was_usable = usable;
         ctx.health.set_pools_usable(usable);
     }
 }

@@ -18,6 +18,7 @@ pub mod layout;
 pub mod metrics;
 pub mod orphans;
 pub mod pool;
+pub mod pools;
 pub mod volume_decision;
 pub mod volume_spec;
 pub mod volumes;

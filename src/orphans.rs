@@ -23,7 +23,8 @@ pub fn uid_of_dir(name: &str) -> Option<&str> {
 /// Removes empty orphan directories in every pool. Errors are logged, never fatal.
 pub async fn remove_orphan_directories(ctx: &Context) {
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    for (pool_name, pool) in &ctx.pools {
+    for pool_name in ctx.pools.names() {
+        let Some(Ok(pool)) = ctx.pools.usable(pool_name) else { continue };
         let entries = match pool.list_entries() {
             Ok(entries) => entries,
             Err(error) => {

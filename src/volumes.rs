@@ -42,8 +42,8 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
                 return Ok(Action::await_change());
             };
             let started = Instant::now();
-            let pool = ctx.pools.get(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))?;
-            pool.check(ctx.config.require_mountpoint)?;
+            let pool =
+                ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
             let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
             let removal = pool.remove_volume_dir(&dir)?;
             let preconditions = Preconditions { uid: live.metadata.uid.clone(), resource_version: None };

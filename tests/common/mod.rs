@@ -59,21 +59,32 @@ impl TestEnv {
         env
     }
 
-    /// Adds a node of this test's group with its own pool root and provisioner.
+    /// Adds a node of this test's group with its own pool root and provisioner, and waits
+    /// until the provisioner is ready.
     pub async fn add_node(&mut self, name: &str, adjust: &impl Fn(ProvisionerSpec) -> ProvisionerSpec) {
+        self.add_node_no_wait(name, adjust).await;
+        let node = self.nodes.last_mut().expect("node just added");
+        node.provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("provisioner ready");
+    }
+
+    /// Like [`TestEnv::add_node`] without waiting for readiness (for tests of unready states).
+    pub async fn add_node_no_wait(&mut self, name: &str, adjust: &impl Fn(ProvisionerSpec) -> ProvisionerSpec) {
         self.cp.add_node_labeled(name, name, &[(GROUP_LABEL, &self.group)]).await.expect("add node");
         let pool = testbed::pool_root_for(self.cp, name);
         std::fs::create_dir_all(&pool).expect("pool root");
-        let spec = adjust(ProvisionerSpec::new(binary(), name, pool, self.cp.kubeconfig_path()));
-        let mut provisioner = testbed::Provisioner::spawn(spec, self.cp.temp_dir()).expect("spawn provisioner");
-        provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("provisioner ready");
+        let spec = adjust(ProvisionerSpec::new(binary(), name, pool.clone(), self.cp.kubeconfig_path()));
+        let provisioner = testbed::Provisioner::spawn(spec, self.cp.temp_dir()).expect("spawn provisioner");
         // add_node_labeled already created the Node; SimNode only bundles what we started.
-        self.nodes.push(SimNode {
-            name: name.to_owned(),
-            hostname: name.to_owned(),
-            pool_root: testbed::pool_root_for(self.cp, name),
-            provisioner,
-        });
+        self.nodes.push(SimNode { name: name.to_owned(), hostname: name.to_owned(), pool_root: pool, provisioner });
+    }
+
+    /// Marks a node (un)schedulable, as `kubectl cordon` does.
+    pub async fn set_unschedulable(&self, node: &str, unschedulable: bool) {
+        let patch = serde_json::json!({"spec": {"unschedulable": unschedulable}});
+        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+            .patch(node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .expect("cordon");
     }
 
     pub fn node(&self, name: &str) -> &SimNode {
@@ -211,6 +222,61 @@ pub fn entries(dir: &Path) -> BTreeSet<String> {
 /// The claim UID.
 pub fn uid(claim: &PersistentVolumeClaim) -> String {
     claim.metadata.uid.clone().expect("uid")
+}
+
+/// A small ext4 filesystem in a file, loop-mounted on `dir` (a pool that can fill up).
+/// Unmounted when dropped.
+pub struct LoopFs {
+    pub dir: PathBuf,
+    image: PathBuf,
+}
+
+impl LoopFs {
+    /// `size_mib` MiB with at most `inodes` inodes (mkfs.ext4 rounds up a little).
+    pub fn mount(dir: &Path, size_mib: u64, inodes: Option<u32>) -> LoopFs {
+        let image = dir.with_extension("img");
+        std::fs::create_dir_all(dir).expect("mount point");
+        let file = std::fs::File::create(&image).expect("image file");
+        file.set_len(size_mib << 20).expect("size image");
+        let mut mkfs = std::process::Command::new("mkfs.ext4");
+        mkfs.args(["-q", "-F", "-m", "0"]);
+        if let Some(n) = inodes {
+            mkfs.args(["-N", &n.to_string()]);
+        }
+        run(mkfs.arg(&image));
+        std::fs::create_dir_all(dir).expect("mount point");
+        run(std::process::Command::new("mount").arg("-o").arg("loop").arg(&image).arg(dir));
+        LoopFs { dir: dir.to_owned(), image }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+/// A tmpfs mounted on `dir`, unmounted when dropped.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path) -> Tmpfs {
+        std::fs::create_dir_all(dir).expect("mount point");
+        run(std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"]).arg(dir));
+        Tmpfs(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn run(cmd: &mut std::process::Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Waits until `path` no longer exists.

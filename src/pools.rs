@@ -1,0 +1,106 @@
+//! The configured pools of this node, each re-checked before every operation and re-opened when
+//! its root directory was replaced (for example a disk mounted on it after start-up).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use crate::layout::PoolPath;
+use crate::pool::{PoolError, PoolRoot};
+
+struct Slot {
+    path: PathBuf,
+    root: RwLock<Arc<PoolRoot>>,
+}
+
+/// Open pool roots by name.
+pub struct Pools {
+    slots: BTreeMap<String, Slot>,
+    require_mountpoint: bool,
+}
+
+/// A pool root that could not be opened at start-up.
+#[derive(Debug, thiserror::Error)]
+#[error("pool {pool} at {path}: {source}")]
+pub struct OpenError {
+    /// Pool name.
+    pub pool: String,
+    /// Root path.
+    pub path: String,
+    /// Why.
+    #[source]
+    pub source: PoolError,
+}
+
+impl Pools {
+    /// Opens every pool root; each must exist and be a directory (the DaemonSet creates it).
+    pub fn open(paths: &[PoolPath], require_mountpoint: bool) -> Result<Pools, OpenError> {
+        let mut slots = BTreeMap::new();
+        for pool in paths {
+            let root = PoolRoot::open(&pool.name, &pool.root).map_err(|source| OpenError {
+                pool: pool.name.clone(),
+                path: pool.root.display().to_string(),
+                source,
+            })?;
+            slots.insert(pool.name.clone(), Slot { path: pool.root.clone(), root: RwLock::new(Arc::new(root)) });
+        }
+        Ok(Pools { slots, require_mountpoint })
+    }
+
+    /// Names of the pools.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.slots.keys().map(String::as_str)
+    }
+
+    /// The pool `name`, checked for use right now: its root still exists, is the directory we
+    /// hold (re-opened once if it was replaced, e.g. by a mount), and is a mount point when
+    /// required. `None` when no such pool is configured.
+    pub fn usable(&self, name: &str) -> Option<Result<Arc<PoolRoot>, PoolError>> {
+        let slot = self.slots.get(name)?;
+        let current = slot.root.read().unwrap_or_else(|e| e.into_inner()).clone();
+        Some(match current.check(self.require_mountpoint) {
+            Ok(()) => Ok(current),
+            Err(PoolError::RootChanged { .. }) => self.reopen(name, slot),
+            Err(error) => Err(error),
+        })
+    }
+
+    fn reopen(&self, name: &str, slot: &Slot) -> Result<Arc<PoolRoot>, PoolError> {
+        let fresh = Arc::new(PoolRoot::open(name, &slot.path)?);
+        fresh.check(self.require_mountpoint)?;
+        tracing::info!(pool = name, path = %slot.path.display(), "pool root was replaced; re-opened it");
+        *slot.root.write().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replaced_root_is_reopened_and_a_missing_one_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("pool");
+        std::fs::create_dir(&root).unwrap();
+        let pools = Pools::open(&[PoolPath { name: "legacy".into(), root: root.clone() }], false).unwrap();
+        let first = pools.usable("legacy").unwrap().unwrap();
+        assert!(pools.usable("other").is_none());
+
+        // Replace the directory (what a mount on top of it looks like to a path lookup).
+        std::fs::rename(&root, dir.path().join("old")).unwrap();
+        assert!(pools.usable("legacy").unwrap().is_err(), "missing root is an error");
+        std::fs::create_dir(&root).unwrap();
+        let second = pools.usable("legacy").unwrap().unwrap();
+        assert!(!Arc::ptr_eq(&first, &second), "re-opened");
+        second.create_volume_dir(&crate::pool::VolumeDirName::new("pvc-x").unwrap(), 0o777).unwrap();
+        assert!(root.join("pvc-x").is_dir(), "operations go to the new directory");
+    }
+
+    #[test]
+    fn a_required_mount_point_is_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let pools = Pools::open(&[PoolPath { name: "legacy".into(), root: dir.path().to_owned() }], true).unwrap();
+        assert!(matches!(pools.usable("legacy"), Some(Err(PoolError::RootNotMountpoint { .. }))));
+    }
+}

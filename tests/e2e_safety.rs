@@ -1,0 +1,123 @@
+//! End-to-end: deletion never escapes the volume (symlinks, hard links, mounts), the
+//! provisionOnNode restriction, and the pool-root mount-point guard (DESIGN.md section 6).
+
+mod common;
+
+use std::os::unix::fs::symlink;
+
+use common::*;
+use testbed::fixtures;
+
+/// Provisions a pinned claim on the test's first node and returns (claim uid, volume dir).
+async fn provisioned(env: &TestEnv, class: &str, name: &str) -> (String, std::path::PathBuf) {
+    let node = &env.nodes[0];
+    let claim = env.create_claim(fixtures::claim(&env.ns, name, class, "1Mi").provision_on_node(&node.name)).await;
+    env.wait_bound(name).await;
+    let uid = uid(&claim);
+    let dir = node.pool_root.join(format!("pvc-{uid}"));
+    assert!(dir.is_dir());
+    (uid, dir)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn links_planted_in_a_volume_never_lead_deletion_outside_the_pool() {
+    let env = TestEnv::start("links", 1).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let outside = env.cp.temp_dir().join(format!("{}-outside", env.group));
+    std::fs::create_dir_all(outside.join("dir")).unwrap();
+    std::fs::write(outside.join("secret"), b"outside file").unwrap();
+    std::fs::write(outside.join("dir/inner"), b"outside dir").unwrap();
+
+    let (uid, dir) = provisioned(&env, &class, "links").await;
+    symlink(outside.join("secret"), dir.join("file-link")).unwrap();
+    symlink(outside.join("dir"), dir.join("dir-link")).unwrap();
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    symlink(&outside, dir.join("sub/up")).unwrap();
+    std::fs::hard_link(outside.join("secret"), dir.join("hard")).unwrap();
+
+    env.delete_claim("links").await;
+    env.wait_pv_gone(&format!("pvc-{uid}")).await;
+    wait_path_gone(&dir).await;
+    assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"outside file");
+    assert_eq!(std::fs::read(outside.join("dir/inner")).unwrap(), b"outside dir");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_directory_swapped_for_a_symlink_is_unlinked_not_followed() {
+    let env = TestEnv::start("swap", 1).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let target = env.cp.temp_dir().join(format!("{}-target", env.group));
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("data"), b"must survive").unwrap();
+
+    let (uid, dir) = provisioned(&env, &class, "swap").await;
+    std::fs::remove_dir(&dir).unwrap();
+    symlink(&target, &dir).unwrap();
+
+    env.delete_claim("swap").await;
+    env.wait_pv_gone(&format!("pvc-{uid}")).await;
+    assert!(std::fs::symlink_metadata(&dir).is_err(), "the symlink itself is removed");
+    assert_eq!(std::fs::read(target.join("data")).unwrap(), b"must survive");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filesystem_mounted_inside_a_volume_stops_deletion_with_an_event() {
+    let env = TestEnv::start("mountin", 1).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let (uid, dir) = provisioned(&env, &class, "mountin").await;
+    let mount = Tmpfs::mount(&dir.join("mnt"));
+    std::fs::write(mount.0.join("other-fs-data"), b"not ours").unwrap();
+    let pv_name = format!("pvc-{uid}");
+    let pv_uid = env.pvs().get(&pv_name).await.unwrap().metadata.uid.unwrap();
+
+    env.delete_claim("mountin").await;
+    let note = env.wait_event("default", &pv_uid, "VolumeFailedDelete").await;
+    assert!(note.contains("mount"), "{note}");
+    assert_eq!(std::fs::read(mount.0.join("other-fs-data")).unwrap(), b"not ours");
+    let pv = env.pvs().get(&pv_name).await.expect("PV kept while the mount is there");
+    assert_eq!(pv.status.and_then(|s| s.phase).as_deref(), Some("Released"));
+    drop(mount);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn provision_on_node_can_be_restricted_to_namespaces() {
+    let env = TestEnv::start_with("deny", 1, |spec| spec.env("PROVISION_ON_NODE", "some-other-namespace")).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let claim =
+        env.create_claim(fixtures::claim(&env.ns, "pinned", &class, "1Mi").provision_on_node(&env.nodes[0].name)).await;
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(note.contains("not allowed in namespace"), "{note}");
+    assert!(entries(&env.nodes[0].pool_root).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unmounted_pool_keeps_the_node_unready_and_refusing_until_a_disk_is_mounted() {
+    let mut env = TestEnv::start("mountpoint", 0).await;
+    let node = format!("{}-1", env.group);
+    env.add_node_no_wait(&node, &|spec| spec.env("REQUIRE_MOUNTPOINT", "true")).await;
+    let health = env.nodes[0].provisioner.health_addr();
+    testbed::wait_for("readyz names the pool", TIMEOUT, || async {
+        let (status, body) = testbed::http_get(health, "/readyz").await?;
+        anyhow::Ok((status == 503 && body.contains("mount point")).then_some(()))
+    })
+    .await
+    .expect("unready while the pool root is not a mount point");
+
+    let class = env.class("imm", |c| c.immediate()).await;
+    let claim = env.create_claim(fixtures::claim(&env.ns, "waits", &class, "1Mi").provision_on_node(&node)).await;
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(note.contains("nothing is mounted"), "{note}");
+    let pool = env.nodes[0].pool_root.clone();
+    assert!(entries(&pool).is_empty(), "nothing written to the unmounted root");
+
+    // The disk arrives: the pool is re-opened, the node turns ready and the claim is served.
+    let disk = Tmpfs::mount(&pool);
+    env.nodes[0].provisioner.wait_ready(TIMEOUT).await.expect("ready once mounted");
+    env.wait_bound("waits").await;
+    assert!(disk.0.join(format!("pvc-{}", uid(&claim))).is_dir(), "the volume is on the mounted disk");
+    env.delete_claim("waits").await;
+    wait_path_gone(&disk.0.join(format!("pvc-{}", uid(&claim)))).await;
+    // Stop the provisioner before unmounting its pool.
+    env.nodes[0].provisioner.terminate();
+    drop(disk);
+}

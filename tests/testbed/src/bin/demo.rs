@@ -1,0 +1,299 @@
+//! `make demo`: a local control plane, two simulated nodes, one claim provisioned and deleted,
+//! narrated step by step. Usage: `demo --provisioner PATH [--logs DIR]`.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use testbed::fixtures::{self, annotations::SELECTED_NODE};
+use testbed::{ControlPlane, SimNode};
+
+/// How long any one step may take before the demo gives up.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(20);
+const NAMESPACE: &str = "demo";
+const CLAIM: &str = "demo-data";
+const POD: &str = "demo-app";
+const CLASS_FILE: &str = "deploy/legacy/storageclass-wffc.yaml";
+
+/// Everything the demo started. Field order is drop order: provisioners, then the control plane.
+#[derive(Default)]
+struct Demo {
+    nodes: Vec<SimNode>,
+    cp: Option<ControlPlane>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let (provisioner, logs_dir) = match parse_args() {
+        Ok(args) => args,
+        Err(err) => {
+            eprintln!("demo: {err:#}\nusage: demo --provisioner PATH [--logs DIR]");
+            return ExitCode::from(2);
+        }
+    };
+    let mut demo = Demo::default();
+    let outcome = tokio::select! {
+        result = run(&provisioner, &mut demo) => Some(result),
+        _ = tokio::signal::ctrl_c() => None,
+    };
+    let saved = save_logs(&demo, &logs_dir);
+    let code = match outcome {
+        Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Err(err)) => {
+            eprintln!("\ndemo FAILED: {err:#}");
+            ExitCode::FAILURE
+        }
+        None => {
+            eprintln!("\ninterrupted (Ctrl-C)");
+            ExitCode::from(130)
+        }
+    };
+    heading("Logs");
+    match saved {
+        Ok(paths) => paths.iter().for_each(|p| println!("  {}", p.display())),
+        Err(err) => println!("  could not copy the logs: {err:#}"),
+    }
+    println!("\nStopping the provisioners and the control plane...");
+    drop(demo);
+    println!("Done: every process the demo started is stopped and its temp dir removed.");
+    code
+}
+
+fn parse_args() -> Result<(PathBuf, PathBuf)> {
+    let (mut provisioner, mut logs) = (None, PathBuf::from("target/demo-logs"));
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--provisioner" => provisioner = args.next().map(PathBuf::from),
+            "--logs" => logs = args.next().map(PathBuf::from).context("--logs needs a directory")?,
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    let provisioner = provisioner.context("--provisioner PATH is required")?;
+    let binary = provisioner
+        .canonicalize()
+        .with_context(|| format!("{} not found (cargo build -p hostpath-provisioner)", provisioner.display()))?;
+    Ok((binary, logs))
+}
+
+async fn run(provisioner: &Path, demo: &mut Demo) -> Result<()> {
+    println!("hostpath-provisioner demo: one claim, from Pending to provisioned to deleted.");
+    heading("1. Local control plane");
+    println!("  starting etcd, kube-apiserver, kube-controller-manager (PV controllers), kube-scheduler...");
+    let cp = demo.cp.insert(ControlPlane::start().await?);
+    println!("  ready in {:.1} s at {}", cp.started_in().as_secs_f64(), cp.connection().url);
+    println!("  no kubelet runs here: pods get scheduled, never started");
+
+    heading("2. Two simulated nodes, each a provisioner process with its own pool root");
+    for name in ["node-1", "node-2"] {
+        let node = SimNode::start(cp, name, provisioner, &[]).await?;
+        println!("  {name}: provisioner pid {} ready, pool {}", node.provisioner.pid(), node.pool_root.display());
+        demo.nodes.push(node);
+    }
+    let client = cp.admin_client();
+
+    heading("3. StorageClass");
+    println!("  $ kubectl apply -f {CLASS_FILE}");
+    let class_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(CLASS_FILE);
+    let applied = kubectl(cp, &["apply", "-o", "name", "-f", &class_file.display().to_string()])?;
+    let class = applied.trim().rsplit('/').next().unwrap_or_default().to_string();
+    let sc = Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone()).get(&class).await?;
+    println!("  {class}: provisioner {}, binding {}", sc.provisioner, sc.volume_binding_mode.unwrap_or_default());
+
+    heading(&format!("4. Claim {NAMESPACE}/{CLAIM} (1Gi)"));
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &fixtures::namespace(NAMESPACE)).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let claim =
+        claims.create(&PostParams::default(), &fixtures::claim(NAMESPACE, CLAIM, &class, "1Gi").build()).await?;
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
+    let note = claim_event(&events, &uid, "WaitForFirstConsumer").await?.message.unwrap_or_default();
+    let claim = claims.get(CLAIM).await?;
+    println!("  phase {}: WaitForFirstConsumer, nothing happens until a pod uses it", phase_of_claim(&claim));
+    println!("  event from the PV controller: {note:?}");
+
+    heading(&format!("5. Pod {NAMESPACE}/{POD} using the claim"));
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let started = Instant::now();
+    pods.create(&PostParams::default(), &fixtures::pod_using_claim(NAMESPACE, POD, CLAIM).build()).await?;
+    println!("  created; the scheduler picks a node for the pod, and so for the volume");
+    let seen = RefCell::new(BTreeMap::new());
+    let node = poll("the pod to be scheduled and the claim Bound", || async {
+        let (claim, pod) = (claims.get(CLAIM).await?, pods.get(POD).await?);
+        let pv = pvs.get_opt(&format!("pvc-{uid}")).await?;
+        let selected = claim.metadata.annotations.as_ref().and_then(|a| a.get(SELECTED_NODE)).cloned();
+        let volume = claim.spec.as_ref().and_then(|s| s.volume_name.clone());
+        let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let bound = phase_of_claim(&claim) == "Bound";
+        for (step, line) in [
+            (1, selected.map(|n| format!("claim annotated {SELECTED_NODE}={n}"))),
+            (2, pv.map(|pv| format!("PV {} created by the node's provisioner", pv.metadata.name.unwrap_or_default()))),
+            (3, volume.map(|v| format!("claim names its volume {v}"))),
+            (4, bound.then(|| "claim phase Bound".to_string())),
+            (5, node_name.clone().map(|n| format!("pod bound to {n} (pod.spec.nodeName)"))),
+        ] {
+            if let Some(line) = line {
+                seen.borrow_mut().entry(step).or_insert_with(|| (started.elapsed(), line));
+            }
+        }
+        Ok(node_name.filter(|_| bound))
+    })
+    .await?;
+    seen.borrow().values().for_each(|(at, line)| println!("  +{:>5.2} s  {line}", at.as_secs_f64()));
+    println!("  (the scheduler's volume-binding step checks about once a second whether the claim is bound;");
+    println!("   the pod stays Pending afterwards: there is no kubelet to start it)");
+
+    heading("6. The provisioned volume");
+    let pv_name = claims.get(CLAIM).await?.spec.and_then(|s| s.volume_name).unwrap_or_default();
+    let pv = pvs.get(&pv_name).await?;
+    let spec = pv.spec.clone().unwrap_or_default();
+    let host_path = spec.host_path.clone().map(|h| (h.path, h.type_.unwrap_or_default())).unwrap_or_default();
+    let capacity = spec.capacity.as_ref().and_then(|c| c.get("storage")).map(|q| q.0.clone()).unwrap_or_default();
+    println!("  PV             {pv_name}");
+    let reclaim = spec.persistent_volume_reclaim_policy.unwrap_or_default();
+    println!("  capacity       {capacity}, reclaim policy {reclaim}");
+    println!("  node affinity  {}", node_affinity(&pv));
+    println!("  hostPath       {} (type {})", host_path.0, host_path.1);
+    let event = claim_event(&events, &uid, "ProvisioningSucceeded").await?;
+    let (by, on) = (event.reporting_component.unwrap_or_default(), event.reporting_instance.unwrap_or_default());
+    println!("  event          ProvisioningSucceeded from {by} on {on}: {:?}", event.message.unwrap_or_default());
+    let dir = PathBuf::from(&host_path.0);
+    demo.nodes.iter().try_for_each(|n| show_pool(n))?;
+    if !dir.is_dir() || !dir.starts_with(&demo.nodes.iter().find(|n| n.name == node).context("chosen node")?.pool_root)
+    {
+        bail!("the PV's directory {} is not under {node}'s pool root", dir.display());
+    }
+
+    heading("7. Delete the pod and the claim");
+    let started = Instant::now();
+    pods.delete(POD, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    claims.delete(CLAIM, &DeleteParams::default()).await?;
+    println!("  deleted; the PV controller releases the volume, {node}'s provisioner reclaims it");
+    let seen = RefCell::new(BTreeMap::new());
+    poll("the PV and its directory to be gone", || async {
+        let pv = pvs.get_opt(&pv_name).await?;
+        let phase = pv.as_ref().and_then(|p| p.status.as_ref()?.phase.clone()).unwrap_or_default();
+        for (step, done, line) in [
+            (1, claims.get_opt(CLAIM).await?.is_none(), "claim gone".to_string()),
+            (2, phase == "Released", format!("PV {pv_name} Released")),
+            (3, !dir.exists(), format!("directory gone from {node}'s pool")),
+            (4, pv.is_none(), "PV gone".to_string()),
+        ] {
+            if done {
+                seen.borrow_mut().entry(step).or_insert_with(|| (started.elapsed(), line));
+            }
+        }
+        Ok([1, 3, 4].iter().all(|step| seen.borrow().contains_key(step)).then_some(()))
+    })
+    .await?;
+    seen.borrow().values().for_each(|(at, line)| println!("  +{:>5.2} s  {line}", at.as_secs_f64()));
+    println!("\nThe demo worked: claim provisioned on the scheduler's node and reclaimed after use.");
+    Ok(())
+}
+
+fn heading(title: &str) {
+    println!("\n== {title}");
+}
+
+/// Polls `probe` every 20 ms until it yields a value; fails after [`STEP_TIMEOUT`].
+async fn poll<T, F, Fut>(what: &str, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let started = Instant::now();
+    loop {
+        let last = match probe().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => None,
+            Err(err) => Some(err),
+        };
+        if started.elapsed() > STEP_TIMEOUT {
+            let last = last.map(|e| format!(" (last error: {e:#})")).unwrap_or_default();
+            bail!("nothing happened within {} s while waiting for {what}{last}", STEP_TIMEOUT.as_secs());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits for an event with `reason` about the object `uid` (core/v1 view of all events).
+async fn claim_event(events: &Api<Event>, uid: &str, reason: &str) -> Result<Event> {
+    poll(&format!("the {reason} event on the claim"), || async {
+        let list = events.list(&ListParams::default().fields(&format!("involvedObject.uid={uid}"))).await?;
+        Ok(list.items.into_iter().find(|e| e.reason.as_deref() == Some(reason)))
+    })
+    .await
+}
+
+/// One line per entry of the node's pool root, `ls -l` style, or "empty".
+fn show_pool(node: &SimNode) -> Result<()> {
+    let entries: Vec<_> = std::fs::read_dir(&node.pool_root)?.flatten().map(|e| e.path()).collect();
+    if entries.is_empty() {
+        println!("  {} pool: empty", node.name);
+    }
+    for path in entries {
+        let mode = std::fs::metadata(&path)?.permissions().mode();
+        println!("  {} pool: {} {}", node.name, mode_string(mode), path.display());
+    }
+    Ok(())
+}
+
+fn kubectl(cp: &ControlPlane, args: &[&str]) -> Result<String> {
+    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    let cache = cp.temp_dir().join("kubectl-cache").display().to_string();
+    let output = std::process::Command::new(cp.kubectl())
+        .args(args)
+        .args(["--kubeconfig", &kubeconfig, "--cache-dir", &cache])
+        .output()
+        .context("running kubectl")?;
+    if !output.status.success() {
+        bail!("kubectl {} failed: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn phase_of_claim(claim: &PersistentVolumeClaim) -> String {
+    claim.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "(none)".into())
+}
+
+fn node_affinity(pv: &PersistentVolume) -> String {
+    let terms = pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()?.required.as_ref());
+    let exprs =
+        terms.into_iter().flat_map(|r| &r.node_selector_terms).flat_map(|t| t.match_expressions.iter().flatten());
+    let shown: Vec<String> = exprs
+        .map(|e| format!("{} {} [{}]", e.key, e.operator, e.values.clone().unwrap_or_default().join(", ")))
+        .collect();
+    shown.join("; ")
+}
+
+/// `drwxrwxrwx`, as `ls -l` shows it.
+fn mode_string(mode: u32) -> String {
+    let kind = if mode & 0o170000 == 0o040000 { 'd' } else { '-' };
+    let bits = (0..9).rev().map(|i| if mode & (1 << i) != 0 { ['x', 'w', 'r'][i % 3] } else { '-' });
+    std::iter::once(kind).chain(bits).collect()
+}
+
+/// Copies the provisioner and component logs out of the temp dir, which is removed on exit.
+fn save_logs(demo: &Demo, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut sources: Vec<(String, PathBuf)> =
+        demo.nodes.iter().map(|n| (n.name.clone(), n.provisioner.log_path().to_path_buf())).collect();
+    if let Some(cp) = &demo.cp {
+        sources.extend(cp.log_paths().into_iter().map(|(name, path)| (name.to_string(), path.to_path_buf())));
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut saved = Vec::new();
+    for (_, source) in sources {
+        let target = dir.join(source.file_name().context("log file name")?);
+        std::fs::copy(&source, &target).with_context(|| format!("copying {}", source.display()))?;
+        saved.push(target);
+    }
+    Ok(saved)
+}
