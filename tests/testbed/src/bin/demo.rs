@@ -125,29 +125,19 @@ async fn run(provisioner: &Path, demo: &mut Demo) -> Result<()> {
     let started = Instant::now();
     pods.create(&PostParams::default(), &fixtures::pod_using_claim(NAMESPACE, POD, CLAIM).build()).await?;
     println!("  created; the scheduler picks a node for the pod, and so for the volume");
-    let seen = RefCell::new(BTreeMap::new());
-    let node = poll("the pod to be scheduled and the claim Bound", || async {
+    timeline("the claim Bound and the pod scheduled", started, &[2, 3], || async {
         let (claim, pod) = (claims.get(CLAIM).await?, pods.get(POD).await?);
         let pv = pvs.get_opt(&format!("pvc-{uid}")).await?;
-        let selected = claim.metadata.annotations.as_ref().and_then(|a| a.get(SELECTED_NODE)).cloned();
-        let volume = claim.spec.as_ref().and_then(|s| s.volume_name.clone());
-        let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let bound = phase_of_claim(&claim) == "Bound";
-        for (step, line) in [
-            (1, selected.map(|n| format!("claim annotated {SELECTED_NODE}={n}"))),
-            (2, pv.map(|pv| format!("PV {} created by the node's provisioner", pv.metadata.name.unwrap_or_default()))),
-            (3, volume.map(|v| format!("claim names its volume {v}"))),
-            (4, bound.then(|| "claim phase Bound".to_string())),
-            (5, node_name.clone().map(|n| format!("pod bound to {n} (pod.spec.nodeName)"))),
-        ] {
-            if let Some(line) = line {
-                seen.borrow_mut().entry(step).or_insert_with(|| (started.elapsed(), line));
-            }
-        }
-        Ok(node_name.filter(|_| bound))
+        let selected = claim.metadata.annotations.as_ref().and_then(|a| a.get(SELECTED_NODE));
+        Ok(vec![
+            selected.map(|n| format!("claim annotated {SELECTED_NODE}={n}")),
+            pv.map(|pv| format!("PV {} created by the node's provisioner", pv.metadata.name.unwrap_or_default())),
+            (phase_of_claim(&claim) == "Bound").then(|| "claim Bound to it (by the PV controller)".to_string()),
+            pod.spec.and_then(|s| s.node_name).map(|n| format!("pod bound to {n} (pod.spec.nodeName)")),
+        ])
     })
     .await?;
-    seen.borrow().values().for_each(|(at, line)| println!("  +{:>5.2} s  {line}", at.as_secs_f64()));
+    let node = pods.get(POD).await?.spec.and_then(|s| s.node_name).context("pod scheduled")?;
     println!("  (the scheduler's volume-binding step checks about once a second whether the claim is bound;");
     println!("   the pod stays Pending afterwards: there is no kubelet to start it)");
 
@@ -165,37 +155,49 @@ async fn run(provisioner: &Path, demo: &mut Demo) -> Result<()> {
     let event = claim_event(&events, &uid, "ProvisioningSucceeded").await?;
     let (by, on) = (event.reporting_component.unwrap_or_default(), event.reporting_instance.unwrap_or_default());
     println!("  event          ProvisioningSucceeded from {by} on {on}: {:?}", event.message.unwrap_or_default());
+    demo.nodes.iter().try_for_each(show_pool)?;
     let dir = PathBuf::from(&host_path.0);
-    demo.nodes.iter().try_for_each(|n| show_pool(n))?;
-    if !dir.is_dir() || !dir.starts_with(&demo.nodes.iter().find(|n| n.name == node).context("chosen node")?.pool_root)
-    {
-        bail!("the PV's directory {} is not under {node}'s pool root", dir.display());
-    }
+    let chosen_pool = &demo.nodes.iter().find(|n| n.name == node).context("the chosen node")?.pool_root;
+    anyhow::ensure!(dir.is_dir() && dir.starts_with(chosen_pool), "{} is not in {node}'s pool", dir.display());
 
     heading("7. Delete the pod and the claim");
     let started = Instant::now();
     pods.delete(POD, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
     claims.delete(CLAIM, &DeleteParams::default()).await?;
     println!("  deleted; the PV controller releases the volume, {node}'s provisioner reclaims it");
-    let seen = RefCell::new(BTreeMap::new());
-    poll("the PV and its directory to be gone", || async {
+    timeline("the PV and its directory to be gone", started, &[0, 2, 3], || async {
         let pv = pvs.get_opt(&pv_name).await?;
         let phase = pv.as_ref().and_then(|p| p.status.as_ref()?.phase.clone()).unwrap_or_default();
-        for (step, done, line) in [
-            (1, claims.get_opt(CLAIM).await?.is_none(), "claim gone".to_string()),
-            (2, phase == "Released", format!("PV {pv_name} Released")),
-            (3, !dir.exists(), format!("directory gone from {node}'s pool")),
-            (4, pv.is_none(), "PV gone".to_string()),
-        ] {
-            if done {
-                seen.borrow_mut().entry(step).or_insert_with(|| (started.elapsed(), line));
-            }
-        }
-        Ok([1, 3, 4].iter().all(|step| seen.borrow().contains_key(step)).then_some(()))
+        Ok(vec![
+            claims.get_opt(CLAIM).await?.is_none().then(|| "claim gone".to_string()),
+            (phase == "Released").then(|| format!("PV {pv_name} Released")),
+            (!dir.exists()).then(|| format!("directory gone from {node}'s pool")),
+            pv.is_none().then(|| "PV gone".to_string()),
+        ])
     })
     .await?;
-    seen.borrow().values().for_each(|(at, line)| println!("  +{:>5.2} s  {line}", at.as_secs_f64()));
     println!("\nThe demo worked: claim provisioned on the scheduler's node and reclaimed after use.");
+    Ok(())
+}
+
+/// Polls `observe` (milestones in order, `None` while not reached) until every milestone in
+/// `required` was reached, then prints each with the time since `started` it was first seen.
+async fn timeline<F, Fut>(what: &str, started: Instant, required: &[usize], observe: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Option<String>>>>,
+{
+    let seen = RefCell::new(BTreeMap::new());
+    poll(what, || async {
+        for (i, milestone) in observe().await?.into_iter().enumerate() {
+            if let Some(line) = milestone {
+                seen.borrow_mut().entry(i).or_insert((started.elapsed(), line));
+            }
+        }
+        Ok(required.iter().all(|i| seen.borrow().contains_key(i)).then_some(()))
+    })
+    .await?;
+    seen.into_inner().values().for_each(|(at, line)| println!("  +{:>5.2} s  {line}", at.as_secs_f64()));
     Ok(())
 }
 
@@ -283,17 +285,15 @@ fn mode_string(mode: u32) -> String {
 
 /// Copies the provisioner and component logs out of the temp dir, which is removed on exit.
 fn save_logs(demo: &Demo, dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut sources: Vec<(String, PathBuf)> =
-        demo.nodes.iter().map(|n| (n.name.clone(), n.provisioner.log_path().to_path_buf())).collect();
-    if let Some(cp) = &demo.cp {
-        sources.extend(cp.log_paths().into_iter().map(|(name, path)| (name.to_string(), path.to_path_buf())));
-    }
+    let mut sources: Vec<&Path> = demo.nodes.iter().map(|n| n.provisioner.log_path()).collect();
+    sources.extend(demo.cp.iter().flat_map(|cp| cp.log_paths()).map(|(_, path)| path));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut saved = Vec::new();
-    for (_, source) in sources {
-        let target = dir.join(source.file_name().context("log file name")?);
-        std::fs::copy(&source, &target).with_context(|| format!("copying {}", source.display()))?;
-        saved.push(target);
-    }
-    Ok(saved)
+    sources
+        .into_iter()
+        .map(|source| {
+            let target = dir.join(source.file_name().context("log file name")?);
+            std::fs::copy(source, &target).with_context(|| format!("copying {}", source.display()))?;
+            Ok(target)
+        })
+        .collect()
 }

@@ -1,0 +1,223 @@
+//! Chaos: 200 claims created and deleted while provisioners are SIGKILLed at random moments and
+//! kube-apiserver is restarted once. Every claim must end bound exactly once, every released
+//! volume must be gone from disk and API, with no orphan directory and no duplicate PV.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use testbed::{Cluster, ClusterSpec, fixtures};
+
+const CLAIMS: usize = 200;
+const NODES: usize = 3;
+const BATCH: usize = 10;
+const NS: &str = "chaos";
+const CLASS: &str = "chaos-immediate";
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// xorshift64*: a reproducible random sequence from a printed seed.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Retries an API call through the outage (the apiserver is down for a few seconds).
+async fn persist<T, F, Fut>(what: &str, mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let start = Instant::now();
+    loop {
+        match call().await {
+            Ok(value) => return value,
+            Err(error) if start.elapsed() < DEADLINE => {
+                tracing_free_log(what, &error);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(error) => panic!("{what}: {error}"),
+        }
+    }
+}
+
+fn tracing_free_log(what: &str, error: &kube::Error) {
+    if !matches!(error, kube::Error::Api(s) if s.code == 409) {
+        eprintln!("chaos: {what} failed ({error}); retrying");
+    }
+}
+
+/// Kills a random provisioner (SIGKILL) and starts it again.
+fn kill_one(cluster: &mut Cluster, rng: &mut Rng) -> String {
+    let index = rng.below(NODES as u64) as usize;
+    let node = &mut cluster.nodes[index];
+    node.provisioner.kill();
+    node.provisioner.restart().expect("restart provisioner");
+    node.name.clone()
+}
+
+fn claim_name(i: usize) -> String {
+    format!("c{i:03}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_hostpath-provisioner"));
+    let mut cluster = Cluster::start_with(ClusterSpec::new(binary, NODES)).await.expect("cluster");
+    let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let mut rng = Rng(seed);
+    eprintln!("chaos: seed {seed}");
+    let client = cluster.client();
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &fixtures::namespace(NS)).await.unwrap();
+    let class = fixtures::storage_class(CLASS, "kubevirt.io/hostpath-provisioner").immediate().build();
+    Api::<StorageClass>::all(client.clone()).create(&PostParams::default(), &class).await.unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+
+    // Create, in batches, with kills between and during batches and one apiserver restart.
+    let mut kills = 0;
+    let mut owner_of: BTreeMap<String, String> = BTreeMap::new(); // claim name -> node
+    let restart_at = CLAIMS / BATCH / 2;
+    for batch in 0..CLAIMS / BATCH {
+        let names: Vec<(String, String)> = (batch * BATCH..(batch + 1) * BATCH)
+            .map(|i| (claim_name(i), cluster.nodes[i % NODES].name.clone()))
+            .collect();
+        let creates = names.iter().map(|(name, node)| {
+            let claims = claims.clone();
+            let claim = fixtures::claim(NS, name, CLASS, "1Mi").provision_on_node(node).build();
+            async move {
+                persist("create claim", || async {
+                    match claims.create(&PostParams::default(), &claim).await {
+                        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                        other => other.map(|_| ()),
+                    }
+                })
+                .await
+            }
+        });
+        if rng.below(2) == 0 {
+            // Kill a provisioner while this batch is being created and provisioned.
+            let delay = Duration::from_millis(rng.below(300));
+            let cluster = &mut cluster;
+            let rng = &mut rng;
+            tokio::join!(join_all(creates), async move {
+                tokio::time::sleep(delay).await;
+                kill_one(cluster, rng);
+            });
+            kills += 1;
+        } else {
+            join_all(creates).await;
+        }
+        owner_of.extend(names);
+        if batch == restart_at {
+            eprintln!("chaos: restarting kube-apiserver after {} claims", (batch + 1) * BATCH);
+            cluster.cp.stop_apiserver();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            cluster.cp.start_apiserver().await.expect("apiserver back");
+        }
+    }
+
+    // Every claim bound exactly once.
+    let bound = testbed::wait_for("all claims Bound", DEADLINE, || async {
+        let list = claims.list(&ListParams::default()).await?;
+        let bound =
+            list.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count();
+        anyhow::Ok((bound == CLAIMS).then_some(bound))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", tails(&cluster)));
+    let all_pvs = persist("list PVs", || async { pvs.list(&ListParams::default()).await }).await.items;
+    let ours: Vec<&PersistentVolume> = all_pvs
+        .iter()
+        .filter(|pv| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(CLASS))
+        .collect();
+    let mut per_claim: BTreeMap<String, usize> = BTreeMap::new();
+    for pv in &ours {
+        let uid = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.clone()).unwrap_or_default();
+        *per_claim.entry(uid).or_default() += 1;
+    }
+    let duplicates = per_claim.values().filter(|n| **n > 1).count() + ours.len().saturating_sub(per_claim.len());
+    let claim_list = claims.list(&ListParams::default()).await.unwrap().items;
+    let expected_dirs: BTreeMap<String, BTreeSet<String>> = {
+        let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for c in &claim_list {
+            let node = owner_of[c.metadata.name.as_ref().unwrap()].clone();
+            m.entry(node).or_default().insert(format!("pvc-{}", c.metadata.uid.as_ref().unwrap()));
+        }
+        m
+    };
+    let mut stray_after_create = 0;
+    for node in &cluster.nodes {
+        let on_disk = dir_entries(&node.pool_root);
+        let expected = expected_dirs.get(&node.name).cloned().unwrap_or_default();
+        assert!(expected.is_subset(&on_disk), "node {} lacks directories", node.name);
+        stray_after_create += on_disk.difference(&expected).count();
+    }
+
+    // Delete everything, killing provisioners along the way.
+    for (i, c) in claim_list.iter().enumerate() {
+        let name = c.metadata.name.clone().unwrap();
+        persist("delete claim", || async {
+            match claims.delete(&name, &DeleteParams::default()).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                other => other.map(|_| ()),
+            }
+        })
+        .await;
+        if i % 40 == 17 {
+            kill_one(&mut cluster, &mut rng);
+            kills += 1;
+        }
+    }
+    testbed::wait_for("all PVs deleted", DEADLINE, || async {
+        let left = pvs
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|pv| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(CLASS))
+            .count();
+        anyhow::Ok((left == 0).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", tails(&cluster)));
+    let orphans = testbed::wait_for("pools empty", Duration::from_secs(60), || async {
+        let left: usize = cluster.nodes.iter().map(|n| dir_entries(&n.pool_root).len()).sum();
+        anyhow::Ok((left == 0).then_some(0))
+    })
+    .await
+    .unwrap_or_else(|_| cluster.nodes.iter().map(|n| dir_entries(&n.pool_root).len()).sum());
+
+    println!(
+        "chaos: seed {seed}, claims {CLAIMS}, bound {bound}, PVs {}, duplicates {duplicates}, \
+         stray directories after create {stray_after_create}, deleted {}, orphans {orphans}, \
+         provisioner kills {kills}, apiserver restarts 1",
+        ours.len(),
+        ours.len()
+    );
+    assert_eq!(ours.len(), CLAIMS, "one PV per claim");
+    assert_eq!(duplicates, 0);
+    assert_eq!(stray_after_create, 0, "no orphan directory after creation");
+    assert_eq!(orphans, 0, "no directory left after deletion");
+}
+
+fn dir_entries(dir: &std::path::Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+fn tails(cluster: &Cluster) -> String {
+    cluster.nodes.iter().map(|n| format!("--- {} ---\n{}\n", n.name, n.provisioner.log_tail(30))).collect()
+}
