@@ -47,6 +47,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Readiness.
     pub health: Arc<Health>,
+    /// Wakes the background removal of trashed volumes.
+    pub purge: tokio::sync::Notify,
     recorder: Recorder,
     node: tokio::sync::Mutex<Option<NodeFacts>>,
     backoffs: Mutex<HashMap<String, ExponentialBackoff>>,
@@ -84,6 +86,7 @@ impl Context {
             claims,
             metrics,
             health,
+            purge: tokio::sync::Notify::new(),
             recorder,
             node: tokio::sync::Mutex::new(None),
             backoffs: Mutex::new(HashMap::new()),

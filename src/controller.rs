@@ -123,6 +123,7 @@ pub async fn run(
 
     tokio::spawn(after_initial_lists(ctx.clone()));
     tokio::spawn(refresh_pools(ctx.clone()));
+    tokio::spawn(purge_trash(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");
     futures::join!(claim_controller, own_volumes, legacy_volumes);
@@ -185,6 +186,43 @@ fn serve_http(config: &Config, health: &Arc<Health>, metrics: &Arc<Metrics>) {
                 tracing::error!(%addr, %error, "HTTP endpoint failed");
             }
         });
+    }
+}
+
+/// How often the trash is looked at without being woken (it is also purged at start-up, which
+/// resumes removals interrupted by a restart).
+const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Removes trashed volumes in the background, one pool at a time, off the async threads.
+async fn purge_trash(ctx: Arc<Context>) {
+    loop {
+        for name in ctx.pools.names() {
+            let Some(Ok(pool)) = ctx.pools.usable(name) else { continue };
+            let label = PoolLabel { pool: name.to_owned() };
+            if let Ok(pending) = pool.trash_pending() {
+                ctx.metrics.background_deletions_pending.get_or_create(&label).set(pending as i64);
+            }
+            let started = std::time::Instant::now();
+            let result = tokio::task::spawn_blocking({
+                let pool = pool.clone();
+                move || pool.purge_trash()
+            })
+            .await;
+            match result {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => {
+                    tracing::info!(pool = name, volumes = n, elapsed = ?started.elapsed(), "removed trashed volume data")
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(pool = name, %error, "trashed volume data not fully removed; retrying later")
+                }
+                Err(error) => tracing::error!(pool = name, %error, "trash removal task failed"),
+            }
+            if let Ok(pending) = pool.trash_pending() {
+                ctx.metrics.background_deletions_pending.get_or_create(&label).set(pending as i64);
+            }
+        }
+        let _ = tokio::time::timeout(PURGE_INTERVAL, ctx.purge.notified()).await;
     }
 }
 

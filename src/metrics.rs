@@ -49,6 +49,8 @@ pub struct Metrics {
     pub pool_free_bytes: Family<PoolLabel, Gauge>,
     /// Watch stream errors (each one restarts the watch with backoff).
     pub watch_restarts: Family<WatchLabel, Counter>,
+    /// Deleted volumes whose data still awaits background removal.
+    pub background_deletions_pending: Family<PoolLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -69,6 +71,7 @@ impl Metrics {
         let pool_capacity_bytes = Family::<PoolLabel, Gauge>::default();
         let pool_free_bytes = Family::<PoolLabel, Gauge>::default();
         let watch_restarts = Family::<WatchLabel, Counter>::default();
+        let background_deletions_pending = Family::<PoolLabel, Gauge>::default();
         registry.register("provisions", "Provisioning attempts by result and reason", provisions.clone());
         registry.register("deletions", "Volume deletions by result and reason", deletions.clone());
         registry.register(
@@ -93,6 +96,11 @@ impl Metrics {
             "Watch stream errors, each followed by a re-watch with backoff",
             watch_restarts.clone(),
         );
+        registry.register(
+            "background_deletions_pending",
+            "Deleted volumes whose data still awaits background removal",
+            background_deletions_pending.clone(),
+        );
         Self {
             registry,
             provisions,
@@ -103,6 +111,7 @@ impl Metrics {
             pool_capacity_bytes,
             pool_free_bytes,
             watch_restarts,
+            background_deletions_pending,
         }
     }
 

@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use crate::context::{Context, MAX_RETRY};
 use crate::error::{Retry, VolumeError, reason};
 use crate::metrics::Metrics;
-use crate::pool::{Removal, VolumeDirName};
+use crate::pool::{Trashed, VolumeDirName};
 use crate::volume_decision::{VolumeDecision, decide_volume};
 
 /// Reconciles one PV.
@@ -45,7 +45,8 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
             let pool =
                 ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
             let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
-            let removal = pool.remove_volume_dir(&dir)?;
+            // Fast reclaim: the rename frees the volume at once; the data goes in the background.
+            let trashed = pool.move_to_trash(&dir)?;
             let preconditions = Preconditions { uid: live.metadata.uid.clone(), resource_version: None };
             match api.delete(&name, &DeleteParams { preconditions: Some(preconditions), ..Default::default() }).await {
                 Ok(_) => {}
@@ -53,11 +54,15 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
                 Err(e) => return Err(e.into()),
             }
             let path = pool.path().join(dir.as_str());
-            match removal {
-                Removal::Removed { entries } => {
-                    tracing::info!(pv = %name, path = %path.display(), entries, "deleted volume")
+            match trashed {
+                Trashed::Moved(entry) => {
+                    tracing::info!(pv = %name, path = %path.display(), trash = %entry, "deleted volume; data is removed in the background");
+                    ctx.purge.notify_one();
                 }
-                Removal::AlreadyGone => {
+                Trashed::Unlinked => {
+                    tracing::info!(pv = %name, path = %path.display(), "volume was not a directory; unlinked it and deleted the PV")
+                }
+                Trashed::AlreadyGone => {
                     tracing::info!(pv = %name, path = %path.display(), "directory already gone; deleted PV")
                 }
             }

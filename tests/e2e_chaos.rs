@@ -212,10 +212,16 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
     assert_eq!(orphans, 0, "no directory left after deletion");
 }
 
+/// Entries of a pool root plus those still in its trash (data not yet removed in the background).
 fn dir_entries(dir: &std::path::Path) -> BTreeSet<String> {
-    std::fs::read_dir(dir)
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default()
+    let list = |d: &std::path::Path| -> BTreeSet<String> {
+        std::fs::read_dir(d)
+            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    };
+    let mut all: BTreeSet<String> = list(dir).into_iter().filter(|n| n != ".hpp-trash").collect();
+    all.extend(list(&dir.join(".hpp-trash")).into_iter().map(|n| format!(".hpp-trash/{n}")));
+    all
 }
 
 fn tails(cluster: &Cluster) -> String {

@@ -72,6 +72,7 @@ async fn wffc_claim_is_provisioned_on_the_scheduler_chosen_node() {
     env.delete_claim("data").await;
     env.wait_pv_gone(&format!("pvc-{uid}")).await;
     wait_path_gone(&dir).await;
+    wait_trash_empty(&chosen.pool_root).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

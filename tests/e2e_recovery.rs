@@ -66,6 +66,7 @@ async fn provisioner_killed_mid_way_converges_without_duplicates_or_orphans() {
     testbed::wait_for("pool empty", TIMEOUT, || async { anyhow::Ok(entries(&pool).is_empty().then_some(())) })
         .await
         .unwrap_or_else(|e| panic!("{e:#}: left {:?}", entries(&pool)));
+    wait_trash_empty(&pool).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

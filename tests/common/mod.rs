@@ -212,11 +212,30 @@ impl TestEnv {
     }
 }
 
-/// Names of the entries directly under `dir`.
+/// The provisioner's trash directory under a pool root (fast reclaim).
+pub const TRASH: &str = ".hpp-trash";
+
+/// Names of the entries directly under `dir`, the trash directory left out.
 pub fn entries(dir: &Path) -> BTreeSet<String> {
     std::fs::read_dir(dir)
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<String>>()
+        })
         .unwrap_or_default()
+        .into_iter()
+        .filter(|name| name != TRASH)
+        .collect()
+}
+
+/// Waits until the background removal has emptied the pool's trash (the data is really gone).
+pub async fn wait_trash_empty(pool: &Path) {
+    let trash = pool.join(TRASH);
+    testbed::wait_for(&format!("{} empty", trash.display()), TIMEOUT, || async {
+        let left = std::fs::read_dir(&trash).map(|rd| rd.count()).unwrap_or(0);
+        anyhow::Ok((left == 0).then_some(()))
+    })
+    .await
+    .expect("trash emptied");
 }
 
 /// The claim UID.

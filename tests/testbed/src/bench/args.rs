@@ -1,0 +1,78 @@
+//! Command line of the `bench` binary (plain `std::env::args`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+
+pub const USAGE: &str = "\
+usage: bench --provisioner PATH [options]
+  --nodes N        simulated nodes, each a provisioner process (default 10; --quick: 3)
+  --claims M       claims per scenario (default 1000; --quick: 100)
+  --rate R         claims created per second in scenarios a and b (default 50)
+  --clients C      concurrent API clients creating claims (default 4)
+  --files F        files in the volume of the deletion test (default 100000; --quick: 10000)
+  --idle-secs S    idle CPU window (default 10; --quick: 3)
+  --out FILE       JSON results (default target/bench-results.json)
+  --quick          small sanity run
+  --rust-log SPEC  RUST_LOG of the provisioners (default info)";
+
+/// Resolved settings.
+#[derive(Clone, Debug)]
+pub struct Args {
+    pub provisioner: PathBuf,
+    pub nodes: usize,
+    pub claims: usize,
+    pub rate: f64,
+    pub clients: usize,
+    pub files: usize,
+    pub idle_secs: u64,
+    pub out: PathBuf,
+    pub quick: bool,
+    pub rust_log: String,
+}
+
+impl Args {
+    pub fn parse() -> Result<Args> {
+        let mut values = std::collections::HashMap::new();
+        let mut quick = false;
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--quick" => quick = true,
+                "-h" | "--help" => bail!("help requested"),
+                flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
+                | "--idle-secs" | "--out" | "--rust-log") => {
+                    let value = args.next().with_context(|| format!("{flag} needs a value"))?;
+                    values.insert(flag.trim_start_matches("--").to_string(), value);
+                }
+                other => bail!("unknown argument {other:?}"),
+            }
+        }
+        let number = |name: &str, default: f64, quick_default: f64| -> Result<f64> {
+            match values.get(name) {
+                Some(v) => v.parse::<f64>().with_context(|| format!("--{name} {v:?} is not a number")),
+                None => Ok(if quick { quick_default } else { default }),
+            }
+        };
+        let provisioner = PathBuf::from(values.get("provisioner").context("--provisioner PATH is required")?);
+        let provisioner = provisioner.canonicalize().with_context(|| {
+            format!("{} not found (cargo build --release -p hostpath-provisioner)", provisioner.display())
+        })?;
+        let parsed = Args {
+            provisioner,
+            nodes: number("nodes", 10.0, 3.0)? as usize,
+            claims: number("claims", 1000.0, 100.0)? as usize,
+            rate: number("rate", 50.0, 50.0)?,
+            clients: number("clients", 4.0, 4.0)? as usize,
+            files: number("files", 100_000.0, 10_000.0)? as usize,
+            idle_secs: number("idle-secs", 10.0, 3.0)? as u64,
+            out: values.get("out").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/bench-results.json")),
+            quick,
+            rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
+        };
+        if parsed.nodes == 0 || parsed.claims == 0 || parsed.clients == 0 || parsed.rate <= 0.0 {
+            bail!("--nodes, --claims, --clients and --rate must be positive");
+        }
+        Ok(parsed)
+    }
+}

@@ -1,0 +1,13 @@
+//! The pieces of `make bench` (the `bench` binary includes this directory with `#[path]`, so
+//! the library API of the testbed crate stays as it is). One module per measurement.
+
+pub mod api_count;
+pub mod args;
+pub mod many_files;
+pub mod observe;
+pub mod procfs;
+pub mod report;
+pub mod scenario;
+pub mod setup;
+pub mod stats;
+pub mod window;

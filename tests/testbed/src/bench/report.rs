@@ -1,0 +1,65 @@
+//! Tables on stdout and the method notes.
+
+/// A plain text table: first column left-aligned, the others right-aligned.
+pub struct Table {
+    title: String,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(title: &str, header: &[&str]) -> Table {
+        Table { title: title.to_string(), rows: vec![header.iter().map(|h| h.to_string()).collect()] }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn print(&self) {
+        println!("\n{}", self.title);
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let width = |c: usize| self.rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..columns).map(width).collect();
+        for row in &self.rows {
+            let mut line = String::from(" ");
+            for (c, cell) in row.iter().enumerate() {
+                if c == 0 {
+                    line.push_str(&format!(" {cell:<w$}", w = widths[0]));
+                } else {
+                    line.push_str(&format!("  {cell:>w$}", w = widths[c]));
+                }
+            }
+            println!("{}", line.trim_end());
+        }
+    }
+}
+
+pub fn opt(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+}
+
+/// How each figure is obtained; printed at the end and stored in the JSON.
+pub const METHOD: &[&str] = &[
+    "latency: each watch event is stamped with the bench's monotonic clock on arrival (API \
+     timestamps have 1 s resolution). Start: first event of the claim (provisionOnNode) or first \
+     event carrying volume.kubernetes.io/selected-node (WaitForFirstConsumer); end: first event \
+     of PV pvc-<uid>. Both ends come through the same API server watch path, so its delay mostly \
+     cancels; resolution ~1 ms, worse when the 2 CPUs are saturated. Two separate watch streams: \
+     a PV seen before its claim event counts as 0 (reported in the JSON).",
+    "PVs/s: (n-1) / (last PV seen - first PV seen). Scenarios a and b are capped by the arrival \
+     rate; c creates claims as fast as --clients clients can, which is the capacity figure.",
+    "API requests of the provisioners: EXACT, from the API server's audit log. Each provisioner \
+     runs as its own ServiceAccount (bound to the ClusterRole of deploy/legacy/rbac.yaml) and the \
+     audit policy logs only those users (Metadata level). A watch counts once when it starts.",
+    "apiserver_request_total: every client's requests (delta over the window); 'bench' is the \
+     bench's own count of its calls (exact for writes); 'total - bench' = provisioners + \
+     kube-controller-manager + kube-scheduler. The provisioner exports no API-call counter of its own.",
+    "writes per volume: provisioner create/update/patch/delete requests (audit) / volumes, events \
+     (core and events.k8s.io) counted apart. Event objects: events.k8s.io list of the scenario's \
+     namespace, reportingController kubevirt.io/hostpath-provisioner.",
+    "RSS: VmRSS / VmHWM from /proc/<pid>/status; CPU: utime+stime from /proc/<pid>/stat \
+     (all threads) divided by the clock tick rate. Provisioners run with RUST_LOG as given \
+     (default info), release build as make bench builds it.",
+    "many-files deletion: the bench writes empty files into the volume's directory, deletes the \
+     claim, and times PV phase Released (watch) -> PV deleted (watch) and -> directory gone (polled every 2 ms).",
+];

@@ -1,0 +1,391 @@
+//! `make bench`: speed and footprint of the provisioner on a local control plane with N
+//! simulated nodes. Figures are reported (stdout tables and a JSON file), never asserted.
+//!
+//! Scenarios, each with `--claims` claims, deleted again before the next:
+//! a. Immediate class, claims pinned with `kubevirt.io/provisionOnNode` round-robin, `--rate`/s;
+//! b. WaitForFirstConsumer, one pod per claim pinned round-robin by nodeSelector, `--rate`/s;
+//! c. as a, created as fast as `--clients` clients can (throughput).
+//!
+//! Then a volume holding `--files` files is deleted, timed from Released to PV and directory gone.
+//! Method notes: `bench/report.rs` (printed at the end).
+
+#[path = "../bench/mod.rs"]
+mod bench;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use bench::args::{Args, USAGE};
+use bench::many_files::{self, ManyFiles};
+use bench::procfs::{self, ProcSample, mib};
+use bench::report::{METHOD, Table, opt};
+use bench::scenario::{self, Deleted, Mode, Provisioned, Spec};
+use bench::setup::{self, Env};
+use bench::window::{self, Closed};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match Args::parse() {
+        Ok(args) => args,
+        Err(err) => {
+            eprintln!("bench: {err:#}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut env = None;
+    let outcome = tokio::select! {
+        result = run(&args, &mut env) => Some(result),
+        _ = tokio::signal::ctrl_c() => None,
+    };
+    let code = match outcome {
+        Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Err(err)) => {
+            eprintln!("bench FAILED: {err:#}");
+            if let Some(env) = &env {
+                env.nodes.iter().for_each(|n| eprintln!("--- {} ---\n{}", n.name, n.provisioner.log_tail(20)));
+            }
+            ExitCode::FAILURE
+        }
+        None => {
+            eprintln!("bench: interrupted (Ctrl-C)");
+            ExitCode::from(130)
+        }
+    };
+    if let Some(env) = &env {
+        let dir = args.out.parent().unwrap_or(std::path::Path::new(".")).join("bench-logs");
+        match save_logs(env, &dir) {
+            Ok(()) => eprintln!("bench: provisioner and control-plane logs copied to {}", dir.display()),
+            Err(err) => eprintln!("bench: could not copy the logs: {err:#}"),
+        }
+    }
+    eprintln!("bench: stopping the provisioners and the control plane");
+    drop(env);
+    code
+}
+
+/// What the idle window measured.
+struct Idle {
+    window: Closed,
+    claims_in_cluster: usize,
+}
+
+async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
+    eprintln!(
+        "bench: {} nodes, {} claims per scenario, {}/s, {} clients{}",
+        args.nodes,
+        args.claims,
+        args.rate,
+        args.clients,
+        if args.quick { " (quick)" } else { "" }
+    );
+    let env = slot.insert(setup::start(args).await?);
+    let own_metric = window::provisioner_request_metric(env).await;
+    let specs = [
+        ("a", "provisionOnNode, Immediate", Mode::PinnedImmediate, Some(args.rate)),
+        ("b", "WaitForFirstConsumer, pods pinned", Mode::WaitForFirstConsumer, Some(args.rate)),
+        ("c", "provisionOnNode, burst", Mode::PinnedImmediate, None),
+    ];
+    let mut results: Vec<(Provisioned, Deleted)> = Vec::new();
+    let mut idle = None;
+    for (id, title, mode, rate) in specs {
+        let spec = Spec { id, title: title.to_string(), namespace: format!("bench-{id}"), mode, rate };
+        eprintln!("bench: scenario {id}: {title}");
+        let provisioned = scenario::provision(env, spec).await?;
+        if idle.is_none() {
+            eprintln!("bench: idle window of {} s", args.idle_secs);
+            let opened = window::open(env).await?;
+            tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
+            idle = Some(Idle { window: window::close(env, opened).await?, claims_in_cluster: provisioned.sent.len() });
+        }
+        eprintln!("bench: scenario {id}: deleting");
+        let deleted = scenario::delete(env, &provisioned).await?;
+        results.push((provisioned, deleted));
+    }
+    eprintln!("bench: deleting a volume holding {} files", args.files);
+    let many = many_files::run(env).await?;
+    let final_samples: Vec<ProcSample> =
+        env.nodes.iter().map(|n| procfs::sample(n.provisioner.pid())).collect::<Result<_>>()?;
+    let idle = idle.context("idle window")?;
+
+    print_results(env, &results, &idle, &many, &final_samples, own_metric.as_deref());
+    let json = to_json(env, &results, &idle, &many, &final_samples, own_metric.as_deref());
+    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    println!("\nJSON: {}", args.out.display());
+    Ok(())
+}
+
+/// Copies every log out of the control plane's temp dir, which is removed on exit.
+fn save_logs(env: &Env, dir: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let nodes = env.nodes.iter().map(|n| n.provisioner.log_path());
+    for source in nodes.chain(env.cp.log_paths().into_iter().map(|(_, p)| p)) {
+        let name = source.file_name().context("log file name")?;
+        std::fs::copy(source, dir.join(name)).with_context(|| format!("copying {}", source.display()))?;
+    }
+    Ok(())
+}
+
+fn per_volume(count: u64, volumes: usize) -> Option<f64> {
+    (volumes > 0).then(|| count as f64 / volumes as f64)
+}
+
+fn print_results(
+    env: &Env,
+    results: &[(Provisioned, Deleted)],
+    idle: &Idle,
+    many: &ManyFiles,
+    final_samples: &[ProcSample],
+    own_metric: Option<&str>,
+) {
+    let args = &env.args;
+    println!(
+        "\nhostpath-provisioner bench: {} nodes, {} claims per scenario, {} claims/s (a, b), {} clients",
+        args.nodes, args.claims, args.rate, args.clients
+    );
+    for (p, _) in results {
+        let rate = p.spec.rate.map_or("as fast as the clients go".to_string(), |r| format!("{r}/s"));
+        println!("  {} = {}, {} claims, {rate}", p.spec.id, p.spec.title, p.sent.len());
+    }
+    let header: Vec<&str> = std::iter::once("").chain(results.iter().map(|(p, _)| p.spec.id)).collect();
+    let mut table = Table::new("Provisioning (latency: claim became the node's -> PV, see Method)", &header);
+    let mut add = |label: &str, cell: &dyn Fn(&Provisioned, &Deleted) -> String| {
+        table.row(std::iter::once(label.to_string()).chain(results.iter().map(|(p, d)| cell(p, d))).collect());
+    };
+    add("claims created", &|p, _| format!("{} ({} errors)", p.sent.len(), p.create_errors.len()));
+    add("creation rate, claims/s", &|p, _| opt(p.create_rate, 1));
+    add("latency p50/p95/p99, ms", &|p, _| {
+        format!("{:.1} / {:.1} / {:.1}", p.latency.p50, p.latency.p95, p.latency.p99)
+    });
+    add("latency max, ms", &|p, _| format!("{:.1}", p.latency.max));
+    add("WFFC: selected-node -> kcm annotation p50/p99", &|p, _| match p.spec.mode {
+        Mode::WaitForFirstConsumer => format!("{:.1} / {:.1}", p.binder_delay.p50, p.binder_delay.p99),
+        Mode::PinnedImmediate => "-".into(),
+    });
+    add("WFFC: both annotations -> PV p50/p99", &|p, _| match p.spec.mode {
+        Mode::WaitForFirstConsumer => {
+            format!("{:.1} / {:.1}", p.from_both_annotations.p50, p.from_both_annotations.p99)
+        }
+        Mode::PinnedImmediate => "-".into(),
+    });
+    add("create -> PV p50/p99, ms", &|p, _| format!("{:.1} / {:.1}", p.end_to_end.p50, p.end_to_end.p99));
+    add("node's -> Bound p50/p99, ms", &|p, _| format!("{:.1} / {:.1}", p.to_bound.p50, p.to_bound.p99));
+    add("in-process provision mean, ms", &|p, _| opt(p.window.provision_hist.mean_ms(), 1));
+    add("PVs/s (first to last PV)", &|p, _| opt(p.pvs_per_sec, 1));
+    add("all Bound after, s", &|p, _| format!("{:.2}", p.all_bound_after.as_secs_f64()));
+    add("claims without PV", &|p, _| p.missing.to_string());
+    add("prov. writes/volume (no events)", &|p, _| {
+        opt(per_volume(p.window.provisioner_writes(false), p.sent.len()), 2)
+    });
+    add("prov. event writes/volume", &|p, _| opt(per_volume(p.window.provisioner_writes(true), p.sent.len()), 2));
+    add("prov. requests/volume (all)", &|p, _| {
+        let all: u64 = p.window.audit.total().values().sum();
+        opt(per_volume(all, p.sent.len()), 2)
+    });
+    add("prov. failed requests (>=400)", &|p, _| p.window.audit.failed_total().to_string());
+    add("events: objects / occurrences", &|p, _| {
+        let (o, n) = p.events.values().fold((0, 0), |(a, b), (o, n)| (a + o, b + n));
+        format!("{o} / {n}")
+    });
+    add("prov. CPU s (all nodes)", &|p, _| format!("{:.2}", p.window.cpu_secs.iter().sum::<f64>()));
+    add("RSS max/mean after, MiB", &|p, _| rss_line(&p.window.procs_end));
+    add("deletion: PVs/s", &|_, d| opt(d.pvs_deleted_per_sec, 1));
+    add("deletion: all PVs gone after, s", &|_, d| format!("{:.2}", d.all_pvs_gone_after.as_secs_f64()));
+    add("deletion: all dirs gone after, s", &|_, d| format!("{:.2}", d.all_dirs_gone_after.as_secs_f64()));
+    add("deletion: Released->gone p50/p99, ms", &|_, d| {
+        format!("{:.1} / {:.1}", d.released_to_gone.p50, d.released_to_gone.p99)
+    });
+    add("deletion: prov. writes/volume", &|p, d| opt(per_volume(d.window.provisioner_writes(false), p.sent.len()), 2));
+    add("deletion: prov. event writes/vol", &|p, d| {
+        opt(per_volume(d.window.provisioner_writes(true), p.sent.len()), 2)
+    });
+    add("deletion: PVs left at timeout", &|_, d| d.remaining.to_string());
+    table.print();
+
+    let mut header = vec!["provisioner requests (audit)".to_string()];
+    for (p, _) in results {
+        header.push(format!("{} provision", p.spec.id));
+        header.push(format!("{} delete", p.spec.id));
+    }
+    let mut requests = Table::new(
+        "Provisioner API requests per volume (audit log, exact; all provisioners together)",
+        &header.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let windows: Vec<(&Closed, usize)> =
+        results.iter().flat_map(|(p, d)| [(&p.window, p.sent.len()), (&d.window, p.sent.len())]).collect();
+    let mut keys: Vec<_> = windows.iter().flat_map(|(w, _)| w.audit.total().into_keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        let mut row = vec![key.label()];
+        for (w, volumes) in &windows {
+            row.push(opt(per_volume(w.audit.total().get(&key).copied().unwrap_or(0), *volumes), 2));
+        }
+        requests.row(row);
+    }
+    requests.print();
+    println!("  (failed requests are counted too, e.g. the 404 of a PV existence check before creating it)");
+
+    for (p, _) in results {
+        let mut writes = Table::new(
+            &format!("API writes during provisioning, scenario {} ({} volumes)", p.spec.id, p.sent.len()),
+            &["request", "apiserver total", "bench", "total - bench", "provisioners (audit, exact)"],
+        );
+        for (label, total, bench, provisioners) in p.window.write_rows() {
+            let rest = total.saturating_sub(bench);
+            writes.row(vec![label, total.to_string(), bench.to_string(), rest.to_string(), provisioners.to_string()]);
+        }
+        writes.print();
+    }
+
+    let mut t = Table::new(&format!("Deleting a volume of {} files (node-1)", many.files), &["step", "time"]);
+    let secs = |d: Option<Duration>| opt(d.map(|d| d.as_secs_f64()), 3);
+    t.row(vec!["bench writes the files".into(), format!("{:.2} s", many.write_time.as_secs_f64())]);
+    t.row(vec!["claim delete -> PV Released".into(), format!("{} s", secs(many.delete_to_released))]);
+    t.row(vec!["Released -> PV gone".into(), format!("{} s", secs(many.released_to_pv_gone))]);
+    t.row(vec!["Released -> directory gone".into(), format!("{} s", secs(many.released_to_dir_gone))]);
+    t.print();
+
+    let w = &idle.window;
+    let wall = w.wall.as_secs_f64();
+    let mut t = Table::new(
+        &format!("Idle: {:.1} s after scenario a, {} claims and PVs in the cluster", wall, idle.claims_in_cluster),
+        &["provisioner", "CPU s", "% of a core", "API requests"],
+    );
+    for (node, cpu) in env.nodes.iter().zip(&w.cpu_secs) {
+        let requests: u64 = w.audit.by_user.get(&Env::user_of(&node.name)).map_or(0, |c| c.values().sum());
+        t.row(vec![node.name.clone(), format!("{cpu:.3}"), format!("{:.2}", cpu / wall * 100.0), requests.to_string()]);
+    }
+    t.print();
+
+    let after_a = results.first().map(|(p, _)| p.window.procs_end.clone()).unwrap_or_default();
+    let mut t =
+        Table::new("Per provisioner", &["node", "pid", "peak RSS (VmHWM) MiB", "RSS after a, MiB", "CPU total s"]);
+    for (i, (node, s)) in env.nodes.iter().zip(final_samples).enumerate() {
+        t.row(vec![
+            node.name.clone(),
+            node.provisioner.pid().to_string(),
+            format!("{:.1}", mib(s.hwm_kib)),
+            after_a.get(i).map_or("-".into(), |a| format!("{:.1}", mib(a.rss_kib))),
+            format!("{:.2}", s.cpu_secs),
+        ]);
+    }
+    t.print();
+    println!(
+        "  provisioners' own API request counter: {}",
+        own_metric.map_or("none exported (the audit log above is the exact figure)".to_string(), |m| m.to_string())
+    );
+
+    let mut t = Table::new("Targets (issue 5; reported, not asserted)", &["target", "measured", "met"]);
+    for (target, measured, met) in targets(env, results, many) {
+        t.row(vec![target, measured, met]);
+    }
+    t.print();
+    println!("\nMethod");
+    METHOD.iter().for_each(|m| println!("  - {m}"));
+    println!(
+        "  Provisioner logs: {}",
+        env.nodes.iter().map(|n| n.provisioner.log_path().display().to_string()).next().unwrap_or_default()
+    );
+}
+
+fn rss_line(samples: &[ProcSample]) -> String {
+    let max = samples.iter().map(|s| s.rss_kib).max().unwrap_or(0);
+    let mean = samples.iter().map(|s| s.rss_kib).sum::<u64>() / samples.len().max(1) as u64;
+    format!("{:.1} / {:.1}", mib(max), mib(mean))
+}
+
+/// (target, measured, verdict) rows. A verdict notes when the load differs from the target's.
+fn targets(env: &Env, results: &[(Provisioned, Deleted)], many: &ManyFiles) -> Vec<(String, String, String)> {
+    let args = &env.args;
+    let verdict = |ok: bool, same_load: bool| {
+        let v = if ok { "yes" } else { "NO" };
+        if same_load { v.to_string() } else { format!("{v} (other load)") }
+    };
+    let mut rows = Vec::new();
+    let paced: Vec<_> = results.iter().filter(|(p, _)| p.spec.rate.is_some()).collect();
+    let worst_p99 = paced.iter().map(|(p, _)| p.latency.p99).fold(0.0, f64::max);
+    rows.push((
+        "p99 latency < 100 ms at 50 claims/s".to_string(),
+        paced.iter().map(|(p, _)| format!("{}: {:.1} ms", p.spec.id, p.latency.p99)).collect::<Vec<_>>().join(", "),
+        verdict(worst_p99 < 100.0, (args.rate - 50.0).abs() < f64::EPSILON),
+    ));
+    let burst = results.iter().find(|(p, _)| p.spec.rate.is_none()).and_then(|(p, _)| p.pvs_per_sec);
+    rows.push((
+        ">= 100 PVs/s sustained, 1000 claims over 10 nodes".to_string(),
+        format!("c: {} PVs/s ({} claims, {} nodes)", opt(burst, 1), args.claims, args.nodes),
+        verdict(burst.unwrap_or(0.0) >= 100.0, args.claims >= 1000 && args.nodes == 10),
+    ));
+    let rss = results.first().map(|(p, _)| p.window.procs_end.iter().map(|s| s.rss_kib).max().unwrap_or(0));
+    rows.push((
+        "RSS < 20 MiB per node with 10,000 claims".to_string(),
+        format!("max {:.1} MiB with {} claims", mib(rss.unwrap_or(0)), args.claims),
+        verdict(mib(rss.unwrap_or(0)) < 20.0, args.claims >= 10_000),
+    ));
+    let gone = many.released_to_pv_gone.map(|d| d.as_secs_f64());
+    rows.push((
+        "100k-file volume: PV gone < 1 s after Released".to_string(),
+        format!("{} s ({} files)", opt(gone, 3), many.files),
+        verdict(gone.is_some_and(|g| g < 1.0), many.files >= 100_000),
+    ));
+    let mut worst = 0.0f64;
+    let mut parts = Vec::new();
+    for (p, d) in results {
+        let prov = per_volume(p.window.provisioner_writes(false), p.sent.len()).unwrap_or(0.0);
+        let del = per_volume(d.window.provisioner_writes(false), p.sent.len()).unwrap_or(0.0);
+        worst = worst.max(prov).max(del);
+        parts.push(format!("{}: {prov:.2} + {del:.2}", p.spec.id));
+    }
+    rows.push((
+        "<= 2 API writes per volume beyond events".to_string(),
+        format!("provision + delete: {}", parts.join(", ")),
+        verdict(worst <= 2.0, true),
+    ));
+    rows
+}
+
+fn to_json(
+    env: &Env,
+    results: &[(Provisioned, Deleted)],
+    idle: &Idle,
+    many: &ManyFiles,
+    final_samples: &[ProcSample],
+    own_metric: Option<&str>,
+) -> Value {
+    let args = &env.args;
+    let provisioners: Vec<Value> = env
+        .nodes
+        .iter()
+        .zip(final_samples)
+        .map(|(n, s)| {
+            json!({ "node": n.name, "pid": n.provisioner.pid(), "peak_rss_mib": mib(s.hwm_kib),
+                    "rss_mib_end": mib(s.rss_kib), "cpu_s_total": s.cpu_secs,
+                    "log": n.provisioner.log_path() })
+        })
+        .collect();
+    json!({
+        "config": {
+            "nodes": args.nodes, "claims": args.claims, "rate_per_s": args.rate, "clients": args.clients,
+            "files": args.files, "idle_s": args.idle_secs, "quick": args.quick, "rust_log": args.rust_log,
+            "provisioner": args.provisioner,
+        },
+        "scenarios": results.iter().map(|(p, d)| json!({ "provisioning": p.json(), "deletion": d.json() })).collect::<Vec<_>>(),
+        "many_files_delete": many.json(),
+        "idle": {
+            "claims_in_cluster": idle.claims_in_cluster,
+            "node_1_cpu_s": idle.window.cpu_secs.first(),
+            "window": idle.window.json(),
+        },
+        "rss_after_scenario_a_mib": results.first().map(|(p, _)| p.window.procs_end.iter().map(|s| mib(s.rss_kib)).collect::<Vec<_>>()),
+        "provisioners": provisioners,
+        "provisioner_own_api_request_metric": own_metric,
+        "targets": targets(env, results, many).into_iter().map(|(t, m, v)| json!({"target": t, "measured": m, "met": v})).collect::<Vec<_>>(),
+        "method": METHOD,
+    })
+}
