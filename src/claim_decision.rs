@@ -127,8 +127,6 @@ pub struct ProvisionPlan {
     pub class_name: String,
     /// Reclaim policy from the class (`Delete` when unset).
     pub reclaim_policy: String,
-    /// Mount options from the class.
-    pub mount_options: Vec<String>,
     /// The claim's access modes.
     pub access_modes: Vec<String>,
     /// The claim's storage request, verbatim.
@@ -208,6 +206,12 @@ pub enum Refusal {
     /// Name or UID that cannot form a directory name.
     #[error("{0}")]
     BadName(#[from] layout::NameError),
+    /// The kubelet refuses to mount a hostPath PV that carries mount options, so pods using it
+    /// would never start: refused up front instead.
+    #[error(
+        "StorageClass {0} sets mountOptions, which hostPath volumes cannot use (the kubelet refuses to mount them); remove mountOptions from the class"
+    )]
+    MountOptions(String),
     /// `kubevirt.io/provisionOnNode` is not allowed for this namespace.
     #[error(
         "annotation kubevirt.io/provisionOnNode is not allowed in namespace {0} on this cluster; use a WaitForFirstConsumer StorageClass instead"
@@ -314,6 +318,9 @@ fn plan(
     if let Some(mode) = access_modes.iter().find(|m| !matches!(m.as_str(), "ReadWriteOnce" | "ReadWriteOncePod")) {
         return Err(Refusal::AccessMode(mode.clone()));
     }
+    if class.mount_options.as_ref().is_some_and(|o| !o.is_empty()) {
+        return Err(Refusal::MountOptions(class_name.to_owned()));
+    }
     let pool = choose_pool(class, class_name, config)?;
     let request = spec
         .resources
@@ -332,7 +339,6 @@ fn plan(
         pool,
         class_name: class_name.to_owned(),
         reclaim_policy: class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
-        mount_options: class.mount_options.clone().unwrap_or_default(),
         access_modes,
         request,
         request_bytes,

@@ -263,6 +263,7 @@ fn refusal_label(refusal: &claim_decision::Refusal) -> &'static str {
         BadRequest(_) => "request",
         BadName(_) => "name",
         ProvisionOnNodeNotAllowed(_) => "provision_on_node_denied",
+        MountOptions(_) => "mount_options",
     }
 }
 

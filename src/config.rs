@@ -54,7 +54,7 @@ pub struct Args {
     #[arg(long, env = "PROVISIONER_NAME", default_value = "kubevirt.io/hostpath-provisioner")]
     pub provisioner_name: String,
 
-    /// Kubeconfig for out-of-cluster runs (default: in-cluster, then the usual kubeconfig lookup).
+    /// Kubeconfig for out-of-cluster runs (default: the usual lookup, then the in-cluster service account).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
@@ -78,7 +78,7 @@ pub struct Args {
     #[arg(long, env = "RESERVED_SPACE", default_value = "0")]
     pub reserved_space: String,
 
-    /// Most API calls in flight at once (no client-side QPS throttle).
+    /// Most claims (and, separately, volumes) reconciled at once; there is no client-side QPS throttle.
     #[arg(long, env = "MAX_CONCURRENCY", default_value_t = 16)]
     pub max_concurrency: u16,
 

@@ -25,6 +25,14 @@ pub enum StartError {
     /// A pool root is missing or not a directory.
     #[error(transparent)]
     Pool(#[from] OpenError),
+    /// The health or metrics address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// How often pool gauges and pool readiness are refreshed (local statvfs only, no API calls).
@@ -40,7 +48,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     health.set_pools_usable(pools_usable(&pools));
-    serve_http(&config, &health, &metrics);
+    serve_http(&config, &health, &metrics).await?;
 
     let shutdown = shutdown.shared();
 
@@ -175,18 +183,15 @@ where
     })
 }
 
-fn serve_http(config: &Config, health: &Arc<Health>, metrics: &Arc<Metrics>) {
+async fn serve_http(config: &Config, health: &Arc<Health>, metrics: &Arc<Metrics>) -> Result<(), StartError> {
     let mut addrs = Vec::new();
     addrs.extend(config.health_addr);
     addrs.extend(config.metrics_addr.filter(|m| Some(*m) != config.health_addr));
     for addr in addrs {
-        let (health, metrics) = (health.clone(), metrics.clone());
-        tokio::spawn(async move {
-            if let Err(error) = health::serve(addr, health, metrics).await {
-                tracing::error!(%addr, %error, "HTTP endpoint failed");
-            }
-        });
+        let listener = health::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;
+        tokio::spawn(health::serve(listener, health.clone(), metrics.clone()));
     }
+    Ok(())
 }
 
 /// How often the trash is looked at without being woken (it is also purged at start-up, which

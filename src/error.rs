@@ -17,8 +17,6 @@ pub mod reason {
     pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
     /// Warning: an Immediate claim names no node, so no node will ever provision it.
     pub const NODE_SELECTION_REQUIRED: &str = "NodeSelectionRequired";
-    /// Normal: the claim was handed back to the scheduler (not enough room on this node).
-    pub const RESCHEDULING: &str = "Rescheduling";
 }
 
 /// Whether and how soon to try again.

@@ -86,10 +86,17 @@ impl Health {
     }
 }
 
-/// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until the process exits.
-pub async fn serve(addr: SocketAddr, health: Arc<Health>, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+/// Binds the listener up front, so that a taken port fails the start instead of leaving a pod
+/// whose probes can never pass.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until the process exits.
+pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metrics>) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    }
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(conn) => conn,

@@ -1,6 +1,7 @@
 //! Entry point: parse configuration, set up logging and the client, run until SIGTERM.
 
 use clap::Parser;
+use futures::FutureExt;
 use hostpath_provisioner::config::{Args, Config, LogFormat};
 use hostpath_provisioner::controller;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -22,13 +23,31 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(1);
         }
     };
-    if let Err(error) = controller::run(client, config, shutdown_signal()).await {
-        tracing::error!(%error, "cannot start");
-        eprintln!("hostpath-provisioner: {error}");
-        std::process::exit(1);
+    let shutdown = shutdown_signal().shared();
+    let deadline = async {
+        shutdown.clone().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        result = controller::run(client, config, shutdown.clone()) => {
+            if let Err(error) = result {
+                tracing::error!(%error, "cannot start");
+                eprintln!("hostpath-provisioner: {error}");
+                std::process::exit(1);
+            }
+        }
+        () = deadline => {
+            // An operation stuck on an unreachable API server must not hold the pod until the
+            // kubelet's SIGKILL; whatever was cut short is redone idempotently after restart.
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "in-flight operations did not finish in time; exiting");
+        }
     }
     Ok(())
 }
+
+/// How long in-flight operations may take to finish after SIGTERM (the DaemonSet's
+/// terminationGracePeriodSeconds is 30).
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 
 async fn client(config: &Config) -> anyhow::Result<kube::Client> {
     let kube_config = match &config.kubeconfig {
@@ -43,7 +62,8 @@ async fn client(config: &Config) -> anyhow::Result<kube::Client> {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),

@@ -59,7 +59,6 @@ pub fn build_pv(
             }),
             storage_class_name: Some(plan.class_name.clone()),
             persistent_volume_reclaim_policy: Some(plan.reclaim_policy.clone()),
-            mount_options: (!plan.mount_options.is_empty()).then(|| plan.mount_options.clone()),
             volume_mode: Some("Filesystem".into()),
             host_path: Some(HostPathVolumeSource {
                 path: path.to_string_lossy().into_owned(),
@@ -92,7 +91,6 @@ mod tests {
 
     fn plan_for(claim: &PersistentVolumeClaim) -> ProvisionPlan {
         let mut c = class("hpp", "WaitForFirstConsumer");
-        c.mount_options = Some(vec!["noatime".into()]);
         c.reclaim_policy = Some("Retain".into());
         match decide_claim(claim, Some(&c), &me(), &config()) {
             Decision::Provision(plan) => *plan,
@@ -127,7 +125,7 @@ mod tests {
         assert_eq!(claim_ref.kind.as_deref(), Some("PersistentVolumeClaim"));
         assert_eq!(spec.storage_class_name.as_deref(), Some("hpp"));
         assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Retain"));
-        assert_eq!(spec.mount_options, Some(vec!["noatime".to_owned()]));
+        assert_eq!(spec.mount_options, None, "the kubelet refuses mount options on hostPath");
         assert_eq!(spec.access_modes, Some(vec!["ReadWriteOncePod".to_owned()]));
         assert_eq!(spec.capacity.unwrap()["storage"], Quantity("1Gi".into()));
         assert_eq!(spec.volume_mode.as_deref(), Some("Filesystem"));
@@ -141,15 +139,6 @@ mod tests {
         assert_eq!(exprs[0].key, "kubernetes.io/hostname");
         assert_eq!(exprs[0].operator, "In");
         assert_eq!(exprs[0].values, Some(vec!["node-a.example.com".to_owned()]), "hostname label value, not node name");
-    }
-
-    #[test]
-    fn pv_without_mount_options_has_none() {
-        let claim = claim("hpp").selected(NODE).build();
-        let mut plan = plan_for(&claim);
-        plan.mount_options.clear();
-        let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
-        assert_eq!(pv.spec.unwrap().mount_options, None);
     }
 
     #[test]

@@ -22,7 +22,7 @@ fn host_path(pv: &PersistentVolume) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn wffc_claim_is_provisioned_on_the_scheduler_chosen_node() {
     let env = TestEnv::start("wffc", 2).await;
-    let class = env.class("wffc", |c| c.mount_option("noatime")).await;
+    let class = env.class("wffc", |c| c).await;
     let claim = env.create_claim(fixtures::claim(&env.ns, "data", &class, "64Mi")).await;
     env.create_pod("app", "data").await;
 
@@ -48,7 +48,7 @@ async fn wffc_claim_is_provisioned_on_the_scheduler_chosen_node() {
     assert_eq!(spec.capacity.unwrap()["storage"].0, "64Mi", "capacity is the request");
     assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_owned()]));
     assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Delete"));
-    assert_eq!(spec.mount_options, Some(vec!["noatime".to_owned()]));
+    assert_eq!(spec.mount_options, None);
     assert_eq!(spec.storage_class_name.as_deref(), Some(class.as_str()));
     assert_eq!(spec.claim_ref.as_ref().unwrap().uid.as_deref(), Some(uid.as_str()));
     assert_eq!(spec.host_path.as_ref().unwrap().type_.as_deref(), Some("Directory"));
@@ -127,11 +127,13 @@ async fn unsupported_claims_get_provisioning_failed_with_the_reason() {
     let node = env.nodes[0].name.clone();
     let class = env.class("imm", |c| c.immediate()).await;
     let odd_class = env.class("odd", |c| c.immediate().parameter("pvDir", "/etc")).await;
+    let mount_class = env.class("mnt", |c| c.immediate().mount_option("noatime")).await;
     let cases = [
         (fixtures::claim(&env.ns, "block", &class, "1Mi").block(), "does not support block volume provisioning"),
         (fixtures::claim(&env.ns, "rwx", &class, "1Mi").access_modes(&["ReadWriteMany"]), "ReadWriteMany"),
         (fixtures::claim(&env.ns, "selector", &class, "1Mi").selector("a", "b"), "spec.selector"),
         (fixtures::claim(&env.ns, "param", &odd_class, "1Mi"), "unknown parameter \"pvDir\""),
+        (fixtures::claim(&env.ns, "mountopts", &mount_class, "1Mi"), "sets mountOptions"),
     ];
     for (claim, expected) in cases {
         let claim = env.create_claim(claim.provision_on_node(&node)).await;

@@ -231,18 +231,25 @@ fn storage_pool_parameter_picks_a_configured_pool_or_is_refused() {
 // ---- plan contents ----
 
 #[test]
-fn plan_carries_class_policy_options_and_claim_modes() {
+fn plan_carries_class_policy_and_claim_modes() {
     let mut c = wffc();
     c.reclaim_policy = Some("Retain".into());
-    c.mount_options = Some(vec!["noatime".into()]);
     let plan = provisioned(decide(claim("hpp").on_node(NODE).access_modes(&["ReadWriteOncePod"]), Some(&c)));
     assert_eq!(plan.reclaim_policy, "Retain");
-    assert_eq!(plan.mount_options, vec!["noatime".to_owned()]);
     assert_eq!(plan.access_modes, vec!["ReadWriteOncePod".to_owned()]);
     assert_eq!(plan.pv_name, format!("pvc-{UID}"));
     assert_eq!(plan.dir_name, format!("pvc-{UID}"));
     assert_eq!(plan.request, "1Gi");
     assert_eq!(plan.request_bytes, 1 << 30);
+}
+
+#[test]
+fn classes_with_mount_options_are_refused_because_hostpath_cannot_use_them() {
+    let mut c = wffc();
+    c.mount_options = Some(vec!["noatime".into()]);
+    assert_eq!(decide(claim("hpp").on_node(NODE), Some(&c)), Decision::Refuse(Refusal::MountOptions("hpp".into())));
+    c.mount_options = Some(vec![]);
+    provisioned(decide(claim("hpp").on_node(NODE), Some(&c)));
 }
 
 #[test]
