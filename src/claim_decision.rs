@@ -242,7 +242,9 @@ pub fn decide_claim(
 ) -> Decision {
     let meta = &claim.metadata;
     let spec = claim.spec.clone().unwrap_or_default();
-    if spec.volume_name.as_deref().is_some_and(|v| !v.is_empty()) {
+    // Either sign of binding means done; stage 1 treats them the same way, and the two stages
+    // must agree (a fuzz target checks it).
+    if spec.volume_name.as_deref().is_some_and(|v| !v.is_empty()) || annotation(meta, keys::BIND_COMPLETED).is_some() {
         return Decision::Skip(SkipReason::AlreadyBound);
     }
     if meta.deletion_timestamp.is_some() {

@@ -155,6 +155,12 @@ fn bound_claims_are_skipped() {
 }
 
 #[test]
+fn claims_marked_bind_completed_are_skipped_like_stage_one_does() {
+    let c = claim("hpp").on_node(NODE).annotation(crate::keys::BIND_COMPLETED, "yes");
+    assert_eq!(decide(c, Some(&wffc())), Decision::Skip(SkipReason::AlreadyBound));
+}
+
+#[test]
 fn claims_without_class_or_with_a_missing_class_are_skipped() {
     let no_class = claim("hpp").on_node(NODE).spec(|s| s.storage_class_name = None);
     assert_eq!(decide(no_class, None), Decision::Skip(SkipReason::NoClass));
