@@ -98,10 +98,17 @@ fn failure_note(error: &ClaimError) -> String {
     format!("failed to provision volume: {error}")
 }
 
-async fn provision(ctx: &Context, claim: &PersistentVolumeClaim, plan: &ProvisionPlan) -> Result<(), ClaimError> {
+async fn provision(ctx: &Arc<Context>, claim: &PersistentVolumeClaim, plan: &ProvisionPlan) -> Result<(), ClaimError> {
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
-    if let Some(existing) = pvs.get_opt(&plan.pv_name).await? {
+    // The watch caches answer "already provisioned?" without a round trip once synced; a PV
+    // they have not seen yet is caught by AlreadyExists on create below.
+    let existing = if ctx.health.all_synced() {
+        ctx.known_volume(&plan.pv_name).map(|pv| (*pv).clone())
+    } else {
+        pvs.get_opt(&plan.pv_name).await?
+    };
+    if let Some(existing) = existing {
         // Already provisioned (by us before a restart, or by the Go build): nothing to do.
         return check_owner(&existing, &plan.pv_name, &claim_uid);
     }
@@ -123,17 +130,14 @@ async fn provision(ctx: &Context, claim: &PersistentVolumeClaim, plan: &Provisio
         }
         return Err(error);
     }
-    ctx.normal(
-        &regarding,
-        reason::PROVISIONING,
-        "Provision",
-        format!(
-            "External provisioner is provisioning volume for claim \"{}/{}\"",
-            claim.metadata.namespace.as_deref().unwrap_or_default(),
-            claim.metadata.name.as_deref().unwrap_or_default()
-        ),
-    )
-    .await;
+    // The event must not delay the PV: it goes out on its own task.
+    let note = format!(
+        "External provisioner is provisioning volume for claim \"{}/{}\"",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    );
+    let (events_ctx, provisioning_ref) = (ctx.clone(), regarding.clone());
+    tokio::spawn(async move { events_ctx.normal(&provisioning_ref, reason::PROVISIONING, "Provision", note).await });
     let node = ctx.node_facts().await?;
     let created = pool.create_volume_dir(&dir, ctx.config.dir_mode)?;
     let capacity = match ctx.config.pv_capacity {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::api::{Api, PartialObjectMeta};
@@ -43,6 +43,8 @@ pub struct Context {
     pub classes: Store<StorageClass>,
     /// Claim metadata of the whole cluster.
     pub claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    /// This node's PVs and the unlabelled (Go-made) ones.
+    pub volumes: Vec<Store<PersistentVolume>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Readiness.
@@ -64,6 +66,7 @@ impl Context {
         pools: Pools,
         classes: Store<StorageClass>,
         claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+        volumes: Vec<Store<PersistentVolume>>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
     ) -> Self {
@@ -84,6 +87,7 @@ impl Context {
             pools,
             classes,
             claims,
+            volumes,
             metrics,
             health,
             purge: tokio::sync::Notify::new(),
@@ -112,6 +116,13 @@ impl Context {
         let facts = NodeFacts { name: self.me.node.clone(), hostname };
         *cached = Some(facts.clone());
         Ok(facts)
+    }
+
+    /// A PV of this node (or unlabelled) by name, from the watch caches. Only meaningful once
+    /// the watches have synced; callers fall back to a GET before that.
+    pub fn known_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        let key = kube::runtime::reflector::ObjectRef::new(name);
+        self.volumes.iter().find_map(|store| store.get(&key))
     }
 
     /// The cached hostname label, or the node name before the Node was read.

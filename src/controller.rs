@@ -108,6 +108,7 @@ pub async fn run(
         pools,
         classes,
         claim_store.clone(),
+        vec![own_store.clone(), legacy_store.clone()],
         metrics.clone(),
         health.clone(),
     ));
@@ -165,20 +166,25 @@ fn observe<K, S>(
 ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + use<K, S>
 where
     S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+    K: kube::Resource + Send,
 {
     let (health, metrics) = (health.clone(), metrics.clone());
-    stream.default_backoff().inspect(move |result| match result {
-        Ok(event) => {
-            health.set_api_reachable(true);
-            if matches!(event, watcher::Event::InitDone) {
-                tracing::debug!(?watch, "initial list received");
-                health.synced(watch);
+    // managedFields are half of a claim's metadata and never read here: dropping them keeps the
+    // per-object cost of the caches down.
+    stream.modify(|object: &mut K| object.meta_mut().managed_fields = None).default_backoff().inspect(move |result| {
+        match result {
+            Ok(event) => {
+                health.set_api_reachable(true);
+                if matches!(event, watcher::Event::InitDone) {
+                    tracing::debug!(?watch, "initial list received");
+                    health.synced(watch);
+                }
             }
-        }
-        Err(error) => {
-            tracing::warn!(?watch, %error, "watch failed; retrying with backoff");
-            health.set_api_reachable(false);
-            metrics.watch_restarts.get_or_create(&WatchLabel { watch: format!("{watch:?}").to_lowercase() }).inc();
+            Err(error) => {
+                tracing::warn!(?watch, %error, "watch failed; retrying with backoff");
+                health.set_api_reachable(false);
+                metrics.watch_restarts.get_or_create(&WatchLabel { watch: format!("{watch:?}").to_lowercase() }).inc();
+            }
         }
     })
 }
