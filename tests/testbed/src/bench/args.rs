@@ -14,7 +14,9 @@ usage: bench --provisioner PATH [options]
   --idle-secs S    idle CPU window (default 10; --quick: 3)
   --out FILE       JSON results (default target/bench-results.json)
   --quick          small sanity run
-  --rust-log SPEC  RUST_LOG of the provisioners (default info)";
+  --rust-log SPEC  RUST_LOG of the provisioners (default info)
+  --provisioner-env NAME=VALUE
+                   extra environment of the provisioners (repeatable), e.g. MALLOC_ARENA_MAX=2";
 
 /// Resolved settings.
 #[derive(Clone, Debug)]
@@ -29,17 +31,24 @@ pub struct Args {
     pub out: PathBuf,
     pub quick: bool,
     pub rust_log: String,
+    pub provisioner_env: Vec<(String, String)>,
 }
 
 impl Args {
     pub fn parse() -> Result<Args> {
         let mut values = std::collections::HashMap::new();
         let mut quick = false;
+        let mut provisioner_env = Vec::new();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--quick" => quick = true,
                 "-h" | "--help" => bail!("help requested"),
+                "--provisioner-env" => {
+                    let pair = args.next().context("--provisioner-env needs NAME=VALUE")?;
+                    let (name, value) = pair.split_once('=').context("--provisioner-env needs NAME=VALUE")?;
+                    provisioner_env.push((name.to_string(), value.to_string()));
+                }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
                 | "--idle-secs" | "--out" | "--rust-log") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
@@ -69,6 +78,7 @@ impl Args {
             out: values.get("out").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/bench-results.json")),
             quick,
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
+            provisioner_env,
         };
         if parsed.nodes == 0 || parsed.claims == 0 || parsed.clients == 0 || parsed.rate <= 0.0 {
             bail!("--nodes, --claims, --clients and --rate must be positive");

@@ -1,7 +1,8 @@
 //! Reclaiming a volume that holds many files: how long from the PV's phase Released (the
 //! moment its node's provisioner may act) to the PV gone, and to the directory gone.
 
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -22,8 +23,11 @@ pub struct ManyFiles {
     pub delete_to_released: Option<Duration>,
     /// Released -> PV gone (the target figure).
     pub released_to_pv_gone: Option<Duration>,
-    /// Released -> directory gone from disk (polled every 2 ms).
+    /// Released -> the volume directory gone from its path (polled every 2 ms).
     pub released_to_dir_gone: Option<Duration>,
+    /// Released -> the data gone from the pool (the directory's inode no longer found within
+    /// two levels of the pool root; polled every 2 ms).
+    pub released_to_data_gone: Option<Duration>,
 }
 
 pub async fn run(env: &Env) -> Result<ManyFiles> {
@@ -63,16 +67,27 @@ pub async fn run(env: &Env) -> Result<ManyFiles> {
     let write_time = written.elapsed();
     eprintln!("bench: wrote {files} files in {:.1} s; deleting the claim", write_time.as_secs_f64());
 
+    // Renaming keeps the inode: find the data by it wherever the provisioner moves it within
+    // the pool (e.g. a trash directory for removal in the background).
+    let inode = std::fs::metadata(&dir)?.ino();
+    let pool_root = node.pool_root.clone();
     let deleted_at = Instant::now();
     claims.delete("many-files", &DeleteParams::default()).await?;
     env.calls.add("delete", "persistentvolumeclaims");
-    // A blocking poll of the directory on its own thread, so its 2 ms resolution holds.
+    // A blocking poll on its own thread, so that its 2 ms resolution holds.
     let watch_dir = dir.clone();
-    let dir_gone = tokio::task::spawn_blocking(move || {
-        while watch_dir.exists() && deleted_at.elapsed() < TIMEOUT {
+    let disk = tokio::task::spawn_blocking(move || {
+        let mut dir_gone = None;
+        while deleted_at.elapsed() < TIMEOUT {
+            if dir_gone.is_none() && !watch_dir.exists() {
+                dir_gone = Some(Instant::now());
+            }
+            if dir_gone.is_some() && !inode_in_pool(&pool_root, inode) {
+                return (dir_gone, Some(Instant::now()));
+            }
             std::thread::sleep(Duration::from_millis(2));
         }
-        Instant::now()
+        (dir_gone, None)
     });
     while env.observer.with(|o| o.pvs.get(&pv_name).and_then(|p| p.gone).is_none()) {
         if deleted_at.elapsed() > TIMEOUT {
@@ -80,10 +95,10 @@ pub async fn run(env: &Env) -> Result<ManyFiles> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let dir_gone = dir_gone.await?;
-    if dir.exists() {
-        bail!("{} still exists {TIMEOUT:?} after its claim was deleted", dir.display());
-    }
+    let (dir_gone, data_gone) = disk.await?;
+    let (Some(dir_gone), Some(data_gone)) = (dir_gone, data_gone) else {
+        bail!("the data of {} is still on disk {TIMEOUT:?} after its claim was deleted", dir.display());
+    };
     let (released, gone) = env.observer.with(|o| o.pvs.get(&pv_name).map(|p| (p.released, p.gone)).unwrap_or_default());
     Ok(ManyFiles {
         files,
@@ -91,6 +106,27 @@ pub async fn run(env: &Env) -> Result<ManyFiles> {
         delete_to_released: released.map(|r| r.saturating_duration_since(deleted_at)),
         released_to_pv_gone: released.zip(gone).map(|(r, g)| g.saturating_duration_since(r)),
         released_to_dir_gone: released.map(|r| dir_gone.saturating_duration_since(r)),
+        released_to_data_gone: released.map(|r| data_gone.saturating_duration_since(r)),
+    })
+}
+
+/// Whether a directory with `inode` is the pool root's child or grandchild, not descending
+/// into volume directories (`*pvc-*`), which may hold many files.
+fn inode_in_pool(root: &Path, inode: u64) -> bool {
+    let Ok(entries) = std::fs::read_dir(root) else { return false };
+    entries.flatten().any(|entry| {
+        let Ok(meta) = entry.metadata() else { return false };
+        if !meta.is_dir() {
+            return false;
+        }
+        if meta.ino() == inode {
+            return true;
+        }
+        if entry.file_name().to_string_lossy().contains("pvc-") {
+            return false;
+        }
+        let Ok(children) = std::fs::read_dir(entry.path()) else { return false };
+        children.flatten().any(|child| child.metadata().is_ok_and(|m| m.is_dir() && m.ino() == inode))
     })
 }
 
@@ -106,6 +142,7 @@ impl ManyFiles {
             "claim_delete_to_released_s": secs(self.delete_to_released),
             "released_to_pv_gone_s": secs(self.released_to_pv_gone),
             "released_to_dir_gone_s": secs(self.released_to_dir_gone),
+            "released_to_data_gone_s": secs(self.released_to_data_gone),
         })
     }
 }

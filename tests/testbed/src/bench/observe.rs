@@ -8,6 +8,7 @@
 //! are saturated).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,7 +59,6 @@ pub struct Observations {
 pub struct Observer {
     state: Arc<Mutex<Observations>>,
     tasks: Vec<JoinHandle<()>>,
-    ready: Arc<Mutex<(bool, bool)>>,
 }
 
 impl Drop for Observer {
@@ -71,22 +71,16 @@ impl Observer {
     /// Starts both watches and waits until their initial lists are in.
     pub async fn start(client: &Client) -> Result<Observer> {
         let state = Arc::new(Mutex::new(Observations::default()));
-        let ready = Arc::new(Mutex::new((false, false)));
+        let listed = Arc::new(AtomicUsize::new(0));
         let claims = watcher(Api::<PersistentVolumeClaim>::all(client.clone()));
         let pvs = watcher(Api::<PersistentVolume>::all(client.clone()));
         let tasks = vec![
-            tokio::spawn(run(
-                claims,
-                state.clone(),
-                ready.clone(),
-                |state, event, now| on_claim(state, event, now),
-                true,
-            )),
-            tokio::spawn(run(pvs, state.clone(), ready.clone(), |state, event, now| on_pv(state, event, now), false)),
+            tokio::spawn(run(claims, state.clone(), listed.clone(), on_claim)),
+            tokio::spawn(run(pvs, state.clone(), listed.clone(), on_pv)),
         ];
-        let observer = Observer { state, tasks, ready };
+        let observer = Observer { state, tasks };
         let started = Instant::now();
-        while *observer.ready.lock().expect("ready") != (true, true) {
+        while listed.load(Ordering::SeqCst) < 2 {
             if started.elapsed() > Duration::from_secs(60) {
                 bail!("the bench's watches did not list within 60 s");
             }
@@ -109,23 +103,24 @@ where
     watcher::watcher(api, watcher::Config::default()).default_backoff()
 }
 
+/// Feeds a watch into `handle`, stamping each event on arrival; bumps `listed` after the first
+/// initial list.
 async fn run<K>(
     stream: impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send,
     state: Arc<Mutex<Observations>>,
-    ready: Arc<Mutex<(bool, bool)>>,
-    handle: impl Fn(&mut Observations, Event<K>, Instant) + Send,
-    claims: bool,
+    listed: Arc<AtomicUsize>,
+    handle: fn(&mut Observations, Event<K>, Instant),
 ) {
     let mut stream = std::pin::pin!(stream);
+    let mut first_list = true;
     while let Some(result) = stream.next().await {
         let now = Instant::now();
         match result {
             Ok(event) => {
                 let init_done = matches!(event, Event::InitDone);
                 handle(&mut state.lock().expect("observations"), event, now);
-                if init_done {
-                    let mut ready = ready.lock().expect("ready");
-                    if claims { ready.0 = true } else { ready.1 = true }
+                if init_done && std::mem::take(&mut first_list) {
+                    listed.fetch_add(1, Ordering::SeqCst);
                 }
             }
             Err(err) => eprintln!("bench: watch error (retrying): {err}"),

@@ -36,6 +36,24 @@ pub fn sample(pid: u32) -> Result<ProcSample> {
     Ok(ProcSample { rss_kib: kib("VmRSS:"), hwm_kib: kib("VmHWM:"), cpu_secs: (ticks(11) + ticks(12)) / per_second })
 }
 
+/// Busy and total CPU time of the whole machine so far, seconds summed over CPUs (first line of
+/// /proc/stat; idle and iowait count as not busy). Includes work that is not the bench's.
+pub fn machine_cpu() -> Result<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let line = stat.lines().next().context("empty /proc/stat")?;
+    let ticks: Vec<f64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let total: f64 = ticks.iter().take(8).sum();
+    let idle = ticks.get(3).copied().unwrap_or(0.0) + ticks.get(4).copied().unwrap_or(0.0);
+    Ok(((total - idle) / per_second, total / per_second))
+}
+
+/// Online CPUs.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }

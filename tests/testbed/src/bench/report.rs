@@ -53,7 +53,11 @@ pub const METHOD: &[&str] = &[
      audit policy logs only those users (Metadata level). A watch counts once when it starts.",
     "apiserver_request_total: every client's requests (delta over the window); 'bench' is the \
      bench's own count of its calls (exact for writes); 'total - bench' = provisioners + \
-     kube-controller-manager + kube-scheduler. The provisioner exports no API-call counter of its own.",
+     kube-controller-manager + kube-scheduler. The provisioners' own count is shown only if they \
+     export one (none did when this bench was written).",
+    "CPU of the control plane and of the bench: /proc/<pid>/stat over each window. Machine CPU \
+     busy: /proc/stat over the window, all processes, including work that is not the bench's on \
+     a shared machine. Near 100 %, every latency and rate here is CPU-bound, not provisioner-bound.",
     "writes per volume: provisioner create/update/patch/delete requests (audit) / volumes, events \
      (core and events.k8s.io) counted apart. Event objects: events.k8s.io list of the scenario's \
      namespace, reportingController kubevirt.io/hostpath-provisioner.",

@@ -68,6 +68,9 @@ pub struct Provisioned {
     pub missing: usize,
     /// Provisioner events in the namespace by reason: (objects, occurrences incl. series).
     pub events: BTreeMap<String, (u64, u64)>,
+    /// JSON size of one claim's metadata as the provisioners' metadata watch holds it, and the
+    /// part of it that is `managedFields`.
+    pub claim_metadata_bytes: (usize, usize),
     pub window: Closed,
 }
 
@@ -102,6 +105,7 @@ pub async fn provision(env: &Env, spec: Spec) -> Result<Provisioned> {
     tokio::time::sleep(Duration::from_secs(2)).await; // the last events
     let events = provisioner_events(env, &spec.namespace).await?;
     let window = window::close(env, opened).await?;
+    let claim_metadata_bytes = claim_metadata_size(env, &spec.namespace).await?;
 
     let (mut latency, mut end_to_end, mut to_bound, mut pv_times, mut last_bound) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), None::<Instant>);
@@ -146,6 +150,7 @@ pub async fn provision(env: &Env, spec: Spec) -> Result<Provisioned> {
         all_bound_after: last_bound.map_or(Duration::ZERO, |b| b.saturating_duration_since(first_sent)),
         missing,
         events,
+        claim_metadata_bytes,
         window,
         sent,
         create_errors,
@@ -204,7 +209,7 @@ pub async fn delete(env: &Env, provisioned: &Provisioned) -> Result<Deleted> {
     })
 }
 
-/// Seconds since the observer's epoch-free reference: any fixed instant works for rates.
+/// Seconds since the start of the run (any fixed instant works for rates).
 fn secs(env: &Env, at: Instant) -> f64 {
     at.saturating_duration_since(env.epoch).as_secs_f64()
 }
@@ -307,6 +312,16 @@ async fn wait_progress(
     }
 }
 
+/// JSON size of the metadata of the scenario's first claim, and of its `managedFields`.
+async fn claim_metadata_size(env: &Env, namespace: &str) -> Result<(usize, usize)> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), namespace);
+    env.calls.add("get", "persistentvolumeclaims");
+    let meta = claims.get_metadata("claim-00000").await?;
+    let total = serde_json::to_vec(&meta)?.len();
+    let managed = serde_json::to_vec(&meta.metadata.managed_fields)?.len();
+    Ok((total, managed))
+}
+
 /// Events in `namespace` reported by the provisioners, by reason: (objects, occurrences).
 async fn provisioner_events(env: &Env, namespace: &str) -> Result<BTreeMap<String, (u64, u64)>> {
     let events: Api<Event> = Api::namespaced(env.client.clone(), namespace);
@@ -345,6 +360,8 @@ impl Provisioned {
             "all_bound_after_s": self.all_bound_after.as_secs_f64(),
             "claims_without_pv_at_timeout": self.missing,
             "provisioner_events": events,
+            "claim_metadata_json_bytes": self.claim_metadata_bytes.0,
+            "claim_managed_fields_json_bytes": self.claim_metadata_bytes.1,
             "window": self.window.json(),
         })
     }

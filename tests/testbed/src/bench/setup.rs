@@ -108,8 +108,11 @@ pub async fn start(args: &Args) -> Result<Env> {
     for name in &names {
         let kubeconfig = cp.temp_dir().join(format!("{name}.kubeconfig"));
         cp.write_kubeconfig_for_token(&token_for(&client, name).await?, &kubeconfig)?;
-        let spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(&cp, name), &kubeconfig)
+        let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(&cp, name), &kubeconfig)
             .env("RUST_LOG", &args.rust_log);
+        for (key, value) in &args.provisioner_env {
+            spec = spec.env(key, value);
+        }
         nodes.push(SimNode::start_with(&cp, name, &[], spec).await?);
         raise_pod_capacity(&client, name, args.claims * 2 + 100).await?;
     }

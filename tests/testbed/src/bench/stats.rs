@@ -32,7 +32,11 @@ impl Summary {
         }
     }
 
+    /// `null` without samples.
     pub fn json(&self) -> Value {
+        if self.count == 0 {
+            return Value::Null;
+        }
         json!({ "count": self.count, "p50_ms": self.p50, "p95_ms": self.p95, "p99_ms": self.p99,
                 "max_ms": self.max, "mean_ms": self.mean })
     }

@@ -16,6 +16,8 @@ pub struct Opened {
     apiserver: Counts,
     bench: Counts,
     procs: Vec<ProcSample>,
+    others: Vec<(String, ProcSample)>,
+    machine: (f64, f64),
     histograms: Vec<[HistogramTotals; 2]>,
 }
 
@@ -31,6 +33,10 @@ pub struct Closed {
     /// Per provisioner (node order): CPU seconds used in the window, and the sample at its end.
     pub cpu_secs: Vec<f64>,
     pub procs_end: Vec<ProcSample>,
+    /// CPU seconds of the control-plane components and of the bench itself, by name.
+    pub others_cpu: Vec<(String, f64)>,
+    /// Share of the machine's CPU time that was busy (all processes, the bench's or not).
+    pub machine_busy: f64,
     /// Sum over provisioners of their own histograms (count and sum of seconds) in the window.
     pub provision_hist: HistogramTotals,
     pub delete_hist: HistogramTotals,
@@ -56,6 +62,8 @@ pub async fn open(env: &Env) -> Result<Opened> {
         apiserver: api_count::scrape_apiserver(&env.client).await?,
         bench: env.calls.snapshot(),
         procs: samples(env)?,
+        others: other_samples(env),
+        machine: procfs::machine_cpu()?,
         histograms: histograms(env).await,
     })
 }
@@ -64,6 +72,8 @@ pub async fn close(env: &Env, opened: Opened) -> Result<Closed> {
     let apiserver = api_count::scrape_apiserver(&env.client).await?;
     let audit = env.audit.read_new()?;
     let procs_end = samples(env)?;
+    let others = other_samples(env);
+    let machine = procfs::machine_cpu()?;
     let after = histograms(env).await;
     let delta = |i: usize| {
         let mut total = HistogramTotals::default();
@@ -80,6 +90,15 @@ pub async fn close(env: &Env, opened: Opened) -> Result<Closed> {
         audit,
         cpu_secs: procs_end.iter().zip(&opened.procs).map(|(a, b)| a.cpu_secs - b.cpu_secs).collect(),
         procs_end,
+        others_cpu: opened
+            .others
+            .iter()
+            .filter_map(|(name, before)| {
+                let after = others.iter().find(|(n, _)| n == name)?;
+                Some((name.clone(), after.1.cpu_secs - before.cpu_secs))
+            })
+            .collect(),
+        machine_busy: (machine.0 - opened.machine.0) / (machine.1 - opened.machine.1).max(f64::EPSILON),
         provision_hist: delta(0),
         delete_hist: delta(1),
     })
@@ -87,6 +106,13 @@ pub async fn close(env: &Env, opened: Opened) -> Result<Closed> {
 
 fn samples(env: &Env) -> Result<Vec<ProcSample>> {
     env.nodes.iter().map(|n| procfs::sample(n.provisioner.pid())).collect()
+}
+
+/// The control-plane components and the bench itself.
+fn other_samples(env: &Env) -> Vec<(String, ProcSample)> {
+    let mut pids: Vec<(String, u32)> = env.cp.pids().into_iter().map(|(n, p)| (n.to_string(), p)).collect();
+    pids.push(("bench".to_string(), std::process::id()));
+    pids.into_iter().filter_map(|(name, pid)| Some((name, procfs::sample(pid).ok()?))).collect()
 }
 
 /// Per provisioner: totals of its [provision, delete] duration histograms.
@@ -149,6 +175,8 @@ impl Closed {
             "provisioner_requests_audit_by_user": per_user,
             "provisioner_failed_requests_audit": failed,
             "provisioner_cpu_s": self.cpu_secs,
+            "other_cpu_s": self.others_cpu.iter().map(|(n, c)| (n.clone(), json!(c))).collect::<serde_json::Map<_, _>>(),
+            "machine_busy_fraction": self.machine_busy,
             "provisioner_in_process_provision_mean_ms": self.provision_hist.mean_ms(),
             "provisioner_in_process_delete_mean_ms": self.delete_hist.mean_ms(),
         })
