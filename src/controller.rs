@@ -71,7 +71,8 @@ pub async fn run(
     let (claim_store, claim_writer) = reflector::store::<PartialObjectMeta<PersistentVolumeClaim>>();
     let claim_events = observe(
         Watch::Claims,
-        watcher(Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(client.clone()), watcher::Config::default()),
+        watcher(Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(client.clone()), watcher::Config::default())
+            .modify(keys::trim_claim_metadata),
         &health,
         &metrics,
     )

@@ -20,3 +20,55 @@ pub const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Our label on PVs naming the owning node, so each node can watch only its own volumes.
 pub const NODE_LABEL: &str = "hostpath-provisioner.kubevirt.io/node";
+
+/// Claim annotations the metadata stage of the claim decision reads.
+const CLAIM_KEYS: [&str; 6] = [
+    PROVISION_ON_NODE,
+    SELECTED_NODE,
+    STORAGE_PROVISIONER,
+    STORAGE_PROVISIONER_BETA,
+    BIND_COMPLETED,
+    STORAGE_CLASS_BETA,
+];
+
+/// Every node caches the metadata of every claim in the cluster; keeping only what the decision
+/// reads (name, namespace, uid, deletion timestamp and the annotations above) bounds that cost.
+/// A `kubectl apply`-ed claim alone carries its whole manifest in an annotation.
+pub fn trim_claim_metadata(
+    claim: &mut kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+) {
+    let meta = &mut claim.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|key, _| CLAIM_KEYS.contains(&key.as_str()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trimming_keeps_everything_the_metadata_decision_reads() {
+        use crate::claim_decision::{Interest, claim_interest};
+        use crate::test_fixtures::*;
+        let full = claim("hpp")
+            .selected(NODE)
+            .annotation("kubectl.kubernetes.io/last-applied-configuration", &"x".repeat(4096))
+            .build();
+        let mut meta = kube::api::PartialObjectMeta::<k8s_openapi::api::core::v1::PersistentVolumeClaim> {
+            metadata: full.metadata.clone(),
+            ..Default::default()
+        };
+        trim_claim_metadata(&mut meta);
+        assert_eq!(claim_interest(&meta.metadata, &me()), claim_interest(&full.metadata, &me()));
+        assert_eq!(claim_interest(&meta.metadata, &me()), Interest::Candidate);
+        let kept = meta.metadata.annotations.unwrap();
+        assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+        assert_eq!(kept.len(), 3, "selected-node and both storage-provisioner keys");
+        assert_eq!(meta.metadata.uid, full.metadata.uid);
+    }
+}
