@@ -67,8 +67,9 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         }
         Decision::Provision(plan) => {
             let started = Instant::now();
-            provision(&ctx, &claim, &plan).await?;
-            ctx.metrics.provision_seconds.observe(started.elapsed().as_secs_f64());
+            if provision(&ctx, &claim, &plan).await? == Provisioned::Now {
+                ctx.metrics.provision_seconds.observe(started.elapsed().as_secs_f64());
+            }
             Action::await_change()
         }
     };
@@ -98,7 +99,20 @@ fn failure_note(error: &ClaimError) -> String {
     format!("failed to provision volume: {error}")
 }
 
-async fn provision(ctx: &Arc<Context>, claim: &PersistentVolumeClaim, plan: &ProvisionPlan) -> Result<(), ClaimError> {
+/// Whether this call created the PV, or found it already there (only the former is timed).
+#[derive(Debug, PartialEq, Eq)]
+enum Provisioned {
+    Now,
+    Before,
+    /// Handed back to the scheduler instead.
+    Rescheduled,
+}
+
+async fn provision(
+    ctx: &Arc<Context>,
+    claim: &PersistentVolumeClaim,
+    plan: &ProvisionPlan,
+) -> Result<Provisioned, ClaimError> {
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
     // The watch caches answer "already provisioned?" without a round trip once synced; a PV
@@ -110,7 +124,7 @@ async fn provision(ctx: &Arc<Context>, claim: &PersistentVolumeClaim, plan: &Pro
     };
     if let Some(existing) = existing {
         // Already provisioned (by us before a restart, or by the Go build): nothing to do.
-        return check_owner(&existing, &plan.pv_name, &claim_uid);
+        return check_owner(&existing, &plan.pv_name, &claim_uid).map(|()| Provisioned::Before);
     }
     let pool = ctx.pools.usable(&plan.pool.name).ok_or_else(|| ClaimError::UnknownPool(plan.pool.name.clone()))??;
     let stats = pool.stats()?;
@@ -126,7 +140,7 @@ async fn provision(ctx: &Arc<Context>, claim: &PersistentVolumeClaim, plan: &Pro
             reserved: ctx.config.reserved_bytes,
         };
         if plan.binding_mode == BindingMode::WaitForFirstConsumer && !plan.pinned_by_annotation {
-            return reschedule(ctx, claim, &error).await;
+            return reschedule(ctx, claim, &error).await.map(|()| Provisioned::Rescheduled);
         }
         return Err(error);
     }
@@ -148,9 +162,10 @@ async fn provision(ctx: &Arc<Context>, claim: &PersistentVolumeClaim, plan: &Pro
     match pvs.create(&PostParams::default(), &pv).await {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 409 => {
-            // Created concurrently (a retry racing a slow response): fine if it is for this claim.
+            // Made by an earlier attempt whose PV the watch cache had not shown yet: fine if it is
+            // for this claim, and already counted and reported by that attempt.
             let existing = pvs.get(&plan.pv_name).await?;
-            check_owner(&existing, &plan.pv_name, &claim_uid)?;
+            return check_owner(&existing, &plan.pv_name, &claim_uid).map(|()| Provisioned::Before);
         }
         Err(create_error) => {
             // Leave nothing behind: remove the directory again if this attempt made it and it
@@ -177,7 +192,7 @@ async fn provision(ctx: &Arc<Context>, claim: &PersistentVolumeClaim, plan: &Pro
         format!("Successfully provisioned volume {}", plan.pv_name),
     )
     .await;
-    Ok(())
+    Ok(Provisioned::Now)
 }
 
 fn check_owner(pv: &PersistentVolume, pv_name: &str, claim_uid: &str) -> Result<(), ClaimError> {
