@@ -27,12 +27,7 @@ fn annotation<'a>(claim: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str
     claim.metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
-fn check_plan(
-    claim: &PersistentVolumeClaim,
-    class: &StorageClass,
-    config: &DecisionConfig,
-    plan: &ProvisionPlan,
-) {
+fn check_plan(claim: &PersistentVolumeClaim, class: &StorageClass, config: &DecisionConfig, plan: &ProvisionPlan) {
     let spec = claim.spec.as_ref().expect("generated claims have a spec");
     assert!(claim.metadata.deletion_timestamp.is_none(), "provisioning a claim being deleted");
     assert!(spec.volume_name.as_deref().unwrap_or_default().is_empty(), "provisioning a bound claim");

@@ -68,9 +68,10 @@ pub fn fields(text: &str, n: usize) -> Vec<&str> {
 pub fn model_is_uid(s: &str) -> bool {
     let groups: Vec<&str> = s.split('-').collect();
     groups.len() == 5
-        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, len)| {
-            g.len() == len && g.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        })
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && g.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
 /// A DNS-1123 subdomain: dot-separated labels of 1..=63 `[a-z0-9-]`, not starting or ending with
@@ -455,10 +456,7 @@ impl ClaimInput {
                 ..Default::default()
             }),
             resources: Some(VolumeResourceRequirements {
-                requests: self
-                    .request
-                    .as_ref()
-                    .map(|q| BTreeMap::from([("storage".to_owned(), Quantity(q.render()))])),
+                requests: self.request.as_ref().map(|q| BTreeMap::from([("storage".to_owned(), Quantity(q.render()))])),
                 ..Default::default()
             }),
             ..Default::default()
@@ -485,7 +483,10 @@ impl ClaimInput {
             provisioner: c.provisioner.render(PROVISIONER, "example.com/other"),
             volume_binding_mode: c.binding_mode.as_ref().map(|m| m.render("Immediate", "WaitForFirstConsumer")),
             parameters: Some(
-                c.parameters.iter().map(|(k, v)| (k.render("storagePool", "fsType"), v.render("legacy", "fast"))).collect(),
+                c.parameters
+                    .iter()
+                    .map(|(k, v)| (k.render("storagePool", "fsType"), v.render("legacy", "fast")))
+                    .collect(),
             ),
             reclaim_policy: c.reclaim_policy.as_ref().map(|r| r.render("Delete", "Retain")),
             mount_options: c.mount_options.clone(),
@@ -501,7 +502,9 @@ impl ClaimInput {
             provision_on_node: match &self.policy {
                 PolicyGen::Allow => ProvisionOnNodePolicy::Allow,
                 PolicyGen::Deny => ProvisionOnNodePolicy::Deny,
-                PolicyGen::Namespaces(ns) => ProvisionOnNodePolicy::Namespaces(ns.iter().map(NameGen::render).collect()),
+                PolicyGen::Namespaces(ns) => {
+                    ProvisionOnNodePolicy::Namespaces(ns.iter().map(NameGen::render).collect())
+                }
             },
         }
     }
@@ -668,10 +671,10 @@ impl VolumeInput {
         let name = self.pv_name();
         let spec = PersistentVolumeSpec {
             persistent_volume_reclaim_policy: self.reclaim_policy.as_ref().map(|r| r.render("Delete", "Retain")),
-            host_path: self.host_path.as_ref().map(|p| HostPathVolumeSource {
-                path: p.render(name.as_deref().unwrap_or_default()),
-                type_: None,
-            }),
+            host_path: self
+                .host_path
+                .as_ref()
+                .map(|p| HostPathVolumeSource { path: p.render(name.as_deref().unwrap_or_default()), type_: None }),
             node_affinity: self.affinity.as_ref().map(|terms| VolumeNodeAffinity {
                 required: Some(NodeSelector {
                     node_selector_terms: terms
