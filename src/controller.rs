@@ -12,6 +12,7 @@ use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 
+use crate::claim_decision::{Identity, Interest, claim_interest};
 use crate::config::Config;
 use crate::context::Context;
 use crate::health::{self, Health, Watch};
@@ -72,7 +73,12 @@ pub async fn run(
     let claim_events = observe(
         Watch::Claims,
         watcher(Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(client.clone()), watcher::Config::default())
-            .modify(keys::trim_claim_metadata),
+            .modify({
+                let me = Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone() };
+                move |claim| {
+                    keys::trim_claim_metadata_for(claim, |meta| claim_interest(meta, &me) == Interest::Candidate)
+                }
+            }),
         &health,
         &metrics,
     )

@@ -42,8 +42,23 @@ pub fn trim_claim_metadata(
     meta.labels = None;
     meta.owner_references = None;
     meta.finalizers = None;
+    meta.creation_timestamp = None;
+    meta.generate_name = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|key, _| CLAIM_KEYS.contains(&key.as_str()));
+    }
+}
+
+/// [`trim_claim_metadata`], then drops every annotation of a claim that `interesting` rejects:
+/// most claims of a big cluster (bound ones, other provisioners'). Each watch event brings fresh
+/// metadata, so a claim that becomes interesting is seen whole again.
+pub fn trim_claim_metadata_for(
+    claim: &mut kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    interesting: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool,
+) {
+    trim_claim_metadata(claim);
+    if !interesting(&claim.metadata) {
+        claim.metadata.annotations = None;
     }
 }
 
@@ -70,5 +85,31 @@ mod tests {
         assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
         assert_eq!(kept.len(), 3, "selected-node and both storage-provisioner keys");
         assert_eq!(meta.metadata.uid, full.metadata.uid);
+    }
+
+    #[test]
+    fn ignored_claims_lose_their_annotations_and_stay_ignored() {
+        use crate::claim_decision::{Interest, claim_interest};
+        use crate::test_fixtures::*;
+        let interesting = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            claim_interest(m, &me()) == Interest::Candidate
+        };
+        for (full, expected) in [
+            (claim("hpp").selected(OTHER_NODE).build(), Interest::Ignore),
+            (claim("hpp").on_node(OTHER_NODE).build(), Interest::Ignore),
+            (claim("hpp").on_node(NODE).annotation(BIND_COMPLETED, "yes").build(), Interest::Ignore),
+            (claim("hpp").on_node(NODE).build(), Interest::Candidate),
+            (claim("hpp").selected(NODE).build(), Interest::Candidate),
+        ] {
+            let mut meta = kube::api::PartialObjectMeta::<k8s_openapi::api::core::v1::PersistentVolumeClaim> {
+                metadata: full.metadata.clone(),
+                ..Default::default()
+            };
+            trim_claim_metadata_for(&mut meta, interesting);
+            assert_eq!(claim_interest(&meta.metadata, &me()), expected);
+            assert_eq!(claim_interest(&full.metadata, &me()), expected);
+            assert_eq!(meta.metadata.annotations.is_none(), expected == Interest::Ignore);
+            assert_eq!(meta.metadata.uid, full.metadata.uid, "uids stay for the orphan cleanup");
+        }
     }
 }

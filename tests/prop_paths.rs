@@ -93,6 +93,9 @@ proptest! {
         prop_assert_eq!(accepted, Ok(AcceptedPath { pool: "legacy".into(), dir_name: dir }));
     }
 
+    /// Up to the 32-bit hash of shortened names: a name can be crafted to collide (the 214-byte
+    /// `<cut>-<hash>` of a long name gets the long name's directory), which is harmless because
+    /// the directory also carries the UID and a UID names a single claim.
     #[test]
     fn distinct_claim_names_get_distinct_prefixed_dirs(
         common in leading_labels(),

@@ -3,8 +3,6 @@
 //! drops a claim that stage 2 would provision.
 #![no_main]
 
-use std::sync::LazyLock;
-
 use hostpath_provisioner::capacity::parse_bytes;
 use hostpath_provisioner::claim_decision::{
     self, BindingMode, Decision, DecisionConfig, Interest, ProvisionOnNodePolicy, ProvisionPlan,
@@ -17,12 +15,6 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use libfuzzer_sys::fuzz_target;
 
-/// Set to skip only the stage 1 / stage 2 comparison for claims carrying
-/// `pv.kubernetes.io/bind-completed` (a known divergence, see fuzz/README.md), so that a long
-/// run can look for other findings. Every other check stays on.
-static TOLERATE_BIND_COMPLETED: LazyLock<bool> =
-    LazyLock::new(|| std::env::var_os("HPP_FUZZ_TOLERATE_BIND_COMPLETED").is_some_and(|v| v == "1"));
-
 fn annotation<'a>(claim: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
     claim.metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
@@ -31,6 +23,7 @@ fn check_plan(claim: &PersistentVolumeClaim, class: &StorageClass, config: &Deci
     let spec = claim.spec.as_ref().expect("generated claims have a spec");
     assert!(claim.metadata.deletion_timestamp.is_none(), "provisioning a claim being deleted");
     assert!(spec.volume_name.as_deref().unwrap_or_default().is_empty(), "provisioning a bound claim");
+    assert!(annotation(claim, keys::BIND_COMPLETED).is_none(), "provisioning a claim marked bind-completed");
     assert_eq!(class.provisioner, PROVISIONER, "provisioning for another provisioner's class");
 
     // Names: pvc-<uid>, and a single-component directory the deletion rules recognise.
@@ -105,8 +98,6 @@ fuzz_target!(|input: ClaimInput| {
     let Decision::Provision(plan) = &decision else { return };
     check_plan(&claim, class.as_ref().expect("provisioned without a class"), &config, plan);
 
-    let tolerated = *TOLERATE_BIND_COMPLETED && annotation(&claim, keys::BIND_COMPLETED).is_some();
-    if !tolerated {
-        assert_eq!(interest, Interest::Candidate, "stage 1 ignores a claim that stage 2 provisions");
-    }
+    // Stage 1 never drops a claim that stage 2 would provision.
+    assert_eq!(interest, Interest::Candidate, "stage 1 ignores a claim that stage 2 provisions");
 });

@@ -378,7 +378,8 @@ impl Choice {
 pub struct ClassInput {
     /// A: ours, B: another provisioner.
     pub provisioner: Choice,
-    /// A: Immediate, B: WaitForFirstConsumer.
+    /// A: Immediate, B: WaitForFirstConsumer. Unset means WaitForFirstConsumer when the claim's
+    /// placement is `Selected*` (what the scheduler's annotation implies), else unset (Immediate).
     pub binding_mode: Option<Choice>,
     /// Key A: storagePool; value A: legacy, B: fast.
     pub parameters: Vec<(Choice, Choice)>,
@@ -399,10 +400,44 @@ pub enum PolicyGen {
     Namespaces(Vec<NameGen>),
 }
 
+/// The placement annotations a claim starts with (the free annotations may then override them).
+#[derive(Arbitrary, Clone, Debug)]
+pub enum Placement {
+    /// None.
+    Unplaced,
+    /// `kubevirt.io/provisionOnNode` = this node.
+    PinnedHere,
+    /// `kubevirt.io/provisionOnNode` = another node.
+    PinnedElsewhere,
+    /// What the PV controller and scheduler write for a WaitForFirstConsumer claim placed here:
+    /// storage-provisioner (GA and beta) = ours, selected-node = this node.
+    SelectedHere,
+    /// The same, selected for another node.
+    SelectedElsewhere,
+    /// storage-provisioner (GA and beta) = ours, no selected node (an Immediate claim).
+    OursUnselected,
+}
+
+impl Placement {
+    fn annotations(&self) -> Vec<(&'static str, &'static str)> {
+        let ours = [(keys::STORAGE_PROVISIONER, PROVISIONER), (keys::STORAGE_PROVISIONER_BETA, PROVISIONER)];
+        match self {
+            Self::Unplaced => vec![],
+            Self::PinnedHere => vec![(keys::PROVISION_ON_NODE, NODE)],
+            Self::PinnedElsewhere => vec![(keys::PROVISION_ON_NODE, OTHER_NODE)],
+            Self::SelectedHere => [&ours[..], &[(keys::SELECTED_NODE, NODE)]].concat(),
+            Self::SelectedElsewhere => [&ours[..], &[(keys::SELECTED_NODE, OTHER_NODE)]].concat(),
+            Self::OursUnselected => ours.to_vec(),
+        }
+    }
+}
+
 /// A claim, its class and the decision settings.
 #[derive(Arbitrary, Clone, Debug)]
 pub struct ClaimInput {
-    /// Claim annotations.
+    /// Placement annotations.
+    pub placement: Placement,
+    /// Further claim annotations (a key given twice keeps the last value).
     pub annotations: Vec<(AnnKey, AnnValue)>,
     /// `metadata.namespace`.
     pub namespace: Option<NameGen>,
@@ -466,7 +501,14 @@ impl ClaimInput {
                 name: self.name.as_ref().map(NameGen::render),
                 namespace: self.namespace.as_ref().map(NameGen::render),
                 uid: self.uid.as_ref().map(UidGen::render),
-                annotations: Some(annotations(&self.annotations)),
+                annotations: Some(
+                    self.placement
+                        .annotations()
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .chain(annotations(&self.annotations))
+                        .collect(),
+                ),
                 deletion_timestamp: deletion_timestamp(self.deleting),
                 ..Default::default()
             },
@@ -481,7 +523,11 @@ impl ClaimInput {
         Some(StorageClass {
             metadata: ObjectMeta { name: Some(class_name.to_owned()), ..Default::default() },
             provisioner: c.provisioner.render(PROVISIONER, "example.com/other"),
-            volume_binding_mode: c.binding_mode.as_ref().map(|m| m.render("Immediate", "WaitForFirstConsumer")),
+            volume_binding_mode: match (&c.binding_mode, &self.placement) {
+                (Some(m), _) => Some(m.render("Immediate", "WaitForFirstConsumer")),
+                (None, Placement::SelectedHere | Placement::SelectedElsewhere) => Some("WaitForFirstConsumer".into()),
+                (None, _) => None,
+            },
             parameters: Some(
                 c.parameters
                     .iter()
