@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use common::*;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -20,16 +19,7 @@ fn repo() -> PathBuf {
 }
 
 fn kubectl(env: &TestEnv, args: &[&str]) -> String {
-    let output = Command::new(env.cp.kubectl())
-        .arg("--kubeconfig")
-        .arg(env.cp.kubeconfig_path())
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("run kubectl");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(output.status.success(), "kubectl {args:?} failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
-    stdout
+    env.cp.run_kubectl(&repo(), args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 async fn ensure_namespace(env: &TestEnv) {

@@ -330,6 +330,24 @@ impl ControlPlane {
         self.bin_dir.join("kubectl")
     }
 
+    /// Runs the bundled kubectl as the admin (`args` plus `--kubeconfig`) in `dir`, and returns
+    /// its stdout; a non-zero exit is an error carrying its stderr.
+    pub fn run_kubectl(&self, dir: &Path, args: &[&str]) -> Result<String> {
+        let output = std::process::Command::new(self.kubectl())
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig_path)
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("kubectl-cache"))
+            .current_dir(dir)
+            .output()
+            .context("running kubectl")?;
+        if !output.status.success() {
+            bail!("kubectl {} failed: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
     /// Creates a Node the scheduler will place pods on (see [`crate::fixtures::node`]).
     pub async fn add_node(&self, name: &str, hostname: &str) -> Result<()> {
         self.add_node_labeled(name, hostname, &[]).await

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
@@ -99,7 +99,7 @@ pub async fn start(args: &Args) -> Result<Env> {
     let cp = ControlPlane::start_with(options).await?;
     eprintln!("bench: control plane up in {:.1} s ({})", cp.started_in().as_secs_f64(), cp.temp_dir().display());
     let client = cp.admin_client();
-    kubectl(&cp, &["apply", "-f", &repo_file("deploy/legacy/rbac.yaml").display().to_string()])?;
+    cp.run_kubectl(Path::new("."), &["apply", "-f", &repo_file("deploy/legacy/rbac.yaml").display().to_string()])?;
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &fixtures::namespace(SA_NAMESPACE)).await?;
 
     let names: Vec<String> = (1..=args.nodes).map(|i| format!("node-{i}")).collect();
@@ -135,20 +135,6 @@ pub async fn start(args: &Args) -> Result<Env> {
 /// A file of this repository, whatever the working directory.
 pub fn repo_file(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative)
-}
-
-pub fn kubectl(cp: &ControlPlane, args: &[&str]) -> Result<String> {
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let cache = cp.temp_dir().join("kubectl-cache").display().to_string();
-    let output = std::process::Command::new(cp.kubectl())
-        .args(args)
-        .args(["--kubeconfig", &kubeconfig, "--cache-dir", &cache])
-        .output()
-        .context("running kubectl")?;
-    if !output.status.success() {
-        bail!("kubectl {} failed: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// One ServiceAccount per node, all bound to the deploy ClusterRole.

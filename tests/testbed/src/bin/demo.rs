@@ -102,7 +102,7 @@ async fn run(provisioner: &Path, demo: &mut Demo) -> Result<()> {
     heading("3. StorageClass");
     println!("  $ kubectl apply -f {CLASS_FILE}");
     let class_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(CLASS_FILE);
-    let applied = kubectl(cp, &["apply", "-o", "name", "-f", &class_file.display().to_string()])?;
+    let applied = cp.run_kubectl(Path::new("."), &["apply", "-o", "name", "-f", &class_file.display().to_string()])?;
     let class = applied.trim().rsplit('/').next().unwrap_or_default().to_string();
     let sc = Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone()).get(&class).await?;
     println!("  {class}: provisioner {}, binding {}", sc.provisioner, sc.volume_binding_mode.unwrap_or_default());
@@ -246,20 +246,6 @@ fn show_pool(node: &SimNode) -> Result<()> {
         println!("  {} pool: {} {}", node.name, mode_string(mode), path.display());
     }
     Ok(())
-}
-
-fn kubectl(cp: &ControlPlane, args: &[&str]) -> Result<String> {
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let cache = cp.temp_dir().join("kubectl-cache").display().to_string();
-    let output = std::process::Command::new(cp.kubectl())
-        .args(args)
-        .args(["--kubeconfig", &kubeconfig, "--cache-dir", &cache])
-        .output()
-        .context("running kubectl")?;
-    if !output.status.success() {
-        bail!("kubectl {} failed: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 fn phase_of_claim(claim: &PersistentVolumeClaim) -> String {
