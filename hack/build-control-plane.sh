@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes control-plane binaries (kube-apiserver, kube-controller-manager,
-# kube-scheduler, etcd, and kubectl for rendering and applying deploy/) from the Go module proxy and caches them by version outside the repository.
+# kube-scheduler, etcd, kubectl for rendering and applying deploy/, and the kubelet for the real-node
+# lane) from the Go module proxy and caches them by version outside the repository. The kubelet
+# shares all but ~100 of its packages with the control plane, so it is built in the same `go build`.
 # Rebuilds only what is missing. Prints the bin directory on its last line.
 #
 # Why a wrapper module: k8s.io/kubernetes lists its staging modules at v0.0.0 with replace
@@ -60,6 +62,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
   log "resolving k8s.io/kubernetes $K8S_VERSION modules (module proxy: $(go env GOPROXY))"
@@ -98,11 +101,11 @@ build_etcd() {
 
 if have etcd "${ETCD_VERSION#v}"; then log "etcd $ETCD_VERSION cached"; else build_etcd; fi
 missing=()
-for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
   if have "$cmd" "$K8S_VERSION"; then log "$cmd $K8S_VERSION cached"; else missing+=("$cmd"); fi
 done
 [ "${#missing[@]}" -eq 0 ] || build_kubernetes "${missing[@]}"
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
   [ -x "$BIN/$b" ] || die "$b missing after build"
 done
 echo "$BIN"
