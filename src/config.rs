@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use crate::claim_decision::ProvisionOnNodePolicy;
-use crate::layout::{self, PoolPath};
+use crate::deciding::claim::ProvisionOnNodePolicy;
+use crate::deciding::layout::{self, PoolPath};
 
 /// Name of the pool rooted at `PV_DIR`, as in the kubevirt CSI driver.
 pub const LEGACY_POOL: &str = "legacy";
@@ -191,7 +191,7 @@ impl Args {
                 ProvisionOnNodePolicy::Namespaces(namespaces)
             }
         };
-        let reserved_bytes = crate::capacity::parse_bytes(&self.reserved_space).map_err(|e| {
+        let reserved_bytes = crate::deciding::capacity::parse_bytes(&self.reserved_space).map_err(|e| {
             invalid("RESERVED_SPACE", &self.reserved_space, &format!("a size such as 0, 10Gi or 500M ({e})"))
         })?;
         if self.max_concurrency == 0 {

@@ -1,7 +1,7 @@
 //! Errors of the two reconcilers. Each variant knows the event reason it is reported under,
 //! whether retrying can help, and a short label for metrics.
 
-use crate::pool::PoolError;
+use crate::filesystem::PoolError;
 
 /// Event reasons, with the Go build's meanings (DESIGN.md section 1.8).
 pub mod reason {

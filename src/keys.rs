@@ -68,7 +68,7 @@ mod tests {
 
     #[test]
     fn trimming_keeps_everything_the_metadata_decision_reads() {
-        use crate::claim_decision::{Interest, claim_interest};
+        use crate::deciding::claim::{Interest, claim_interest};
         use crate::test_fixtures::*;
         let full = claim("hpp")
             .selected(NODE)
@@ -89,7 +89,7 @@ mod tests {
 
     #[test]
     fn ignored_claims_lose_their_annotations_and_stay_ignored() {
-        use crate::claim_decision::{Interest, claim_interest};
+        use crate::deciding::claim::{Interest, claim_interest};
         use crate::test_fixtures::*;
         let interesting = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
             claim_interest(m, &me()) == Interest::Candidate

@@ -1,27 +1,22 @@
 //! hostpath-provisioner: dynamic hostPath PersistentVolumes, a drop-in replacement for the
-//! kubevirt legacy provisioner. See DESIGN.md for the contract this crate implements.
+//! kubevirt legacy provisioner. `docs/architecture.md` explains the contract this crate implements.
 //!
-//! Where to look: `claim_decision` (is a claim ours), `volume_spec` (the PV we write),
-//! `volume_decision` and `layout` (may a path be deleted), `pool` (every filesystem call),
-//! `claims` and `volumes` (the two reconcilers), `controller` (wiring).
+//! Where to look, by role:
+//! - [`deciding`]: pure decisions over plain data (is a claim ours, which node acts for a shared
+//!   or every-node volume, what PV to write, may a path be deleted).
+//! - [`reconciling`]: the reconcilers that fetch, decide and act, and the wiring around them.
+//! - [`filesystem`]: every filesystem call, behind pool-root handles and validated names.
+//! - [`serving`]: health and metrics over HTTP.
+//! - [`config`], [`error`], [`keys`]: settings, error types with their event reasons, and the
+//!   annotation and label keys shared with Kubernetes and the Go build.
 
-pub mod capacity;
-pub mod claim_decision;
-pub mod claims;
 pub mod config;
-pub mod context;
-pub mod controller;
+pub mod deciding;
 pub mod error;
-pub mod health;
+pub mod filesystem;
 pub mod keys;
-pub mod layout;
-pub mod metrics;
-pub mod orphans;
-pub mod pool;
-pub mod pools;
-pub mod volume_decision;
-pub mod volume_spec;
-pub mod volumes;
+pub mod reconciling;
+pub mod serving;
 
 #[cfg(test)]
 mod test_fixtures;

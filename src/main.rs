@@ -3,7 +3,7 @@
 use clap::Parser;
 use futures::FutureExt;
 use hostpath_provisioner::config::{Args, Config, LogFormat};
-use hostpath_provisioner::controller;
+use hostpath_provisioner::reconciling::controller;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 #[tokio::main]

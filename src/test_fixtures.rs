@@ -9,8 +9,8 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
-use crate::claim_decision::{DecisionConfig, Identity, ProvisionOnNodePolicy};
-use crate::layout::PoolPath;
+use crate::deciding::claim::{DecisionConfig, Identity, ProvisionOnNodePolicy};
+use crate::deciding::layout::PoolPath;
 
 pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
 pub const NODE: &str = "node-a";

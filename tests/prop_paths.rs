@@ -7,8 +7,8 @@
 
 use std::path::PathBuf;
 
-use hostpath_provisioner::layout::{self, AcceptedPath, PathRefusal, PoolPath};
-use hostpath_provisioner::pool::VolumeDirName;
+use hostpath_provisioner::deciding::layout::{self, AcceptedPath, PathRefusal, PoolPath};
+use hostpath_provisioner::filesystem::VolumeDirName;
 use proptest::prelude::*;
 
 const ROOT: &str = "/var/hpvolumes";

@@ -4,7 +4,7 @@
 //! Input: text `path\npv_name`.
 #![no_main]
 
-use hostpath_provisioner::layout;
+use hostpath_provisioner::deciding::layout;
 use hostpath_provisioner_fuzz::{check_accepted, default_pool, fields, model_accept, model_components};
 use libfuzzer_sys::fuzz_target;
 

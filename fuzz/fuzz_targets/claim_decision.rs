@@ -3,13 +3,13 @@
 //! drops a claim that stage 2 would provision.
 #![no_main]
 
-use hostpath_provisioner::capacity::parse_bytes;
-use hostpath_provisioner::claim_decision::{
+use hostpath_provisioner::deciding::capacity::parse_bytes;
+use hostpath_provisioner::deciding::claim::{
     self, BindingMode, Decision, DecisionConfig, Interest, ProvisionOnNodePolicy, ProvisionPlan,
 };
 use hostpath_provisioner::keys;
-use hostpath_provisioner::layout::{self, AcceptedPath};
-use hostpath_provisioner::pool::VolumeDirName;
+use hostpath_provisioner::deciding::layout::{self, AcceptedPath};
+use hostpath_provisioner::filesystem::VolumeDirName;
 use hostpath_provisioner_fuzz::{ClaimInput, NODE, PROVISIONER, me, model_is_dns_subdomain, model_is_uid};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;

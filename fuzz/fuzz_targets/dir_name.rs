@@ -4,8 +4,8 @@
 //! Input: text `name\nuid`; both `use_naming_prefix` settings are tried.
 #![no_main]
 
-use hostpath_provisioner::layout::{self, AcceptedPath, NameError};
-use hostpath_provisioner::pool::VolumeDirName;
+use hostpath_provisioner::deciding::layout::{self, AcceptedPath, NameError};
+use hostpath_provisioner::filesystem::VolumeDirName;
 use hostpath_provisioner_fuzz::{POOL_ROOT, default_pool, fields, model_is_dns_subdomain, model_is_uid};
 use libfuzzer_sys::fuzz_target;
 

@@ -4,7 +4,7 @@
 //! are also a byte count for the formatting and rounding properties.
 #![no_main]
 
-use hostpath_provisioner::capacity::{format_binary_si, parse_bytes, round_down_pretty};
+use hostpath_provisioner::deciding::capacity::{format_binary_si, parse_bytes, round_down_pretty};
 use libfuzzer_sys::fuzz_target;
 
 fn check_count(x: u64) {

@@ -4,8 +4,8 @@
 #![no_main]
 
 use hostpath_provisioner::keys;
-use hostpath_provisioner::layout;
-use hostpath_provisioner::volume_decision::{self, DeleteRefusal, VolumeDecision};
+use hostpath_provisioner::deciding::layout;
+use hostpath_provisioner::deciding::volume::{self as volume_decision, DeleteRefusal, VolumeDecision};
 use hostpath_provisioner_fuzz::{
     HOSTNAME, PROVISIONER, VolumeInput, check_accepted, me, model_accept, model_owned_here, two_pools,
 };

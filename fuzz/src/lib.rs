@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
-use hostpath_provisioner::claim_decision::{DecisionConfig, Identity, ProvisionOnNodePolicy};
+use hostpath_provisioner::deciding::claim::{DecisionConfig, Identity, ProvisionOnNodePolicy};
 use hostpath_provisioner::keys;
-use hostpath_provisioner::layout::{self, AcceptedPath, PoolPath};
-use hostpath_provisioner::pool::VolumeDirName;
+use hostpath_provisioner::deciding::layout::{self, AcceptedPath, PoolPath};
+use hostpath_provisioner::filesystem::VolumeDirName;
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus,

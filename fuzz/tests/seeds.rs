@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use arbitrary::{Arbitrary, Unstructured};
-use hostpath_provisioner::claim_decision::{self, Decision, Interest};
-use hostpath_provisioner::volume_decision::{self, DeleteRefusal, VolumeDecision};
+use hostpath_provisioner::deciding::claim::{self as claim_decision, Decision, Interest};
+use hostpath_provisioner::deciding::volume::{self as volume_decision, DeleteRefusal, VolumeDecision};
 use hostpath_provisioner_fuzz::{ClaimInput, HOSTNAME, VolumeInput, me, two_pools};
 
 /// Decodes like libfuzzer-sys's `fuzz_target!` does.

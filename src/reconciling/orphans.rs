@@ -9,9 +9,9 @@ use std::collections::HashSet;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::Api;
 
-use crate::context::Context;
-use crate::layout;
-use crate::pool::VolumeDirName;
+use crate::deciding::layout;
+use crate::filesystem::VolumeDirName;
+use crate::reconciling::context::Context;
 
 /// The claim UID in a directory name of any known layout (`...pvc-<uid>`).
 pub fn uid_of_dir(name: &str) -> Option<&str> {

@@ -12,13 +12,13 @@ use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
-use crate::claim_decision::{DecisionConfig, Identity};
 use crate::config::Config;
-use crate::health::Health;
+use crate::deciding::claim::{DecisionConfig, Identity};
+use crate::deciding::volume_spec::NodeFacts;
+use crate::filesystem::pools::Pools;
 use crate::keys;
-use crate::metrics::Metrics;
-use crate::pools::Pools;
-use crate::volume_spec::NodeFacts;
+use crate::serving::health::Health;
+use crate::serving::metrics::Metrics;
 
 /// Shortest and longest retry delay (DESIGN.md section 2: about 1 s to 5 min, forever).
 pub const MIN_RETRY: Duration = Duration::from_secs(1);

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use crate::layout::PoolPath;
-use crate::pool::{PoolError, PoolRoot};
+use crate::deciding::layout::PoolPath;
+use crate::filesystem::{PoolError, PoolRoot};
 
 struct Slot {
     path: PathBuf,
@@ -93,7 +93,7 @@ mod tests {
         std::fs::create_dir(&root).unwrap();
         let second = pools.usable("legacy").unwrap().unwrap();
         assert!(!Arc::ptr_eq(&first, &second), "re-opened");
-        second.create_volume_dir(&crate::pool::VolumeDirName::new("pvc-x").unwrap(), 0o777).unwrap();
+        second.create_volume_dir(&crate::filesystem::VolumeDirName::new("pvc-x").unwrap(), 0o777).unwrap();
         assert!(root.join("pvc-x").is_dir(), "operations go to the new directory");
     }
 

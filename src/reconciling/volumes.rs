@@ -9,11 +9,11 @@ use kube::Resource;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
 
-use crate::context::{Context, MAX_RETRY};
+use crate::deciding::volume::{VolumeDecision, decide_volume};
 use crate::error::{Retry, VolumeError, reason};
-use crate::metrics::Metrics;
-use crate::pool::{Trashed, VolumeDirName};
-use crate::volume_decision::{VolumeDecision, decide_volume};
+use crate::filesystem::{Trashed, VolumeDirName};
+use crate::reconciling::context::{Context, MAX_RETRY};
+use crate::serving::metrics::Metrics;
 
 /// Reconciles one PV.
 pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, VolumeError> {

@@ -9,9 +9,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::claim_decision::{Identity, ProvisionPlan};
+use crate::deciding::claim::{Identity, ProvisionPlan};
+use crate::deciding::layout;
 use crate::keys;
-use crate::layout;
 
 /// The node a volume is placed on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,7 +86,7 @@ pub fn build_pv(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::claim_decision::{BindingMode, Decision, decide_claim};
+    use crate::deciding::claim::{BindingMode, Decision, decide_claim};
     use crate::test_fixtures::*;
 
     fn plan_for(claim: &PersistentVolumeClaim) -> ProvisionPlan {

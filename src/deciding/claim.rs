@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::capacity::parse_bytes;
+use crate::deciding::capacity::parse_bytes;
+use crate::deciding::layout;
 use crate::keys;
-use crate::layout;
 
 /// Who we are: the provisioner name and this pod's node.
 #[derive(Clone, Debug, PartialEq, Eq)]

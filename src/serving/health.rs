@@ -13,7 +13,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use crate::metrics::Metrics;
+use crate::serving::metrics::Metrics;
 
 /// Readiness state: ready once every watch delivered its first list, and while the API answers.
 #[derive(Default)]

@@ -1163,6 +1163,7 @@ impl<'a> Walker<'a> {
     }
 }
 
+pub mod pools;
 mod trash;
 
 pub use trash::{TRASH_DIR, Trashed};

@@ -2,9 +2,9 @@
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 
-use crate::claim_decision::Identity;
+use crate::deciding::claim::Identity;
+use crate::deciding::layout::{self, AcceptedPath, PathRefusal, PoolPath};
 use crate::keys;
-use crate::layout::{self, AcceptedPath, PathRefusal, PoolPath};
 
 /// Why a PV is left alone silently.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,13 +12,15 @@ use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 
-use crate::claim_decision::{Identity, Interest, claim_interest};
 use crate::config::Config;
-use crate::context::Context;
-use crate::health::{self, Health, Watch};
-use crate::metrics::{Metrics, PoolLabel, WatchLabel};
-use crate::pools::{OpenError, Pools};
-use crate::{claims, keys, layout, orphans, volumes};
+use crate::deciding::claim::{Identity, Interest, claim_interest};
+use crate::deciding::layout;
+use crate::filesystem::pools::{OpenError, Pools};
+use crate::keys;
+use crate::reconciling::context::Context;
+use crate::reconciling::{claims, orphans, volumes};
+use crate::serving::health::{self, Health, Watch};
+use crate::serving::metrics::{Metrics, PoolLabel, WatchLabel};
 
 /// Why the provisioner could not start.
 #[derive(Debug, thiserror::Error)]

@@ -12,15 +12,15 @@ use kube::api::{Api, PartialObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::capacity::{format_binary_si, round_down_pretty};
-use crate::claim_decision::{self, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
 use crate::config::PvCapacity;
-use crate::context::{Context, MAX_RETRY};
+use crate::deciding::capacity::{format_binary_si, round_down_pretty};
+use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
+use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, Retry, reason};
+use crate::filesystem::{Created, VolumeDirName};
 use crate::keys;
-use crate::metrics::Metrics;
-use crate::pool::{Created, VolumeDirName};
-use crate::volume_spec::build_pv;
+use crate::reconciling::context::{Context, MAX_RETRY};
+use crate::serving::metrics::Metrics;
 
 /// How long to wait before looking again at a claim whose class does not exist yet.
 const CLASS_RECHECK: Duration = Duration::from_secs(30);

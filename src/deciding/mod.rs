@@ -1,0 +1,8 @@
+//! Pure decisions: functions from plain data (claim metadata, classes, PVs, configuration, the
+//! live nodes) to a decision value. Nothing here calls the API or touches the disk.
+
+pub mod capacity;
+pub mod claim;
+pub mod layout;
+pub mod volume;
+pub mod volume_spec;

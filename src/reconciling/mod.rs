@@ -1,0 +1,8 @@
+//! The reconcilers (fetch, decide, act) and the wiring that feeds them: watches, stores, the
+//! shared context, background tasks.
+
+pub mod claims;
+pub mod context;
+pub mod controller;
+pub mod orphans;
+pub mod volumes;
