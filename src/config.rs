@@ -42,9 +42,22 @@ pub struct Args {
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
 
-    /// Root directory of the default pool, mounted at the same path as on the host.
+    /// Root directory of the pool named "legacy", the default one; mounted at the same path as on the host.
     #[arg(long, env = "PV_DIR")]
     pub pv_dir: Option<PathBuf>,
+
+    /// More pools: NAME=PATH, or NAME=PATH,shared for a network filesystem mounted at the same path on every node. Repeatable; STORAGE_POOLS takes a comma-separated list (a=/x,b=/y,shared).
+    #[arg(long = "pool", env = "STORAGE_POOLS", value_name = "NAME=PATH[,shared]")]
+    pub pools: Vec<String>,
+
+    /// Namespace of this node's liveness Lease (default: the pod's own, from its service account).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Seconds a node's liveness Lease lasts; it is renewed every third of that. Other nodes take
+    /// over shared and every-node work of a node whose lease expired.
+    #[arg(long, env = "NODE_LEASE_SECONDS", default_value_t = 120)]
+    pub node_lease_seconds: u32,
 
     /// Name directories <claim>-pvc-<uid> instead of pvc-<uid> ("true", case-insensitive, enables it).
     #[arg(long, env = "USE_NAMING_PREFIX", default_value = "false", value_parser = parse_go_bool, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -123,8 +136,14 @@ pub enum ConfigError {
 pub struct Config {
     /// Node object name.
     pub node_name: String,
-    /// Pools; the first is the default.
+    /// Every configured pool.
     pub pools: Vec<PoolPath>,
+    /// The pool a class without `storagePool` gets: `legacy` when configured, else the only pool.
+    pub default_pool: Option<String>,
+    /// Namespace of the liveness Leases.
+    pub namespace: String,
+    /// Lifetime of this node's liveness Lease.
+    pub node_lease: std::time::Duration,
     /// `<claim>-pvc-<uid>` naming.
     pub use_naming_prefix: bool,
     /// Provisioner name.
@@ -159,18 +178,41 @@ impl Args {
         if !layout::is_dns_subdomain(&node_name) {
             return Err(invalid("NODE_NAME", &node_name, "a Node object name (DNS-1123 subdomain)"));
         }
-        let pv_dir =
-            self.pv_dir.filter(|p| !p.as_os_str().is_empty()).ok_or(ConfigError::Missing("PV_DIR", "pv-dir"))?;
-        let root =
-            pv_dir.to_str().and_then(|p| layout::normalise(p).ok()).filter(|p| p.parent().is_some()).ok_or_else(
-                || {
-                    invalid(
-                        "PV_DIR",
-                        &pv_dir.display().to_string(),
-                        "an absolute directory path other than /, without '..'",
-                    )
-                },
-            )?;
+        let mut pools = Vec::new();
+        if let Some(pv_dir) = self.pv_dir.filter(|p| !p.as_os_str().is_empty()) {
+            let root = pv_dir.to_str().and_then(pool_root).ok_or_else(|| {
+                invalid(
+                    "PV_DIR",
+                    &pv_dir.display().to_string(),
+                    "an absolute directory path other than /, without '..' or ','",
+                )
+            })?;
+            pools.push(PoolPath::local(LEGACY_POOL, root));
+        }
+        for spec in &self.pools {
+            pools.extend(parse_pool_specs(spec)?);
+        }
+        check_pools(&pools)?;
+        if pools.is_empty() {
+            return Err(ConfigError::Missing("PV_DIR", "pv-dir"));
+        }
+        let default_pool = match pools.iter().find(|p| p.name == LEGACY_POOL) {
+            Some(legacy) => Some(legacy.name.clone()),
+            None if pools.len() == 1 => Some(pools[0].name.clone()),
+            None => None,
+        };
+        let namespace = match self.namespace.map(|n| n.trim().to_owned()).filter(|n| !n.is_empty()) {
+            Some(ns) if layout::is_dns_label(&ns) => ns,
+            Some(ns) => return Err(invalid("POD_NAMESPACE", &ns, "a namespace name (DNS-1123 label)")),
+            None => own_namespace(),
+        };
+        if self.node_lease_seconds < 3 {
+            return Err(invalid(
+                "NODE_LEASE_SECONDS",
+                &self.node_lease_seconds.to_string(),
+                "a number of seconds, at least 3",
+            ));
+        }
         let dir_mode = u32::from_str_radix(self.dir_mode.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o7777)
@@ -202,7 +244,10 @@ impl Args {
         }
         Ok(Config {
             node_name,
-            pools: vec![PoolPath { name: LEGACY_POOL.into(), root }],
+            pools,
+            default_pool,
+            namespace,
+            node_lease: std::time::Duration::from_secs(self.node_lease_seconds.into()),
             use_naming_prefix: self.use_naming_prefix,
             provisioner_name: self.provisioner_name,
             kubeconfig: self.kubeconfig.filter(|p| !p.as_os_str().is_empty()),
@@ -217,6 +262,73 @@ impl Args {
             log_format: self.log_format,
         })
     }
+}
+
+/// Where the service account's namespace is mounted in a pod.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// The pod's namespace from its service account, or `default` outside a pod.
+fn own_namespace() -> String {
+    std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| layout::is_dns_label(s))
+        .unwrap_or_else(|| "default".to_owned())
+}
+
+/// A pool root: absolute, normalised, not `/`, and free of ',' (the separator of pool lists and
+/// of the pools a node advertises in its lease).
+fn pool_root(path: &str) -> Option<PathBuf> {
+    layout::normalise(path).ok().filter(|p| p.parent().is_some() && !path.contains(','))
+}
+
+/// Parses one `--pool` value or the whole `STORAGE_POOLS`: comma-separated entries, where an
+/// entry with `=` starts a pool (`NAME=PATH`) and one without is an option of the pool before it
+/// (only `shared`). So `--pool nfs=/mnt/nfs,shared` and `STORAGE_POOLS=ssd=/mnt/ssd,nfs=/mnt/nfs,shared`
+/// read the same way.
+pub fn parse_pool_specs(value: &str) -> Result<Vec<PoolPath>, ConfigError> {
+    const ACCEPTED: &str = "NAME=PATH[,shared] entries separated by commas, NAME a DNS-1123 label, PATH an absolute directory other than /";
+    let mut pools: Vec<PoolPath> = Vec::new();
+    for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        match token.split_once('=') {
+            Some((name, path)) => {
+                let name = name.trim();
+                if !layout::is_dns_label(name) {
+                    return Err(invalid("STORAGE_POOLS", value, ACCEPTED));
+                }
+                let root = pool_root(path.trim()).ok_or_else(|| invalid("STORAGE_POOLS", value, ACCEPTED))?;
+                pools.push(PoolPath::local(name, root));
+            }
+            None => match (token, pools.last_mut()) {
+                ("shared", Some(pool)) => pool.shared = true,
+                _ => return Err(invalid("STORAGE_POOLS", value, ACCEPTED)),
+            },
+        }
+    }
+    if pools.is_empty() {
+        return Err(invalid("STORAGE_POOLS", value, ACCEPTED));
+    }
+    Ok(pools)
+}
+
+/// Pool names and roots are unique, and no root lies inside another (a volume of one pool would
+/// otherwise be a directory of the other, and its trash the other's entry).
+fn check_pools(pools: &[PoolPath]) -> Result<(), ConfigError> {
+    for (i, a) in pools.iter().enumerate() {
+        for b in &pools[i + 1..] {
+            if a.name == b.name {
+                return Err(invalid("STORAGE_POOLS", &a.name, "each pool name once (PV_DIR is the pool named legacy)"));
+            }
+            if a.root.starts_with(&b.root) || b.root.starts_with(&a.root) {
+                return Err(invalid(
+                    "STORAGE_POOLS",
+                    &format!("{} and {}", a.root.display(), b.root.display()),
+                    "pool roots that are distinct and not inside one another",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn invalid(setting: &'static str, value: &str, accepted: &str) -> ConfigError {
@@ -245,11 +357,17 @@ mod tests {
         Args::try_parse_from(argv).expect("clap parse").validate()
     }
 
+    fn parse_on_node(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut all = vec!["--node-name", "n"];
+        all.extend_from_slice(args);
+        parse(&all)
+    }
+
     #[test]
     fn minimal_go_style_settings_work() {
         let c = parse(&["--node-name", "node-a", "--pv-dir", "/var/hpvolumes/"]).unwrap();
         assert_eq!(c.node_name, "node-a");
-        assert_eq!(c.pools, vec![PoolPath { name: "legacy".into(), root: "/var/hpvolumes".into() }]);
+        assert_eq!(c.pools, vec![PoolPath::local("legacy", "/var/hpvolumes")]);
         assert_eq!(c.provisioner_name, "kubevirt.io/hostpath-provisioner");
         assert_eq!(c.dir_mode, 0o777);
         assert_eq!(c.pv_capacity, PvCapacity::Request);
@@ -272,6 +390,7 @@ mod tests {
         assert!(e.contains("NODE_NAME"), "{e}");
         let e = parse(&["--node-name", "n"]).unwrap_err().to_string();
         assert!(e.contains("PV_DIR"), "{e}");
+        assert!(parse(&["--node-name", "n", "--pool", "ssd=/mnt/ssd"]).is_ok(), "pools stand in for PV_DIR");
     }
 
     #[test]
@@ -290,6 +409,66 @@ mod tests {
             let e = parse(&all).unwrap_err().to_string();
             assert!(e.starts_with(setting), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn pools_come_from_flags_env_style_lists_and_pv_dir() {
+        let c = parse_on_node(&[
+            "--pv-dir",
+            "/var/hpvolumes",
+            "--pool",
+            "ssd=/mnt/ssd",
+            "--pool",
+            "nfs=/mnt/nfs/,shared",
+            "--pool",
+            "hdd=/mnt/hdd,scratch=/mnt/scratch",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.pools,
+            vec![
+                PoolPath::local("legacy", "/var/hpvolumes"),
+                PoolPath::local("ssd", "/mnt/ssd"),
+                PoolPath::shared("nfs", "/mnt/nfs"),
+                PoolPath::local("hdd", "/mnt/hdd"),
+                PoolPath::local("scratch", "/mnt/scratch"),
+            ]
+        );
+        assert_eq!(c.default_pool.as_deref(), Some("legacy"));
+        let only = parse_on_node(&["--pool", "ssd=/mnt/ssd"]).unwrap();
+        assert_eq!(only.default_pool.as_deref(), Some("ssd"), "a single pool is the default");
+        let two = parse_on_node(&["--pool", "ssd=/mnt/ssd,hdd=/mnt/hdd"]).unwrap();
+        assert_eq!(two.default_pool, None, "classes must name one of several pools");
+    }
+
+    #[test]
+    fn bad_pools_are_refused_naming_the_setting() {
+        for bad in [
+            "ssd",
+            "=/x",
+            "Bad_Name=/x",
+            "ssd=relative",
+            "ssd=/",
+            "ssd=/a/../b",
+            "shared",
+            "ssd=/x,fast",
+            "ssd=/x,ssd=/y",
+            "a=/x,b=/x/y",
+            "legacy=/other",
+        ] {
+            let e = parse_on_node(&["--pv-dir", "/var/hpvolumes", "--pool", bad]).unwrap_err().to_string();
+            assert!(e.starts_with("STORAGE_POOLS"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn lease_settings_are_checked() {
+        let c = parse_on_node(&["--pv-dir", "/p", "--namespace", "hpp", "--node-lease-seconds", "9"]).unwrap();
+        assert_eq!((c.namespace.as_str(), c.node_lease.as_secs()), ("hpp", 9));
+        let e = parse_on_node(&["--pv-dir", "/p", "--node-lease-seconds", "1"]).unwrap_err().to_string();
+        assert!(e.starts_with("NODE_LEASE_SECONDS"), "{e}");
+        let e = parse_on_node(&["--pv-dir", "/p", "--namespace", "Not A Namespace"]).unwrap_err().to_string();
+        assert!(e.starts_with("POD_NAMESPACE"), "{e}");
     }
 
     #[test]

@@ -21,6 +21,23 @@ pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Our label on PVs naming the owning node, so each node can watch only its own volumes.
 pub const NODE_LABEL: &str = "hostpath-provisioner.kubevirt.io/node";
 
+/// Our label on PVs of the `shared` and `everyNode` topologies (they have no owning node, so no
+/// node label, and every node watches them through the watch of PVs without a node label).
+pub const TOPOLOGY_LABEL: &str = "hostpath-provisioner.kubevirt.io/topology";
+/// Prefix of the per-node finalizers of `everyNode` PVs: `<prefix>/<node label value>` says that
+/// node may hold a copy, so the PV outlives every copy.
+pub const COPY_FINALIZER_PREFIX: &str = "copies.hostpath-provisioner.kubevirt.io";
+/// Label on the liveness Leases, with a hash of the provisioner name (several provisioners may
+/// share a namespace).
+pub const LEASE_PROVISIONER_LABEL: &str = "hostpath-provisioner.kubevirt.io/provisioner";
+/// Lease annotation listing the pools a node can use now: `name=root` entries, comma-separated.
+pub const LEASE_POOLS: &str = "hostpath-provisioner.kubevirt.io/pools";
+
+/// The finalizer by which `node` keeps an `everyNode` PV alive while it may hold a copy.
+pub fn copy_finalizer(node: &str) -> String {
+    format!("{COPY_FINALIZER_PREFIX}/{}", crate::deciding::layout::node_label_value(node))
+}
+
 /// Claim annotations the metadata stage of the claim decision reads.
 const CLAIM_KEYS: [&str; 6] = [
     PROVISION_ON_NODE,

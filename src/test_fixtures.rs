@@ -24,7 +24,8 @@ pub fn me() -> Identity {
 pub fn config() -> DecisionConfig {
     DecisionConfig {
         use_naming_prefix: false,
-        pools: vec![PoolPath { name: "legacy".into(), root: "/var/hpvolumes".into() }],
+        pools: vec![PoolPath::local("legacy", "/var/hpvolumes")],
+        default_pool: Some("legacy".into()),
         provision_on_node: ProvisionOnNodePolicy::Allow,
     }
 }

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 const ROOT: &str = "/var/hpvolumes";
 
 fn pools() -> Vec<PoolPath> {
-    vec![PoolPath { name: "legacy".into(), root: PathBuf::from(ROOT) }]
+    vec![PoolPath::local("legacy", PathBuf::from(ROOT))]
 }
 
 /// A DNS-1123 label: 1 to 63 of `[a-z0-9-]`, starting and ending with a letter or digit.

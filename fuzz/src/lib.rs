@@ -42,14 +42,14 @@ pub fn me() -> Identity {
 
 /// The single default pool, as the `accept_delete_path` target uses it.
 pub fn default_pool() -> Vec<PoolPath> {
-    vec![PoolPath { name: "legacy".into(), root: POOL_ROOT.into() }]
+    vec![PoolPath::local("legacy", POOL_ROOT)]
 }
 
 /// Two pools, so that pool selection and multi-root acceptance are exercised.
 pub fn two_pools() -> Vec<PoolPath> {
     vec![
-        PoolPath { name: "legacy".into(), root: POOL_ROOT.into() },
-        PoolPath { name: "fast".into(), root: FAST_ROOT.into() },
+        PoolPath::local("legacy", POOL_ROOT),
+        PoolPath::local("fast", FAST_ROOT),
     ]
 }
 

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::deciding::capacity::parse_bytes;
 use crate::deciding::layout;
+use crate::deciding::topology::{self, Acting, LiveNode, Topology};
 use crate::keys;
 
 /// Who we are: the provisioner name and this pod's node.
@@ -100,16 +101,19 @@ pub fn claim_class_name(claim: &PersistentVolumeClaim) -> Option<&str> {
 }
 
 /// StorageClass parameters we understand. Anything else is refused so that a typo never
-/// silently provisions something other than what the admin asked for.
-pub const KNOWN_PARAMETERS: &[&str] = &["storagePool"];
+/// silently provisions something other than what the admin asked for. `pvDir` is the torchbox
+/// provisioner's parameter, accepted when it names a configured shared pool's root.
+pub const KNOWN_PARAMETERS: &[&str] = &["storagePool", topology::PARAMETER, "pvDir"];
 
 /// Settings that shape decisions.
 #[derive(Clone, Debug)]
 pub struct DecisionConfig {
     /// `USE_NAMING_PREFIX`.
     pub use_naming_prefix: bool,
-    /// Pools by name; the first is the default.
+    /// This node's pools.
     pub pools: Vec<layout::PoolPath>,
+    /// The pool of a class that names none.
+    pub default_pool: Option<String>,
     /// Who may use `kubevirt.io/provisionOnNode`.
     pub provision_on_node: ProvisionOnNodePolicy,
 }
@@ -135,6 +139,8 @@ pub struct ProvisionPlan {
     pub request_bytes: u64,
     /// How the node was chosen (so the reconciler knows whether it may hand the claim back).
     pub binding_mode: BindingMode,
+    /// The volume's shape.
+    pub topology: Topology,
     /// True when placed by `kubevirt.io/provisionOnNode` (the scheduler cannot pick another node).
     pub pinned_by_annotation: bool,
 }
@@ -156,6 +162,14 @@ pub enum SkipReason {
     OtherNode,
     /// Waiting for the PV controller / scheduler to annotate the claim.
     NotYetSelected,
+    /// A shared or every-node volume that another live node provisions; look again when its
+    /// lease would have expired.
+    ActedOnBy {
+        /// The acting node.
+        node: String,
+        /// When to look again.
+        recheck_after: std::time::Duration,
+    },
 }
 
 /// Why a claim meant for us is refused (a `ProvisioningFailed` event, no retry until it changes).
@@ -174,9 +188,16 @@ pub enum Refusal {
         "claims with a dataSource or dataSourceRef (clone or snapshot restore) are not supported; remove it to get an empty volume"
     )]
     DataSource,
-    /// A mode a node-local directory cannot honour.
-    #[error("access mode {0} is not supported by node-local volumes (supported: ReadWriteOnce, ReadWriteOncePod)")]
-    AccessMode(String),
+    /// A mode the volume's shape cannot honour.
+    #[error("access mode {mode} is not supported by topology {topology} (supported: {supported})")]
+    AccessMode {
+        /// The refused mode.
+        mode: String,
+        /// The class's topology.
+        topology: Topology,
+        /// Modes it supports, for the message.
+        supported: String,
+    },
     /// No access mode at all.
     #[error("the claim has no access modes")]
     NoAccessModes,
@@ -190,13 +211,63 @@ pub enum Refusal {
         /// Known keys, for the message.
         known: String,
     },
+    /// A parameter with a value outside its accepted set.
+    #[error("StorageClass {class} has {key}={value:?}; accepted: {accepted}")]
+    BadParameter {
+        /// Class name.
+        class: String,
+        /// Offending key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        accepted: String,
+    },
+    /// The class names no pool and this node has several, none of them `legacy`.
+    #[error("StorageClass {class} names no storagePool and node {node} has several ({configured}); set storagePool")]
+    NoDefaultPool {
+        /// Class name.
+        class: String,
+        /// This node.
+        node: String,
+        /// Configured pools.
+        configured: String,
+    },
+    /// The topology needs a shared pool and the pool is local, or the other way round.
+    #[error("StorageClass {class} asks for topology {topology} on pool {pool}, which is {kind}; {hint}")]
+    TopologyPoolMismatch {
+        /// Class name.
+        class: String,
+        /// Requested topology.
+        topology: Topology,
+        /// Pool name.
+        pool: String,
+        /// "a shared pool" or "a node-local pool".
+        kind: &'static str,
+        /// What to change.
+        hint: &'static str,
+    },
+    /// No live node serves the pool of a shared or every-node class.
+    #[error(
+        "no node with a running provisioner serves pool {pool} at {root}; configure the pool (--pool {pool}={root}) on the nodes that should serve it"
+    )]
+    NoNodeServesPool {
+        /// Pool name.
+        pool: String,
+        /// Its root.
+        root: String,
+    },
     /// `storagePool` names a pool this node does not have.
-    #[error("StorageClass {class} asks for storage pool {pool:?}, which is not configured (configured: {configured})")]
+    #[error(
+        "StorageClass {class} asks for storage pool {pool:?}, which node {node} does not have (configured: {configured})"
+    )]
     UnknownPool {
         /// Class name.
         class: String,
         /// Requested pool.
         pool: String,
+        /// This node.
+        node: String,
         /// Configured pools.
         configured: String,
     },
@@ -229,16 +300,86 @@ pub enum Decision {
     ExplainImmediate,
     /// Ours, but unsupported.
     Refuse(Refusal),
+    /// Placed here by the scheduler, but this node cannot serve it (say, it lacks the pool):
+    /// give the claim back to the scheduler with the reason.
+    HandBack(Refusal),
     /// Ours: provision it.
     Provision(Box<ProvisionPlan>),
 }
 
+/// What a class asks for, once its parameters are read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassRequest {
+    /// The shape.
+    pub topology: Topology,
+    /// The pool name (`storagePool`, the pool whose root `pvDir` names, or the default).
+    pub pool: Option<String>,
+}
+
+/// Reads a class's parameters: unknown keys and values are refusals. Needs no pool of this node
+/// except to resolve `pvDir` and the default pool, so every node reads a class the same way.
+pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionConfig) -> Result<ClassRequest, Refusal> {
+    let empty = BTreeMap::new();
+    let params = class.parameters.as_ref().unwrap_or(&empty);
+    if let Some(key) = params.keys().find(|k| !KNOWN_PARAMETERS.contains(&k.as_str())) {
+        return Err(Refusal::UnknownParameter {
+            class: class_name.to_owned(),
+            key: key.clone(),
+            known: KNOWN_PARAMETERS.join(", "),
+        });
+    }
+    let bad = |key: &str, value: &str, accepted: String| Refusal::BadParameter {
+        class: class_name.to_owned(),
+        key: key.to_owned(),
+        value: value.to_owned(),
+        accepted,
+    };
+    let mut topology = match params.get(topology::PARAMETER) {
+        None => None,
+        Some(value) => Some(
+            Topology::parse(value)
+                .ok_or_else(|| bad(topology::PARAMETER, value, Topology::ALL.map(Topology::as_str).join(", ")))?,
+        ),
+    };
+    let mut pool = params.get("storagePool").cloned();
+    if let Some(pv_dir) = params.get("pvDir") {
+        // The torchbox provisioner's class: its directory must be one of our shared pools.
+        let shared = config
+            .pools
+            .iter()
+            .find(|p| p.shared && layout::normalise(pv_dir).is_ok_and(|dir| dir == p.root))
+            .ok_or_else(|| {
+                let roots: Vec<String> =
+                    config.pools.iter().filter(|p| p.shared).map(|p| p.root.display().to_string()).collect();
+                bad("pvDir", pv_dir, format!("the root of a configured shared pool ({})", roots.join(", ")))
+            })?;
+        if pool.as_ref().is_some_and(|p| *p != shared.name) {
+            return Err(bad("pvDir", pv_dir, "the root of the pool storagePool names, or no storagePool".to_owned()));
+        }
+        pool = Some(shared.name.clone());
+        topology = Some(topology.unwrap_or(Topology::Shared));
+    }
+    Ok(ClassRequest {
+        topology: topology.unwrap_or(Topology::Node),
+        pool: pool.or_else(|| config.default_pool.clone()),
+    })
+}
+
+/// The class's topology when its parameters parse (the reconciler asks for the live nodes only
+/// when a class needs them).
+pub fn class_topology(class: &StorageClass, config: &DecisionConfig) -> Option<Topology> {
+    class_request(class, "", config).ok().map(|r| r.topology)
+}
+
 /// Stage 2: decides from the full claim and its class (None when the class does not exist).
+/// `live` are the nodes whose provisioner is alive, this one included when it serves a pool;
+/// only shared and every-node classes under Immediate binding read it.
 pub fn decide_claim(
     claim: &PersistentVolumeClaim,
     class: Option<&StorageClass>,
     me: &Identity,
     config: &DecisionConfig,
+    live: &[LiveNode],
 ) -> Decision {
     let meta = &claim.metadata;
     let spec = claim.spec.clone().unwrap_or_default();
@@ -263,6 +404,8 @@ pub fn decide_claim(
         Some("WaitForFirstConsumer") => BindingMode::WaitForFirstConsumer,
         _ => BindingMode::Immediate,
     };
+    let request = class_request(class, class_name, config);
+    let uid = meta.uid.as_deref().unwrap_or_default();
 
     let pinned_by_annotation = match annotation(meta, keys::PROVISION_ON_NODE) {
         Some(node) if node == me.node => true,
@@ -274,7 +417,36 @@ pub fn decide_claim(
             return Decision::Skip(SkipReason::NotYetSelected);
         }
         match binding_mode {
-            BindingMode::Immediate => return Decision::ExplainImmediate,
+            BindingMode::Immediate => match &request {
+                Ok(ClassRequest { topology: Topology::Node, .. }) => return Decision::ExplainImmediate,
+                // No node is named: the live nodes serving the pool agree on one (see topology).
+                Ok(ClassRequest { pool: Some(pool), .. }) => {
+                    let Some(key) = pool_key_anywhere(pool, config, live) else {
+                        return speak_for_cluster(uid, me, live, || Refusal::NoNodeServesPool {
+                            pool: pool.clone(),
+                            root: String::from("(no live node has it)"),
+                        });
+                    };
+                    match topology::acting_node(uid, &key, &me.node, live) {
+                        Acting::Me => {}
+                        Acting::Other { node, recheck_after } => {
+                            return Decision::Skip(SkipReason::ActedOnBy { node, recheck_after });
+                        }
+                        Acting::Nobody => {
+                            return speak_for_cluster(uid, me, live, || Refusal::NoNodeServesPool {
+                                pool: key.name.clone(),
+                                root: key.root.clone(),
+                            });
+                        }
+                    }
+                }
+                // A class without a resolvable pool or with bad parameters: one node explains.
+                Ok(ClassRequest { pool: None, .. }) | Err(_) => {
+                    if topology::spokesman(uid, &me.node, live) != Acting::Me && !live.is_empty() {
+                        return Decision::Skip(SkipReason::OtherNode);
+                    }
+                }
+            },
             BindingMode::WaitForFirstConsumer => match annotation(meta, keys::SELECTED_NODE) {
                 Some(node) if node == me.node => {}
                 Some(_) => return Decision::Skip(SkipReason::OtherNode),
@@ -287,20 +459,52 @@ pub fn decide_claim(
     if pinned_by_annotation && !config.provision_on_node.allows(&namespace) {
         return Decision::Refuse(Refusal::ProvisionOnNodeNotAllowed(namespace));
     }
-    match plan(claim, &spec, class, class_name, me, config, binding_mode, pinned_by_annotation) {
+    let request = match request {
+        Ok(request) => request,
+        Err(refusal) => return Decision::Refuse(refusal),
+    };
+    let placed_by_scheduler = binding_mode == BindingMode::WaitForFirstConsumer && !pinned_by_annotation;
+    let pool = match choose_pool(&request, class_name, me, config) {
+        Ok(pool) => pool,
+        // The scheduler does not know our pools: let it try another node.
+        Err(refusal @ Refusal::UnknownPool { .. }) if placed_by_scheduler => return Decision::HandBack(refusal),
+        Err(refusal) => return Decision::Refuse(refusal),
+    };
+    match plan(claim, &spec, class_name, me, config, &request, pool, class, binding_mode, pinned_by_annotation) {
         Ok(plan) => Decision::Provision(Box::new(plan)),
         Err(refusal) => Decision::Refuse(refusal),
     }
+}
+
+/// One node speaks for the cluster about a claim nobody can serve; the others stay silent.
+fn speak_for_cluster(uid: &str, me: &Identity, live: &[LiveNode], refusal: impl FnOnce() -> Refusal) -> Decision {
+    match topology::spokesman(uid, &me.node, live) {
+        Acting::Me | Acting::Nobody => Decision::Refuse(refusal()),
+        Acting::Other { .. } => Decision::Skip(SkipReason::OtherNode),
+    }
+}
+
+/// The pool `name` as the cluster serves it: this node's when it has one of that name, else the
+/// one some live node advertises (for choosing the actor, never for a path).
+fn pool_key_anywhere(name: &str, config: &DecisionConfig, live: &[LiveNode]) -> Option<topology::PoolKey> {
+    if let Some(pool) = config.pools.iter().find(|p| p.name == name) {
+        return Some(pool.key());
+    }
+    let mut keys: Vec<_> = live.iter().flat_map(|n| n.pools.iter()).filter(|k| k.name == name).collect();
+    keys.sort();
+    keys.first().map(|k| (*k).clone())
 }
 
 #[allow(clippy::too_many_arguments)]
 fn plan(
     claim: &PersistentVolumeClaim,
     spec: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec,
-    class: &StorageClass,
     class_name: &str,
     me: &Identity,
     config: &DecisionConfig,
+    request: &ClassRequest,
+    pool: layout::PoolPath,
+    class: &StorageClass,
     binding_mode: BindingMode,
     pinned_by_annotation: bool,
 ) -> Result<ProvisionPlan, Refusal> {
@@ -317,21 +521,25 @@ fn plan(
     if access_modes.is_empty() {
         return Err(Refusal::NoAccessModes);
     }
-    if let Some(mode) = access_modes.iter().find(|m| !matches!(m.as_str(), "ReadWriteOnce" | "ReadWriteOncePod")) {
-        return Err(Refusal::AccessMode(mode.clone()));
+    let supported = request.topology.access_modes();
+    if let Some(mode) = access_modes.iter().find(|m| !supported.contains(&m.as_str())) {
+        return Err(Refusal::AccessMode {
+            mode: mode.clone(),
+            topology: request.topology,
+            supported: supported.join(", "),
+        });
     }
     if class.mount_options.as_ref().is_some_and(|o| !o.is_empty()) {
         return Err(Refusal::MountOptions(class_name.to_owned()));
     }
-    let pool = choose_pool(class, class_name, config)?;
-    let request = spec
+    let storage = spec
         .resources
         .as_ref()
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"))
         .map(|q| q.0.clone())
         .ok_or_else(|| Refusal::BadRequest("no resources.requests.storage".into()))?;
-    let request_bytes = parse_bytes(&request).map_err(|e| Refusal::BadRequest(e.to_string()))?;
+    let request_bytes = parse_bytes(&storage).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let dir_name = layout::dir_name(name, uid, config.use_naming_prefix)?;
@@ -342,36 +550,50 @@ fn plan(
         class_name: class_name.to_owned(),
         reclaim_policy: class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
         access_modes,
-        request,
+        request: storage,
         request_bytes,
         binding_mode,
+        topology: request.topology,
         pinned_by_annotation,
     })
 }
 
-fn choose_pool(class: &StorageClass, class_name: &str, config: &DecisionConfig) -> Result<layout::PoolPath, Refusal> {
-    let empty = BTreeMap::new();
-    let params = class.parameters.as_ref().unwrap_or(&empty);
-    if let Some(key) = params.keys().find(|k| !KNOWN_PARAMETERS.contains(&k.as_str())) {
-        return Err(Refusal::UnknownParameter {
+/// This node's pool for the request, checked against the topology.
+fn choose_pool(
+    request: &ClassRequest,
+    class_name: &str,
+    me: &Identity,
+    config: &DecisionConfig,
+) -> Result<layout::PoolPath, Refusal> {
+    let configured = || config.pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ");
+    let Some(wanted) = &request.pool else {
+        return Err(Refusal::NoDefaultPool {
             class: class_name.to_owned(),
-            key: key.clone(),
-            known: KNOWN_PARAMETERS.join(", "),
+            node: me.node.clone(),
+            configured: configured(),
+        });
+    };
+    let pool = config.pools.iter().find(|p| &p.name == wanted).cloned().ok_or_else(|| Refusal::UnknownPool {
+        class: class_name.to_owned(),
+        pool: wanted.clone(),
+        node: me.node.clone(),
+        configured: configured(),
+    })?;
+    if pool.shared != request.topology.needs_shared_pool() {
+        let (kind, hint) = if pool.shared {
+            ("a shared pool", "use topology: shared, or a node-local pool")
+        } else {
+            ("a node-local pool", "topology shared needs a pool declared with --pool NAME=PATH,shared")
+        };
+        return Err(Refusal::TopologyPoolMismatch {
+            class: class_name.to_owned(),
+            topology: request.topology,
+            pool: pool.name.clone(),
+            kind,
+            hint,
         });
     }
-    let configured = || config.pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ");
-    match params.get("storagePool") {
-        None => config.pools.first().cloned().ok_or_else(|| Refusal::UnknownPool {
-            class: class_name.to_owned(),
-            pool: String::new(),
-            configured: configured(),
-        }),
-        Some(wanted) => config.pools.iter().find(|p| &p.name == wanted).cloned().ok_or_else(|| Refusal::UnknownPool {
-            class: class_name.to_owned(),
-            pool: wanted.clone(),
-            configured: configured(),
-        }),
-    }
+    Ok(pool)
 }
 
 #[cfg(test)]

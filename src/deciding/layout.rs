@@ -10,13 +10,33 @@ pub const MAX_DIR_NAME_BYTES: usize = 255;
 /// Longest label value Kubernetes accepts.
 const MAX_LABEL_VALUE_BYTES: usize = 63;
 
-/// A configured pool: a name and an absolute root directory.
+/// A configured pool: a name, an absolute root directory, and whether it is a network
+/// filesystem mounted at the same path on every node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolPath {
     /// Pool name (`legacy` for `PV_DIR`, as in the kubevirt CSI driver).
     pub name: String,
     /// Absolute, lexically normalised root directory.
     pub root: PathBuf,
+    /// Declared shared (`--pool NAME=PATH,shared`): serves only the `shared` topology.
+    pub shared: bool,
+}
+
+impl PoolPath {
+    /// A node-local pool.
+    pub fn local(name: &str, root: impl Into<PathBuf>) -> PoolPath {
+        PoolPath { name: name.to_owned(), root: root.into(), shared: false }
+    }
+
+    /// A pool on a network filesystem mounted at the same path on every node.
+    pub fn shared(name: &str, root: impl Into<PathBuf>) -> PoolPath {
+        PoolPath { name: name.to_owned(), root: root.into(), shared: true }
+    }
+
+    /// How the pool is advertised to, and matched against, other nodes.
+    pub fn key(&self) -> crate::deciding::topology::PoolKey {
+        crate::deciding::topology::PoolKey::new(&self.name, &self.root.to_string_lossy())
+    }
 }
 
 /// `pvc-<uid>`: the PV name both builds derive from the claim UID.
@@ -50,6 +70,11 @@ pub fn is_dns_subdomain(s: &str) -> bool {
                 && label.as_bytes()[0] != b'-'
                 && label.as_bytes()[label.len() - 1] != b'-'
         })
+}
+
+/// A DNS-1123 label (what namespaces and pool names are).
+pub fn is_dns_label(s: &str) -> bool {
+    is_dns_subdomain(s) && s.len() <= 63 && !s.contains('.')
 }
 
 /// Why a directory name could not be derived.
@@ -220,7 +245,7 @@ mod tests {
     const OTHER_UID: &str = "11111111-2222-4333-8444-555555555555";
 
     fn pools() -> Vec<PoolPath> {
-        vec![PoolPath { name: "legacy".into(), root: PathBuf::from("/var/hpvolumes") }]
+        vec![PoolPath::local("legacy", PathBuf::from("/var/hpvolumes"))]
     }
 
     #[test]

@@ -4,5 +4,6 @@
 pub mod capacity;
 pub mod claim;
 pub mod layout;
+pub mod topology;
 pub mod volume;
 pub mod volume_spec;

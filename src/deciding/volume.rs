@@ -2,8 +2,11 @@
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 
+use std::time::Duration;
+
 use crate::deciding::claim::Identity;
 use crate::deciding::layout::{self, AcceptedPath, PathRefusal, PoolPath};
+use crate::deciding::topology::{self, Acting, LiveNode, Topology};
 use crate::keys;
 
 /// Why a PV is left alone silently.
@@ -19,6 +22,16 @@ pub enum Ignore {
     NotOurs,
     /// Owned by another node, or owner unknown (other nodes stay silent: no event, no retry).
     OtherNode,
+    /// A shared or every-node volume another live node acts on; look again when its lease
+    /// would have expired.
+    ActedOnBy {
+        /// The acting node.
+        node: String,
+        /// When to look again.
+        recheck_after: Duration,
+    },
+    /// An every-node volume whose directory is not under any pool of this node.
+    NotMyPool,
 }
 
 /// What to do with a PV.
@@ -30,6 +43,62 @@ pub enum VolumeDecision {
     Delete(AcceptedPath),
     /// Ours to delete, but the path is unsafe: Warning event, nothing removed.
     Refuse(DeleteRefusal),
+    /// A live every-node volume: make sure this node's copy exists, registering this node's
+    /// finalizer on the PV first (so a copy never exists without the PV knowing of it).
+    EnsureCopy {
+        /// This node's directory.
+        accepted: AcceptedPath,
+        /// The PV lacks this node's finalizer.
+        add_finalizer: bool,
+    },
+    /// An every-node volume on its way out: remove this node's copy, then its finalizer.
+    RemoveCopy {
+        /// This node's directory.
+        accepted: AcceptedPath,
+        /// The PV carries this node's finalizer.
+        remove_finalizer: bool,
+        /// This node speaks for the volume: it reports nodes whose copies hold the PV back.
+        report_waiting: bool,
+    },
+    /// An every-node volume going away under the Retain policy: keep the copy, drop the finalizer.
+    KeepCopy,
+    /// A released every-node volume: this node deletes the PV object; every node's finalizer
+    /// holds it until that node removed its copy.
+    DeleteObject,
+}
+
+/// The shape of a PV as this node reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeShape {
+    /// Pinned to one node (by annotation or node affinity), or owned by nobody we know.
+    Node,
+    /// On a shared pool, no owning node.
+    Shared,
+    /// A copy on every node, no owning node.
+    EveryNode,
+}
+
+/// Reads the shape: a PV with an owning node is node-shaped; one with our topology label says
+/// so; one with neither (the torchbox and kubeboost builds wrote no affinity) is shared when its
+/// directory lies in a shared pool and every-node when in a local one.
+pub fn volume_shape(pv: &PersistentVolume, pools: &[PoolPath]) -> VolumeShape {
+    if owner_node(pv).is_some() {
+        return VolumeShape::Node;
+    }
+    match pv.metadata.labels.as_ref().and_then(|l| l.get(keys::TOPOLOGY_LABEL)).and_then(|t| Topology::parse(t)) {
+        Some(Topology::Shared) => return VolumeShape::Shared,
+        Some(Topology::EveryNode) => return VolumeShape::EveryNode,
+        Some(Topology::Node) | None => {}
+    }
+    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.as_str());
+    let pool = path
+        .and_then(|p| layout::normalise(p).ok())
+        .and_then(|p| p.parent().and_then(|parent| pools.iter().find(|pool| pool.root == parent)).cloned());
+    match pool {
+        Some(pool) if pool.shared => VolumeShape::Shared,
+        Some(_) => VolumeShape::EveryNode,
+        None => VolumeShape::Node,
+    }
 }
 
 /// Why the owning node refuses to delete a PV's data.
@@ -67,33 +136,148 @@ pub fn owner_node(pv: &PersistentVolume) -> Option<&str> {
 }
 
 /// Decides for one PV. `my_hostname` is this node's `kubernetes.io/hostname` label value, which
-/// legacy affinity-only PVs may carry instead of the node name.
-pub fn decide_volume(pv: &PersistentVolume, me: &Identity, my_hostname: &str, pools: &[PoolPath]) -> VolumeDecision {
-    if pv.metadata.deletion_timestamp.is_some() {
-        return VolumeDecision::Ignore(Ignore::BeingDeleted);
+/// legacy affinity-only PVs may carry instead of the node name. `live` (this node included when
+/// it serves a pool) is read only for shared and every-node PVs.
+pub fn decide_volume(
+    pv: &PersistentVolume,
+    me: &Identity,
+    my_hostname: &str,
+    pools: &[PoolPath],
+    live: &[LiveNode],
+) -> VolumeDecision {
+    match volume_shape(pv, pools) {
+        VolumeShape::Node => decide_node_volume(pv, me, my_hostname, pools),
+        VolumeShape::Shared => decide_shared_volume(pv, me, pools, live),
+        VolumeShape::EveryNode => decide_every_node_volume(pv, me, pools, live),
     }
-    if pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Released") {
-        return VolumeDecision::Ignore(Ignore::NotReleased);
-    }
-    let spec = pv.spec.as_ref();
-    if spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) != Some("Delete") {
-        return VolumeDecision::Ignore(Ignore::NotDeletePolicy);
-    }
-    let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY));
-    if provisioned_by != Some(&me.provisioner) {
-        return VolumeDecision::Ignore(Ignore::NotOurs);
+}
+
+fn decide_node_volume(pv: &PersistentVolume, me: &Identity, my_hostname: &str, pools: &[PoolPath]) -> VolumeDecision {
+    if let Some(ignore) = not_to_delete(pv, me) {
+        return VolumeDecision::Ignore(ignore);
     }
     match owner_node(pv) {
         Some(owner) if owner == me.node || (!has_owner_annotation(pv) && owner == my_hostname) => {}
         _ => return VolumeDecision::Ignore(Ignore::OtherNode),
     }
-    let Some(host_path) = spec.and_then(|s| s.host_path.as_ref()) else {
-        return VolumeDecision::Refuse(DeleteRefusal::NoHostPath);
+    match accepted_path(pv, pools) {
+        Ok(accepted) => VolumeDecision::Delete(accepted),
+        Err(refusal) => VolumeDecision::Refuse(refusal),
+    }
+}
+
+/// A shared volume has one directory: the node the ranking picks removes it and the PV.
+fn decide_shared_volume(pv: &PersistentVolume, me: &Identity, pools: &[PoolPath], live: &[LiveNode]) -> VolumeDecision {
+    if let Some(ignore) = not_to_delete(pv, me) {
+        return VolumeDecision::Ignore(ignore);
+    }
+    let key = pv.metadata.name.as_deref().unwrap_or_default();
+    match accepted_path(pv, pools) {
+        Ok(accepted) => {
+            let pool = pools.iter().find(|p| p.name == accepted.pool).map(PoolPath::key);
+            match pool.map(|pool| topology::acting_node(key, &pool, &me.node, live)) {
+                Some(Acting::Other { node, recheck_after }) => {
+                    VolumeDecision::Ignore(Ignore::ActedOnBy { node, recheck_after })
+                }
+                // Nobody else serves it: this node has the pool, so it tries (and reports why
+                // if the pool is unusable right now).
+                _ => VolumeDecision::Delete(accepted),
+            }
+        }
+        Err(refusal) => speak(key, me, live, VolumeDecision::Refuse(refusal)),
+    }
+}
+
+/// An every-node volume has a copy on each node: each node keeps its own in step with the PV.
+fn decide_every_node_volume(
+    pv: &PersistentVolume,
+    me: &Identity,
+    pools: &[PoolPath],
+    live: &[LiveNode],
+) -> VolumeDecision {
+    let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY));
+    if provisioned_by != Some(&me.provisioner) {
+        return VolumeDecision::Ignore(Ignore::NotOurs);
+    }
+    let key = pv.metadata.name.as_deref().unwrap_or_default();
+    let accepted = match accepted_path(pv, pools) {
+        Ok(accepted) => accepted,
+        Err(DeleteRefusal::UnsafePath { refusal: PathRefusal::OutsidePools { .. }, .. }) => {
+            return VolumeDecision::Ignore(Ignore::NotMyPool);
+        }
+        Err(refusal) => return speak(key, me, live, VolumeDecision::Refuse(refusal)),
+    };
+    let Some(pool) = pools.iter().find(|p| p.name == accepted.pool && !p.shared) else {
+        return VolumeDecision::Ignore(Ignore::NotMyPool);
+    };
+    let finalizer = keys::copy_finalizer(&me.node);
+    let has_finalizer = pv.metadata.finalizers.as_ref().is_some_and(|f| f.contains(&finalizer));
+    let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+    let delete_policy = pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) == Some("Delete");
+    let acting = topology::acting_node(key, &pool.key(), &me.node, live);
+    if pv.metadata.deletion_timestamp.is_some() {
+        // A Bound PV deleted by hand stays (pv-protection) until its claim goes: copies are
+        // removed only once no claim uses them.
+        if phase == Some("Bound") {
+            return VolumeDecision::Ignore(Ignore::NotReleased);
+        }
+        if !delete_policy {
+            return if has_finalizer {
+                VolumeDecision::KeepCopy
+            } else {
+                VolumeDecision::Ignore(Ignore::NotDeletePolicy)
+            };
+        }
+        return VolumeDecision::RemoveCopy {
+            accepted,
+            remove_finalizer: has_finalizer,
+            report_waiting: !matches!(acting, Acting::Other { .. }),
+        };
+    }
+    match phase {
+        Some("Released") if delete_policy => match acting {
+            Acting::Other { node, recheck_after } => VolumeDecision::Ignore(Ignore::ActedOnBy { node, recheck_after }),
+            Acting::Me | Acting::Nobody => VolumeDecision::DeleteObject,
+        },
+        // Retained or failed: copies stay as they are, for an admin to deal with.
+        Some("Released" | "Failed") => VolumeDecision::Ignore(Ignore::NotDeletePolicy),
+        _ => VolumeDecision::EnsureCopy { accepted, add_finalizer: !has_finalizer },
+    }
+}
+
+/// The silent reasons not to delete a PV at all.
+fn not_to_delete(pv: &PersistentVolume, me: &Identity) -> Option<Ignore> {
+    if pv.metadata.deletion_timestamp.is_some() {
+        return Some(Ignore::BeingDeleted);
+    }
+    if pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Released") {
+        return Some(Ignore::NotReleased);
+    }
+    if pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) != Some("Delete") {
+        return Some(Ignore::NotDeletePolicy);
+    }
+    let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY));
+    if provisioned_by != Some(&me.provisioner) {
+        return Some(Ignore::NotOurs);
+    }
+    None
+}
+
+/// The PV's directory, if its path passes the rules of deletion.
+fn accepted_path(pv: &PersistentVolume, pools: &[PoolPath]) -> Result<AcceptedPath, DeleteRefusal> {
+    let Some(host_path) = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()) else {
+        return Err(DeleteRefusal::NoHostPath);
     };
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
-    match layout::accept_delete_path(&host_path.path, pv_name, pools) {
-        Ok(accepted) => VolumeDecision::Delete(accepted),
-        Err(refusal) => VolumeDecision::Refuse(DeleteRefusal::UnsafePath { path: host_path.path.clone(), refusal }),
+    layout::accept_delete_path(&host_path.path, pv_name, pools)
+        .map_err(|refusal| DeleteRefusal::UnsafePath { path: host_path.path.clone(), refusal })
+}
+
+/// A refusal about a volume without an owning node is reported by one node only.
+fn speak(key: &str, me: &Identity, live: &[LiveNode], decision: VolumeDecision) -> VolumeDecision {
+    match topology::spokesman(key, &me.node, live) {
+        Acting::Other { .. } => VolumeDecision::Ignore(Ignore::OtherNode),
+        Acting::Me | Acting::Nobody => decision,
     }
 }
 
@@ -151,7 +335,7 @@ mod tests {
     }
 
     fn decide(pv: &PersistentVolume) -> VolumeDecision {
-        decide_volume(pv, &me(), "node-a-host", &config().pools)
+        decide_volume(pv, &me(), "node-a-host", &config().pools, &[])
     }
 
     fn pv_dir() -> String {
@@ -181,10 +365,156 @@ mod tests {
     }
 
     #[test]
-    fn pv_without_any_owner_is_nobodys() {
+    fn pv_without_any_owner_outside_the_pools_is_nobodys() {
         let mut pv = go_pv(&pv_dir(), None, NODE);
         pv.spec.as_mut().unwrap().node_affinity = None;
+        pv.spec.as_mut().unwrap().host_path.as_mut().unwrap().path = format!("/elsewhere/{}", pv_dir());
         assert_eq!(decide(&pv), VolumeDecision::Ignore(Ignore::OtherNode));
+    }
+
+    // ---- shared and every-node volumes ----
+
+    use crate::deciding::topology::{LiveNode, PoolKey};
+
+    fn shape_pools() -> Vec<PoolPath> {
+        vec![PoolPath::local("legacy", "/var/hpvolumes"), PoolPath::shared("nfs", "/mnt/nfs")]
+    }
+
+    /// A PV without an owning node, as the torchbox (shared) or kubeboost (every-node) builds
+    /// wrote them, or with our topology label.
+    fn unpinned_pv(path: &str, topology: Option<&str>, phase: &str) -> PersistentVolume {
+        let mut pv = go_pv(&pv_dir(), None, NODE);
+        pv.spec.as_mut().unwrap().node_affinity = None;
+        pv.spec.as_mut().unwrap().host_path.as_mut().unwrap().path = path.into();
+        pv.status.as_mut().unwrap().phase = Some(phase.into());
+        if let Some(t) = topology {
+            pv.metadata.labels = Some(BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), t.to_owned())]));
+        }
+        pv
+    }
+
+    fn live(nodes: &[&str]) -> Vec<LiveNode> {
+        nodes
+            .iter()
+            .map(|n| LiveNode {
+                node: (*n).into(),
+                pools: vec![PoolKey::new("legacy", "/var/hpvolumes"), PoolKey::new("nfs", "/mnt/nfs")],
+                expires_in: Duration::from_secs(30),
+            })
+            .collect()
+    }
+
+    fn decide_as(node: &str, pv: &PersistentVolume, live: &[LiveNode]) -> VolumeDecision {
+        let me = Identity { node: node.into(), ..me() };
+        decide_volume(pv, &me, node, &shape_pools(), live)
+    }
+
+    #[test]
+    fn shapes_are_read_from_the_owner_the_label_or_the_pool() {
+        let pools = shape_pools();
+        assert_eq!(volume_shape(&go_pv(&pv_dir(), Some(NODE), NODE), &pools), VolumeShape::Node);
+        let torchbox = unpinned_pv(&format!("/mnt/nfs/{}", pv_dir()), None, "Released");
+        assert_eq!(volume_shape(&torchbox, &pools), VolumeShape::Shared);
+        let kubeboost = unpinned_pv(&format!("/var/hpvolumes/default-data-{}", pv_dir()), None, "Bound");
+        assert_eq!(volume_shape(&kubeboost, &pools), VolumeShape::EveryNode);
+        let labelled = unpinned_pv(&format!("/var/hpvolumes/{}", pv_dir()), Some("shared"), "Bound");
+        assert_eq!(volume_shape(&labelled, &pools), VolumeShape::Shared);
+    }
+
+    #[test]
+    fn a_released_shared_volume_is_deleted_by_exactly_one_live_node() {
+        let nodes = live(&["a", "b", "c"]);
+        let pv = unpinned_pv(&format!("/mnt/nfs/{}", pv_dir()), None, "Released");
+        let deleters: Vec<_> =
+            ["a", "b", "c"].iter().filter(|n| matches!(decide_as(n, &pv, &nodes), VolumeDecision::Delete(_))).collect();
+        assert_eq!(deleters.len(), 1, "{deleters:?}");
+        // Its actor gone, another takes over.
+        let rest: Vec<_> = nodes.iter().filter(|n| n.node != *deleters[0]).cloned().collect();
+        let next: Vec<_> =
+            rest.iter().filter(|n| matches!(decide_as(&n.node, &pv, &rest), VolumeDecision::Delete(_))).collect();
+        assert_eq!(next.len(), 1);
+        assert_ne!(next[0].node, *deleters[0]);
+    }
+
+    #[test]
+    fn a_bound_shared_volume_is_left_alone() {
+        let pv = unpinned_pv(&format!("/mnt/nfs/{}", pv_dir()), Some("shared"), "Bound");
+        assert_eq!(decide_as("a", &pv, &live(&["a"])), VolumeDecision::Ignore(Ignore::NotReleased));
+    }
+
+    #[test]
+    fn every_node_keeps_its_copy_while_the_volume_lives() {
+        let path = format!("/var/hpvolumes/{}", pv_dir());
+        let accepted = AcceptedPath { pool: "legacy".into(), dir_name: pv_dir() };
+        let mut pv = unpinned_pv(&path, Some("everyNode"), "Bound");
+        for node in ["a", "b"] {
+            assert_eq!(
+                decide_as(node, &pv, &live(&["a", "b"])),
+                VolumeDecision::EnsureCopy { accepted: accepted.clone(), add_finalizer: true }
+            );
+        }
+        pv.metadata.finalizers = Some(vec![keys::copy_finalizer("a")]);
+        assert_eq!(
+            decide_as("a", &pv, &live(&["a", "b"])),
+            VolumeDecision::EnsureCopy { accepted: accepted.clone(), add_finalizer: false }
+        );
+    }
+
+    #[test]
+    fn a_released_every_node_volume_is_deleted_by_one_node_and_each_removes_its_copy() {
+        let path = format!("/var/hpvolumes/{}", pv_dir());
+        let mut pv = unpinned_pv(&path, Some("everyNode"), "Released");
+        pv.metadata.finalizers = Some(vec![keys::copy_finalizer("a"), keys::copy_finalizer("b")]);
+        let nodes = live(&["a", "b"]);
+        let deleting: Vec<_> =
+            ["a", "b"].iter().filter(|n| decide_as(n, &pv, &nodes) == VolumeDecision::DeleteObject).collect();
+        assert_eq!(deleting.len(), 1);
+        pv.metadata.deletion_timestamp = Some(Time(Default::default()));
+        let mut speakers = 0;
+        for node in ["a", "b", "c"] {
+            match decide_as(node, &pv, &nodes) {
+                VolumeDecision::RemoveCopy { remove_finalizer, report_waiting, .. } => {
+                    assert_eq!(remove_finalizer, node != "c", "{node}");
+                    speakers += usize::from(report_waiting);
+                }
+                other => panic!("{node}: {other:?}"),
+            }
+        }
+        assert_eq!(speakers, 1, "one node reports copies that hold the PV back");
+    }
+
+    #[test]
+    fn every_node_copies_stay_while_a_deleted_pv_is_still_bound_or_retained() {
+        let path = format!("/var/hpvolumes/{}", pv_dir());
+        let mut pv = unpinned_pv(&path, Some("everyNode"), "Bound");
+        pv.metadata.finalizers = Some(vec![keys::copy_finalizer("a")]);
+        pv.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert_eq!(decide_as("a", &pv, &live(&["a"])), VolumeDecision::Ignore(Ignore::NotReleased));
+        pv.status.as_mut().unwrap().phase = Some("Released".into());
+        pv.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into());
+        assert_eq!(decide_as("a", &pv, &live(&["a"])), VolumeDecision::KeepCopy);
+        let mut retained = unpinned_pv(&path, Some("everyNode"), "Released");
+        retained.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into());
+        assert_eq!(decide_as("a", &retained, &live(&["a"])), VolumeDecision::Ignore(Ignore::NotDeletePolicy));
+    }
+
+    #[test]
+    fn kubeboost_directory_names_are_recognised_and_foreign_paths_are_not_ours() {
+        let kubeboost = unpinned_pv(&format!("/var/hpvolumes/default-data-{}", pv_dir()), None, "Bound");
+        assert!(matches!(
+            decide_as("a", &kubeboost, &live(&["a"])),
+            VolumeDecision::EnsureCopy { accepted: AcceptedPath { ref dir_name, .. }, .. } if *dir_name == format!("default-data-{}", pv_dir())
+        ));
+        let mut other_root = unpinned_pv(&format!("/var/hpvolumes/{}", pv_dir()), Some("everyNode"), "Bound");
+        other_root.spec.as_mut().unwrap().host_path.as_mut().unwrap().path = format!("/data/{}", pv_dir());
+        assert_eq!(decide_as("a", &other_root, &live(&["a"])), VolumeDecision::Ignore(Ignore::NotMyPool));
+        let mut traversal = unpinned_pv(&format!("/var/hpvolumes/{}", pv_dir()), Some("everyNode"), "Bound");
+        traversal.spec.as_mut().unwrap().host_path.as_mut().unwrap().path = "/var/hpvolumes/../etc".into();
+        let refusals = ["a", "b"]
+            .iter()
+            .filter(|n| matches!(decide_as(n, &traversal, &live(&["a", "b"])), VolumeDecision::Refuse(_)))
+            .count();
+        assert_eq!(refusals, 1, "one node reports an unsafe every-node PV");
     }
 
     #[test]

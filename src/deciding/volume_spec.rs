@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::deciding::claim::{Identity, ProvisionPlan};
 use crate::deciding::layout;
+use crate::deciding::topology::Topology;
 use crate::keys;
 
 /// The node a volume is placed on.
@@ -31,18 +32,43 @@ pub fn build_pv(
     node: &NodeFacts,
     capacity: Quantity,
 ) -> PersistentVolume {
-    let annotations = BTreeMap::from([
+    let mut annotations = BTreeMap::from([
         (keys::PROVISIONED_BY.to_owned(), me.provisioner.clone()),
         (keys::PROVISIONER_IDENTITY.to_owned(), me.provisioner.clone()),
-        (keys::PROVISION_ON_NODE.to_owned(), node.name.clone()),
     ]);
-    let labels = BTreeMap::from([(keys::NODE_LABEL.to_owned(), layout::node_label_value(&node.name))]);
+    let mut finalizers = None;
+    let labels = match plan.topology {
+        Topology::Node => {
+            annotations.insert(keys::PROVISION_ON_NODE.to_owned(), node.name.clone());
+            BTreeMap::from([(keys::NODE_LABEL.to_owned(), layout::node_label_value(&node.name))])
+        }
+        Topology::Shared => BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), plan.topology.as_str().to_owned())]),
+        Topology::EveryNode => {
+            // This node's copy exists before the PV does: its finalizer comes with the PV.
+            finalizers = Some(vec![keys::copy_finalizer(&node.name)]);
+            BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), plan.topology.as_str().to_owned())])
+        }
+    };
+    // Only a node-shaped volume is pinned; the others are reachable from every node.
+    let node_affinity = (plan.topology == Topology::Node).then(|| VolumeNodeAffinity {
+        required: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: keys::HOSTNAME_LABEL.into(),
+                    operator: "In".into(),
+                    values: Some(vec![node.hostname.clone()]),
+                }]),
+                match_fields: None,
+            }],
+        }),
+    });
     let path = plan.pool.root.join(&plan.dir_name);
     PersistentVolume {
         metadata: ObjectMeta {
             name: Some(plan.pv_name.clone()),
             annotations: Some(annotations),
             labels: Some(labels),
+            finalizers,
             ..Default::default()
         },
         spec: Some(PersistentVolumeSpec {
@@ -65,18 +91,7 @@ pub fn build_pv(
                 // A missing directory must fail the pod, not silently create one on the root disk.
                 type_: Some("Directory".into()),
             }),
-            node_affinity: Some(VolumeNodeAffinity {
-                required: Some(NodeSelector {
-                    node_selector_terms: vec![NodeSelectorTerm {
-                        match_expressions: Some(vec![NodeSelectorRequirement {
-                            key: keys::HOSTNAME_LABEL.into(),
-                            operator: "In".into(),
-                            values: Some(vec![node.hostname.clone()]),
-                        }]),
-                        match_fields: None,
-                    }],
-                }),
-            }),
+            node_affinity,
             ..Default::default()
         }),
         status: None,
@@ -92,7 +107,7 @@ mod tests {
     fn plan_for(claim: &PersistentVolumeClaim) -> ProvisionPlan {
         let mut c = class("hpp", "WaitForFirstConsumer");
         c.reclaim_policy = Some("Retain".into());
-        match decide_claim(claim, Some(&c), &me(), &config()) {
+        match decide_claim(claim, Some(&c), &me(), &config(), &[]) {
             Decision::Provision(plan) => *plan,
             other => panic!("{other:?}"),
         }

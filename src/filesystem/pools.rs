@@ -83,7 +83,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("pool");
         std::fs::create_dir(&root).unwrap();
-        let pools = Pools::open(&[PoolPath { name: "legacy".into(), root: root.clone() }], false).unwrap();
+        let pools = Pools::open(&[PoolPath::local("legacy", root.clone())], false).unwrap();
         let first = pools.usable("legacy").unwrap().unwrap();
         assert!(pools.usable("other").is_none());
 
@@ -100,7 +100,7 @@ mod tests {
     #[test]
     fn a_required_mount_point_is_enforced() {
         let dir = tempfile::tempdir().unwrap();
-        let pools = Pools::open(&[PoolPath { name: "legacy".into(), root: dir.path().to_owned() }], true).unwrap();
+        let pools = Pools::open(&[PoolPath::local("legacy", dir.path().to_owned())], true).unwrap();
         assert!(matches!(pools.usable("legacy"), Some(Err(PoolError::RootNotMountpoint { .. }))));
     }
 }

@@ -15,6 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::config::PvCapacity;
 use crate::deciding::capacity::{format_binary_si, round_down_pretty};
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
+use crate::deciding::topology::Topology;
 use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, Retry, reason};
 use crate::filesystem::{Created, VolumeDirName};
@@ -24,6 +25,8 @@ use crate::serving::metrics::Metrics;
 
 /// How long to wait before looking again at a claim whose class does not exist yet.
 const CLASS_RECHECK: Duration = Duration::from_secs(30);
+/// How long to wait before looking again for a node that serves a claim's pool.
+const NO_NODE_RECHECK: Duration = Duration::from_secs(60);
 
 type ClaimMeta = PartialObjectMeta<PersistentVolumeClaim>;
 
@@ -46,13 +49,26 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::await_change());
     }
     let class = claim_decision::claim_class_name(&claim).and_then(|class| ctx.classes.get(&ObjectRef::new(class)));
-    let action = match claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision) {
+    // Only volumes without an owning node need to know who else is alive.
+    let needs_live =
+        class.as_deref().is_some_and(|c| claim_decision::class_topology(c, &ctx.decision) != Some(Topology::Node));
+    let live = if needs_live { ctx.live_nodes().await? } else { Vec::new() };
+    let action = match claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision, &live) {
         Decision::Skip(SkipReason::ClassNotFound(class)) => {
             tracing::debug!(claim = %key, %class, "class not found; looking again later");
             Action::requeue(CLASS_RECHECK)
         }
+        Decision::Skip(SkipReason::ActedOnBy { node, recheck_after }) => {
+            // Look again once that node's lease would have run out, in case it died.
+            tracing::trace!(claim = %key, %node, "another live node provisions it");
+            Action::requeue(recheck_after)
+        }
         Decision::Skip(skip) => {
             tracing::trace!(claim = %key, ?skip, "not ours");
+            Action::await_change()
+        }
+        Decision::HandBack(refusal) => {
+            handback(&ctx, &claim, &refusal.to_string(), refusal_label(&refusal)).await?;
             Action::await_change()
         }
         Decision::ExplainImmediate => {
@@ -63,7 +79,11 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             tracing::warn!(claim = %key, %refusal, "refusing claim");
             Metrics::outcome(&ctx.metrics.provisions, "refused", refusal_label(&refusal));
             ctx.warn(&claim_ref(&claim), reason::PROVISIONING_FAILED, "Provision", refusal.to_string()).await;
-            Action::await_change()
+            match refusal {
+                // A node serving the pool may start later: nothing on the claim would change.
+                claim_decision::Refusal::NoNodeServesPool { .. } => Action::requeue(NO_NODE_RECHECK),
+                _ => Action::await_change(),
+            }
         }
         Decision::Provision(plan) => {
             let started = Instant::now();
@@ -139,8 +159,14 @@ async fn provision(
             available,
             reserved: ctx.config.reserved_bytes,
         };
-        if plan.binding_mode == BindingMode::WaitForFirstConsumer && !plan.pinned_by_annotation {
-            return reschedule(ctx, claim, &error).await.map(|()| Provisioned::Rescheduled);
+        // Another node has room of its own; a shared pool is the same filesystem everywhere.
+        if plan.binding_mode == BindingMode::WaitForFirstConsumer
+            && !plan.pinned_by_annotation
+            && plan.topology != Topology::Shared
+        {
+            return handback(ctx, claim, &error.to_string(), error.metric_label())
+                .await
+                .map(|()| Provisioned::Rescheduled);
         }
         return Err(error);
     }
@@ -170,7 +196,10 @@ async fn provision(
         Err(create_error) => {
             // Leave nothing behind: remove the directory again if this attempt made it and it
             // is still empty (a directory a workload already wrote to is never touched here).
+            // Not on a shared pool: another node may be creating the PV for this directory right
+            // now (a failover race), and an empty directory there costs nothing until the retry.
             if created == Created::New
+                && plan.topology != Topology::Shared
                 && let Err(cleanup) = pool.remove_empty_volume_dir(&dir)
             {
                 return Err(ClaimError::Cleanup {
@@ -206,9 +235,9 @@ fn check_owner(pv: &PersistentVolume, pv_name: &str, claim_uid: &str) -> Result<
 }
 
 /// Gives a WaitForFirstConsumer claim back to the scheduler by removing `selected-node`, so that
-/// it can pick a node with room. The JSON patch tests the value first: if the scheduler already
-/// moved the claim elsewhere, nothing is removed.
-async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim, why: &ClaimError) -> Result<(), ClaimError> {
+/// it can pick a node with room or with the pool. The JSON patch tests the value first: if the
+/// scheduler already moved the claim elsewhere, nothing is removed.
+async fn handback(ctx: &Context, claim: &PersistentVolumeClaim, why: &str, label: &str) -> Result<(), ClaimError> {
     let claims: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), claim.metadata.namespace.as_deref().unwrap_or_default());
     let pointer = format!("/metadata/annotations/{}", keys::SELECTED_NODE.replace('~', "~0").replace('/', "~1"));
@@ -225,7 +254,7 @@ async fn reschedule(ctx: &Context, claim: &PersistentVolumeClaim, why: &ClaimErr
         Err(e) => return Err(e.into()),
     }
     tracing::info!(claim = %claim_key(claim), %why, "handed the claim back to the scheduler");
-    Metrics::outcome(&ctx.metrics.provisions, "rescheduled", why.metric_label());
+    Metrics::outcome(&ctx.metrics.provisions, "rescheduled", label);
     ctx.warn(
         &claim_ref(claim),
         reason::PROVISIONING_FAILED,
@@ -277,8 +306,12 @@ fn refusal_label(refusal: &claim_decision::Refusal) -> &'static str {
         Block(_) => "block",
         Selector => "selector",
         DataSource => "data_source",
-        AccessMode(_) | NoAccessModes => "access_mode",
-        UnknownParameter { .. } | UnknownPool { .. } => "parameters",
+        AccessMode { .. } | NoAccessModes => "access_mode",
+        UnknownParameter { .. } | BadParameter { .. } | NoDefaultPool { .. } | TopologyPoolMismatch { .. } => {
+            "parameters"
+        }
+        UnknownPool { .. } => "unknown_pool",
+        NoNodeServesPool { .. } => "no_node_serves_pool",
         BadRequest(_) => "request",
         BadName(_) => "name",
         ProvisionOnNodeNotAllowed(_) => "provision_on_node_denied",

@@ -17,6 +17,7 @@ use crate::deciding::claim::{DecisionConfig, Identity};
 use crate::deciding::volume_spec::NodeFacts;
 use crate::filesystem::pools::Pools;
 use crate::keys;
+use crate::reconciling::membership::Membership;
 use crate::serving::health::Health;
 use crate::serving::metrics::Metrics;
 
@@ -51,6 +52,8 @@ pub struct Context {
     pub health: Arc<Health>,
     /// Wakes the background removal of trashed volumes.
     pub purge: tokio::sync::Notify,
+    /// Which nodes are alive and what pools they serve (for shared and every-node volumes).
+    pub membership: Membership,
     recorder: Recorder,
     node: tokio::sync::Mutex<Option<NodeFacts>>,
     backoffs: Mutex<HashMap<String, ExponentialBackoff>>,
@@ -74,8 +77,16 @@ impl Context {
         let decision = DecisionConfig {
             use_naming_prefix: config.use_naming_prefix,
             pools: config.pools.clone(),
+            default_pool: config.default_pool.clone(),
             provision_on_node: config.provision_on_node.clone(),
         };
+        let membership = Membership::new(
+            client.clone(),
+            &config.namespace,
+            &config.provisioner_name,
+            &config.node_name,
+            config.node_lease,
+        );
         let reporter =
             Reporter { controller: config.provisioner_name.clone(), instance: Some(config.node_name.clone()) };
         let recorder = Recorder::new(client.clone(), reporter);
@@ -91,6 +102,7 @@ impl Context {
             metrics,
             health,
             purge: tokio::sync::Notify::new(),
+            membership,
             recorder,
             node: tokio::sync::Mutex::new(None),
             backoffs: Mutex::new(HashMap::new()),
@@ -123,6 +135,12 @@ impl Context {
     pub fn known_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
         let key = kube::runtime::reflector::ObjectRef::new(name);
         self.volumes.iter().find_map(|store| store.get(&key))
+    }
+
+    /// The live nodes (this one with the pools it can use now), for deciding who acts on a
+    /// shared or every-node volume.
+    pub async fn live_nodes(&self) -> Result<Vec<crate::deciding::topology::LiveNode>, kube::Error> {
+        self.membership.live().await
     }
 
     /// The cached hostname label, or the node name before the Node was read.

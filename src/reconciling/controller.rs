@@ -50,7 +50,7 @@ pub async fn run(
     let pools = Pools::open(&config.pools, config.require_mountpoint)?;
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
-    health.set_pools_usable(pools_usable(&pools));
+    health.set_pool_problems(pool_problems(&pools, &config));
     serve_http(&config, &health, &metrics).await?;
 
     let shutdown = shutdown.shared();
@@ -140,11 +140,16 @@ pub async fn run(
         .for_each(log_controller_error);
 
     tokio::spawn(after_initial_lists(ctx.clone()));
+    let usable_now = config.pools.iter().filter(|p| matches!(ctx.pools.usable(&p.name), Some(Ok(_)))).map(|p| p.key());
+    ctx.membership.set_pools(usable_now.collect());
+    tokio::spawn(keep_lease(ctx.clone()));
     tokio::spawn(refresh_pools(ctx.clone()));
     tokio::spawn(purge_trash(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");
     futures::join!(claim_controller, own_volumes, legacy_volumes);
+    // Other nodes take over this node's shared and every-node work at once.
+    ctx.membership.release().await;
     tracing::info!("in-flight operations finished; exiting");
     Ok(())
 }
@@ -246,45 +251,82 @@ async fn purge_trash(ctx: Arc<Context>) {
     }
 }
 
-/// Whether every pool can be used now; logs the ones that cannot.
-fn pools_usable(pools: &Pools) -> bool {
-    let mut usable = true;
-    for name in pools.names() {
-        if let Some(Err(error)) = pools.usable(name) {
-            tracing::warn!(pool = name, %error, "pool unusable; provisioning and deletion wait for it");
-            usable = false;
+/// One line per unusable pool (which and why); logs each.
+fn pool_problems(pools: &Pools, config: &Config) -> Vec<String> {
+    let mut problems = Vec::new();
+    for pool in &config.pools {
+        if let Some(Err(error)) = pools.usable(&pool.name) {
+            tracing::warn!(pool = %pool.name, %error, "pool unusable; provisioning and deletion in it wait");
+            problems.push(format!("pool {} at {}: {error}", pool.name, pool.root.display()));
         }
     }
-    usable
+    problems
 }
 
-/// Keeps pool gauges and pool readiness current (local statvfs only, no API calls).
+/// Keeps pool gauges, pool readiness and the pools this node advertises current (local statvfs
+/// only; the lease is renewed at once when the usable pools change).
 async fn refresh_pools(ctx: Arc<Context>) {
     let mut ticker = tokio::time::interval(POOL_REFRESH);
-    let mut was_usable = true;
+    let mut previous: Option<Vec<String>> = None;
     loop {
         ticker.tick().await;
-        let mut usable = true;
-        for name in ctx.pools.names() {
-            let label = PoolLabel { pool: name.to_owned() };
-            match ctx.pools.usable(name).map(|pool| pool.and_then(|pool| pool.stats())) {
+        let mut problems = Vec::new();
+        let mut usable = Vec::new();
+        for pool in &ctx.config.pools {
+            let label = PoolLabel { pool: pool.name.clone() };
+            match ctx.pools.usable(&pool.name).map(|root| root.and_then(|root| root.stats())) {
                 Some(Ok(stats)) => {
                     ctx.metrics.pool_capacity_bytes.get_or_create(&label).set(stats.total_bytes as i64);
                     ctx.metrics.pool_free_bytes.get_or_create(&label).set(stats.available_bytes as i64);
+                    ctx.metrics.pool_usable.get_or_create(&label).set(1);
+                    usable.push(pool.key());
                 }
                 Some(Err(error)) => {
-                    usable = false;
-                    if was_usable {
-                        tracing::warn!(pool = %name, %error, "pool unusable; provisioning and deletion wait for it");
-                    }
+                    ctx.metrics.pool_usable.get_or_create(&label).set(0);
+                    problems.push(format!("pool {} at {}: {error}", pool.name, pool.root.display()));
                 }
                 None => {}
             }
         }
-        if usable && !was_usable {
-            tracing::info!("every pool is usable again");
+        if previous.as_ref() != Some(&problems) {
+            for problem in &problems {
+                tracing::warn!(%problem, "pool unusable; provisioning and deletion in it wait");
+            }
+            if problems.is_empty() && previous.is_some() {
+                tracing::info!("every pool is usable again");
+            }
         }
-        was_usable = usable;
-        ctx.health.set_pools_usable(usable);
+        ctx.health.set_pool_problems(problems.clone());
+        previous = Some(problems);
+        if ctx.membership.set_pools(usable) {
+            ctx.membership.renew_now.notify_one();
+        }
     }
 }
+
+/// Keeps this node's liveness lease renewed (and its usable pools advertised).
+async fn keep_lease(ctx: Arc<Context>) {
+    let mut failing = false;
+    loop {
+        let delay = match ctx.membership.renew().await {
+            Ok(()) => {
+                if failing {
+                    tracing::info!("node lease renewed again");
+                }
+                failing = false;
+                ctx.membership.renew_interval()
+            }
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(%error, namespace = %ctx.config.namespace, "cannot renew this node's lease; other nodes will not hand it shared or every-node work");
+                }
+                failing = true;
+                LEASE_RETRY
+            }
+        };
+        let _ = tokio::time::timeout(delay, ctx.membership.renew_now.notified()).await;
+    }
+}
+
+/// Retry delay after a failed lease renewal.
+const LEASE_RETRY: Duration = Duration::from_secs(5);

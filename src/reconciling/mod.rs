@@ -4,5 +4,6 @@
 pub mod claims;
 pub mod context;
 pub mod controller;
+pub mod membership;
 pub mod orphans;
 pub mod volumes;

@@ -1,80 +1,236 @@
 //! The volume reconciler: when a PV of this node is released under the Delete policy, remove its
-//! directory (safely, DESIGN.md section 6) and then the PV.
+//! directory (safely, `docs/architecture.md`, deletion rules) and then the PV. For every-node
+//! volumes, keep this node's copy in step with the PV: created while it lives, removed when it
+//! goes, with this node's finalizer holding the PV until its copy is gone.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume};
 use kube::Resource;
-use kube::api::{Api, DeleteParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 
-use crate::deciding::volume::{VolumeDecision, decide_volume};
+use crate::deciding::layout::AcceptedPath;
+use crate::deciding::volume::{Ignore, VolumeDecision, VolumeShape, decide_volume, volume_shape};
 use crate::error::{Retry, VolumeError, reason};
-use crate::filesystem::{Trashed, VolumeDirName};
+use crate::filesystem::{Created, Trashed, VolumeDirName};
+use crate::keys;
 use crate::reconciling::context::{Context, MAX_RETRY};
 use crate::serving::metrics::Metrics;
+
+/// How often the node that speaks for a terminating every-node PV looks again at the nodes
+/// whose copies hold it.
+const WAITING_RECHECK: Duration = Duration::from_secs(60);
 
 /// Reconciles one PV.
 pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, VolumeError> {
     let name = pv.metadata.name.clone().unwrap_or_default();
     let hostname = ctx.my_hostname().await;
-    match decide_volume(&pv, &ctx.me, &hostname, &ctx.config.pools) {
+    let live = match volume_shape(&pv, &ctx.config.pools) {
+        VolumeShape::Node => Vec::new(),
+        VolumeShape::Shared | VolumeShape::EveryNode => ctx.live_nodes().await?,
+    };
+    let action = match decide_volume(&pv, &ctx.me, &hostname, &ctx.config.pools, &live) {
+        VolumeDecision::Ignore(Ignore::ActedOnBy { node, recheck_after }) => {
+            tracing::trace!(pv = %name, %node, "another live node acts on it");
+            Action::requeue(recheck_after)
+        }
         VolumeDecision::Ignore(why) => {
             tracing::trace!(pv = %name, ?why, "nothing to do");
-            ctx.reset_retry(&name);
-            Ok(Action::await_change())
+            Action::await_change()
         }
         VolumeDecision::Refuse(refusal) => {
             tracing::warn!(pv = %name, %refusal, "refusing to delete");
             ctx.metrics.refused_paths.inc();
             Metrics::outcome(&ctx.metrics.deletions, "refused", "unsafe_path");
             ctx.warn(&pv_ref(&pv), reason::VOLUME_FAILED_DELETE, "Delete", refusal.to_string()).await;
-            Ok(Action::await_change())
+            Action::await_change()
         }
-        VolumeDecision::Delete(_) => {
-            // The cache may be stale: decide again on the live object (as the Go build does).
-            let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-            let Some(live) = api.get_opt(&name).await? else {
-                return Ok(Action::await_change());
-            };
-            let VolumeDecision::Delete(accepted) = decide_volume(&live, &ctx.me, &hostname, &ctx.config.pools) else {
-                return Ok(Action::await_change());
-            };
-            let started = Instant::now();
-            let pool =
-                ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
-            let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
-            // Fast reclaim: the rename frees the volume at once; the data goes in the background.
-            let trashed = pool.move_to_trash(&dir)?;
-            let preconditions = Preconditions { uid: live.metadata.uid.clone(), resource_version: None };
-            match api.delete(&name, &DeleteParams { preconditions: Some(preconditions), ..Default::default() }).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
-            let path = pool.path().join(dir.as_str());
-            match trashed {
-                Trashed::Moved(entry) => {
-                    tracing::info!(pv = %name, path = %path.display(), trash = %entry, "deleted volume; data is removed in the background");
-                    ctx.purge.notify_one();
-                }
-                Trashed::Unlinked => {
-                    tracing::info!(pv = %name, path = %path.display(), "volume was not a directory; unlinked it and deleted the PV")
-                }
-                Trashed::AlreadyGone => {
-                    tracing::info!(pv = %name, path = %path.display(), "directory already gone; deleted PV")
-                }
-            }
-            ctx.metrics.delete_seconds.observe(started.elapsed().as_secs_f64());
-            Metrics::outcome(&ctx.metrics.deletions, "success", "none");
-            ctx.reset_retry(&name);
-            if let Some(uid) = live.metadata.uid.as_deref() {
-                ctx.forget_warnings(uid);
-            }
-            Ok(Action::await_change())
+        VolumeDecision::Delete(_) => delete_volume(&ctx, &name, &hostname, &live).await?,
+        VolumeDecision::EnsureCopy { accepted, add_finalizer } => {
+            ensure_copy(&ctx, &pv, &accepted, add_finalizer).await?;
+            Action::await_change()
+        }
+        VolumeDecision::RemoveCopy { accepted, remove_finalizer, report_waiting } => {
+            remove_copy(&ctx, &pv, &accepted, remove_finalizer).await?;
+            if report_waiting { report_waiting_copies(&ctx, &pv, &live).await? } else { Action::await_change() }
+        }
+        VolumeDecision::KeepCopy => {
+            remove_finalizer(&ctx, &name, &keys::copy_finalizer(&ctx.me.node)).await?;
+            tracing::info!(pv = %name, "retained volume deleted; this node's copy is kept");
+            Action::await_change()
+        }
+        VolumeDecision::DeleteObject => {
+            // Each node's finalizer holds the PV until that node removed its copy.
+            delete_pv(&ctx, &name, pv.metadata.uid.clone()).await?;
+            tracing::info!(pv = %name, "released every-node volume: deleting the PV; each node removes its copy");
+            Action::await_change()
+        }
+    };
+    ctx.reset_retry(&name);
+    Ok(action)
+}
+
+/// Removes the directory of a released node or shared volume, then its PV.
+async fn delete_volume(
+    ctx: &Context,
+    name: &str,
+    hostname: &str,
+    live: &[crate::deciding::topology::LiveNode],
+) -> Result<Action, VolumeError> {
+    // The cache may be stale: decide again on the live object (as the Go build does).
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let Some(current) = api.get_opt(name).await? else {
+        return Ok(Action::await_change());
+    };
+    let VolumeDecision::Delete(accepted) = decide_volume(&current, &ctx.me, hostname, &ctx.config.pools, live) else {
+        return Ok(Action::await_change());
+    };
+    let started = Instant::now();
+    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
+    let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
+    // Fast reclaim: the rename frees the volume at once; the data goes in the background. On a
+    // shared pool, two nodes racing here is harmless: one rename wins, the other finds nothing.
+    let trashed = pool.move_to_trash(&dir)?;
+    delete_pv(ctx, name, current.metadata.uid.clone()).await?;
+    let path = pool.path().join(dir.as_str());
+    match trashed {
+        Trashed::Moved(entry) => {
+            tracing::info!(pv = %name, path = %path.display(), trash = %entry, "deleted volume; data is removed in the background");
+            ctx.purge.notify_one();
+        }
+        Trashed::Unlinked => {
+            tracing::info!(pv = %name, path = %path.display(), "volume was not a directory; unlinked it and deleted the PV")
+        }
+        Trashed::AlreadyGone => {
+            tracing::info!(pv = %name, path = %path.display(), "directory already gone; deleted PV")
         }
     }
+    ctx.metrics.delete_seconds.observe(started.elapsed().as_secs_f64());
+    Metrics::outcome(&ctx.metrics.deletions, "success", "none");
+    if let Some(uid) = current.metadata.uid.as_deref() {
+        ctx.forget_warnings(uid);
+    }
+    Ok(Action::await_change())
+}
+
+/// Deletes a PV if it is still the one we decided on (its uid).
+async fn delete_pv(ctx: &Context, name: &str, uid: Option<String>) -> Result<(), VolumeError> {
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let preconditions = Preconditions { uid, resource_version: None };
+    match api.delete(name, &DeleteParams { preconditions: Some(preconditions), ..Default::default() }).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// This node's copy of a live every-node volume: finalizer first, then the directory, so a copy
+/// never exists that the PV does not wait for.
+async fn ensure_copy(
+    ctx: &Context,
+    pv: &PersistentVolume,
+    accepted: &AcceptedPath,
+    add_finalizer: bool,
+) -> Result<(), VolumeError> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
+    let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
+    if add_finalizer {
+        let patch = serde_json::json!({"metadata": {"finalizers": [keys::copy_finalizer(&ctx.me.node)]}});
+        let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+        match api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
+            Ok(_) => {}
+            // Gone, or being deleted meanwhile (no new finalizer may join then): the next event
+            // says what to do.
+            Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409 | 422) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if pool.create_volume_dir(&dir, ctx.config.dir_mode)? == Created::New {
+        tracing::info!(pv = %name, path = %pool.path().join(dir.as_str()).display(), "created this node's copy of an every-node volume");
+    }
+    Ok(())
+}
+
+/// Removes this node's copy of an every-node volume on its way out, then lets go of the PV.
+async fn remove_copy(
+    ctx: &Context,
+    pv: &PersistentVolume,
+    accepted: &AcceptedPath,
+    has_finalizer: bool,
+) -> Result<(), VolumeError> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
+    let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
+    match pool.move_to_trash(&dir)? {
+        Trashed::Moved(_) => {
+            tracing::info!(pv = %name, path = %pool.path().join(dir.as_str()).display(), "removed this node's copy of an every-node volume");
+            ctx.purge.notify_one();
+        }
+        Trashed::Unlinked | Trashed::AlreadyGone => {}
+    }
+    if has_finalizer {
+        remove_finalizer(ctx, name, &keys::copy_finalizer(&ctx.me.node)).await?;
+    }
+    Ok(())
+}
+
+async fn remove_finalizer(ctx: &Context, pv: &str, finalizer: &str) -> Result<(), VolumeError> {
+    let patch = serde_json::json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}});
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    match api.patch(pv, &PatchParams::default(), &Patch::Strategic(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The node speaking for a terminating every-node PV says which nodes' copies still hold it,
+/// and lets go for nodes whose Node object is gone (their copies went with the machine).
+async fn report_waiting_copies(
+    ctx: &Context,
+    pv: &PersistentVolume,
+    live: &[crate::deciding::topology::LiveNode],
+) -> Result<Action, VolumeError> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let mine = keys::copy_finalizer(&ctx.me.node);
+    let prefix = format!("{}/", keys::COPY_FINALIZER_PREFIX);
+    let holders: Vec<&str> = pv
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| **f != mine)
+        .filter_map(|f| f.strip_prefix(&prefix))
+        .collect();
+    let live_labels: Vec<String> = live.iter().map(|n| crate::deciding::layout::node_label_value(&n.node)).collect();
+    let mut waiting = Vec::new();
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    for holder in holders {
+        if live_labels.iter().any(|l| l == holder) {
+            continue; // a live node removes its own copy
+        }
+        // The finalizer names the node (or a hash of a name too long for a label value).
+        match nodes.get_opt(holder).await {
+            Ok(None) if crate::deciding::layout::is_dns_subdomain(holder) => {
+                remove_finalizer(ctx, name, &format!("{prefix}{holder}")).await?;
+                tracing::info!(pv = %name, node = holder, "node is gone from the cluster; let go of its copy");
+            }
+            Ok(_) => waiting.push(holder.to_owned()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if waiting.is_empty() {
+        return Ok(Action::await_change());
+    }
+    let note = format!(
+        "waiting for node(s) {} to remove their copies: their provisioner is not running. The PV goes once each has; a node removed from the cluster is let go",
+        waiting.join(", ")
+    );
+    ctx.warn(&pv_ref(pv), reason::WAITING_FOR_NODES, "Delete", note).await;
+    Ok(Action::requeue(WAITING_RECHECK))
 }
 
 /// Decides when to retry after an error, and reports it on the PV.
@@ -85,7 +241,7 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Con
         Retry::Backoff => ctx.next_retry(&name),
         Retry::AfterChange => MAX_RETRY,
     };
-    tracing::warn!(pv = %name, %error, retry_in = ?delay, "deleting volume failed");
+    tracing::warn!(pv = %name, %error, retry_in = ?delay, "volume operation failed");
     let regarding = pv_ref(&pv);
     let note = format!("failed to delete volume: {error}");
     let reason = error.reason();

@@ -2,8 +2,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -23,7 +23,8 @@ pub struct Health {
     volumes_synced: AtomicBool,
     legacy_volumes_synced: AtomicBool,
     api_reachable: AtomicBool,
-    pools_usable: AtomicBool,
+    /// One line per unusable pool: which and why (empty when all are usable).
+    pool_problems: Mutex<Vec<String>>,
 }
 
 /// Which initial list arrived.
@@ -56,9 +57,9 @@ impl Health {
         self.api_reachable.store(reachable, Ordering::Relaxed);
     }
 
-    /// Records whether every pool root is usable.
-    pub fn set_pools_usable(&self, usable: bool) {
-        self.pools_usable.store(usable, Ordering::Relaxed);
+    /// Records which pools are unusable and why (`pool <name> at <path>: <reason>`).
+    pub fn set_pool_problems(&self, problems: Vec<String>) {
+        *self.pool_problems.lock().unwrap_or_else(|e| e.into_inner()) = problems;
     }
 
     /// Whether every watch delivered its initial list.
@@ -69,17 +70,18 @@ impl Health {
     }
 
     /// Why not ready, or None when ready.
-    pub fn not_ready_reason(&self) -> Option<&'static str> {
+    pub fn not_ready_reason(&self) -> Option<String> {
+        let problems = self.pool_problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if !self.claims_synced.load(Ordering::Relaxed) {
-            Some("claim watch has not delivered its initial list")
+            Some("claim watch has not delivered its initial list".into())
         } else if !self.classes_synced.load(Ordering::Relaxed) {
-            Some("StorageClass watch has not delivered its initial list")
+            Some("StorageClass watch has not delivered its initial list".into())
         } else if !self.all_synced() {
-            Some("PersistentVolume watch has not delivered its initial list")
+            Some("PersistentVolume watch has not delivered its initial list".into())
         } else if !self.api_reachable.load(Ordering::Relaxed) {
-            Some("Kubernetes API is not reachable")
-        } else if !self.pools_usable.load(Ordering::Relaxed) {
-            Some("a pool root is missing, not a directory, or not a required mount point")
+            Some("Kubernetes API is not reachable".into())
+        } else if !problems.is_empty() {
+            Some(format!("unusable pool(s): {}", problems.join("; ")))
         } else {
             None
         }
@@ -146,13 +148,13 @@ mod tests {
         h.synced(Watch::Claims);
         h.synced(Watch::Classes);
         h.synced(Watch::Volumes);
-        h.set_pools_usable(true);
         assert!(h.not_ready_reason().is_some(), "legacy PV watch not synced yet");
         h.synced(Watch::LegacyVolumes);
-        assert_eq!(h.not_ready_reason(), Some("Kubernetes API is not reachable"));
+        assert_eq!(h.not_ready_reason().as_deref(), Some("Kubernetes API is not reachable"));
         h.set_api_reachable(true);
         assert_eq!(h.not_ready_reason(), None);
-        h.set_pools_usable(false);
-        assert!(h.not_ready_reason().is_some());
+        h.set_pool_problems(vec!["pool ssd at /mnt/ssd: not a mount point".into()]);
+        let reason = h.not_ready_reason().unwrap();
+        assert!(reason.contains("pool ssd at /mnt/ssd: not a mount point"), "names the pool and why: {reason}");
     }
 }

@@ -47,6 +47,8 @@ pub struct Metrics {
     pub pool_capacity_bytes: Family<PoolLabel, Gauge>,
     /// Pool free bytes (available to unprivileged users, as statvfs f_bavail).
     pub pool_free_bytes: Family<PoolLabel, Gauge>,
+    /// 1 while a pool can be used, 0 while it cannot (missing, replaced, not a required mount).
+    pub pool_usable: Family<PoolLabel, Gauge>,
     /// Watch stream errors (each one restarts the watch with backoff).
     pub watch_restarts: Family<WatchLabel, Counter>,
     /// Deleted volumes whose data still awaits background removal.
@@ -71,6 +73,7 @@ impl Metrics {
         let pool_capacity_bytes = Family::<PoolLabel, Gauge>::default();
         let pool_free_bytes = Family::<PoolLabel, Gauge>::default();
         let watch_restarts = Family::<WatchLabel, Counter>::default();
+        let pool_usable = Family::<PoolLabel, Gauge>::default();
         let background_deletions_pending = Family::<PoolLabel, Gauge>::default();
         registry.register("provisions", "Provisioning attempts by result and reason", provisions.clone());
         registry.register("deletions", "Volume deletions by result and reason", deletions.clone());
@@ -92,6 +95,11 @@ impl Metrics {
         );
         registry.register("pool_free_bytes", "Free bytes in each pool's filesystem", pool_free_bytes.clone());
         registry.register(
+            "pool_usable",
+            "1 while the pool can be used, 0 while it cannot (missing, replaced, or not a required mount point)",
+            pool_usable.clone(),
+        );
+        registry.register(
             "watch_restarts",
             "Watch stream errors, each followed by a re-watch with backoff",
             watch_restarts.clone(),
@@ -110,6 +118,7 @@ impl Metrics {
             refused_paths,
             pool_capacity_bytes,
             pool_free_bytes,
+            pool_usable,
             watch_restarts,
             background_deletions_pending,
         }

@@ -6,7 +6,7 @@ fn interest(claim: ClaimBuilder) -> Interest {
 }
 
 fn decide(claim: ClaimBuilder, class: Option<&StorageClass>) -> Decision {
-    decide_claim(&claim.build(), class, &me(), &config())
+    decide_claim(&claim.build(), class, &me(), &config(), &[])
 }
 
 fn wffc() -> StorageClass {
@@ -178,7 +178,7 @@ fn classes_of_other_provisioners_are_skipped_even_with_provision_on_node() {
 fn beta_class_annotation_wins_over_spec_class_name() {
     let c = claim("ignored").on_node(NODE).annotation(crate::keys::STORAGE_CLASS_BETA, "hpp").build();
     assert_eq!(claim_class_name(&c), Some("hpp"));
-    let plan = provisioned(decide_claim(&c, Some(&wffc()), &me(), &config()));
+    let plan = provisioned(decide_claim(&c, Some(&wffc()), &me(), &config(), &[]));
     assert_eq!(plan.class_name, "hpp");
 }
 
@@ -193,11 +193,11 @@ fn unsupported_claims_are_refused_with_the_reason() {
         (claim("hpp").on_node(NODE).data_source(), |r| matches!(r, Refusal::DataSource)),
         (
             claim("hpp").on_node(NODE).access_modes(&["ReadWriteMany"]),
-            |r| matches!(r, Refusal::AccessMode(m) if m == "ReadWriteMany"),
+            |r| matches!(r, Refusal::AccessMode { mode: m, .. } if m == "ReadWriteMany"),
         ),
         (
             claim("hpp").on_node(NODE).access_modes(&["ReadWriteOnce", "ReadOnlyMany"]),
-            |r| matches!(r, Refusal::AccessMode(m) if m == "ReadOnlyMany"),
+            |r| matches!(r, Refusal::AccessMode { mode: m, .. } if m == "ReadOnlyMany"),
         ),
         (claim("hpp").on_node(NODE).access_modes(&[]), |r| matches!(r, Refusal::NoAccessModes)),
         (claim("hpp").on_node(NODE).spec(|s| s.resources = None), |r| matches!(r, Refusal::BadRequest(_))),
@@ -219,9 +219,9 @@ fn block_refusal_message_matches_the_go_build() {
 #[test]
 fn unknown_class_parameters_are_refused_with_the_known_list() {
     let mut c = wffc();
-    c.parameters = Some(BTreeMap::from([("pvDir".to_owned(), "/x".to_owned())]));
+    c.parameters = Some(BTreeMap::from([("storagepool".to_owned(), "/x".to_owned())]));
     let Decision::Refuse(r) = decide(claim("hpp").on_node(NODE), Some(&c)) else { panic!() };
-    assert!(matches!(&r, Refusal::UnknownParameter { key, .. } if key == "pvDir"));
+    assert!(matches!(&r, Refusal::UnknownParameter { key, .. } if key == "storagepool"));
     assert!(r.to_string().contains("storagePool"), "{r}");
 }
 
@@ -269,7 +269,7 @@ fn unset_reclaim_policy_means_delete() {
 fn naming_prefix_puts_the_claim_name_first() {
     let mut cfg = config();
     cfg.use_naming_prefix = true;
-    let plan = provisioned(decide_claim(&claim("hpp").on_node(NODE).build(), Some(&wffc()), &me(), &cfg));
+    let plan = provisioned(decide_claim(&claim("hpp").on_node(NODE).build(), Some(&wffc()), &me(), &cfg, &[]));
     assert_eq!(plan.dir_name, format!("data-pvc-{UID}"));
 }
 
@@ -277,12 +277,202 @@ fn naming_prefix_puts_the_claim_name_first() {
 fn provision_on_node_policy_restricts_who_may_pin_claims() {
     let mut cfg = config();
     cfg.provision_on_node = ProvisionOnNodePolicy::Deny;
-    let d = decide_claim(&claim("hpp").on_node(NODE).build(), Some(&wffc()), &me(), &cfg);
+    let d = decide_claim(&claim("hpp").on_node(NODE).build(), Some(&wffc()), &me(), &cfg, &[]);
     assert!(matches!(d, Decision::Refuse(Refusal::ProvisionOnNodeNotAllowed(_))));
     // WFFC claims are unaffected.
-    provisioned(decide_claim(&claim("hpp").selected(NODE).build(), Some(&wffc()), &me(), &cfg));
+    provisioned(decide_claim(&claim("hpp").selected(NODE).build(), Some(&wffc()), &me(), &cfg, &[]));
     cfg.provision_on_node = ProvisionOnNodePolicy::Namespaces(vec!["vms".into()]);
-    provisioned(decide_claim(&claim("hpp").on_node(NODE).namespace("vms").build(), Some(&wffc()), &me(), &cfg));
-    let d = decide_claim(&claim("hpp").on_node(NODE).build(), Some(&wffc()), &me(), &cfg);
+    provisioned(decide_claim(&claim("hpp").on_node(NODE).namespace("vms").build(), Some(&wffc()), &me(), &cfg, &[]));
+    let d = decide_claim(&claim("hpp").on_node(NODE).build(), Some(&wffc()), &me(), &cfg, &[]);
     assert!(matches!(d, Decision::Refuse(Refusal::ProvisionOnNodeNotAllowed(ns)) if ns == "default"));
+}
+
+// ---- pools and topologies ----
+
+use crate::deciding::layout::PoolPath;
+use crate::deciding::topology::{LiveNode, PoolKey, Topology};
+
+fn pools_config() -> DecisionConfig {
+    DecisionConfig {
+        pools: vec![
+            PoolPath::local("legacy", "/var/hpvolumes"),
+            PoolPath::local("ssd", "/mnt/ssd"),
+            PoolPath::shared("nfs", "/mnt/nfs"),
+        ],
+        ..config()
+    }
+}
+
+fn class_with(binding: &str, params: &[(&str, &str)]) -> StorageClass {
+    let mut c = class("hpp", binding);
+    c.parameters = Some(params.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
+    c
+}
+
+fn live_nodes(names: &[&str], pools: &[PoolKey]) -> Vec<LiveNode> {
+    names
+        .iter()
+        .map(|n| LiveNode { node: (*n).into(), pools: pools.to_vec(), expires_in: std::time::Duration::from_secs(30) })
+        .collect()
+}
+
+fn decide_with(claim: ClaimBuilder, class: &StorageClass, config: &DecisionConfig, live: &[LiveNode]) -> Decision {
+    decide_claim(&claim.build(), Some(class), &me(), config, live)
+}
+
+#[test]
+fn storage_pool_picks_the_pool_and_legacy_is_the_default() {
+    let cfg = pools_config();
+    let ssd = class_with("WaitForFirstConsumer", &[("storagePool", "ssd")]);
+    let plan = provisioned(decide_with(claim("hpp").selected(NODE), &ssd, &cfg, &[]));
+    assert_eq!((plan.pool.name.as_str(), plan.topology), ("ssd", Topology::Node));
+    let plain = class_with("WaitForFirstConsumer", &[]);
+    assert_eq!(provisioned(decide_with(claim("hpp").selected(NODE), &plain, &cfg, &[])).pool.name, "legacy");
+}
+
+#[test]
+fn a_pool_this_node_lacks_goes_back_to_the_scheduler_but_is_refused_when_pinned() {
+    let cfg = pools_config();
+    let hdd = class_with("WaitForFirstConsumer", &[("storagePool", "hdd")]);
+    match decide_with(claim("hpp").selected(NODE), &hdd, &cfg, &[]) {
+        Decision::HandBack(r @ Refusal::UnknownPool { .. }) => {
+            let text = r.to_string();
+            assert!(text.contains("hdd") && text.contains("legacy, ssd, nfs") && text.contains(NODE), "{text}");
+        }
+        other => panic!("expected a hand-back, got {other:?}"),
+    }
+    match decide_with(claim("hpp").on_node(NODE), &hdd, &cfg, &[]) {
+        Decision::Refuse(r @ Refusal::UnknownPool { .. }) => assert!(r.to_string().contains("legacy, ssd, nfs")),
+        other => panic!("expected a refusal naming the configured pools, got {other:?}"),
+    }
+}
+
+#[test]
+fn several_pools_without_legacy_need_a_named_pool() {
+    let cfg = DecisionConfig {
+        pools: vec![PoolPath::local("ssd", "/mnt/ssd"), PoolPath::local("hdd", "/mnt/hdd")],
+        default_pool: None,
+        ..config()
+    };
+    let plain = class_with("WaitForFirstConsumer", &[]);
+    assert!(matches!(
+        decide_with(claim("hpp").selected(NODE), &plain, &cfg, &[]),
+        Decision::Refuse(Refusal::NoDefaultPool { .. })
+    ));
+}
+
+#[test]
+fn topology_and_pool_kinds_must_match() {
+    let cfg = pools_config();
+    let shared_on_local = class_with("WaitForFirstConsumer", &[("storagePool", "ssd"), ("topology", "shared")]);
+    let node_on_shared = class_with("WaitForFirstConsumer", &[("storagePool", "nfs")]);
+    let every_on_shared = class_with("WaitForFirstConsumer", &[("storagePool", "nfs"), ("topology", "everyNode")]);
+    for class in [shared_on_local, node_on_shared, every_on_shared] {
+        match decide_with(claim("hpp").selected(NODE), &class, &cfg, &[]) {
+            Decision::Refuse(r @ Refusal::TopologyPoolMismatch { .. }) => {
+                assert!(r.to_string().contains("topology"), "{r}")
+            }
+            other => panic!("expected a mismatch refusal, got {other:?}"),
+        }
+    }
+    let bad = class_with("WaitForFirstConsumer", &[("topology", "cluster")]);
+    match decide_with(claim("hpp").selected(NODE), &bad, &cfg, &[]) {
+        Decision::Refuse(r @ Refusal::BadParameter { .. }) => {
+            assert!(r.to_string().contains("node, shared, everyNode"), "{r}")
+        }
+        other => panic!("expected a bad-parameter refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn access_modes_follow_the_topology() {
+    let cfg = pools_config();
+    let nfs = PoolKey::new("nfs", "/mnt/nfs");
+    let shared = class_with("WaitForFirstConsumer", &[("storagePool", "nfs"), ("topology", "shared")]);
+    let every = class_with("WaitForFirstConsumer", &[("topology", "everyNode")]);
+    let node = class_with("WaitForFirstConsumer", &[]);
+    let rwx = || claim("hpp").selected(NODE).access_modes(&["ReadWriteMany"]);
+    let rox = || claim("hpp").selected(NODE).access_modes(&["ReadOnlyMany"]);
+    assert_eq!(
+        provisioned(decide_with(rwx(), &shared, &cfg, &live_nodes(&[NODE], std::slice::from_ref(&nfs)))).topology,
+        Topology::Shared
+    );
+    assert!(matches!(decide_with(rox(), &shared, &cfg, &[]), Decision::Provision(_)));
+    assert_eq!(provisioned(decide_with(rwx(), &every, &cfg, &[])).topology, Topology::EveryNode);
+    assert!(matches!(decide_with(rox(), &every, &cfg, &[]), Decision::Refuse(Refusal::AccessMode { .. })));
+    assert!(matches!(decide_with(rwx(), &node, &cfg, &[]), Decision::Refuse(Refusal::AccessMode { .. })));
+}
+
+#[test]
+fn immediate_shared_claims_are_provisioned_by_exactly_one_live_node() {
+    let cfg = pools_config();
+    let nfs = PoolKey::new("nfs", "/mnt/nfs");
+    let shared = class_with("Immediate", &[("storagePool", "nfs"), ("topology", "shared")]);
+    let live = live_nodes(&[NODE, OTHER_NODE, "node-c"], &[nfs]);
+    let mut mine = 0;
+    for i in 0..60 {
+        let uid = format!("0b5c7f8e-6a4d-4e1f-9c2b-{i:012}");
+        let c = claim("hpp").provisioner_annotations().access_modes(&["ReadWriteMany"]);
+        let c = ClaimBuilder(PersistentVolumeClaim { metadata: ObjectMeta { uid: Some(uid), ..c.0.metadata }, ..c.0 });
+        match decide_with(c, &shared, &cfg, &live) {
+            Decision::Provision(plan) => {
+                mine += 1;
+                assert_eq!(plan.topology, Topology::Shared);
+            }
+            Decision::Skip(SkipReason::ActedOnBy { node, .. }) => assert_ne!(node, NODE),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(mine > 5 && mine < 40, "about a third of 60: {mine}");
+}
+
+#[test]
+fn immediate_node_claims_still_get_the_single_explanation() {
+    let c = class_with("Immediate", &[]);
+    assert_eq!(
+        decide_with(claim("hpp").provisioner_annotations(), &c, &pools_config(), &[]),
+        Decision::ExplainImmediate
+    );
+}
+
+#[test]
+fn immediate_shared_claim_with_no_node_serving_the_pool_is_explained_by_one_node() {
+    let cfg = pools_config();
+    let shared = class_with("Immediate", &[("storagePool", "nfs"), ("topology", "shared")]);
+    // Nobody advertises the shared pool (this node's is unusable right now).
+    let live = live_nodes(&[NODE, OTHER_NODE], &[]);
+    let verdicts: Vec<Decision> = [NODE, OTHER_NODE]
+        .iter()
+        .map(|node| {
+            let me = Identity { node: (*node).into(), ..me() };
+            decide_claim(&claim("hpp").provisioner_annotations().build(), Some(&shared), &me, &cfg, &live)
+        })
+        .collect();
+    let refusals = verdicts.iter().filter(|d| matches!(d, Decision::Refuse(Refusal::NoNodeServesPool { .. }))).count();
+    assert_eq!(refusals, 1, "{verdicts:?}");
+}
+
+#[test]
+fn torchbox_pv_dir_selects_the_shared_pool_or_is_refused() {
+    let cfg = pools_config();
+    let torchbox = class_with("Immediate", &[("pvDir", "/mnt/nfs/")]);
+    let live = live_nodes(&[NODE], &[PoolKey::new("nfs", "/mnt/nfs")]);
+    let plan = provisioned(decide_with(claim("hpp").provisioner_annotations(), &torchbox, &cfg, &live));
+    assert_eq!((plan.pool.name.as_str(), plan.topology), ("nfs", Topology::Shared));
+    let elsewhere = class_with("Immediate", &[("pvDir", "/ceph/pvs")]);
+    match decide_with(claim("hpp").on_node(NODE), &elsewhere, &cfg, &live) {
+        Decision::Refuse(r @ Refusal::BadParameter { .. }) => assert!(r.to_string().contains("/mnt/nfs"), "{r}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn wffc_shared_and_every_node_claims_are_made_by_the_selected_node() {
+    let cfg = pools_config();
+    let every = class_with("WaitForFirstConsumer", &[("topology", "everyNode")]);
+    assert!(matches!(decide_with(claim("hpp").selected(NODE), &every, &cfg, &[]), Decision::Provision(_)));
+    assert_eq!(
+        decide_with(claim("hpp").selected(OTHER_NODE), &every, &cfg, &[]),
+        Decision::Skip(SkipReason::OtherNode)
+    );
 }
