@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use common::*;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use testbed::fixtures;
@@ -81,9 +82,21 @@ async fn provisioner_works_under_exactly_the_deploy_rbac() {
     let sa_kubeconfig = kubeconfig.clone();
     env.add_node(&node, &move |mut spec| {
         spec.kubeconfig = sa_kubeconfig.clone();
-        spec
+        // The DaemonSet's namespace, where the Role lets it keep its liveness lease.
+        spec.env("POD_NAMESPACE", NAMESPACE)
     })
     .await;
+    // The role covers the node's liveness lease.
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), NAMESPACE);
+    let lease = testbed::wait_for("node lease written", TIMEOUT, || async {
+        let list = leases.list(&ListParams::default()).await?;
+        anyhow::Ok(
+            list.items.into_iter().find(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(&node)),
+        )
+    })
+    .await
+    .expect("lease");
+    assert!(lease.metadata.annotations.unwrap_or_default()["hostpath-provisioner.kubevirt.io/pools"].starts_with("legacy="));
 
     // Provision with the deployed WaitForFirstConsumer class and delete again.
     let claim = env.create_claim(fixtures::claim(&env.ns, "data", "hostpath-provisioner", "1Mi")).await;

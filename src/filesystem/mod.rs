@@ -677,6 +677,23 @@ impl PoolRoot {
         }
     }
 
+    /// How long ago the entry `name` directly under the root last changed (its ctime), without
+    /// following a symlink. `None` when it is gone.
+    pub fn entry_age(&self, name: &VolumeDirName) -> Result<Option<std::time::Duration>, PoolError> {
+        match rustix::fs::statat(&self.fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => {
+                let changed = std::time::UNIX_EPOCH
+                    + std::time::Duration::new(
+                        st.st_ctime.max(0) as u64,
+                        st.st_ctime_nsec.clamp(0, 999_999_999) as u32,
+                    );
+                Ok(Some(std::time::SystemTime::now().duration_since(changed).unwrap_or_default()))
+            }
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(fs_error("stat the volume directory", self.volume_path(name), e)),
+        }
+    }
+
     /// Names of the entries directly under the pool root (any type, "." and ".." left out), for
     /// orphan cleanup. Names that are not UTF-8 are skipped: this provisioner never makes them.
     pub fn list_entries(&self) -> Result<Vec<String>, PoolError> {

@@ -20,10 +20,15 @@ pub fn uid_of_dir(name: &str) -> Option<&str> {
     (layout::is_uid(uid) && (rest == "pvc-" || rest.ends_with("-pvc-"))).then_some(uid)
 }
 
+/// On a shared pool, another node may be between creating a directory and its PV for a claim
+/// this node has not seen yet: only directories untouched for this long count as orphans there.
+const SHARED_ORPHAN_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Removes empty orphan directories in every pool. Errors are logged, never fatal.
 pub async fn remove_orphan_directories(ctx: &Context) {
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    for pool_name in ctx.pools.names() {
+    for pool_path in &ctx.config.pools {
+        let pool_name = pool_path.name.as_str();
         let Some(Ok(pool)) = ctx.pools.usable(pool_name) else { continue };
         let entries = match pool.list_entries() {
             Ok(entries) => entries,
@@ -49,6 +54,9 @@ pub async fn remove_orphan_directories(ctx: &Context) {
                 }
             }
             let Ok(dir) = VolumeDirName::new(&entry) else { continue };
+            if pool_path.shared && !matches!(pool.entry_age(&dir), Ok(Some(age)) if age >= SHARED_ORPHAN_AGE) {
+                continue;
+            }
             match pool.remove_empty_volume_dir(&dir) {
                 Ok(()) => {
                     tracing::info!(pool = %pool_name, dir = %entry, "removed empty directory with no claim and no PV")

@@ -19,6 +19,8 @@ use testbed::{ControlPlane, ProvisionerSpec, SimNode};
 pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
 /// Label on a test's nodes; its pods select it so they never land on another test's nodes.
 pub const GROUP_LABEL: &str = "hpp-test/group";
+/// Node lease duration in the tests (the default is 120 s).
+pub const LEASE_SECONDS: u32 = 6;
 /// Generous: the machine may be busy with parallel tests; timings are not what is tested here.
 pub const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -34,6 +36,9 @@ pub struct TestEnv {
     pub ns: String,
     pub group: String,
     pub nodes: Vec<SimNode>,
+    /// The provisioner name this test's nodes and classes use ([`PROVISIONER`] unless the test
+    /// isolates itself with [`TestEnv::own_provisioner`]).
+    pub provisioner: String,
 }
 
 impl TestEnv {
@@ -52,11 +57,19 @@ impl TestEnv {
             .create(&PostParams::default(), &fixtures::namespace(&ns))
             .await
             .expect("create namespace");
-        let mut env = TestEnv { cp, client, ns, group, nodes: Vec::new() };
+        let mut env = TestEnv { cp, client, ns, group, nodes: Vec::new(), provisioner: PROVISIONER.to_owned() };
         for i in 1..=nodes {
             env.add_node(&format!("{}-{i}", env.group), &adjust).await;
         }
         env
+    }
+
+    /// Gives this test a provisioner name of its own (call before adding nodes). Claims that no
+    /// annotation places (Immediate shared and every-node classes) are otherwise seen by every
+    /// test's nodes on the shared control plane, whose pools of the same name are other
+    /// directories; on a real cluster all nodes serve the same pools.
+    pub fn own_provisioner(&mut self) {
+        self.provisioner = format!("test.hostpath-provisioner/{}", self.group);
     }
 
     /// Adds a node of this test's group with its own pool root and provisioner, and waits
@@ -72,7 +85,14 @@ impl TestEnv {
         self.cp.add_node_labeled(name, name, &[(GROUP_LABEL, &self.group)]).await.expect("add node");
         let pool = testbed::pool_root_for(self.cp, name);
         std::fs::create_dir_all(&pool).expect("pool root");
-        let spec = adjust(ProvisionerSpec::new(binary(), name, pool.clone(), self.cp.kubeconfig_path()));
+        // Leases in the test's own namespace, so tests never see each other's nodes as live;
+        // short, so a killed node's work moves on within seconds.
+        let spec = adjust(
+            ProvisionerSpec::new(binary(), name, pool.clone(), self.cp.kubeconfig_path())
+                .env("POD_NAMESPACE", &self.ns)
+                .env("PROVISIONER_NAME", &self.provisioner)
+                .env("NODE_LEASE_SECONDS", &LEASE_SECONDS.to_string()),
+        );
         let provisioner = testbed::Provisioner::spawn(spec, self.cp.temp_dir()).expect("spawn provisioner");
         // add_node_labeled already created the Node; SimNode only bundles what we started.
         self.nodes.push(SimNode { name: name.to_owned(), hostname: name.to_owned(), pool_root: pool, provisioner });
@@ -102,7 +122,7 @@ impl TestEnv {
         build: impl FnOnce(fixtures::StorageClassBuilder) -> fixtures::StorageClassBuilder,
     ) -> String {
         let name = format!("{}-{suffix}", self.group);
-        let class = build(fixtures::storage_class(&name, PROVISIONER)).build();
+        let class = build(fixtures::storage_class(&name, &self.provisioner)).build();
         Api::<StorageClass>::all(self.client.clone())
             .create(&PostParams::default(), &class)
             .await

@@ -30,6 +30,10 @@ pub struct ProvisionerSpec {
     /// inherited: the provisioner reads its settings from env vars too (`PV_DIR`,
     /// `KUBECONFIG`, ...), and the test runner's must not leak in.
     pub env: Vec<(String, String)>,
+    /// Bind mounts `(source, target)` made in a private mount namespace of the process's own
+    /// (needs root): how several simulated nodes on one host each see a directory of their own
+    /// at the same path, as every-node volumes need. Gone with the process.
+    pub private_mounts: Vec<(PathBuf, PathBuf)>,
 }
 
 impl ProvisionerSpec {
@@ -46,7 +50,15 @@ impl ProvisionerSpec {
             kubeconfig: kubeconfig.into(),
             extra_args: Vec::new(),
             env: Vec::new(),
+            private_mounts: Vec::new(),
         }
+    }
+
+    /// Adds a bind mount of `source` on `target` seen only by this process (see
+    /// [`ProvisionerSpec::private_mounts`]); `target` is created if missing.
+    pub fn private_mount(mut self, source: impl Into<PathBuf>, target: impl Into<PathBuf>) -> Self {
+        self.private_mounts.push((source.into(), target.into()));
+        self
     }
 
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
@@ -99,9 +111,10 @@ impl Provisioner {
             ("NO_COLOR".to_string(), "1".to_string()),
         ];
         env.extend(spec.env.iter().cloned());
+        let (program, args) = with_private_mounts(&spec.binary, args, &spec.private_mounts)?;
         let process = ProcessSpec {
             name: format!("provisioner-{}", spec.node_name),
-            program: spec.binary.clone(),
+            program,
             args,
             env,
             clean_env: true,
@@ -209,6 +222,38 @@ impl Provisioner {
     pub fn log_tail(&self, lines: usize) -> String {
         tail_file(&self.process.log_path, lines)
     }
+}
+
+/// Wraps the command in `unshare --mount` and a shell that makes the bind mounts, then `exec`s
+/// the provisioner (same PID, so stopping it by PID works as for a plain start).
+fn with_private_mounts(
+    binary: &Path,
+    args: Vec<String>,
+    mounts: &[(PathBuf, PathBuf)],
+) -> Result<(PathBuf, Vec<String>)> {
+    if mounts.is_empty() {
+        return Ok((binary.to_owned(), args));
+    }
+    let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', "'\\''"));
+    let mut script = String::from("set -e; ");
+    for (source, target) in mounts {
+        std::fs::create_dir_all(source)?;
+        std::fs::create_dir_all(target)?;
+        script.push_str(&format!("mount --bind {} {}; ", quote(source), quote(target)));
+    }
+    script.push_str("exec \"$@\"");
+    let mut wrapped = vec![
+        "--mount".to_string(),
+        "--propagation".to_string(),
+        "private".to_string(),
+        "sh".to_string(),
+        "-c".to_string(),
+        script,
+        "sh".to_string(),
+        binary.display().to_string(),
+    ];
+    wrapped.extend(args);
+    Ok((PathBuf::from("unshare"), wrapped))
 }
 
 impl Drop for Provisioner {
