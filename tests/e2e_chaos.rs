@@ -1,6 +1,8 @@
-//! Chaos: 200 claims created and deleted while provisioners are SIGKILLed at random moments and
-//! kube-apiserver is restarted once. Every claim must end bound exactly once, every released
-//! volume must be gone from disk and API, with no orphan directory and no duplicate PV.
+//! Chaos: 200 node claims, 40 shared and 20 every-node claims created and deleted while
+//! provisioners are SIGKILLed at random moments and kube-apiserver is restarted once. Every claim
+//! must end bound exactly once, every released volume must be gone from disk and API, with no
+//! orphan directory (on any node, in the shared pool, or of any every-node copy) and no
+//! duplicate PV.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -17,6 +19,13 @@ const NODES: usize = 3;
 const BATCH: usize = 10;
 const NS: &str = "chaos";
 const CLASS: &str = "chaos-immediate";
+const SHARED_CLAIMS: usize = 40;
+const SHARED_CLASS: &str = "chaos-shared";
+const EVERY_CLAIMS: usize = 20;
+const EVERY_CLASS: &str = "chaos-every-node";
+/// The per-node pool of the every-node claims.
+const EVERY_POOL: &str = "edge";
+const TOTAL: usize = CLAIMS + SHARED_CLAIMS + EVERY_CLAIMS;
 const DEADLINE: Duration = Duration::from_secs(300);
 
 /// xorshift64*: a reproducible random sequence from a printed seed.
@@ -74,7 +83,18 @@ fn claim_name(i: usize) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_hostpath-provisioner"));
-    let mut cluster = Cluster::start_with(ClusterSpec::new(binary, NODES)).await.expect("cluster");
+    // The shared pool: one directory every node's provisioner gets (the network filesystem).
+    let scratch = std::env::temp_dir().join(format!("hpp-chaos-{}", std::process::id()));
+    let shared = scratch.join("nfs");
+    let every_path = scratch.join("edge");
+    std::fs::create_dir_all(&shared).unwrap();
+    let mut spec = ClusterSpec::new(binary, NODES);
+    spec.provisioner_args =
+        vec!["--pool".into(), format!("nfs={},shared", shared.display()), "--node-lease-seconds".into(), "6".into()];
+    spec.per_node_pool = Some((EVERY_POOL.into(), every_path.clone()));
+    let mut cluster = Cluster::start_with(spec).await.expect("cluster");
+    let every_dirs: Vec<PathBuf> =
+        cluster.nodes.iter().map(|n| testbed::per_node_pool_dir(&cluster.cp, &n.name, EVERY_POOL)).collect();
     let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
     let mut rng = Rng(seed);
     eprintln!("chaos: seed {seed}");
@@ -82,6 +102,20 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &fixtures::namespace(NS)).await.unwrap();
     let class = fixtures::storage_class(CLASS, "kubevirt.io/hostpath-provisioner").immediate().build();
     Api::<StorageClass>::all(client.clone()).create(&PostParams::default(), &class).await.unwrap();
+    for class in [
+        fixtures::storage_class(SHARED_CLASS, "kubevirt.io/hostpath-provisioner")
+            .immediate()
+            .parameter("storagePool", "nfs")
+            .parameter("topology", "shared")
+            .build(),
+        fixtures::storage_class(EVERY_CLASS, "kubevirt.io/hostpath-provisioner")
+            .immediate()
+            .parameter("storagePool", EVERY_POOL)
+            .parameter("topology", "everyNode")
+            .build(),
+    ] {
+        Api::<StorageClass>::all(client.clone()).create(&PostParams::default(), &class).await.unwrap();
+    }
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
 
@@ -128,20 +162,46 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
         }
     }
 
+    // Shared and every-node claims: no node named, one live node acts; a node is killed
+    // during each batch.
+    let shaped: Vec<(String, &str)> = (0..SHARED_CLAIMS)
+        .map(|i| (format!("s{i:03}"), SHARED_CLASS))
+        .chain((0..EVERY_CLAIMS).map(|i| (format!("e{i:03}"), EVERY_CLASS)))
+        .collect();
+    for batch in shaped.chunks(BATCH) {
+        let creates = batch.iter().map(|(name, class)| {
+            let claims = claims.clone();
+            let claim = fixtures::claim(NS, name, class, "1Mi").access_modes(&["ReadWriteMany"]).build();
+            async move {
+                persist("create claim", || async {
+                    match claims.create(&PostParams::default(), &claim).await {
+                        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                        other => other.map(|_| ()),
+                    }
+                })
+                .await
+            }
+        });
+        let delay = Duration::from_millis(rng.below(300));
+        let (cluster_ref, rng_ref) = (&mut cluster, &mut rng);
+        tokio::join!(join_all(creates), async move {
+            tokio::time::sleep(delay).await;
+            kill_one(cluster_ref, rng_ref);
+        });
+        kills += 1;
+    }
+
     // Every claim bound exactly once.
     let bound = testbed::wait_for("all claims Bound", DEADLINE, || async {
         let list = claims.list(&ListParams::default()).await?;
         let bound =
             list.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count();
-        anyhow::Ok((bound == CLAIMS).then_some(bound))
+        anyhow::Ok((bound == TOTAL).then_some(bound))
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", tails(&cluster)));
     let all_pvs = persist("list PVs", || async { pvs.list(&ListParams::default()).await }).await.items;
-    let ours: Vec<&PersistentVolume> = all_pvs
-        .iter()
-        .filter(|pv| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(CLASS))
-        .collect();
+    let ours: Vec<&PersistentVolume> = all_pvs.iter().filter(|pv| is_chaos_pv(pv)).collect();
     let mut per_claim: BTreeMap<String, usize> = BTreeMap::new();
     for pv in &ours {
         let uid = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.clone()).unwrap_or_default();
@@ -149,9 +209,25 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
     }
     let duplicates = per_claim.values().filter(|n| **n > 1).count() + ours.len().saturating_sub(per_claim.len());
     let claim_list = claims.list(&ListParams::default()).await.unwrap().items;
+    let dirs_of = |prefix: char| -> BTreeSet<String> {
+        claim_list
+            .iter()
+            .filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)))
+            .map(|c| format!("pvc-{}", c.metadata.uid.as_ref().unwrap()))
+            .collect()
+    };
+    let (shared_expected, every_expected) = (dirs_of('s'), dirs_of('e'));
+    let stray_shared = dir_entries(&shared).difference(&shared_expected).count();
+    assert_eq!(dir_entries(&shared), shared_expected, "one directory per shared claim, in the shared pool");
+    // Every node makes its copy when it sees the PV: wait for all of them.
+    testbed::wait_for("every-node copies on every node", DEADLINE, || async {
+        anyhow::Ok(every_dirs.iter().all(|d| dir_entries(d) == every_expected).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", tails(&cluster)));
     let expected_dirs: BTreeMap<String, BTreeSet<String>> = {
         let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for c in &claim_list {
+        for c in claim_list.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with('c'))) {
             let node = owner_of[c.metadata.name.as_ref().unwrap()].clone();
             m.entry(node).or_default().insert(format!("pvc-{}", c.metadata.uid.as_ref().unwrap()));
         }
@@ -164,6 +240,7 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
         assert!(expected.is_subset(&on_disk), "node {} lacks directories", node.name);
         stray_after_create += on_disk.difference(&expected).count();
     }
+    stray_after_create += stray_shared;
 
     // Delete everything, killing provisioners along the way.
     for (i, c) in claim_list.iter().enumerate() {
@@ -181,35 +258,42 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
         }
     }
     testbed::wait_for("all PVs deleted", DEADLINE, || async {
-        let left = pvs
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|pv| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(CLASS))
-            .count();
+        let left = pvs.list(&ListParams::default()).await?.items.iter().filter(|pv| is_chaos_pv(pv)).count();
         anyhow::Ok((left == 0).then_some(()))
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", tails(&cluster)));
+    let left_on_disk = || -> usize {
+        let mut roots: Vec<PathBuf> = cluster.nodes.iter().map(|n| n.pool_root.clone()).collect();
+        roots.extend(every_dirs.iter().cloned());
+        roots.push(shared.clone());
+        roots.iter().map(|r| dir_entries(r).len()).sum()
+    };
     let orphans = testbed::wait_for("pools empty", Duration::from_secs(60), || async {
-        let left: usize = cluster.nodes.iter().map(|n| dir_entries(&n.pool_root).len()).sum();
+        let left = left_on_disk();
         anyhow::Ok((left == 0).then_some(0))
     })
     .await
-    .unwrap_or_else(|_| cluster.nodes.iter().map(|n| dir_entries(&n.pool_root).len()).sum());
+    .unwrap_or_else(|_| left_on_disk());
+    let _ = std::fs::remove_dir_all(&scratch);
 
     println!(
-        "chaos: seed {seed}, claims {CLAIMS}, bound {bound}, PVs {}, duplicates {duplicates}, \
+        "chaos: seed {seed}, claims {TOTAL} ({CLAIMS} node, {SHARED_CLAIMS} shared, {EVERY_CLAIMS} every-node), \
+         bound {bound}, PVs {}, duplicates {duplicates}, \
          stray directories after create {stray_after_create}, deleted {}, orphans {orphans}, \
          provisioner kills {kills}, apiserver restarts 1",
         ours.len(),
         ours.len()
     );
-    assert_eq!(ours.len(), CLAIMS, "one PV per claim");
+    assert_eq!(ours.len(), TOTAL, "one PV per claim");
     assert_eq!(duplicates, 0);
     assert_eq!(stray_after_create, 0, "no orphan directory after creation");
     assert_eq!(orphans, 0, "no directory left after deletion");
+}
+
+fn is_chaos_pv(pv: &PersistentVolume) -> bool {
+    let class = pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref());
+    matches!(class, Some(CLASS | SHARED_CLASS | EVERY_CLASS))
 }
 
 /// Entries of a pool root plus those still in its trash (data not yet removed in the background).

@@ -96,7 +96,9 @@ async fn provisioner_works_under_exactly_the_deploy_rbac() {
     })
     .await
     .expect("lease");
-    assert!(lease.metadata.annotations.unwrap_or_default()["hostpath-provisioner.kubevirt.io/pools"].starts_with("legacy="));
+    assert!(
+        lease.metadata.annotations.unwrap_or_default()["hostpath-provisioner.kubevirt.io/pools"].starts_with("legacy=")
+    );
 
     // Provision with the deployed WaitForFirstConsumer class and delete again.
     let claim = env.create_claim(fixtures::claim(&env.ns, "data", "hostpath-provisioner", "1Mi")).await;

@@ -126,13 +126,15 @@ async fn unsupported_claims_get_provisioning_failed_with_the_reason() {
     let env = TestEnv::start("unsupported", 1).await;
     let node = env.nodes[0].name.clone();
     let class = env.class("imm", |c| c.immediate()).await;
-    let odd_class = env.class("odd", |c| c.immediate().parameter("pvDir", "/etc")).await;
+    let odd_class = env.class("odd", |c| c.immediate().parameter("pvdir", "/etc")).await;
+    let torchbox_class = env.class("torchbox", |c| c.immediate().parameter("pvDir", "/etc")).await;
     let mount_class = env.class("mnt", |c| c.immediate().mount_option("noatime")).await;
     let cases = [
         (fixtures::claim(&env.ns, "block", &class, "1Mi").block(), "does not support block volume provisioning"),
         (fixtures::claim(&env.ns, "rwx", &class, "1Mi").access_modes(&["ReadWriteMany"]), "ReadWriteMany"),
         (fixtures::claim(&env.ns, "selector", &class, "1Mi").selector("a", "b"), "spec.selector"),
-        (fixtures::claim(&env.ns, "param", &odd_class, "1Mi"), "unknown parameter \"pvDir\""),
+        (fixtures::claim(&env.ns, "param", &odd_class, "1Mi"), "unknown parameter \"pvdir\""),
+        (fixtures::claim(&env.ns, "pvdir", &torchbox_class, "1Mi"), "the root of a configured shared pool (none"),
         (fixtures::claim(&env.ns, "mountopts", &mount_class, "1Mi"), "sets mountOptions"),
     ];
     for (claim, expected) in cases {

@@ -98,7 +98,8 @@ async fn an_unmounted_pool_keeps_the_node_unready_and_refusing_until_a_disk_is_m
     let health = env.nodes[0].provisioner.health_addr();
     testbed::wait_for("readyz names the pool", TIMEOUT, || async {
         let (status, body) = testbed::http_get(health, "/readyz").await?;
-        anyhow::Ok((status == 503 && body.contains("mount point")).then_some(()))
+        // It names the pool and why.
+        anyhow::Ok((status == 503 && body.contains("pool legacy") && body.contains("nothing is mounted")).then_some(()))
     })
     .await
     .expect("unready while the pool root is not a mount point");

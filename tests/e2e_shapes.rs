@@ -339,7 +339,7 @@ async fn every_node_volume_reaches_every_node_late_joiners_and_returning_ones() 
     }
     let pv_name = pv.metadata.name.clone().unwrap();
     let note = e.env.wait_event("default", pv.metadata.uid.as_deref().unwrap(), "WaitingForNodes").await;
-    assert!(note.contains(&down), "{note}");
+    assert!(note.contains(&down), "{note}\n{}", e.env.log_tails());
     let held = e.env.pvs().get(&pv_name).await.expect("PV still there while node 3's copy is");
     assert!(held.metadata.deletion_timestamp.is_some());
     assert!(e.copy(3, &dir).is_dir(), "node 3's copy waits for node 3");

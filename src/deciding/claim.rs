@@ -351,7 +351,8 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
             .ok_or_else(|| {
                 let roots: Vec<String> =
                     config.pools.iter().filter(|p| p.shared).map(|p| p.root.display().to_string()).collect();
-                bad("pvDir", pv_dir, format!("the root of a configured shared pool ({})", roots.join(", ")))
+                let roots = if roots.is_empty() { "none on this node".to_owned() } else { roots.join(", ") };
+                bad("pvDir", pv_dir, format!("the root of a configured shared pool ({roots})"))
             })?;
         if pool.as_ref().is_some_and(|p| *p != shared.name) {
             return Err(bad("pvDir", pv_dir, "the root of the pool storagePool names, or no storagePool".to_owned()));

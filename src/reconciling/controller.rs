@@ -142,6 +142,11 @@ pub async fn run(
     tokio::spawn(after_initial_lists(ctx.clone()));
     let usable_now = config.pools.iter().filter(|p| matches!(ctx.pools.usable(&p.name), Some(Ok(_)))).map(|p| p.key());
     ctx.membership.set_pools(usable_now.collect());
+    // Announce this node before acting, so that no other node's view of who is alive lacks it
+    // while it already holds work (best effort: the renewal loop keeps trying).
+    if let Err(error) = ctx.membership.renew().await {
+        tracing::warn!(%error, "cannot write this node's lease yet; retrying in the background");
+    }
     tokio::spawn(keep_lease(ctx.clone()));
     tokio::spawn(refresh_pools(ctx.clone()));
     tokio::spawn(purge_trash(ctx.clone()));

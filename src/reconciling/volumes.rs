@@ -1,5 +1,5 @@
 //! The volume reconciler: when a PV of this node is released under the Delete policy, remove its
-//! directory (safely, `docs/architecture.md`, deletion rules) and then the PV. For every-node
+//! directory (safely: the deletion rules of `docs/architecture.md`) and then the PV. For every-node
 //! volumes, keep this node's copy in step with the PV: created while it lives, removed when it
 //! goes, with this node's finalizer holding the PV until its copy is gone.
 
@@ -54,7 +54,14 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
         }
         VolumeDecision::RemoveCopy { accepted, remove_finalizer, report_waiting } => {
             remove_copy(&ctx, &pv, &accepted, remove_finalizer).await?;
-            if report_waiting { report_waiting_copies(&ctx, &pv, &live).await? } else { Action::await_change() }
+            if report_waiting {
+                // Who is alive decides whom the PV waits for: look afresh, not at a cached view.
+                ctx.membership.invalidate().await;
+                let live = ctx.live_nodes().await?;
+                report_waiting_copies(&ctx, &pv, &live).await?
+            } else {
+                Action::await_change()
+            }
         }
         VolumeDecision::KeepCopy => {
             remove_finalizer(&ctx, &name, &keys::copy_finalizer(&ctx.me.node)).await?;

@@ -59,6 +59,11 @@ pub fn pool_root_for(cp: &ControlPlane, node: &str) -> PathBuf {
     cp.temp_dir().join("nodes").join(node).join("pool")
 }
 
+/// What node `node` sees at the path of [`ClusterSpec::per_node_pool`] `pool`.
+pub fn per_node_pool_dir(cp: &ControlPlane, node: &str, pool: &str) -> PathBuf {
+    cp.temp_dir().join("nodes").join(node).join(pool)
+}
+
 /// What [`Cluster::start_with`] builds.
 #[derive(Clone, Debug)]
 pub struct ClusterSpec {
@@ -69,11 +74,21 @@ pub struct ClusterSpec {
     pub control_plane: Options,
     /// Passed to every provisioner.
     pub provisioner_args: Vec<String>,
+    /// A pool `(name, path)` at the same path on every node, each node seeing a directory of its
+    /// own there (`<temp dir>/nodes/<node>/<name>`, bind-mounted in the provisioner's private
+    /// mount namespace; needs root): the layout of every-node volumes.
+    pub per_node_pool: Option<(String, PathBuf)>,
 }
 
 impl ClusterSpec {
     pub fn new(binary: impl Into<PathBuf>, nodes: usize) -> ClusterSpec {
-        ClusterSpec { binary: binary.into(), nodes, control_plane: Options::default(), provisioner_args: Vec::new() }
+        ClusterSpec {
+            binary: binary.into(),
+            nodes,
+            control_plane: Options::default(),
+            provisioner_args: Vec::new(),
+            per_node_pool: None,
+        }
     }
 }
 
@@ -96,7 +111,17 @@ impl Cluster {
         let mut nodes = Vec::with_capacity(spec.nodes);
         for i in 1..=spec.nodes {
             let name = format!("node-{i}");
-            nodes.push(SimNode::start(&cp, &name, &spec.binary, &spec.provisioner_args).await?);
+            let mut node_spec = ProvisionerSpec {
+                extra_args: spec.provisioner_args.clone(),
+                ..ProvisionerSpec::new(&spec.binary, &name, pool_root_for(&cp, &name), cp.kubeconfig_path())
+            };
+            if let Some((pool, path)) = &spec.per_node_pool {
+                node_spec = node_spec
+                    .arg("--pool")
+                    .arg(format!("{pool}={}", path.display()))
+                    .private_mount(per_node_pool_dir(&cp, &name, pool), path.clone());
+            }
+            nodes.push(SimNode::start_with(&cp, &name, &[], node_spec).await?);
         }
         Ok(Cluster { nodes, cp })
     }

@@ -63,7 +63,7 @@ mod wait;
 
 pub use anyhow::Result;
 pub use binaries::BIN_DIR_ENV;
-pub use cluster::{Cluster, ClusterSpec, PROVISIONER_READY_TIMEOUT, SimNode, pool_root_for};
+pub use cluster::{Cluster, ClusterSpec, PROVISIONER_READY_TIMEOUT, SimNode, per_node_pool_dir, pool_root_for};
 pub use control_plane::{ControlPlane, Options};
 pub use kubeconfig::Connection;
 pub use process::free_port;
