@@ -282,14 +282,21 @@ fn pool_root(path: &str) -> Option<PathBuf> {
     layout::normalise(path).ok().filter(|p| p.parent().is_some() && !path.contains(','))
 }
 
-/// Parses one `--pool` value or the whole `STORAGE_POOLS`: comma-separated entries, where an
-/// entry with `=` starts a pool (`NAME=PATH`) and one without is an option of the pool before it
-/// (only `shared`). So `--pool nfs=/mnt/nfs,shared` and `STORAGE_POOLS=ssd=/mnt/ssd,nfs=/mnt/nfs,shared`
-/// read the same way.
+/// Parses one `--pool` value or the whole `STORAGE_POOLS`: comma-separated entries, where
+/// `NAME=PATH` starts a pool and `shared` or `reserve=SIZE` is an option of the pool before it.
+/// So `--pool nfs=/mnt/nfs,shared` and `STORAGE_POOLS=ssd=/mnt/ssd,reserve=10Gi,nfs=/mnt/nfs,shared`
+/// read the same way (`shared` and `reserve` cannot be pool names).
 pub fn parse_pool_specs(value: &str) -> Result<Vec<PoolPath>, ConfigError> {
-    const ACCEPTED: &str = "NAME=PATH[,shared] entries separated by commas, NAME a DNS-1123 label, PATH an absolute directory other than /";
+    const ACCEPTED: &str = "NAME=PATH[,shared][,reserve=SIZE] entries separated by commas, NAME a DNS-1123 label, PATH an absolute directory other than /";
     let mut pools: Vec<PoolPath> = Vec::new();
     for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        if let Some(size) = token.strip_prefix("reserve=") {
+            let (Some(pool), Ok(bytes)) = (pools.last_mut(), crate::deciding::capacity::parse_bytes(size)) else {
+                return Err(invalid("STORAGE_POOLS", value, ACCEPTED));
+            };
+            pool.reserve = Some(bytes);
+            continue;
+        }
         match token.split_once('=') {
             Some((name, path)) => {
                 let name = name.trim();
@@ -421,7 +428,7 @@ mod tests {
             "--pool",
             "nfs=/mnt/nfs/,shared",
             "--pool",
-            "hdd=/mnt/hdd,scratch=/mnt/scratch",
+            "hdd=/mnt/hdd,reserve=10Gi,scratch=/mnt/scratch",
         ])
         .unwrap();
         assert_eq!(
@@ -430,7 +437,7 @@ mod tests {
                 PoolPath::local("legacy", "/var/hpvolumes"),
                 PoolPath::local("ssd", "/mnt/ssd"),
                 PoolPath::shared("nfs", "/mnt/nfs"),
-                PoolPath::local("hdd", "/mnt/hdd"),
+                PoolPath { reserve: Some(10 << 30), ..PoolPath::local("hdd", "/mnt/hdd") },
                 PoolPath::local("scratch", "/mnt/scratch"),
             ]
         );
@@ -452,6 +459,8 @@ mod tests {
             "ssd=/a/../b",
             "shared",
             "ssd=/x,fast",
+            "reserve=1Gi",
+            "ssd=/x,reserve=lots",
             "ssd=/x,ssd=/y",
             "a=/x,b=/x/y",
             "legacy=/other",

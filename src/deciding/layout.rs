@@ -20,17 +20,19 @@ pub struct PoolPath {
     pub root: PathBuf,
     /// Declared shared (`--pool NAME=PATH,shared`): serves only the `shared` topology.
     pub shared: bool,
+    /// Bytes kept free in this pool (`reserve=SIZE`), instead of `RESERVED_SPACE`.
+    pub reserve: Option<u64>,
 }
 
 impl PoolPath {
     /// A node-local pool.
     pub fn local(name: &str, root: impl Into<PathBuf>) -> PoolPath {
-        PoolPath { name: name.to_owned(), root: root.into(), shared: false }
+        PoolPath { name: name.to_owned(), root: root.into(), shared: false, reserve: None }
     }
 
     /// A pool on a network filesystem mounted at the same path on every node.
     pub fn shared(name: &str, root: impl Into<PathBuf>) -> PoolPath {
-        PoolPath { name: name.to_owned(), root: root.into(), shared: true }
+        PoolPath { name: name.to_owned(), root: root.into(), shared: true, reserve: None }
     }
 
     /// How the pool is advertised to, and matched against, other nodes.

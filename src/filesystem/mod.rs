@@ -297,6 +297,18 @@ pub enum PoolError {
     /// A name was refused as a volume directory name.
     #[error(transparent)]
     InvalidName(#[from] InvalidDirName),
+    /// The pool's filesystem is mounted read-only.
+    #[error(
+        "pool {pool:?}: the filesystem at {} is mounted read-only; remount it read-write \
+         (provisioning and deletion in this pool wait and resume by themselves)",
+        .path.display()
+    )]
+    ReadOnly {
+        /// Pool name.
+        pool: String,
+        /// Pool root path.
+        path: PathBuf,
+    },
     /// A directory mode outside 0..=0o7777 was requested.
     #[error("directory mode {mode:#o} is not a permission mode (at most 0o7777); fix the configured mode")]
     InvalidMode {
@@ -315,7 +327,7 @@ impl PoolError {
     /// until an admin acts, so retrying them only repeats the same event.
     pub fn is_retryable(&self) -> bool {
         match self {
-            PoolError::RootNotMountpoint { .. } | PoolError::TreeChanged { .. } => true,
+            PoolError::RootNotMountpoint { .. } | PoolError::TreeChanged { .. } | PoolError::ReadOnly { .. } => true,
             PoolError::Io { source, .. } => errno_is_retryable(*source),
             PoolError::InvalidRootPath { .. }
             | PoolError::RootMissing { .. }
@@ -341,6 +353,7 @@ impl PoolError {
             PoolError::RootIsSymlink { .. } => "root_is_symlink",
             PoolError::RootChanged { .. } => "root_changed",
             PoolError::RootNotMountpoint { .. } => "root_not_mountpoint",
+            PoolError::ReadOnly { .. } => "read_only",
             PoolError::VolumeIsSymlink { .. } => "volume_is_symlink",
             PoolError::VolumeNotDirectory { .. } => "volume_not_directory",
             PoolError::MountInsideVolume { .. } => "mount_inside_volume",
@@ -557,6 +570,10 @@ impl PoolRoot {
         }
         if require_mountpoint && !self.is_mountpoint()? {
             return Err(PoolError::RootNotMountpoint { pool: self.name.clone(), path: self.path.clone() });
+        }
+        let st = rustix::fs::fstatvfs(&self.fd).map_err(|e| fs_error("statvfs the pool root", self.path.clone(), e))?;
+        if st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
+            return Err(PoolError::ReadOnly { pool: self.name.clone(), path: self.path.clone() });
         }
         Ok(())
     }

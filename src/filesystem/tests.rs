@@ -194,6 +194,26 @@ fn require_mountpoint_refuses_plain_directory_and_an_unmounted_disk() {
 }
 
 #[test]
+fn a_read_only_pool_is_refused_until_it_is_writable_again() {
+    let fx = Fixture::new();
+    let disk = fx.tmp.path().join("ro-disk");
+    fs::create_dir(&disk).expect("mkdir");
+    let _mount = MountGuard::tmpfs(&disk, c"size=1m");
+    let pool = PoolRoot::open("ro", &disk).expect("open");
+    pool.check(false).expect("writable");
+    let remount = |flags: MountFlags| {
+        rustix::mount::mount_remount(&disk, flags, c"size=1m").expect("remount (tests must run as root)")
+    };
+    remount(MountFlags::RDONLY);
+    let err = pool.check(false).expect_err("read-only");
+    assert!(matches!(err, PoolError::ReadOnly { .. }), "{err}");
+    assert!(err.is_retryable(), "an admin's remount fixes it without a restart");
+    assert!(err.to_string().contains("read-only"), "{err}");
+    remount(MountFlags::empty());
+    pool.check(false).expect("writable again");
+}
+
+#[test]
 fn bind_mount_of_a_same_filesystem_subdirectory_is_a_mountpoint() {
     let fx = Fixture::new();
     assert!(!fx.pool.is_mountpoint_without_statx_attr(fx.pool.dev).expect("plain"));

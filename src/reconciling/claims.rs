@@ -148,7 +148,8 @@ async fn provision(
     }
     let pool = ctx.pools.usable(&plan.pool.name).ok_or_else(|| ClaimError::UnknownPool(plan.pool.name.clone()))??;
     let stats = pool.stats()?;
-    let available = stats.available_bytes.saturating_sub(ctx.config.reserved_bytes);
+    let reserved = plan.pool.reserve.unwrap_or(ctx.config.reserved_bytes);
+    let available = stats.available_bytes.saturating_sub(reserved);
     let dir = VolumeDirName::new(&plan.dir_name).map_err(|e| ClaimError::Pool(e.into()))?;
     let regarding = claim_ref(claim);
     if plan.request_bytes > available && !pool.volume_dir_exists(&dir)? {
@@ -157,7 +158,7 @@ async fn provision(
             node: ctx.me.node.clone(),
             requested: plan.request_bytes,
             available,
-            reserved: ctx.config.reserved_bytes,
+            reserved,
         };
         // Another node has room of its own; a shared pool is the same filesystem everywhere.
         if plan.binding_mode == BindingMode::WaitForFirstConsumer
