@@ -19,7 +19,7 @@
 use std::ffi::{CStr, CString, OsStr};
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -205,6 +205,24 @@ pub enum PoolError {
         /// Pool root path.
         path: PathBuf,
     },
+    /// The root path now leads somewhere else than at startup: through other symlinks, or from
+    /// another parent directory (a directory above the root was moved or replaced).
+    #[error(
+        "pool {pool:?}: {} now leads to {} instead of {} (a directory above the pool root was moved \
+         or replaced by a symbolic link?); nothing is created or deleted in this pool until the path \
+         leads where it did, or the provisioner is restarted",
+        .path.display(), .now.display(), .was.display()
+    )]
+    RootRedirected {
+        /// Pool name.
+        pool: String,
+        /// Pool root path as configured.
+        path: PathBuf,
+        /// Where the path leads now.
+        now: PathBuf,
+        /// Where it led at startup.
+        was: PathBuf,
+    },
     /// `--require-mountpoint` is set and nothing is mounted at the pool root.
     #[error(
         "pool {pool:?}: nothing is mounted at {} and require-mountpoint is set; mount the pool's \
@@ -327,7 +345,10 @@ impl PoolError {
     /// until an admin acts, so retrying them only repeats the same event.
     pub fn is_retryable(&self) -> bool {
         match self {
-            PoolError::RootNotMountpoint { .. } | PoolError::TreeChanged { .. } | PoolError::ReadOnly { .. } => true,
+            PoolError::RootNotMountpoint { .. }
+            | PoolError::TreeChanged { .. }
+            | PoolError::ReadOnly { .. }
+            | PoolError::RootRedirected { .. } => true,
             PoolError::Io { source, .. } => errno_is_retryable(*source),
             PoolError::InvalidRootPath { .. }
             | PoolError::RootMissing { .. }
@@ -352,6 +373,7 @@ impl PoolError {
             PoolError::RootNotDirectory { .. } => "root_not_directory",
             PoolError::RootIsSymlink { .. } => "root_is_symlink",
             PoolError::RootChanged { .. } => "root_changed",
+            PoolError::RootRedirected { .. } => "root_redirected",
             PoolError::RootNotMountpoint { .. } => "root_not_mountpoint",
             PoolError::ReadOnly { .. } => "read_only",
             PoolError::VolumeIsSymlink { .. } => "volume_is_symlink",
@@ -487,6 +509,15 @@ pub struct PoolRoot {
     openat2: AtomicBool,
 }
 
+/// Where a pool root was found: see [`PoolRoot::origin`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootOrigin {
+    /// The path the kernel resolved.
+    pub resolved: PathBuf,
+    /// Device and inode of its parent directory.
+    pub parent: (u64, u64),
+}
+
 /// What opening a directory entry as a directory found.
 enum DirOpen {
     Opened(OwnedFd, Inode),
@@ -539,6 +570,21 @@ impl PoolRoot {
             mnt_id: inode.mnt_id,
             openat2: AtomicBool::new(true),
         })
+    }
+
+    /// Where the root really is: the path the kernel resolved when it was opened (symlinks
+    /// followed), and the device and inode of that path's parent directory.
+    pub fn origin(&self) -> Result<RootOrigin, PoolError> {
+        let link = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        let resolved = PathBuf::from(std::ffi::OsString::from_vec(
+            rustix::fs::readlink(link.as_str(), Vec::new())
+                .map_err(|e| fs_error("resolve the pool root", self.path.clone(), e))?
+                .into_bytes(),
+        ));
+        let parent = resolved.parent().unwrap_or(Path::new("/"));
+        let inode = inode_at(CWD, parent, AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| fs_error("stat the pool root's parent", parent.to_owned(), e))?;
+        Ok(RootOrigin { resolved, parent: (inode.dev, inode.ino) })
     }
 
     /// The pool's configured name.

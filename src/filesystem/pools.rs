@@ -6,11 +6,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use crate::deciding::layout::PoolPath;
-use crate::filesystem::{PoolError, PoolRoot};
+use crate::filesystem::{PoolError, PoolRoot, RootOrigin};
 
 struct Slot {
     path: PathBuf,
     root: RwLock<Arc<PoolRoot>>,
+    /// Where the root was at startup: a re-opened root must be reached the same way.
+    origin: RootOrigin,
 }
 
 /// Open pool roots by name.
@@ -29,7 +31,7 @@ pub struct OpenError {
     pub path: String,
     /// Why.
     #[source]
-    pub source: PoolError,
+    pub source: Box<PoolError>,
 }
 
 impl Pools {
@@ -40,9 +42,15 @@ impl Pools {
             let root = PoolRoot::open(&pool.name, &pool.root).map_err(|source| OpenError {
                 pool: pool.name.clone(),
                 path: pool.root.display().to_string(),
-                source,
+                source: Box::new(source),
             })?;
-            slots.insert(pool.name.clone(), Slot { path: pool.root.clone(), root: RwLock::new(Arc::new(root)) });
+            let origin = root.origin().map_err(|source| OpenError {
+                pool: pool.name.clone(),
+                path: pool.root.display().to_string(),
+                source: Box::new(source),
+            })?;
+            slots
+                .insert(pool.name.clone(), Slot { path: pool.root.clone(), root: RwLock::new(Arc::new(root)), origin });
         }
         Ok(Pools { slots, require_mountpoint })
     }
@@ -65,8 +73,21 @@ impl Pools {
         })
     }
 
+    /// Re-opens a root whose directory was replaced, which is what mounting a disk on it after
+    /// startup looks like. Only the root itself may have changed: a root now reached through
+    /// other symlinks or from another parent directory is refused until it is reached as at
+    /// startup again, or the process restarts.
     fn reopen(&self, name: &str, slot: &Slot) -> Result<Arc<PoolRoot>, PoolError> {
         let fresh = Arc::new(PoolRoot::open(name, &slot.path)?);
+        let origin = fresh.origin()?;
+        if origin != slot.origin {
+            return Err(PoolError::RootRedirected {
+                pool: name.to_owned(),
+                path: slot.path.clone(),
+                now: origin.resolved,
+                was: slot.origin.resolved.clone(),
+            });
+        }
         fresh.check(self.require_mountpoint)?;
         tracing::info!(pool = name, path = %slot.path.display(), "pool root was replaced; re-opened it");
         *slot.root.write().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
@@ -95,6 +116,38 @@ mod tests {
         assert!(!Arc::ptr_eq(&first, &second), "re-opened");
         second.create_volume_dir(&crate::filesystem::VolumeDirName::new("pvc-x").unwrap(), 0o777).unwrap();
         assert!(root.join("pvc-x").is_dir(), "operations go to the new directory");
+    }
+
+    #[test]
+    fn a_root_reached_through_a_replaced_parent_is_refused_until_restored() {
+        // <tmp>/var/pool is the pool; a volume lives in it.
+        let dir = tempfile::tempdir().unwrap();
+        let var = dir.path().join("var");
+        let root = var.join("pool");
+        std::fs::create_dir_all(root.join("pvc-x")).unwrap();
+        let pools = Pools::open(&[PoolPath::local("legacy", root.clone())], false).unwrap();
+        pools.usable("legacy").unwrap().unwrap();
+
+        // The parent is moved away and a symlink to another tree put in its place.
+        let other = dir.path().join("other");
+        std::fs::create_dir_all(other.join("pool/pvc-x")).unwrap();
+        std::fs::rename(&var, dir.path().join("var.moved")).unwrap();
+        std::os::unix::fs::symlink(&other, &var).unwrap();
+        let err = pools.usable("legacy").unwrap().expect_err("redirected through a symlink");
+        assert!(matches!(err, PoolError::RootRedirected { .. }), "{err}");
+        assert!(err.to_string().contains("other"), "says where it leads now: {err}");
+
+        // A real directory in its place: same path string, another parent: still refused.
+        std::fs::remove_file(&var).unwrap();
+        std::fs::create_dir_all(var.join("pool")).unwrap();
+        let err = pools.usable("legacy").unwrap().expect_err("another parent");
+        assert!(matches!(err, PoolError::RootRedirected { .. }), "{err}");
+
+        // Restored: usable again, and the original volume is the one seen.
+        std::fs::remove_dir_all(&var).unwrap();
+        std::fs::rename(dir.path().join("var.moved"), &var).unwrap();
+        let pool = pools.usable("legacy").unwrap().expect("restored");
+        assert!(pool.volume_dir_exists(&crate::filesystem::VolumeDirName::new("pvc-x").unwrap()).unwrap());
     }
 
     #[test]
