@@ -129,7 +129,7 @@ async fn run(filter: Option<String>) -> ExitCode {
             Ok(()) => println!("test {name} ... ok ({secs:.1} s)"),
             Err(message) => {
                 println!("test {name} ... FAILED ({secs:.1} s)");
-                eprintln!("---- {name} ----\n{message}\n{}", ctx.lane.log_tails(30));
+                eprintln!("---- {name} ----\n{message}\n{}", ctx.lane.log_tails(20));
                 failed.push(name.to_string());
             }
         }

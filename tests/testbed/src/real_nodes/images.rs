@@ -262,10 +262,23 @@ pub fn image_dir(repo: &Path) -> PathBuf {
 /// remains the one for users.
 pub fn build_static_provisioner(repo: &Path) -> Result<PathBuf> {
     let target_dir = image_dir(repo);
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // Called from `cargo run` (make image) and from a test binary under `cargo test`, which
+    // export different CARGO_* variables; left in, they make cargo rebuild the top crates each
+    // time one caller follows the other.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if (name.starts_with("CARGO_") && name != "CARGO_HOME" && !name.starts_with("CARGO_TERM_"))
+            || name == "OUT_DIR"
+            || name == "RUSTFLAGS"
+            || name == "RUSTDOCFLAGS"
+        {
+            cargo.env_remove(name.as_ref());
+        }
+    }
+    let status = cargo
         .current_dir(repo)
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .env_remove("CARGO_TARGET_DIR")
         .args(["build", "--locked", "--profile", "image", "-p", "hostpath-provisioner"])
         .args(["--target", "x86_64-unknown-linux-gnu", "--target-dir"])
         .arg(&target_dir)

@@ -289,6 +289,9 @@ impl Lane {
         let dir = self.layout.dir.join("deploy-overlay");
         std::fs::create_dir_all(&dir)?;
         let base = repo.join("deploy/legacy").canonicalize().context("deploy/legacy")?;
+        // kustomize takes bases by relative path only ("new root cannot be absolute").
+        let up = "../".repeat(dir.canonicalize()?.components().count() - 1);
+        let base = PathBuf::from(up).join(base.strip_prefix("/")?);
         let pool = self.pool.display();
         // Strategic merge for the env entry and the volume (merged by name); a JSON patch for
         // the mount, because volumeMounts merge on mountPath (a merge would add a second one).
