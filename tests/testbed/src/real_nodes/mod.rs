@@ -69,7 +69,7 @@ pub struct LaneOptions {
 /// Whether the lane can run here, and if not why (for skip and fallback messages).
 pub fn availability() -> Result<()> {
     host::preflight()?;
-    let bin_dir = crate::binaries::locate_or_build()?;
+    let bin_dir = crate::binaries::locate_or_build_with_kubelet()?;
     if !bin_dir.join("kubelet").is_file() {
         bail!("no kubelet in {} (hack/build-control-plane.sh builds it)", bin_dir.display());
     }
@@ -97,7 +97,7 @@ impl Lane {
     pub async fn start(options: LaneOptions) -> Result<Lane> {
         let started = Instant::now();
         host::preflight()?;
-        let bin_dir = crate::binaries::locate_or_build()?;
+        let bin_dir = crate::binaries::locate_or_build_with_kubelet()?;
         let lock = tokio::task::spawn_blocking(|| host::lock(Duration::from_secs(1800))).await??;
         host::clean_stale_lane()?;
         host::ensure_no_foreign_kubelet()?;
