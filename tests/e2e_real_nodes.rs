@@ -110,10 +110,20 @@ async fn run(filter: Option<String>) -> ExitCode {
     let ctx = Ctx { lane, repo, archive, image: std::sync::Mutex::new(None) };
 
     let mut failed: Vec<String> = Vec::new();
+    // Ctrl-C ends the run and still tears the lane down.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     for (name, scenario) in selected {
         let started = Instant::now();
-        let outcome =
-            tokio::time::timeout(Duration::from_secs(600), AssertUnwindSafe(scenario(&ctx)).catch_unwind()).await;
+        let run = tokio::time::timeout(Duration::from_secs(600), AssertUnwindSafe(scenario(&ctx)).catch_unwind());
+        let outcome = tokio::select! {
+            outcome = run => outcome,
+            _ = &mut interrupted => {
+                println!("test {name} ... interrupted (Ctrl-C); tearing the lane down");
+                failed.push(format!("{name} (interrupted)"));
+                break;
+            }
+        };
         let result = match outcome {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(err))) => Err(format!("{err:#}")),

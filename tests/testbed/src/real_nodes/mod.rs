@@ -66,8 +66,15 @@ pub struct LaneOptions {
     pub simulated_node_binary: Option<PathBuf>,
 }
 
+/// Set to `off` to keep the lane from starting (tests skip it, the demo falls back to
+/// simulated nodes); under `CI=true` the lane's tests then fail instead, as for any other reason.
+pub const DISABLE_ENV: &str = "TESTBED_REAL_NODES";
+
 /// Whether the lane can run here, and if not why (for skip and fallback messages).
 pub fn availability() -> Result<()> {
+    if std::env::var(DISABLE_ENV).is_ok_and(|v| v == "off" || v == "0") {
+        bail!("disabled by {DISABLE_ENV}=off");
+    }
     host::preflight()?;
     let bin_dir = crate::binaries::locate_or_build_with_kubelet()?;
     if !bin_dir.join("kubelet").is_file() {
