@@ -145,6 +145,8 @@ async fn run(filter: Option<String>) -> ExitCode {
         }
     }
 
+    let kept = keep_logs(&ctx.lane, &ctx.repo.join("target/real-nodes-logs"));
+    println!("logs of the kubelet, containerd, the control plane and every pod: {}", kept.display());
     let started = Instant::now();
     let teardown = ctx.lane.teardown().await;
     println!("lane torn down in {:.1} s", started.elapsed().as_secs_f64());
@@ -159,6 +161,24 @@ async fn run(filter: Option<String>) -> ExitCode {
         println!("\ntest result: FAILED. failures: {}", failed.join(", "));
         ExitCode::FAILURE
     }
+}
+
+/// Copies the node's and control plane's logs and every container's log (the lane directory
+/// goes at teardown) for a look after the run, or as CI artefacts.
+fn keep_logs(lane: &Lane, out: &Path) -> PathBuf {
+    let _ = std::fs::remove_dir_all(out);
+    let _ = std::fs::create_dir_all(out.join("pods"));
+    for (name, path) in lane.log_paths() {
+        let _ = std::fs::copy(path, out.join(format!("{name}.log")));
+    }
+    let pod_logs = lane.dir().join("pod-logs");
+    for file in walk(&pod_logs) {
+        if let Ok(relative) = file.strip_prefix(&pod_logs) {
+            let name = relative.to_string_lossy().replace('/', "__");
+            let _ = std::fs::copy(&file, out.join("pods").join(name));
+        }
+    }
+    out.to_path_buf()
 }
 
 /// The static provisioner (cargo rebuilds it only when the source changed) in an OCI archive.

@@ -4,11 +4,13 @@
 //!
 //! One kubelet, plus optional simulated nodes (a Node object and a host provisioner process, as
 //! elsewhere in the testbed) tainted so that neither the DaemonSet nor ordinary pods land on
-//! them. Why not two kubelets: two kubelets on one containerd each kill the other's pods as
-//! unknown, so a second node means a second containerd, a second pod subnet and cgroup root,
-//! while both kubelets still share the hard-coded `/var/lib/kubelet/device-plugins`; what a
-//! real node proves (mounts, uids, capabilities, the image, probes) is per node, and
-//! multi-node scheduling is already covered with simulated nodes.
+//! them. Why not two kubelets on one host: the DaemonSet's pool is one hostPath, so both of
+//! its pods would share one pool directory, which no real cluster does (each node has its own
+//! disk; a provisioner may treat another node's directories as its orphans). Besides, two
+//! kubelets on one containerd kill each other's pods as unknown (so two containerds, pod
+//! ranges and cgroup roots), and both hard-code `/var/lib/kubelet/device-plugins`. What a real
+//! node proves (mounts, uids, capabilities, the image, probes, rollouts) is per node;
+//! multi-node scheduling is covered with simulated nodes, here and in the other suites.
 //!
 //! ```no_run
 //! # async fn demo() -> testbed::Result<()> {
