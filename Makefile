@@ -6,7 +6,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build release control-plane test lint unit e2e demo bench fmt clean-cache
+.PHONY: all build release control-plane image test lint unit e2e demo bench fmt clean-cache
 
 all: build
 
@@ -20,6 +20,13 @@ release:
 control-plane:
 	bash hack/build-control-plane.sh
 
+# The provisioner's image as an OCI archive, without any registry: a static binary (installed
+# toolchain, +crt-static, profile `image`) under the name deploy/legacy uses, written to
+# target/image/hostpath-provisioner.oci.tar. Load it with `ctr -n k8s.io images import`.
+# The Dockerfile remains the way to build the image for a registry (see README).
+image:
+	$(CARGO) run -q -p testbed --bin image
+
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
@@ -27,17 +34,20 @@ lint:
 unit:
 	$(CARGO) test --workspace --lib --bins
 
-# End-to-end suite against the real control plane. With CI=true it never skips.
-e2e: control-plane
+# End-to-end suite against the real control plane, including the real-node lane
+# (tests/e2e_real_nodes.rs: containerd + kubelet, needs root). With CI=true nothing skips.
+e2e: control-plane image
 	$(CARGO) test --workspace --tests -- --test-threads=$${E2E_THREADS:-4}
 
-test: control-plane lint
+test: control-plane lint image
 	$(CARGO) test --workspace --all-targets -- --test-threads=$${E2E_THREADS:-4}
 
-# A local control plane, two simulated nodes and the provisioner: a claim provisioned and deleted.
+# A local control plane and the provisioner: a claim provisioned for a pod and deleted. As root
+# with containerd installed, a real pod on a real kubelet writes into the volume; otherwise two
+# simulated nodes stand in (the demo says why). DEMO_ARGS=--simulated forces the latter.
 demo: control-plane
 	$(CARGO) build -p hostpath-provisioner
-	$(CARGO) run -q -p testbed --bin demo -- --provisioner target/debug/hostpath-provisioner
+	$(CARGO) run -q -p testbed --bin demo -- --provisioner target/debug/hostpath-provisioner $(DEMO_ARGS)
 
 # Speed and footprint figures (never asserted in tests).
 bench: control-plane

@@ -22,13 +22,23 @@ pub const BIN_DIR_ENV: &str = "TESTBED_K8S_BIN_DIR";
 /// missing there, because even a no-op run costs a `go` invocation and, more importantly, a run
 /// while another build is in progress would start a second multi-GB compile.
 pub(crate) fn locate_or_build() -> Result<PathBuf> {
+    locate_or_build_with(&[])
+}
+
+/// [`locate_or_build`] for the real-node lane, which also needs the kubelet: a cache made
+/// before the script built the kubelet gets it added (the script builds only what is missing).
+pub(crate) fn locate_or_build_with_kubelet() -> Result<PathBuf> {
+    locate_or_build_with(&["kubelet"])
+}
+
+fn locate_or_build_with(extra: &[&'static str]) -> Result<PathBuf> {
     // One build at a time per test binary; tests that start control planes concurrently queue here.
     static BUILD: Mutex<()> = Mutex::new(());
     let _one_at_a_time = BUILD.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
 
     if let Some(dir) = std::env::var_os(BIN_DIR_ENV) {
         let dir = PathBuf::from(dir);
-        return match missing(&dir) {
+        return match missing(&dir, extra) {
             None => Ok(dir),
             Some(name) => bail!("{BIN_DIR_ENV}={} lacks {name}", dir.display()),
         };
@@ -36,19 +46,19 @@ pub(crate) fn locate_or_build() -> Result<PathBuf> {
     let script = build_script();
     let script_text = std::fs::read_to_string(&script).with_context(|| format!("reading {}", script.display()))?;
     if let Some(dir) = cached_bin_dir(&script_text)
-        && missing(&dir).is_none()
+        && missing(&dir, extra).is_none()
     {
         return Ok(dir);
     }
-    run_build_script(&script)
+    run_build_script(&script, extra)
 }
 
 fn build_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hack/build-control-plane.sh")
 }
 
-fn missing(dir: &Path) -> Option<&'static str> {
-    REQUIRED.into_iter().find(|name| !is_executable(&dir.join(name)))
+fn missing(dir: &Path, extra: &[&'static str]) -> Option<&'static str> {
+    REQUIRED.iter().chain(extra).copied().find(|name| !is_executable(&dir.join(name)))
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -85,7 +95,7 @@ fn setting(script_text: &str, name: &str) -> Option<String> {
     Some(rest[..rest.find('}')?].to_string())
 }
 
-fn run_build_script(script: &Path) -> Result<PathBuf> {
+fn run_build_script(script: &Path, extra: &[&'static str]) -> Result<PathBuf> {
     eprintln!("testbed: control-plane binaries missing; running {} (a cold build takes 15-30 min)", script.display());
     let output = Command::new("bash")
         .arg(script)
@@ -102,7 +112,7 @@ fn run_build_script(script: &Path) -> Result<PathBuf> {
         .last()
         .map(|line| PathBuf::from(line.trim()))
         .ok_or_else(|| anyhow!("{} printed no bin directory", script.display()))?;
-    match missing(&dir) {
+    match missing(&dir, extra) {
         None => Ok(dir),
         Some(name) => bail!("{} reported {} but {name} is not there", script.display(), dir.display()),
     }

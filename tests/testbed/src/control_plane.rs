@@ -39,6 +39,25 @@ pub struct Options {
     pub extra_apiserver_args: Vec<String>,
     /// Appended to kube-controller-manager's command line.
     pub extra_controller_manager_args: Vec<String>,
+    /// Set for a cluster whose nodes run real kubelets (see [`RealNodeAccess`]); `None` keeps
+    /// the API-objects-only control plane every other test uses.
+    pub real_nodes: Option<RealNodeAccess>,
+}
+
+/// What a control plane needs so that real kubelets and real pods can use it.
+///
+/// Pods reach the API server as `https://10.0.0.1:443` (the `kubernetes` Service), which the
+/// real-node lane forwards to the bridge gateway with one DNAT rule in place of kube-proxy, so
+/// the API server listens on all addresses and its certificate names both IPs. Pods get
+/// ServiceAccount tokens (admission plugin on, `kube-root-ca.crt` published), kubelets get
+/// identities the Node authorizer knows, and the controllers that DaemonSets, namespaces and
+/// garbage collection need run as well. Reasons: `shared/reference/real-kubelet.md`.
+#[derive(Clone, Debug, Default)]
+pub struct RealNodeAccess {
+    /// Extra IP SANs on the serving certificate (the Service IP and the bridge gateway).
+    pub serving_ips: Vec<std::net::IpAddr>,
+    /// Node names that get a kubelet token (`system:node:<name>` in `system:nodes`).
+    pub kubelets: Vec<String>,
 }
 
 impl Default for Options {
@@ -55,6 +74,7 @@ impl Default for Options {
             ready_timeout: Duration::from_secs(120),
             extra_apiserver_args: Vec::new(),
             extra_controller_manager_args: Vec::new(),
+            real_nodes: None,
         }
     }
 }
@@ -149,6 +169,9 @@ pub struct ControlPlane {
     ports: Ports,
     admin: Connection,
     kubeconfig_path: PathBuf,
+    /// Bearer tokens of the kubelets named in [`RealNodeAccess::kubelets`], by node name.
+    kubelet_tokens: Vec<(String, String)>,
+    ca_cert_file: PathBuf,
     options: Options,
     started_in: Duration,
     bin_dir: PathBuf,
@@ -200,11 +223,20 @@ impl ControlPlane {
     /// Directory, certificates, tokens, ports and command lines of one start attempt.
     fn prepare(bin_dir: &Path, options: &Options) -> Result<ControlPlane> {
         let dir = TempDir::new("cp")?;
-        let pki = Pki::generate(&dir.path().join("pki"))?;
+        let real_nodes = options.real_nodes.clone().unwrap_or_default();
+        let pki = Pki::generate(&dir.path().join("pki"), &real_nodes.serving_ips)?;
         let admin_token = random_hex(24)?;
         let token_file = dir.path().join("tokens.csv");
         // token,user,uid,group: system:masters bypasses RBAC.
-        fs::write(&token_file, format!("{admin_token},admin,admin-uid,system:masters\n"))?;
+        let mut tokens = format!("{admin_token},admin,admin-uid,system:masters\n");
+        let mut kubelet_tokens = Vec::new();
+        for node in &real_nodes.kubelets {
+            // The Node authorizer recognises kubelets by exactly this user name and group.
+            let token = random_hex(24)?;
+            let _ = writeln!(tokens, "{token},system:node:{node},kubelet-{node},system:nodes");
+            kubelet_tokens.push((node.clone(), token));
+        }
+        fs::write(&token_file, tokens)?;
         let layout =
             Layout { bin_dir, dir: dir.path(), pki: &pki, token_file: &token_file, options, ports: Ports::pick()? };
         let admin = Connection {
@@ -224,6 +256,8 @@ impl ControlPlane {
             ports: layout.ports,
             admin,
             kubeconfig_path,
+            kubelet_tokens,
+            ca_cert_file: pki.ca_cert_file.clone(),
             options: options.clone(),
             started_in: Duration::ZERO,
             bin_dir: bin_dir.to_path_buf(),
@@ -297,6 +331,23 @@ impl ControlPlane {
     /// A new client that authenticates with `token` (e.g. from a TokenRequest).
     pub fn client_for_token(&self, token: &str) -> Result<Client> {
         self.admin.with_token(token).client()
+    }
+
+    /// The connection a kubelet registered as `node` uses, if [`RealNodeAccess::kubelets`]
+    /// named it.
+    pub fn kubelet_connection(&self, node: &str) -> Option<Connection> {
+        let (_, token) = self.kubelet_tokens.iter().find(|(name, _)| name == node)?;
+        Some(self.admin.with_token(token))
+    }
+
+    /// PEM file of the CA that signed the API server's certificate.
+    pub fn ca_cert_file(&self) -> &Path {
+        &self.ca_cert_file
+    }
+
+    /// The API server's port (it listens on every address when started for real nodes).
+    pub fn apiserver_port(&self) -> u16 {
+        self.ports.apiserver
     }
 
     /// URL, CA and admin token, for building clients in any runtime.
@@ -570,10 +621,12 @@ impl Layout<'_> {
     fn apiserver(&self) -> ProcessSpec {
         let pki = self.pki;
         let issuer = "https://kubernetes.default.svc";
+        let real_nodes = self.options.real_nodes.is_some();
         let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{}", self.ports.etcd_client),
-            // Both are required on a machine without a default route.
-            "--bind-address=127.0.0.1".into(),
+            // Both are required on a machine without a default route. Real pods dial the
+            // bridge gateway (through the DNAT rule), hence every address for them.
+            format!("--bind-address={}", if real_nodes { "0.0.0.0" } else { "127.0.0.1" }),
             "--advertise-address=127.0.0.1".into(),
             format!("--secure-port={}", self.ports.apiserver),
             format!("--tls-cert-file={}", pki.serving_cert_file.display()),
@@ -582,7 +635,8 @@ impl Layout<'_> {
             // Never written to (we pass certificates), but its default lies outside the temp dir.
             format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
             format!("--token-auth-file={}", self.token_file.display()),
-            "--authorization-mode=RBAC".into(),
+            // Node: kubelets may read the secrets, claims and volumes of their own pods only.
+            format!("--authorization-mode={}", if real_nodes { "Node,RBAC" } else { "RBAC" }),
             // TokenRequest needs all four, so tests can act as the DaemonSet's ServiceAccount.
             format!("--service-account-issuer={issuer}"),
             format!("--api-audiences={issuer}"),
@@ -591,10 +645,15 @@ impl Layout<'_> {
             "--service-cluster-ip-range=10.0.0.0/24".into(),
             // No kubelets, no endpoints to maintain for the `kubernetes` Service.
             "--endpoint-reconciler-type=none".into(),
-            // ServiceAccount would require a `default` SA (nobody creates it: no token
-            // controller); TaintNodesByCondition would taint our nodes not-ready for good (no
+            // ServiceAccount would require a `default` SA (nobody creates it without the
+            // serviceaccount controller, which only real nodes need, as their pods get tokens);
+            // TaintNodesByCondition would taint our nodes not-ready for good (no
             // node-lifecycle controller to lift it).
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into(),
+            if real_nodes {
+                "--disable-admission-plugins=TaintNodesByCondition".into()
+            } else {
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into()
+            },
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
         ];
@@ -603,14 +662,24 @@ impl Layout<'_> {
     }
 
     fn controller_manager(&self, kubeconfig: &Path) -> ProcessSpec {
+        // The PV controllers only. Without the two protection controllers claims and PVs
+        // never finish deleting (their finalizers are never removed).
+        let mut controllers = "persistentvolume-binder-controller,persistentvolume-expander-controller,\
+             persistentvolume-protection-controller,persistentvolumeclaim-protection-controller"
+            .to_string();
+        if self.options.real_nodes.is_some() {
+            // Real pods and `kubectl apply -k`: DaemonSets, each namespace's `default`
+            // ServiceAccount and `kube-root-ca.crt` (projected token volumes need both),
+            // namespace deletion (`kubectl delete -k` hangs without it) and owner references.
+            controllers.push_str(
+                ",daemonset-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,\
+                 namespace-controller,garbage-collector-controller",
+            );
+        }
         let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             "--leader-elect=false".into(),
-            // The PV controllers only. Without the two protection controllers claims and PVs
-            // never finish deleting (their finalizers are never removed).
-            "--controllers=persistentvolume-binder-controller,persistentvolume-expander-controller,\
-             persistentvolume-protection-controller,persistentvolumeclaim-protection-controller"
-                .into(),
+            format!("--controllers={controllers}"),
             format!("--pvclaimbinder-sync-period={}s", self.options.pv_resync_period.as_secs().max(1)),
             format!("--kube-api-qps={}", self.options.controller_manager_qps),
             format!("--kube-api-burst={}", self.options.controller_manager_burst),
@@ -620,6 +689,9 @@ impl Layout<'_> {
             format!("--tls-private-key-file={}", self.pki.serving_key_file.display()),
             "--profiling=false".into(),
         ];
+        if self.options.real_nodes.is_some() {
+            args.push(format!("--root-ca-file={}", self.pki.ca_cert_file.display()));
+        }
         args.extend(self.options.extra_controller_manager_args.iter().cloned());
         self.spec("kube-controller-manager", args)
     }

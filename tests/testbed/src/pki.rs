@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::io::Read;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -28,7 +29,10 @@ pub(crate) struct Pki {
 }
 
 impl Pki {
-    pub fn generate(dir: &Path) -> Result<Pki> {
+    /// A CA, a serving certificate for 127.0.0.1 plus `extra_ips` (the real-node lane adds the
+    /// `kubernetes` Service IP and the pod bridge's gateway, the addresses pods dial) and a
+    /// ServiceAccount signing key.
+    pub fn generate(dir: &Path, extra_ips: &[IpAddr]) -> Result<Pki> {
         fs::create_dir_all(dir)?;
 
         let ca_key = KeyPair::generate()?;
@@ -41,7 +45,9 @@ impl Pki {
         let ca = Issuer::new(ca_params, ca_key);
 
         let serving_key = KeyPair::generate()?;
-        let mut serving_params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])?;
+        let mut names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+        names.extend(extra_ips.iter().map(IpAddr::to_string));
+        let mut serving_params = CertificateParams::new(names)?;
         serving_params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
         serving_params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         serving_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];

@@ -1,5 +1,7 @@
-//! `make demo`: a local control plane, two simulated nodes, one claim provisioned and deleted,
-//! narrated step by step. Usage: `demo --provisioner PATH [--logs DIR]`.
+//! `make demo`: a local control plane, one claim provisioned and deleted, narrated step by step.
+//! Where the host can run the real-node lane (root, containerd, the kubelet), a real pod on a
+//! real kubelet writes into the volume; elsewhere two simulated nodes stand in, and the demo
+//! says why. Usage: `demo --provisioner PATH [--logs DIR] [--simulated]`.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -31,13 +33,23 @@ struct Demo {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let (provisioner, logs_dir) = match parse_args() {
+    let (provisioner, logs_dir, simulated) = match parse_args() {
         Ok(args) => args,
         Err(err) => {
-            eprintln!("demo: {err:#}\nusage: demo --provisioner PATH [--logs DIR]");
+            eprintln!("demo: {err:#}\nusage: demo --provisioner PATH [--logs DIR] [--simulated]");
             return ExitCode::from(2);
         }
     };
+    if !simulated {
+        match testbed::real_nodes::availability() {
+            Ok(()) => return real::demo(&provisioner, &logs_dir).await,
+            Err(reason) => {
+                println!("NOTE: this host cannot run a real kubelet, so the demo uses SIMULATED nodes:");
+                println!("      {reason:#}");
+                println!("      (no pod will start; the provisioning flow is the same)\n");
+            }
+        }
+    }
     let mut demo = Demo::default();
     let outcome = tokio::select! {
         result = run(&provisioner, &mut demo) => Some(result),
@@ -66,11 +78,12 @@ async fn main() -> ExitCode {
     code
 }
 
-fn parse_args() -> Result<(PathBuf, PathBuf)> {
-    let (mut provisioner, mut logs) = (None, PathBuf::from("target/demo-logs"));
+fn parse_args() -> Result<(PathBuf, PathBuf, bool)> {
+    let (mut provisioner, mut logs, mut simulated) = (None, PathBuf::from("target/demo-logs"), false);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--simulated" => simulated = true,
             "--provisioner" => provisioner = args.next().map(PathBuf::from),
             "--logs" => logs = args.next().map(PathBuf::from).context("--logs needs a directory")?,
             other => bail!("unknown argument {other:?}"),
@@ -80,7 +93,7 @@ fn parse_args() -> Result<(PathBuf, PathBuf)> {
     let binary = provisioner
         .canonicalize()
         .with_context(|| format!("{} not found (cargo build -p hostpath-provisioner)", provisioner.display()))?;
-    Ok((binary, logs))
+    Ok((binary, logs, simulated))
 }
 
 async fn run(provisioner: &Path, demo: &mut Demo) -> Result<()> {
@@ -282,4 +295,139 @@ fn save_logs(demo: &Demo, dir: &Path) -> Result<Vec<PathBuf>> {
             Ok(target)
         })
         .collect()
+}
+
+/// The demo on a real kubelet: the provisioner runs on the host for the real node (as the
+/// DaemonSet's pod would, without building the image), and a real pod running as uid 1000
+/// writes into the volume it made.
+mod real {
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+    use std::process::ExitCode;
+    use std::time::Instant;
+
+    use anyhow::{Context, Result};
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use kube::api::{Api, DeleteParams, PostParams};
+    use testbed::real_nodes::{Lane, LaneOptions, PodRun};
+    use testbed::{Provisioner, ProvisionerSpec, fixtures};
+
+    use super::{CLAIM, CLASS_FILE, NAMESPACE, POD, heading, poll};
+
+    pub async fn demo(provisioner: &Path, logs_dir: &Path) -> ExitCode {
+        println!("hostpath-provisioner demo on a REAL kubelet: a pod writes into the volume the provisioner made.");
+        heading("1. Control plane, containerd and a kubelet on this machine");
+        let lane = match Lane::start(LaneOptions::default()).await {
+            Ok(lane) => lane,
+            Err(err) => {
+                eprintln!("\ndemo FAILED: the real-node lane did not start: {err:#}");
+                eprintln!("(run `make demo DEMO_ARGS=--simulated` for the simulated-node demo)");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!(
+            "  node {} Ready in {:.1} s (kubelet + containerd, files in {})",
+            lane.node_name(),
+            lane.started_in().as_secs_f64(),
+            lane.dir().display()
+        );
+        let mut host_provisioner = None;
+        let result = tokio::select! {
+            result = run(&lane, provisioner, &mut host_provisioner) => Some(result),
+            _ = tokio::signal::ctrl_c() => None,
+        };
+        let _ = std::fs::create_dir_all(logs_dir);
+        let mut logs = lane.log_paths();
+        if let Some(p) = &host_provisioner {
+            let p: &Provisioner = p;
+            logs.push(("provisioner".into(), p.log_path().to_path_buf()));
+        }
+        heading("Logs");
+        for (name, path) in logs {
+            let target = logs_dir.join(format!("{name}.log"));
+            if std::fs::copy(&path, &target).is_ok() {
+                println!("  {}", target.display());
+            }
+        }
+        drop(host_provisioner);
+        println!(
+            "\nStopping the pods, the kubelet, containerd and the control plane; undoing mounts, bridge, iptables rule, cgroups..."
+        );
+        let teardown = lane.teardown().await;
+        match (result, teardown) {
+            (Some(Ok(())), Ok(())) => {
+                println!("Done: every process the demo started is stopped and the host is as it was.");
+                ExitCode::SUCCESS
+            }
+            (Some(Err(err)), _) => {
+                eprintln!("\ndemo FAILED: {err:#}");
+                ExitCode::FAILURE
+            }
+            (None, _) => {
+                eprintln!("\ninterrupted (Ctrl-C)");
+                ExitCode::from(130)
+            }
+            (_, Err(err)) => {
+                eprintln!("\nteardown incomplete: {err:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    async fn run(lane: &Lane, binary: &Path, host_provisioner: &mut Option<Provisioner>) -> Result<()> {
+        let cp = lane.cp();
+        heading(&format!("2. The provisioner for {}, pool {}", lane.node_name(), lane.pool_root().display()));
+        let spec = ProvisionerSpec::new(binary, lane.node_name(), lane.pool_root().to_path_buf(), cp.kubeconfig_path());
+        let provisioner = host_provisioner.insert(Provisioner::spawn(spec, cp.temp_dir())?);
+        provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await?;
+        println!(
+            "  pid {} ready (on the host; the e2e lane runs it as the DaemonSet from deploy/legacy)",
+            provisioner.pid()
+        );
+
+        heading("3. StorageClass and claim");
+        let class_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(CLASS_FILE);
+        println!("  $ kubectl apply -f {CLASS_FILE}");
+        cp.run_kubectl(Path::new("."), &["apply", "-f", &class_file.display().to_string()])?;
+        lane.create_namespace(NAMESPACE).await?;
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(lane.client(), NAMESPACE);
+        claims
+            .create(&PostParams::default(), &fixtures::claim(NAMESPACE, CLAIM, "hostpath-provisioner", "1Gi").build())
+            .await?;
+        println!("  claim {NAMESPACE}/{CLAIM} created: Pending until a pod uses it (WaitForFirstConsumer)");
+
+        heading(&format!("4. A real pod {NAMESPACE}/{POD}, running as uid 1000, writes into /data"));
+        let script = "echo \"hello from pod $(hostname), uid $(id -u)\" > /data/hello.txt && ls -ln /data";
+        println!("  $ sh -c '{script}'");
+        let started = Instant::now();
+        let outcome = lane.run_pod(&PodRun::new(NAMESPACE, POD, script).claim(CLAIM).as_user(1000, 1000)).await?;
+        println!(
+            "  pod finished in {:.1} s, exit code {:?}; its output:",
+            started.elapsed().as_secs_f64(),
+            outcome.exit_code
+        );
+        outcome.logs.lines().for_each(|l| println!("    {l}"));
+        anyhow::ensure!(outcome.exit_code == Some(0), "the pod failed");
+
+        heading("5. On the host");
+        let dir = lane.volume_dir(NAMESPACE, CLAIM).await?;
+        let file = dir.join("hello.txt");
+        let meta = std::fs::metadata(&file).with_context(|| format!("{} on the host", file.display()))?;
+        println!("  PV hostPath  {}", dir.display());
+        println!("  $ cat {}", file.display());
+        println!("    {}", std::fs::read_to_string(&file)?.trim());
+        println!("  owner uid {} gid {}: the pod's user, on the host's disk", meta.uid(), meta.gid());
+
+        heading("6. Delete the pod and the claim");
+        let started = Instant::now();
+        lane.delete_pod(NAMESPACE, POD).await?;
+        claims.delete(CLAIM, &DeleteParams::default()).await?;
+        poll("the volume directory to be removed", || async { Ok((!dir.exists()).then_some(())) }).await?;
+        println!(
+            "  directory gone {:.1} s after the pod delete: reclaimed by the provisioner",
+            started.elapsed().as_secs_f64()
+        );
+        println!("\nThe demo worked: a real pod used a volume this project made, and the volume was reclaimed.");
+        Ok(())
+    }
 }

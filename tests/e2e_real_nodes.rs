@@ -1,0 +1,561 @@
+//! End-to-end on a real kubelet: the project's image runs as the DaemonSet of `deploy/legacy`
+//! and real pods, running as various users, mount and use the volumes it makes.
+//!
+//! One lane (control plane, containerd, kubelet; see `testbed::real_nodes`) serves every
+//! scenario in turn, so this is a plain `main` (`harness = false` in Cargo.toml) that runs the
+//! scenarios in order, reports each like libtest, and tears the lane down at the end. An
+//! argument filters scenarios by substring. Without root or packages the lane is skipped with
+//! a message, except under `CI=true`, where a lane that cannot start fails.
+
+use std::future::Future;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Toleration};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use testbed::fixtures;
+use testbed::real_nodes::{DEPLOY_DAEMONSET, DEPLOY_NAMESPACE, LANE_TIMEOUT, Lane, LaneOptions, PodRun, images};
+
+/// The class `deploy/legacy` installs (WaitForFirstConsumer).
+const CLASS: &str = "hostpath-provisioner";
+const PROVISIONER_LABEL: &str = "k8s-app=kubevirt-hostpath-provisioner";
+/// CAP_DAC_OVERRIDE (1) and CAP_FOWNER (3): what daemonset.yaml adds back after dropping ALL.
+const TWO_CAPABILITIES: u64 = (1 << 1) | (1 << 3);
+
+struct Ctx {
+    lane: Lane,
+    repo: PathBuf,
+    archive: PathBuf,
+    /// The image as the rendered DaemonSet names it, set by the first scenario.
+    image: std::sync::Mutex<Option<String>>,
+}
+
+type Scenario = for<'a> fn(&'a Ctx) -> Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        [$((stringify!($name), (|ctx| Box::pin($name(ctx))) as Scenario)),*]
+    };
+}
+
+fn main() -> ExitCode {
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    runtime.block_on(run(filter))
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+async fn run(filter: Option<String>) -> ExitCode {
+    let scenarios = scenarios![
+        the_deploy_legacy_daemonset_runs_with_its_own_token_probes_read_only_root_and_two_capabilities,
+        a_non_root_pod_writes_into_a_wffc_volume_and_the_file_is_on_the_host_with_its_owner_and_mode,
+        reclaim_removes_what_several_uids_left_in_0700_1777_and_0500_directories,
+        a_pod_that_plants_symlinks_out_of_its_volume_changes_nothing_outside_it_when_the_claim_goes,
+        a_rolling_update_of_the_daemonset_loses_no_volume_and_leaves_no_claim_stuck,
+    ];
+    let selected: Vec<_> =
+        scenarios.iter().filter(|(name, _)| filter.as_deref().is_none_or(|f| name.contains(f))).collect();
+    println!("\nrunning {} real-node tests", selected.len());
+    if selected.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    if let Err(reason) = testbed::real_nodes::availability() {
+        if in_ci() {
+            eprintln!("error: the real-node lane cannot run and CI=true: {reason:#}");
+            return ExitCode::FAILURE;
+        }
+        println!("SKIPPED: the real-node lane cannot run here: {reason:#}");
+        println!(
+            "(it needs root, apt packages containerd runc busybox-static containernetworking-plugins iptables gcc)"
+        );
+        return ExitCode::SUCCESS;
+    }
+
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let started = Instant::now();
+    let archive = match build_image(&repo) {
+        Ok(archive) => archive,
+        Err(err) => {
+            eprintln!("error: building the provisioner image: {err:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("provisioner image ready in {:.1} s", started.elapsed().as_secs_f64());
+    let options = LaneOptions {
+        simulated_nodes: 1,
+        simulated_node_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_hostpath-provisioner"))),
+    };
+    let lane = match Lane::start(options).await {
+        Ok(lane) => lane,
+        Err(err) => {
+            eprintln!("error: the real-node lane did not start: {err:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "lane up in {:.1} s (node {} Ready; files in {})",
+        lane.started_in().as_secs_f64(),
+        lane.node_name(),
+        lane.dir().display()
+    );
+    let ctx = Ctx { lane, repo, archive, image: std::sync::Mutex::new(None) };
+
+    let mut failed: Vec<String> = Vec::new();
+    // Ctrl-C ends the run and still tears the lane down.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    for (name, scenario) in selected {
+        let started = Instant::now();
+        let run = tokio::time::timeout(Duration::from_secs(600), AssertUnwindSafe(scenario(&ctx)).catch_unwind());
+        let outcome = tokio::select! {
+            outcome = run => outcome,
+            _ = &mut interrupted => {
+                println!("test {name} ... interrupted (Ctrl-C); tearing the lane down");
+                failed.push(format!("{name} (interrupted)"));
+                break;
+            }
+        };
+        let result = match outcome {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(err))) => Err(format!("{err:#}")),
+            Ok(Err(panic)) => Err(panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panicked".into())),
+            Err(_) => Err("timed out after 600 s".into()),
+        };
+        let secs = started.elapsed().as_secs_f64();
+        match result {
+            Ok(()) => println!("test {name} ... ok ({secs:.1} s)"),
+            Err(message) => {
+                println!("test {name} ... FAILED ({secs:.1} s)");
+                eprintln!("---- {name} ----\n{message}\n{}", ctx.lane.log_tails(20));
+                failed.push(name.to_string());
+            }
+        }
+    }
+
+    let kept = keep_logs(&ctx.lane, &ctx.repo.join("target/real-nodes-logs"));
+    println!("logs of the kubelet, containerd, the control plane and every pod: {}", kept.display());
+    let started = Instant::now();
+    let teardown = ctx.lane.teardown().await;
+    println!("lane torn down in {:.1} s", started.elapsed().as_secs_f64());
+    if let Err(err) = teardown {
+        eprintln!("error: teardown: {err:#}");
+        return ExitCode::FAILURE;
+    }
+    if failed.is_empty() {
+        println!("\ntest result: ok. real-node lane passed");
+        ExitCode::SUCCESS
+    } else {
+        println!("\ntest result: FAILED. failures: {}", failed.join(", "));
+        ExitCode::FAILURE
+    }
+}
+
+/// Copies the node's and control plane's logs and every container's log (the lane directory
+/// goes at teardown) for a look after the run, or as CI artefacts.
+fn keep_logs(lane: &Lane, out: &Path) -> PathBuf {
+    let _ = std::fs::remove_dir_all(out);
+    let _ = std::fs::create_dir_all(out.join("pods"));
+    for (name, path) in lane.log_paths() {
+        let _ = std::fs::copy(path, out.join(format!("{name}.log")));
+    }
+    let pod_logs = lane.dir().join("pod-logs");
+    for file in walk(&pod_logs) {
+        if let Ok(relative) = file.strip_prefix(&pod_logs) {
+            let name = relative.to_string_lossy().replace('/', "__");
+            let _ = std::fs::copy(&file, out.join("pods").join(name));
+        }
+    }
+    out.to_path_buf()
+}
+
+/// The static provisioner (cargo rebuilds it only when the source changed) in an OCI archive.
+fn build_image(repo: &Path) -> Result<PathBuf> {
+    let binary = images::build_static_provisioner(repo)?;
+    let archive = images::image_dir(repo).join("hostpath-provisioner.oci.tar");
+    images::provisioner_image(&binary, &images::manifest_image(repo)?).write(&archive)?;
+    Ok(archive)
+}
+
+impl Ctx {
+    /// Deploys `deploy/legacy` once; later scenarios reuse it.
+    async fn deployed(&self) -> Result<String> {
+        if let Some(image) = self.image.lock().expect("image lock").clone() {
+            return Ok(image);
+        }
+        let image = self.lane.deploy_legacy(&self.repo, &self.archive).await?;
+        *self.image.lock().expect("image lock") = Some(image.clone());
+        Ok(image)
+    }
+
+    async fn namespace(&self, prefix: &str) -> Result<String> {
+        let ns = testbed::unique_name(prefix);
+        self.lane.create_namespace(&ns).await?;
+        Ok(ns)
+    }
+
+    async fn create_claim(&self, ns: &str, name: &str) -> Result<PersistentVolumeClaim> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.lane.client(), ns);
+        Ok(claims.create(&PostParams::default(), &fixtures::claim(ns, name, CLASS, "16Mi").build()).await?)
+    }
+
+    async fn pv_of(&self, ns: &str, claim: &str) -> Result<PersistentVolume> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.lane.client(), ns);
+        let name = claims.get(claim).await?.spec.and_then(|s| s.volume_name).context("claim not bound")?;
+        Ok(Api::<PersistentVolume>::all(self.lane.client()).get(&name).await?)
+    }
+
+    /// Deletes the claim, then waits until its PV and directory are gone.
+    async fn delete_claim_and_wait_reclaimed(&self, ns: &str, claim: &str) -> Result<PathBuf> {
+        let dir = self.lane.volume_dir(ns, claim).await?;
+        let pv = self.pv_of(ns, claim).await?.metadata.name.unwrap_or_default();
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.lane.client(), ns);
+        claims.delete(claim, &DeleteParams::default()).await?;
+        let pvs: Api<PersistentVolume> = Api::all(self.lane.client());
+        testbed::wait_for(&format!("PV {pv} and {} gone", dir.display()), LANE_TIMEOUT, || async {
+            anyhow::Ok((pvs.get_opt(&pv).await?.is_none() && !dir.exists()).then_some(()))
+        })
+        .await
+        .map_err(|e| e.context(self.provisioner_logs()))?;
+        Ok(dir)
+    }
+
+    /// The DaemonSet pod's log, for failure messages.
+    fn provisioner_logs(&self) -> String {
+        let pods = std::fs::read_dir(self.lane.dir().join("pod-logs")).map(|rd| rd.flatten().collect::<Vec<_>>());
+        let mut out = String::from("provisioner pod logs:\n");
+        for entry in pods.unwrap_or_default() {
+            if entry.file_name().to_string_lossy().starts_with(DEPLOY_NAMESPACE) {
+                for file in walk(&entry.path()) {
+                    out.push_str(&std::fs::read_to_string(file).unwrap_or_default());
+                }
+            }
+        }
+        out
+    }
+
+    async fn provisioner_pods(&self) -> Result<Vec<Pod>> {
+        let pods: Api<Pod> = Api::namespaced(self.lane.client(), DEPLOY_NAMESPACE);
+        Ok(pods.list(&ListParams::default().labels(PROVISIONER_LABEL)).await?.items)
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() { out.extend(walk(&path)) } else { out.push(path) }
+    }
+    out
+}
+
+/// `/proc/<pid>/status` field `key` (e.g. `CapEff`, `Uid`).
+fn proc_status(pid: u32, key: &str) -> Result<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")).map(|v| v.trim().to_string()))
+        .with_context(|| format!("{key} not in /proc/{pid}/status"))
+}
+
+fn container_id(pod: &Pod, container: &str) -> Result<String> {
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.iter().find(|c| c.name == container))
+        .and_then(|c| c.container_id.clone())
+        .context("container has no ID yet")?;
+    Ok(id.trim_start_matches("containerd://").to_string())
+}
+
+async fn the_deploy_legacy_daemonset_runs_with_its_own_token_probes_read_only_root_and_two_capabilities(
+    ctx: &Ctx,
+) -> Result<()> {
+    let image = ctx.deployed().await?;
+    let pods = ctx.provisioner_pods().await?;
+    ensure!(pods.len() == 1, "one provisioner pod on the one real node, got {}", pods.len());
+    let pod = &pods[0];
+    let spec = pod.spec.as_ref().context("spec")?;
+    ensure!(spec.node_name.as_deref() == Some(ctx.lane.node_name()), "DaemonSet pod on the real node only");
+    let container = &spec.containers[0];
+    ensure!(container.image.as_deref() == Some(image.as_str()), "runs the image of the manifests");
+    ensure!(container.readiness_probe.is_some() && container.liveness_probe.is_some(), "both probes in the spec");
+    let status = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).context("container status")?;
+    ensure!(status[0].ready, "readiness probe passed (container ready)");
+    ensure!(status[0].restart_count == 0, "no restarts (liveness probe never failed)");
+    // ServiceAccount admission added the projected token volume; the kubelet mounted it.
+    ensure!(
+        spec.volumes.iter().flatten().any(|v| v.projected.as_ref().is_some_and(|p| p
+            .sources
+            .iter()
+            .flatten()
+            .any(|s| s.service_account_token.is_some()))),
+        "a projected ServiceAccount token volume"
+    );
+
+    let id = container_id(pod, "kubevirt-hostpath-provisioner")?;
+    let pid = ctx
+        .lane
+        .container_pids()?
+        .into_iter()
+        .find(|(task, _)| *task == id)
+        .map(|(_, pid)| pid)
+        .context("the provisioner's task in containerd")?;
+    let cap_eff = u64::from_str_radix(&proc_status(pid, "CapEff")?, 16)?;
+    ensure!(cap_eff == TWO_CAPABILITIES, "effective capabilities {cap_eff:#x}, want DAC_OVERRIDE+FOWNER only");
+    let uid = proc_status(pid, "Uid")?;
+    ensure!(uid.split_whitespace().next() == Some("0"), "runs as uid 0: {uid}");
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+    let root = mountinfo.lines().find(|l| l.split(' ').nth(4) == Some("/")).context("root mount")?;
+    ensure!(root.split(' ').nth(5).is_some_and(|o| o.split(',').any(|o| o == "ro")), "read-only root: {root}");
+    let token = PathBuf::from(format!("/proc/{pid}/root/var/run/secrets/kubernetes.io/serviceaccount/token"));
+    ensure!(std::fs::metadata(&token).is_ok_and(|m| m.len() > 0), "token mounted at the in-cluster path");
+    let no_write = std::fs::write(format!("/proc/{pid}/root/probe"), b"x");
+    ensure!(no_write.is_err(), "the container's root file system refuses writes");
+
+    // It provisions for a real pod: with no other credentials than that token.
+    let ns = ctx.namespace("deploy").await?;
+    ctx.create_claim(&ns, "data").await?;
+    let outcome =
+        ctx.lane.run_pod(&PodRun::new(&ns, "writer", "echo from-a-real-pod > /data/hello.txt").claim("data")).await?;
+    ensure!(outcome.exit_code == Some(0), "writer exited {:?}: {}", outcome.exit_code, outcome.logs);
+    let dir = ctx.lane.volume_dir(&ns, "data").await?;
+    ensure!(dir.starts_with(ctx.lane.pool_root()), "{} in the DaemonSet's pool", dir.display());
+    ensure!(std::fs::read_to_string(dir.join("hello.txt"))? == "from-a-real-pod\n");
+    ctx.lane.delete_pod(&ns, "writer").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
+    Ok(())
+}
+
+async fn a_non_root_pod_writes_into_a_wffc_volume_and_the_file_is_on_the_host_with_its_owner_and_mode(
+    ctx: &Ctx,
+) -> Result<()> {
+    ctx.deployed().await?;
+    let ns = ctx.namespace("nonroot").await?;
+    ctx.create_claim(&ns, "data").await?;
+    let script = "umask 027 && echo hello > /data/hello.txt && mkdir /data/sub && id -u";
+    let run = PodRun::new(&ns, "app", script).claim("data").as_user(1000, 3000).on_node(ctx.lane.node_name());
+    let outcome = ctx.lane.run_pod(&run).await?;
+    ensure!(outcome.exit_code == Some(0), "pod exited {:?}: {}", outcome.exit_code, outcome.logs);
+    ensure!(outcome.logs.trim() == "1000", "ran as uid 1000: {:?}", outcome.logs);
+
+    let pv = ctx.pv_of(&ns, "data").await?;
+    let affinity = serde_json::to_string(&pv.spec.as_ref().and_then(|s| s.node_affinity.clone()))?;
+    ensure!(affinity.contains(ctx.lane.node_name()), "PV pinned to the real node: {affinity}");
+    let dir = ctx.lane.volume_dir(&ns, "data").await?;
+    ensure!(dir.parent() == Some(ctx.lane.pool_root()), "{} directly in the pool", dir.display());
+    let dir_meta = std::fs::metadata(&dir)?;
+    ensure!(dir_meta.uid() == 0 && dir_meta.permissions().mode() & 0o7777 == 0o777, "volume dir root-owned 0777");
+    let file = std::fs::metadata(dir.join("hello.txt"))?;
+    ensure!(std::fs::read_to_string(dir.join("hello.txt"))? == "hello\n");
+    ensure!((file.uid(), file.gid()) == (1000, 3000), "owner {}:{}, want 1000:3000", file.uid(), file.gid());
+    ensure!(file.permissions().mode() & 0o7777 == 0o640, "mode {:o}, want 640", file.permissions().mode() & 0o7777);
+    let sub = std::fs::metadata(dir.join("sub"))?;
+    ensure!(sub.uid() == 1000 && sub.permissions().mode() & 0o7777 == 0o750, "sub dir 1000 0750");
+
+    // The second node (simulated, its provisioner on the host) serves its own claims; the
+    // real node's volume stays where it is.
+    let sim = &ctx.lane.simulated_nodes()[0];
+    ctx.create_claim(&ns, "sim-data").await?;
+    let mut pod = fixtures::pod_using_claim(&ns, "sim-app", "sim-data").on_hostname(&sim.hostname).build();
+    pod.spec.as_mut().context("spec")?.tolerations = Some(vec![Toleration {
+        key: Some(testbed::real_nodes::SIMULATED_TAINT.into()),
+        operator: Some("Exists".into()),
+        ..Toleration::default()
+    }]);
+    Api::<Pod>::namespaced(ctx.lane.client(), &ns).create(&PostParams::default(), &pod).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), &ns);
+    testbed::wait_until(
+        "claim sim-data Bound",
+        LANE_TIMEOUT,
+        || claims.get("sim-data"),
+        |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"),
+    )
+    .await?;
+    let sim_dir = ctx.lane.volume_dir(&ns, "sim-data").await?;
+    ensure!(sim_dir.starts_with(&sim.pool_root), "{} in the simulated node's pool", sim_dir.display());
+    ensure!(dir.join("hello.txt").exists());
+
+    ctx.lane.delete_pod(&ns, "app").await?;
+    ctx.lane.delete_pod(&ns, "sim-app").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "sim-data").await?;
+    Ok(())
+}
+
+async fn reclaim_removes_what_several_uids_left_in_0700_1777_and_0500_directories(ctx: &Ctx) -> Result<()> {
+    ctx.deployed().await?;
+    let ns = ctx.namespace("reclaim").await?;
+    ctx.create_claim(&ns, "data").await?;
+    let first = "mkdir /data/priv && echo a > /data/priv/f && chmod 700 /data/priv \
+                 && mkdir /data/tmp && chmod 1777 /data/tmp && echo b > /data/tmp/f1";
+    let second = "echo c > /data/tmp/f2 && mkdir /data/tmp/d && echo d > /data/tmp/d/f3 \
+                  && chmod 500 /data/tmp/d && ! rm /data/tmp/f1 2>/dev/null";
+    let run = PodRun::new(&ns, "users", second).claim("data").init_as(1000, first).as_user(2000, 2000);
+    let outcome = ctx.lane.run_pod(&run).await?;
+    ensure!(outcome.exit_code == Some(0), "pod exited {:?}: {}", outcome.exit_code, outcome.logs);
+
+    let dir = ctx.lane.volume_dir(&ns, "data").await?;
+    let mode = |p: &str| -> Result<(u32, u32)> {
+        let m = std::fs::symlink_metadata(dir.join(p))?;
+        Ok((m.uid(), m.permissions().mode() & 0o7777))
+    };
+    ensure!(mode("priv")? == (1000, 0o700), "priv: {:?}", mode("priv")?);
+    ensure!(mode("tmp")? == (1000, 0o1777), "tmp: {:?}", mode("tmp")?);
+    ensure!(mode("tmp/d")? == (2000, 0o500), "tmp/d: {:?}", mode("tmp/d")?);
+    ensure!(mode("tmp/f1")?.0 == 1000 && mode("tmp/f2")?.0 == 2000 && mode("tmp/d/f3")?.0 == 2000);
+
+    ctx.lane.delete_pod(&ns, "users").await?;
+    let dir = ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
+    ensure!(!dir.exists());
+    let trash = ctx.lane.pool_root().join(".hpp-trash");
+    testbed::wait_for("the trash emptied", LANE_TIMEOUT, || async {
+        anyhow::Ok((std::fs::read_dir(&trash).map(|rd| rd.count()).unwrap_or(0) == 0).then_some(()))
+    })
+    .await
+    .map_err(|e| e.context(ctx.provisioner_logs()))?;
+    Ok(())
+}
+
+async fn a_pod_that_plants_symlinks_out_of_its_volume_changes_nothing_outside_it_when_the_claim_goes(
+    ctx: &Ctx,
+) -> Result<()> {
+    ctx.deployed().await?;
+    let ns = ctx.namespace("escape").await?;
+    let pool = ctx.lane.pool_root().to_path_buf();
+    // A neighbour volume in the same pool, and a canary on the host next to the pool.
+    ctx.create_claim(&ns, "neighbour").await?;
+    let neighbour = PodRun::new(&ns, "neighbour", "echo keep > /data/keep").claim("neighbour");
+    ensure!(ctx.lane.run_pod(&neighbour).await?.exit_code == Some(0));
+    let neighbour_dir = ctx.lane.volume_dir(&ns, "neighbour").await?;
+    let canary = ctx.lane.dir().join("canary");
+    std::fs::create_dir_all(&canary)?;
+    std::fs::write(canary.join("keep"), "keep")?;
+
+    // The pool root has the same path in the DaemonSet's container as on the host, so links to
+    // it (and to the neighbour) are what a provisioner that follows links would walk into.
+    ctx.create_claim(&ns, "data").await?;
+    let script = format!(
+        "ln -s / /data/root && ln -s {pool} /data/pool && ln -s {neighbour} /data/neighbour \
+         && ln -s {canary} /data/canary && ln -s ../.. /data/up && mkdir /data/d && ln -s / /data/d/root \
+         && ln -s /data/neighbour/keep /data/keep-link",
+        pool = pool.display(),
+        neighbour = neighbour_dir.display(),
+        canary = canary.display()
+    );
+    let outcome = ctx.lane.run_pod(&PodRun::new(&ns, "escaper", &script).claim("data")).await?;
+    ensure!(outcome.exit_code == Some(0), "pod exited {:?}: {}", outcome.exit_code, outcome.logs);
+    let dir = ctx.lane.volume_dir(&ns, "data").await?;
+    ensure!(std::fs::read_link(dir.join("root"))? == Path::new("/"));
+    let pool_before = entries(&pool);
+
+    ctx.lane.delete_pod(&ns, "escaper").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
+    ensure!(std::fs::read_to_string(neighbour_dir.join("keep"))? == "keep\n", "the neighbour's file survived");
+    ensure!(std::fs::read_to_string(canary.join("keep"))? == "keep", "the host canary survived");
+    let mut expected = pool_before;
+    expected.retain(|e| Some(e.as_str()) != dir.file_name().and_then(|n| n.to_str()));
+    ensure!(entries(&pool) == expected, "only the deleted volume left the pool: {:?}", entries(&pool));
+    ensure!(Path::new("/etc/hostname").exists() || Path::new("/etc/passwd").exists(), "the host's / intact");
+
+    ctx.lane.delete_pod(&ns, "neighbour").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "neighbour").await?;
+    Ok(())
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != ".hpp-trash")
+        .collect();
+    names.sort();
+    names
+}
+
+async fn a_rolling_update_of_the_daemonset_loses_no_volume_and_leaves_no_claim_stuck(ctx: &Ctx) -> Result<()> {
+    let image = ctx.deployed().await?;
+    let ns = ctx.namespace("rollout").await?;
+    // Two workloads keep their volumes mounted through the update.
+    let mut dirs = Vec::new();
+    for name in ["a", "b"] {
+        ctx.create_claim(&ns, name).await?;
+        let script = format!("echo {name} > /data/{name} && sleep 3600");
+        ctx.lane.run_pod(&PodRun::new(&ns, name, &script).claim(name).keep_running()).await?;
+        dirs.push((name, ctx.lane.volume_dir(&ns, name).await?));
+    }
+    let old_pods: Vec<String> = ctx.provisioner_pods().await?.into_iter().filter_map(|p| p.metadata.uid).collect();
+
+    // The same image under a second tag, as a new release would arrive.
+    let rollout_image = match image.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => format!("{name}:{tag}-rollout"),
+        _ => format!("{image}:rollout"),
+    };
+    ctx.lane.tag_image(&images::normalize_reference(&image), &images::normalize_reference(&rollout_image))?;
+    let container = format!("kubevirt-hostpath-provisioner={rollout_image}");
+    ctx.lane.cp().run_kubectl(
+        &ctx.repo,
+        &["-n", DEPLOY_NAMESPACE, "set", "image", &format!("daemonset/{DEPLOY_DAEMONSET}"), &container],
+    )?;
+    // A claim made while the pod is being replaced must still be served.
+    ctx.create_claim(&ns, "during").await?;
+    let during = PodRun::new(&ns, "during", "echo during > /data/during").claim("during");
+    let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), &ns);
+    pods.create(&PostParams::default(), &during.build()).await?;
+
+    ctx.lane.wait_daemonset_rolled_out().await?;
+    let new_pods = ctx.provisioner_pods().await?;
+    ensure!(new_pods.len() == 1, "one provisioner pod after the rollout");
+    let new_pod = &new_pods[0];
+    ensure!(!old_pods.contains(new_pod.metadata.uid.as_ref().context("uid")?), "the pod was replaced");
+    let running = new_pod.spec.as_ref().map(|s| s.containers[0].image.clone().unwrap_or_default());
+    ensure!(running.as_deref() == Some(rollout_image.as_str()), "new pod runs {running:?}");
+
+    let finished = testbed::wait_until(
+        "pod during finished",
+        LANE_TIMEOUT,
+        || pods.get("during"),
+        |p| p.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed"),
+    )
+    .await?;
+    ensure!(
+        finished.status.and_then(|s| s.phase).as_deref() == Some("Succeeded"),
+        "the claim made during the update works"
+    );
+
+    for (name, dir) in &dirs {
+        let pod = pods.get(name).await?;
+        let status = pod.status.as_ref().context("status")?;
+        ensure!(status.phase.as_deref() == Some("Running"), "{name} still running");
+        let restarts: i32 = status.container_statuses.iter().flatten().map(|c| c.restart_count).sum();
+        ensure!(restarts == 0, "{name} restarted {restarts} times");
+        ensure!(std::fs::read_to_string(dir.join(name))? == format!("{name}\n"), "{name}'s data kept");
+        let pv = ctx.pv_of(&ns, name).await?;
+        ensure!(pv.status.and_then(|s| s.phase).as_deref() == Some("Bound"), "{name}'s PV still Bound");
+    }
+
+    // The new pod serves new claims and reclaims old ones.
+    ctx.create_claim(&ns, "after").await?;
+    let after = ctx.lane.run_pod(&PodRun::new(&ns, "after", "echo after > /data/after").claim("after")).await?;
+    ensure!(after.exit_code == Some(0), "a claim after the update works: {}", after.logs);
+    for name in ["a", "b", "during", "after"] {
+        ctx.lane.delete_pod(&ns, name).await?;
+        ctx.delete_claim_and_wait_reclaimed(&ns, name).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,384 @@
+//! Container images without a registry: OCI image archives written here, one uncompressed layer
+//! each, imported with `ctr images import`.
+//!
+//! - pause: the sandbox process, a few lines of C built with `gcc -static`;
+//! - busybox: Debian's `busybox-static` plus its applet links, for test workloads;
+//! - the provisioner: the static binary from [`build_static_provisioner`], under the name the
+//!   deploy manifests use.
+//!
+//! Layers are deterministic (mtime 0, root-owned), so the same inputs give the same digests and
+//! re-importing an unchanged image is a no-op for containerd.
+
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+/// The sandbox image every pod starts with (containerd's `sandbox_image`).
+pub const PAUSE_IMAGE: &str = "localhost/testbed/pause:1";
+/// The workload image of real-pod tests: busybox's `sh` and applets in `/bin`.
+pub const BUSYBOX_IMAGE: &str = "localhost/testbed/busybox:1";
+
+/// One file system entry of a layer.
+#[derive(Clone, Debug)]
+pub enum Entry {
+    /// A copy of a host file, with this mode.
+    File {
+        path: String,
+        source: PathBuf,
+        mode: u32,
+    },
+    Dir {
+        path: String,
+        mode: u32,
+    },
+    Symlink {
+        path: String,
+        target: String,
+    },
+}
+
+/// What an image archive holds; [`OciImage::write`] turns it into a `.tar`.
+#[derive(Clone, Debug)]
+pub struct OciImage {
+    /// Full reference containerd will list it under, e.g. `docker.io/library/x:1`.
+    pub name: String,
+    pub entrypoint: Vec<String>,
+    pub entries: Vec<Entry>,
+}
+
+impl OciImage {
+    /// Writes an OCI image layout archive to `out` and returns the manifest digest.
+    pub fn write(&self, out: &Path) -> Result<String> {
+        let layer = self.layer()?;
+        let layer_digest = sha256(&layer);
+        let config = serde_json::to_vec(&json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "Entrypoint": self.entrypoint,
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            },
+            "rootfs": { "type": "layers", "diff_ids": [layer_digest] },
+        }))?;
+        let config_digest = sha256(&config);
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config_digest,
+                "size": config.len(),
+            },
+            "layers": [{
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": layer_digest,
+                "size": layer.len(),
+            }],
+        }))?;
+        let manifest_digest = sha256(&manifest);
+        let tag = self.name.rsplit_once(':').map(|(_, tag)| tag).unwrap_or("latest");
+        let index = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "manifests": [{
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": manifest_digest,
+                "size": manifest.len(),
+                // ctr names the imported image after this annotation.
+                "annotations": {
+                    "io.containerd.image.name": self.name,
+                    "org.opencontainers.image.ref.name": tag,
+                },
+            }],
+        }))?;
+
+        if let Some(parent) = out.parent() {
+            fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        let partial = out.with_extension("partial");
+        let file = fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+        let mut archive = tar::Builder::new(std::io::BufWriter::new(file));
+        append_bytes(&mut archive, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        append_bytes(&mut archive, "index.json", &index)?;
+        for (digest, bytes) in [(&config_digest, &config), (&manifest_digest, &manifest), (&layer_digest, &layer)] {
+            let hex = digest.trim_start_matches("sha256:");
+            append_bytes(&mut archive, &format!("blobs/sha256/{hex}"), bytes)?;
+        }
+        archive.into_inner()?.flush()?;
+        fs::rename(&partial, out).with_context(|| format!("writing {}", out.display()))?;
+        Ok(manifest_digest)
+    }
+
+    fn layer(&self) -> Result<Vec<u8>> {
+        let mut layer = tar::Builder::new(Vec::new());
+        for entry in &self.entries {
+            let mut header = tar::Header::new_gnu();
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
+            match entry {
+                Entry::File { path, source, mode } => {
+                    let bytes = fs::read(source).with_context(|| format!("reading {}", source.display()))?;
+                    header.set_entry_type(tar::EntryType::Regular);
+                    header.set_mode(*mode);
+                    header.set_size(bytes.len() as u64);
+                    layer.append_data(&mut header, path.trim_start_matches('/'), bytes.as_slice())?;
+                }
+                Entry::Dir { path, mode } => {
+                    header.set_entry_type(tar::EntryType::Directory);
+                    header.set_mode(*mode);
+                    header.set_size(0);
+                    layer.append_data(&mut header, path.trim_start_matches('/'), std::io::empty())?;
+                }
+                Entry::Symlink { path, target } => {
+                    header.set_entry_type(tar::EntryType::Symlink);
+                    header.set_mode(0o777);
+                    header.set_size(0);
+                    layer.append_link(&mut header, path.trim_start_matches('/'), target)?;
+                }
+            }
+        }
+        Ok(layer.into_inner()?)
+    }
+}
+
+fn append_bytes<W: std::io::Write>(archive: &mut tar::Builder<W>, path: &str, bytes: &[u8]) -> Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_size(bytes.len() as u64);
+    archive.append_data(&mut header, path, bytes)?;
+    Ok(())
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// The reference containerd stores for `image` as a pod spec names it: Docker's shorthand
+/// (`name:tag` means `docker.io/library/name:tag`, `org/name` means `docker.io/org/name`)
+/// expanded, anything naming a registry (a first part with `.` or `:`, or `localhost`) kept.
+pub fn normalize_reference(image: &str) -> String {
+    let (first, rest) = image.split_once('/').unwrap_or(("", image));
+    let with_registry = if first.is_empty() {
+        format!("docker.io/library/{rest}")
+    } else if first.contains('.') || first.contains(':') || first == "localhost" {
+        image.to_string()
+    } else {
+        format!("docker.io/{image}")
+    };
+    let last = with_registry.rsplit('/').next().unwrap_or_default();
+    if last.contains(':') || last.contains('@') { with_registry } else { format!("{with_registry}:latest") }
+}
+
+/// The pause image: a static binary that sleeps until a signal ends it.
+pub fn pause_image(work: &Path) -> Result<OciImage> {
+    const SOURCE: &str = r#"#include <signal.h>
+#include <unistd.h>
+static void done(int sig) { (void)sig; _exit(0); }
+int main(void) {
+    signal(SIGTERM, done);
+    signal(SIGINT, done);
+    for (;;) pause();
+}
+"#;
+    fs::create_dir_all(work)?;
+    let source = work.join("pause.c");
+    let binary = work.join("pause");
+    fs::write(&source, SOURCE)?;
+    let output = Command::new("gcc")
+        .args(["-Os", "-static", "-s", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .context("running gcc (apt-get install gcc) for the pause image")?;
+    if !output.status.success() {
+        bail!("gcc -static pause.c failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(OciImage {
+        name: PAUSE_IMAGE.to_string(),
+        entrypoint: vec!["/pause".to_string()],
+        entries: vec![Entry::File { path: "/pause".into(), source: binary, mode: 0o755 }],
+    })
+}
+
+/// Busybox from Debian's `busybox-static`, every applet linked in `/bin`, a sticky `/tmp`.
+pub fn busybox_image() -> Result<OciImage> {
+    let busybox = Path::new("/bin/busybox");
+    let output = Command::new(busybox).arg("--list").output().context("running /bin/busybox --list")?;
+    if !output.status.success() {
+        bail!("/bin/busybox --list failed");
+    }
+    // The static build is what runs in an image with no libc.
+    let file = Command::new("file").arg("-L").arg(busybox).output();
+    if let Ok(file) = file
+        && String::from_utf8_lossy(&file.stdout).contains("dynamically linked")
+    {
+        bail!("/bin/busybox is dynamically linked: install busybox-static");
+    }
+    let mut entries = vec![
+        Entry::Dir { path: "/bin".into(), mode: 0o755 },
+        Entry::File { path: "/bin/busybox".into(), source: busybox.to_path_buf(), mode: 0o755 },
+    ];
+    for applet in String::from_utf8_lossy(&output.stdout).lines().map(str::trim).filter(|a| !a.is_empty()) {
+        if applet != "busybox" && !applet.contains('/') {
+            entries.push(Entry::Symlink { path: format!("/bin/{applet}"), target: "busybox".into() });
+        }
+    }
+    for (dir, mode) in [("/tmp", 0o1777), ("/etc", 0o755), ("/proc", 0o755), ("/sys", 0o755), ("/dev", 0o755)] {
+        entries.push(Entry::Dir { path: dir.into(), mode });
+    }
+    Ok(OciImage { name: BUSYBOX_IMAGE.to_string(), entrypoint: vec!["/bin/sh".into()], entries })
+}
+
+/// The provisioner's image: its static binary as `/hostpath-provisioner`, nothing else (it
+/// needs no CA bundle, passwd or time zones: the API's CA comes with the ServiceAccount token
+/// and it runs as uid 0 by number), under `name` (normalized with [`normalize_reference`]).
+pub fn provisioner_image(binary: &Path, name: &str) -> OciImage {
+    OciImage {
+        name: normalize_reference(name),
+        entrypoint: vec!["/hostpath-provisioner".into()],
+        entries: vec![Entry::File { path: "/hostpath-provisioner".into(), source: binary.to_path_buf(), mode: 0o755 }],
+    }
+}
+
+/// Where `make image` and the lane put the static binary and the archive.
+pub fn image_dir(repo: &Path) -> PathBuf {
+    repo.join("target/image")
+}
+
+/// Builds the provisioner as a static executable without any extra rustup target: the
+/// installed x86_64-unknown-linux-gnu toolchain with `+crt-static` (glibc linked in), in a
+/// target dir of its own so the normal debug build is never invalidated. `--target` keeps the
+/// flag off build scripts and proc macros, which must stay dynamic. Profile `image` (see
+/// Cargo.toml): release without LTO, faster to build on 2 cores; the Dockerfile's musl build
+/// remains the one for users.
+pub fn build_static_provisioner(repo: &Path) -> Result<PathBuf> {
+    let target_dir = image_dir(repo);
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // Called from `cargo run` (make image) and from a test binary under `cargo test`, which
+    // export different CARGO_* variables; left in, they make cargo rebuild the top crates each
+    // time one caller follows the other.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if (name.starts_with("CARGO_") && name != "CARGO_HOME" && !name.starts_with("CARGO_TERM_"))
+            || name == "OUT_DIR"
+            || name == "RUSTFLAGS"
+            || name == "RUSTDOCFLAGS"
+        {
+            cargo.env_remove(name.as_ref());
+        }
+    }
+    let status = cargo
+        .current_dir(repo)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .args(["build", "--locked", "--profile", "image", "-p", "hostpath-provisioner"])
+        .args(["--target", "x86_64-unknown-linux-gnu", "--target-dir"])
+        .arg(&target_dir)
+        .status()
+        .context("running cargo build for the static provisioner")?;
+    if !status.success() {
+        bail!("cargo build of the static provisioner failed ({status})");
+    }
+    let binary = target_dir.join("x86_64-unknown-linux-gnu/image/hostpath-provisioner");
+    let file = Command::new("file").arg(&binary).output().context("running file")?;
+    let description = String::from_utf8_lossy(&file.stdout);
+    if !description.contains("statically linked") && !description.contains("static-pie linked") {
+        bail!("{} is not static: {description}", binary.display());
+    }
+    Ok(binary)
+}
+
+/// The image the deploy manifests run, as `deploy/legacy` sets it: the DaemonSet's `image:`
+/// with the kustomization's `images:` override (`newName`, `newTag`) applied. A small reader
+/// for those two fields only; the lane itself asks kubectl for the rendered name.
+pub fn manifest_image(repo: &Path) -> Result<String> {
+    let daemonset = fs::read_to_string(repo.join("deploy/legacy/daemonset.yaml"))?;
+    let image = daemonset
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("image:"))
+        .map(|value| value.trim().trim_matches('"').to_string())
+        .next()
+        .context("no image: line in deploy/legacy/daemonset.yaml")?;
+    let (mut name, mut tag) = split_tag(&image);
+    let kustomization = fs::read_to_string(repo.join("deploy/legacy/kustomization.yaml"))?;
+    let mut in_images = false;
+    let mut matches = false;
+    for line in kustomization.lines() {
+        let trimmed = line.trim();
+        if !line.starts_with(' ') && !line.starts_with('-') {
+            in_images = trimmed == "images:";
+            continue;
+        }
+        if !in_images || trimmed.starts_with('#') {
+            continue;
+        }
+        let field = trimmed.trim_start_matches("- ");
+        let Some((key, value)) = field.split_once(':') else { continue };
+        let value = value.trim().trim_matches('"').to_string();
+        match key.trim() {
+            "name" => matches = value == name,
+            "newName" if matches => name = value,
+            "newTag" if matches => tag = Some(value),
+            _ => {}
+        }
+    }
+    Ok(match tag {
+        Some(tag) => format!("{name}:{tag}"),
+        None => name,
+    })
+}
+
+fn split_tag(image: &str) -> (String, Option<String>) {
+    match image.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => (name.to_string(), Some(tag.to_string())),
+        _ => (image.to_string(), None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_expand_like_containerd_does() {
+        assert_eq!(normalize_reference("hostpath-provisioner:0.1.0"), "docker.io/library/hostpath-provisioner:0.1.0");
+        assert_eq!(normalize_reference("org/hpp:1"), "docker.io/org/hpp:1");
+        assert_eq!(normalize_reference("registry.example.invalid/x/hpp:2"), "registry.example.invalid/x/hpp:2");
+        assert_eq!(normalize_reference("localhost/testbed/busybox:1"), "localhost/testbed/busybox:1");
+        assert_eq!(normalize_reference("localhost:5000/hpp"), "localhost:5000/hpp:latest");
+    }
+
+    #[test]
+    fn the_manifest_image_reads_the_deploy_files() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let image = manifest_image(&repo).expect("image");
+        assert!(image.contains("hostpath-provisioner"), "{image}");
+        assert!(image.contains(':'), "{image}");
+    }
+
+    #[test]
+    fn archives_are_deterministic() {
+        let dir = std::env::temp_dir().join(crate::unique_name("oci-test"));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("f");
+        fs::write(&file, b"x").unwrap();
+        let image = OciImage {
+            name: "localhost/t:1".into(),
+            entrypoint: vec!["/f".into()],
+            entries: vec![Entry::File { path: "/f".into(), source: file, mode: 0o755 }],
+        };
+        let a = image.write(&dir.join("a.tar")).unwrap();
+        let b = image.write(&dir.join("b.tar")).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(fs::read(dir.join("a.tar")).unwrap(), fs::read(dir.join("b.tar")).unwrap());
+        fs::remove_dir_all(dir).unwrap();
+    }
+}
