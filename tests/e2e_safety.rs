@@ -122,3 +122,97 @@ async fn an_unmounted_pool_keeps_the_node_unready_and_refusing_until_a_disk_is_m
     env.nodes[0].provisioner.terminate();
     drop(disk);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_reached_through_a_replaced_parent_is_refused_until_restored() {
+    let env = TestEnv::start("redirect", 1).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let (uid, dir) = provisioned(&env, &class, "redirect").await;
+    std::fs::write(dir.join("data"), b"the real volume").unwrap();
+    let pv_name = format!("pvc-{uid}");
+    let pv_uid = env.pvs().get(&pv_name).await.unwrap().metadata.uid.unwrap();
+
+    // The directory above the pool root is moved away and a symlink to another tree, with a
+    // directory of the same volume name, put in its place.
+    let parent = env.nodes[0].pool_root.parent().unwrap().to_owned();
+    let moved = parent.with_extension("moved");
+    let decoy = env.cp.temp_dir().join(format!("{}-decoy", env.group));
+    std::fs::create_dir_all(decoy.join("pool").join(format!("pvc-{uid}"))).unwrap();
+    std::fs::write(decoy.join("pool").join(format!("pvc-{uid}/other")), b"someone else's").unwrap();
+    std::fs::rename(&parent, &moved).unwrap();
+    symlink(&decoy, &parent).unwrap();
+
+    env.delete_claim("redirect").await;
+    let note = env.wait_event("default", &pv_uid, "VolumeFailedDelete").await;
+    assert!(note.contains("now leads to"), "{note}");
+    let health = env.nodes[0].provisioner.health_addr();
+    testbed::wait_for("readyz names the redirected pool", TIMEOUT, || async {
+        let (status, body) = testbed::http_get(health, "/readyz").await?;
+        anyhow::Ok((status == 503 && body.contains("now leads to")).then_some(()))
+    })
+    .await
+    .expect("unready while redirected");
+    assert_eq!(std::fs::read(decoy.join("pool").join(format!("pvc-{uid}/other"))).unwrap(), b"someone else's");
+    assert!(!decoy.join("pool/.hpp-trash").exists(), "nothing moved into the other tree's trash");
+    assert!(env.pvs().get_opt(&pv_name).await.unwrap().is_some(), "the PV waits");
+
+    // Restored: the deletion goes through, on the real volume.
+    std::fs::remove_file(&parent).unwrap();
+    std::fs::rename(&moved, &parent).unwrap();
+    env.wait_pv_gone(&pv_name).await;
+    wait_path_gone(&dir).await;
+    assert!(decoy.join("pool").join(format!("pvc-{uid}/other")).exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn data_the_background_removal_cannot_remove_is_reported_on_the_node_with_its_size() {
+    let env = TestEnv::start("stuck", 1).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let (uid, dir) = provisioned(&env, &class, "stuck").await;
+    std::fs::write(dir.join("pinned"), vec![7u8; 256 << 10]).unwrap();
+    let chattr = |flag: &str, path: &std::path::Path| {
+        let status = std::process::Command::new("chattr").arg(flag).arg(path).status().expect("chattr");
+        assert!(status.success(), "chattr {flag} {}", path.display());
+    };
+    chattr("+i", &dir.join("pinned"));
+
+    // Fast reclaim: the PV goes at once, the data waits in the trash and cannot be removed.
+    env.delete_claim("stuck").await;
+    env.wait_pv_gone(&format!("pvc-{uid}")).await;
+    let node = env.nodes[0].name.clone();
+    let node_uid = env.cp.admin_client();
+    let node_uid = kube::Api::<k8s_openapi::api::core::v1::Node>::all(node_uid).get(&node).await.unwrap().metadata.uid.unwrap();
+    let note = env.wait_event("default", &node_uid, "TrashPurgeFailed").await;
+    assert!(note.contains("chattr -R -i -a") && note.contains(".hpp-trash"), "{note}");
+    let provisioner = &env.nodes[0].provisioner;
+    let stuck = testbed::wait_for("stuck bytes reported", TIMEOUT, || async {
+        let metrics = provisioner.metrics().await?;
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("hostpath_provisioner_trash_stuck_bytes{") && l.contains("permission_denied"))
+            .map(str::to_owned);
+        anyhow::Ok(line.filter(|l| !l.ends_with(" 0")))
+    })
+    .await
+    .expect("metric");
+    let bytes: u64 = stuck.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(bytes >= 256 << 10, "{stuck}");
+
+    // The admin lifts the attribute: the next pass empties the trash and clears the figure.
+    let trash = env.nodes[0].pool_root.join(TRASH);
+    for entry in std::fs::read_dir(&trash).unwrap() {
+        chattr("-i", &entry.unwrap().path().join("pinned"));
+    }
+    wait_trash_empty(&env.nodes[0].pool_root).await;
+    testbed::wait_for("stuck bytes cleared", TIMEOUT, || async {
+        let metrics = provisioner.metrics().await?;
+        anyhow::Ok(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("hostpath_provisioner_trash_stuck_bytes{") && l.ends_with(" 0"))
+                .then_some(()),
+        )
+    })
+    .await
+    .expect("cleared");
+}

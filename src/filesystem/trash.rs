@@ -82,6 +82,31 @@ impl PoolRoot {
         }
     }
 
+    /// Bytes the trash holds on disk (allocated blocks, so sparse files count what they use).
+    /// Read by path and never following a symlink: it only looks.
+    pub fn trash_bytes(&self) -> Result<u64, PoolError> {
+        fn walk(dir: &std::path::Path, total: &mut u64) -> std::io::Result<()> {
+            for entry in std::fs::read_dir(dir)? {
+                let entry = entry?;
+                let meta = entry.path().symlink_metadata()?;
+                *total += std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
+                if meta.file_type().is_dir() {
+                    walk(&entry.path(), total)?;
+                }
+            }
+            Ok(())
+        }
+        let trash = self.path.join(TRASH_DIR);
+        match trash.symlink_metadata() {
+            Ok(meta) if meta.file_type().is_dir() => {}
+            _ => return Ok(0),
+        }
+        let mut total = 0;
+        walk(&trash, &mut total)
+            .map_err(|e| fs_error("measure the trash", trash.clone(), Errno::from_io_error(&e).unwrap_or(Errno::IO)))?;
+        Ok(total)
+    }
+
     /// Entries waiting in the trash.
     pub fn trash_pending(&self) -> Result<usize, PoolError> {
         Ok(match self.trash_root()? {

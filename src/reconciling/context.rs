@@ -130,6 +130,18 @@ impl Context {
         Ok(facts)
     }
 
+    /// A reference to this node's Node object, for events about the node itself.
+    pub async fn node_ref(&self) -> Result<ObjectReference, kube::Error> {
+        let node = Api::<Node>::all(self.client.clone()).get(&self.me.node).await?;
+        Ok(ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: node.metadata.name,
+            uid: node.metadata.uid,
+            ..Default::default()
+        })
+    }
+
     /// A PV of this node (or unlabelled) by name, from the watch caches. Only meaningful once
     /// the watches have synced; callers fall back to a GET before that.
     pub fn known_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {

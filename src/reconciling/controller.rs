@@ -15,12 +15,13 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use crate::config::Config;
 use crate::deciding::claim::{Identity, Interest, claim_interest};
 use crate::deciding::layout;
+use crate::error::reason;
 use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
 use crate::reconciling::context::Context;
 use crate::reconciling::{claims, orphans, volumes};
 use crate::serving::health::{self, Health, Watch};
-use crate::serving::metrics::{Metrics, PoolLabel, WatchLabel};
+use crate::serving::metrics::{Metrics, PoolLabel, StuckLabel, WatchLabel};
 
 /// Why the provisioner could not start.
 #[derive(Debug, thiserror::Error)]
@@ -223,8 +224,12 @@ async fn serve_http(config: &Config, health: &Arc<Health>, metrics: &Arc<Metrics
 /// resumes removals interrupted by a restart).
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Removes trashed volumes in the background, one pool at a time, off the async threads.
+/// Removes trashed volumes in the background, one pool at a time, off the async threads. Data
+/// that cannot be removed (an immutable file, say) is reported where an admin looks: a Warning
+/// event on this node's Node object (the PV is already gone), and the bytes stuck by reason.
 async fn purge_trash(ctx: Arc<Context>) {
+    // The reason last reported per pool, to clear its gauge once the trash empties.
+    let mut stuck: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     loop {
         for name in ctx.pools.names() {
             let Some(Ok(pool)) = ctx.pools.usable(name) else { continue };
@@ -239,13 +244,17 @@ async fn purge_trash(ctx: Arc<Context>) {
             })
             .await;
             match result {
-                Ok(Ok(0)) => {}
                 Ok(Ok(n)) => {
-                    tracing::info!(pool = name, volumes = n, elapsed = ?started.elapsed(), "removed trashed volume data")
+                    if n > 0 {
+                        tracing::info!(pool = name, volumes = n, elapsed = ?started.elapsed(), "removed trashed volume data");
+                    }
+                    if let Some(reason) = stuck.remove(name) {
+                        let gauge = StuckLabel { pool: name.to_owned(), reason };
+                        ctx.metrics.trash_stuck_bytes.get_or_create(&gauge).set(0);
+                        tracing::info!(pool = name, "the trash could be emptied again");
+                    }
                 }
-                Ok(Err(error)) => {
-                    tracing::warn!(pool = name, %error, "trashed volume data not fully removed; retrying later")
-                }
+                Ok(Err(error)) => report_stuck_trash(&ctx, &pool, &error, &mut stuck).await,
                 Err(error) => tracing::error!(pool = name, %error, "trash removal task failed"),
             }
             if let Ok(pending) = pool.trash_pending() {
@@ -253,6 +262,37 @@ async fn purge_trash(ctx: Arc<Context>) {
             }
         }
         let _ = tokio::time::timeout(PURGE_INTERVAL, ctx.purge.notified()).await;
+    }
+}
+
+async fn report_stuck_trash(
+    ctx: &Context,
+    pool: &crate::filesystem::PoolRoot,
+    error: &crate::filesystem::PoolError,
+    stuck: &mut std::collections::HashMap<String, String>,
+) {
+    let name = pool.name().to_owned();
+    let bytes = pool.trash_bytes().unwrap_or(0);
+    let reason = error.label().to_owned();
+    if let Some(previous) = stuck.insert(name.clone(), reason.clone())
+        && previous != reason
+    {
+        ctx.metrics.trash_stuck_bytes.get_or_create(&StuckLabel { pool: name.clone(), reason: previous }).set(0);
+    }
+    ctx.metrics.trash_stuck_bytes.get_or_create(&StuckLabel { pool: name.clone(), reason }).set(bytes as i64);
+    let trash = pool.path().join(crate::filesystem::TRASH_DIR);
+    tracing::warn!(pool = %name, %error, bytes, trash = %trash.display(), "deleted volumes' data cannot be removed; retrying every minute");
+    let note = format!(
+        "{} of deleted volumes in pool {name} ({}) cannot be removed: {error}. If files there are immutable or \
+         append-only, run `chattr -R -i -a {}` on node {}; removal is retried every minute",
+        crate::deciding::capacity::format_binary_si(bytes),
+        trash.display(),
+        trash.display(),
+        ctx.me.node
+    );
+    match ctx.node_ref().await {
+        Ok(node) => ctx.warn(&node, reason::TRASH_PURGE_FAILED, "Delete", note).await,
+        Err(error) => tracing::warn!(%error, "cannot read this node's Node object to report on it"),
     }
 }
 

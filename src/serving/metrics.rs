@@ -30,6 +30,15 @@ pub struct WatchLabel {
     pub watch: String,
 }
 
+/// Labels of bytes stuck in a pool's trash.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StuckLabel {
+    /// Pool name.
+    pub pool: String,
+    /// Why the background removal fails (the error's label, e.g. `permission_denied`).
+    pub reason: String,
+}
+
 /// All metrics of one process.
 pub struct Metrics {
     registry: Registry,
@@ -53,6 +62,8 @@ pub struct Metrics {
     pub watch_restarts: Family<WatchLabel, Counter>,
     /// Deleted volumes whose data still awaits background removal.
     pub background_deletions_pending: Family<PoolLabel, Gauge>,
+    /// Bytes of deleted volumes the background removal cannot remove, by pool and reason.
+    pub trash_stuck_bytes: Family<StuckLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -75,6 +86,7 @@ impl Metrics {
         let watch_restarts = Family::<WatchLabel, Counter>::default();
         let pool_usable = Family::<PoolLabel, Gauge>::default();
         let background_deletions_pending = Family::<PoolLabel, Gauge>::default();
+        let trash_stuck_bytes = Family::<StuckLabel, Gauge>::default();
         registry.register("provisions", "Provisioning attempts by result and reason", provisions.clone());
         registry.register("deletions", "Volume deletions by result and reason", deletions.clone());
         registry.register(
@@ -109,6 +121,11 @@ impl Metrics {
             "Deleted volumes whose data still awaits background removal",
             background_deletions_pending.clone(),
         );
+        registry.register(
+            "trash_stuck_bytes",
+            "Bytes of deleted volumes that the background removal cannot remove, by pool and reason",
+            trash_stuck_bytes.clone(),
+        );
         Self {
             registry,
             provisions,
@@ -121,6 +138,7 @@ impl Metrics {
             pool_usable,
             watch_restarts,
             background_deletions_pending,
+            trash_stuck_bytes,
         }
     }
 
