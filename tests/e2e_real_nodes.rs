@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Toleration};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use testbed::fixtures;
 use testbed::real_nodes::{DEPLOY_DAEMONSET, DEPLOY_NAMESPACE, LANE_TIMEOUT, Lane, LaneOptions, PodRun, images};
@@ -60,6 +61,8 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_non_root_pod_writes_into_a_wffc_volume_and_the_file_is_on_the_host_with_its_owner_and_mode,
         reclaim_removes_what_several_uids_left_in_0700_1777_and_0500_directories,
         a_pod_that_plants_symlinks_out_of_its_volume_changes_nothing_outside_it_when_the_claim_goes,
+        a_shared_volume_written_by_one_pod_is_read_by_another,
+        an_every_node_volume_gives_the_pod_its_own_nodes_directory,
         a_rolling_update_of_the_daemonset_loses_no_volume_and_leaves_no_claim_stuck,
     ];
     let selected: Vec<_> =
@@ -209,6 +212,33 @@ impl Ctx {
     async fn create_claim(&self, ns: &str, name: &str) -> Result<PersistentVolumeClaim> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.lane.client(), ns);
         Ok(claims.create(&PostParams::default(), &fixtures::claim(ns, name, CLASS, "16Mi").build()).await?)
+    }
+
+    /// An Immediate class of ours with these parameters, named after the namespace.
+    async fn class(&self, ns: &str, params: &[(&str, &str)]) -> Result<String> {
+        let name = format!("{ns}-class");
+        let mut class = fixtures::storage_class(&name, "kubevirt.io/hostpath-provisioner").immediate();
+        for (key, value) in params {
+            class = class.parameter(key, value);
+        }
+        Api::<StorageClass>::all(self.lane.client()).create(&PostParams::default(), &class.build()).await?;
+        Ok(name)
+    }
+
+    /// A ReadWriteMany claim of `class`, waited for until Bound.
+    async fn bound_rwx_claim(&self, ns: &str, name: &str, class: &str) -> Result<PersistentVolume> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.lane.client(), ns);
+        let claim = fixtures::claim(ns, name, class, "16Mi").access_modes(&["ReadWriteMany"]).build();
+        claims.create(&PostParams::default(), &claim).await?;
+        testbed::wait_until(
+            &format!("claim {ns}/{name} Bound"),
+            LANE_TIMEOUT,
+            || claims.get(name),
+            |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"),
+        )
+        .await
+        .map_err(|e| e.context(self.provisioner_logs()))?;
+        self.pv_of(ns, name).await
     }
 
     async fn pv_of(&self, ns: &str, claim: &str) -> Result<PersistentVolume> {
@@ -393,6 +423,58 @@ async fn a_non_root_pod_writes_into_a_wffc_volume_and_the_file_is_on_the_host_wi
     ctx.lane.delete_pod(&ns, "sim-app").await?;
     ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
     ctx.delete_claim_and_wait_reclaimed(&ns, "sim-data").await?;
+    Ok(())
+}
+
+async fn a_shared_volume_written_by_one_pod_is_read_by_another(ctx: &Ctx) -> Result<()> {
+    ctx.deployed().await?;
+    let ns = ctx.namespace("shared").await?;
+    let class = ctx.class(&ns, &[("storagePool", "nfs"), ("topology", "shared")]).await?;
+    // Immediate binding and no node named: a live node makes it (here the only one with the pool).
+    let pv = ctx.bound_rwx_claim(&ns, "data", &class).await?;
+    let spec = pv.spec.as_ref().context("spec")?;
+    ensure!(spec.node_affinity.is_none(), "a shared volume is not pinned to a node");
+    let dir = ctx.lane.volume_dir(&ns, "data").await?;
+    ensure!(dir.parent() == Some(ctx.lane.shared_pool()), "{} in the shared pool", dir.display());
+
+    let writer = PodRun::new(&ns, "writer", "echo from-writer > /data/note && id -u").claim("data").as_user(1000, 1000);
+    let outcome = ctx.lane.run_pod(&writer.on_node(ctx.lane.node_name())).await?;
+    ensure!(outcome.exit_code == Some(0), "writer exited {:?}: {}", outcome.exit_code, outcome.logs);
+    let reader = PodRun::new(&ns, "reader", "cat /data/note && echo from-reader >> /data/note")
+        .claim("data")
+        .as_user(2000, 2000)
+        .on_node(ctx.lane.node_name());
+    let outcome = ctx.lane.run_pod(&reader).await?;
+    ensure!(outcome.exit_code == Some(0), "reader exited {:?}: {}", outcome.exit_code, outcome.logs);
+    ensure!(outcome.logs.trim() == "from-writer", "the reader sees the writer's file: {:?}", outcome.logs);
+    ensure!(std::fs::read_to_string(dir.join("note"))? == "from-writer\nfrom-reader\n", "both wrote on the host");
+
+    ctx.lane.delete_pod(&ns, "writer").await?;
+    ctx.lane.delete_pod(&ns, "reader").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
+    Ok(())
+}
+
+async fn an_every_node_volume_gives_the_pod_its_own_nodes_directory(ctx: &Ctx) -> Result<()> {
+    ctx.deployed().await?;
+    let ns = ctx.namespace("every").await?;
+    let class = ctx.class(&ns, &[("storagePool", "edge"), ("topology", "everyNode")]).await?;
+    let pv = ctx.bound_rwx_claim(&ns, "data", &class).await?;
+    ensure!(pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).is_none(), "not pinned");
+    let finalizers = pv.metadata.finalizers.clone().unwrap_or_default();
+    let copy = format!("copies.hostpath-provisioner.kubevirt.io/{}", ctx.lane.node_name());
+    ensure!(finalizers.contains(&copy), "the real node's copy holds the PV: {finalizers:?}");
+    let dir = ctx.lane.volume_dir(&ns, "data").await?;
+    ensure!(dir.parent() == Some(ctx.lane.edge_pool()), "{} in the edge pool", dir.display());
+
+    let script = "hostname > /data/node && ls -a /data";
+    let run = PodRun::new(&ns, "app", script).claim("data").as_user(1000, 1000).on_node(ctx.lane.node_name());
+    let outcome = ctx.lane.run_pod(&run).await?;
+    ensure!(outcome.exit_code == Some(0), "pod exited {:?}: {}", outcome.exit_code, outcome.logs);
+    ensure!(std::fs::read_to_string(dir.join("node"))?.trim() == "app", "the pod wrote into this node's copy");
+
+    ctx.lane.delete_pod(&ns, "app").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
     Ok(())
 }
 

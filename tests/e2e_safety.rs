@@ -181,7 +181,8 @@ async fn data_the_background_removal_cannot_remove_is_reported_on_the_node_with_
     env.wait_pv_gone(&format!("pvc-{uid}")).await;
     let node = env.nodes[0].name.clone();
     let node_uid = env.cp.admin_client();
-    let node_uid = kube::Api::<k8s_openapi::api::core::v1::Node>::all(node_uid).get(&node).await.unwrap().metadata.uid.unwrap();
+    let node_uid =
+        kube::Api::<k8s_openapi::api::core::v1::Node>::all(node_uid).get(&node).await.unwrap().metadata.uid.unwrap();
     let note = env.wait_event("default", &node_uid, "TrashPurgeFailed").await;
     assert!(note.contains("chattr -R -i -a") && note.contains(".hpp-trash"), "{note}");
     let provisioner = &env.nodes[0].provisioner;

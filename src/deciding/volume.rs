@@ -107,6 +107,19 @@ pub enum DeleteRefusal {
     /// No `spec.hostPath` (the Go build crashed here).
     #[error("PV has no spec.hostPath; refusing to delete anything. Remove the PV by hand once its data is dealt with")]
     NoHostPath,
+    /// The owner annotation names another node than the node label: the annotation's node does
+    /// not watch this PV (it watches its own label), so without this report no node would act.
+    #[error(
+        "PV says it belongs to node {annotation} (annotation kubevirt.io/provisionOnNode) but is labelled for node {label} ({key}); no node deletes it until they agree: fix whichever is wrong"
+    )]
+    OwnerMismatch {
+        /// The node in the annotation.
+        annotation: String,
+        /// The node in the label.
+        label: String,
+        /// The label key.
+        key: &'static str,
+    },
     /// The path failed the rules of DESIGN.md section 6.
     #[error("refusing to delete {path:?}: {refusal}. Nothing was removed; check the PV and remove it by hand")]
     UnsafePath {
@@ -158,6 +171,13 @@ fn decide_node_volume(pv: &PersistentVolume, me: &Identity, my_hostname: &str, p
     }
     match owner_node(pv) {
         Some(owner) if owner == me.node || (!has_owner_annotation(pv) && owner == my_hostname) => {}
+        Some(owner) if has_owner_annotation(pv) && labelled_for(pv) == Some(layout::node_label_value(&me.node)) => {
+            return VolumeDecision::Refuse(DeleteRefusal::OwnerMismatch {
+                annotation: owner.to_owned(),
+                label: me.node.clone(),
+                key: keys::NODE_LABEL,
+            });
+        }
         _ => return VolumeDecision::Ignore(Ignore::OtherNode),
     }
     match accepted_path(pv, pools) {
@@ -279,6 +299,11 @@ fn speak(key: &str, me: &Identity, live: &[LiveNode], decision: VolumeDecision) 
         Acting::Other { .. } => VolumeDecision::Ignore(Ignore::OtherNode),
         Acting::Me | Acting::Nobody => decision,
     }
+}
+
+/// The value of our node label on the PV.
+fn labelled_for(pv: &PersistentVolume) -> Option<String> {
+    pv.metadata.labels.as_ref().and_then(|l| l.get(keys::NODE_LABEL)).cloned()
 }
 
 fn has_owner_annotation(pv: &PersistentVolume) -> bool {
@@ -550,6 +575,23 @@ mod tests {
             pv.spec.as_mut().unwrap().host_path.as_mut().unwrap().path = path.into();
             assert!(matches!(decide(&pv), VolumeDecision::Refuse(DeleteRefusal::UnsafePath { .. })), "{path}");
         }
+    }
+
+    #[test]
+    fn an_owner_annotation_disagreeing_with_the_label_is_reported_by_the_labelled_node() {
+        // Labelled for this node (so only this node sees it), annotated for another.
+        let mut pv = go_pv(&pv_dir(), Some(OTHER_NODE), OTHER_NODE);
+        pv.metadata.labels = Some(BTreeMap::from([(keys::NODE_LABEL.to_owned(), NODE.to_owned())]));
+        match decide(&pv) {
+            VolumeDecision::Refuse(refusal @ DeleteRefusal::OwnerMismatch { .. }) => {
+                let text = refusal.to_string();
+                assert!(text.contains(OTHER_NODE) && text.contains(NODE), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Still silent while there is nothing to do.
+        pv.status.as_mut().unwrap().phase = Some("Bound".into());
+        assert_eq!(decide(&pv), VolumeDecision::Ignore(Ignore::NotReleased));
     }
 
     #[test]

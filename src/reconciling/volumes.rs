@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 
 use crate::deciding::layout::AcceptedPath;
-use crate::deciding::volume::{Ignore, VolumeDecision, VolumeShape, decide_volume, volume_shape};
+use crate::deciding::volume::{DeleteRefusal, Ignore, VolumeDecision, VolumeShape, decide_volume, volume_shape};
 use crate::error::{Retry, VolumeError, reason};
 use crate::filesystem::{Created, Trashed, VolumeDirName};
 use crate::keys;
@@ -42,8 +42,14 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
         }
         VolumeDecision::Refuse(refusal) => {
             tracing::warn!(pv = %name, %refusal, "refusing to delete");
-            ctx.metrics.refused_paths.inc();
-            Metrics::outcome(&ctx.metrics.deletions, "refused", "unsafe_path");
+            let label = match refusal {
+                DeleteRefusal::OwnerMismatch { .. } => "owner_mismatch",
+                DeleteRefusal::NoHostPath | DeleteRefusal::UnsafePath { .. } => {
+                    ctx.metrics.refused_paths.inc();
+                    "unsafe_path"
+                }
+            };
+            Metrics::outcome(&ctx.metrics.deletions, "refused", label);
             ctx.warn(&pv_ref(&pv), reason::VOLUME_FAILED_DELETE, "Delete", refusal.to_string()).await;
             Action::await_change()
         }

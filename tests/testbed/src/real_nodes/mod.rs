@@ -93,6 +93,10 @@ pub struct Lane {
     containerd: Option<ManagedChild>,
     layout: NodeLayout,
     pool: PathBuf,
+    /// A pool the DaemonSet declares shared (`nfs`), as a network filesystem would be.
+    shared_pool: PathBuf,
+    /// A second local pool (`edge`) only the real node serves, for every-node volumes.
+    edge_pool: PathBuf,
     started_in: Duration,
     host_cleaned: bool,
     cp: Option<ControlPlane>,
@@ -119,6 +123,8 @@ impl Lane {
             containerd: None,
             layout,
             pool: dir.join("pool"),
+            shared_pool: dir.join("nfs"),
+            edge_pool: dir.join("edge"),
             started_in: Duration::ZERO,
             host_cleaned: false,
             cp: None,
@@ -139,8 +145,10 @@ impl Lane {
 
     async fn boot(&mut self, bin_dir: &Path, options: &LaneOptions) -> Result<()> {
         std::fs::create_dir_all(&self.layout.dir)?;
-        std::fs::create_dir_all(&self.pool)?;
-        host::make_shared_mount(&self.pool)?;
+        for pool in [&self.pool, &self.shared_pool, &self.edge_pool] {
+            std::fs::create_dir_all(pool)?;
+            host::make_shared_mount(pool)?;
+        }
         host::create_bridge()?;
         let access = RealNodeAccess {
             serving_ips: vec![host::SERVICE_IP.parse()?, host::GATEWAY.parse()?],
@@ -169,7 +177,10 @@ impl Lane {
             let name = format!("sim-node-{i}");
             let cp = self.cp.as_ref().context("control plane")?;
             let pool = crate::cluster::pool_root_for(cp, &name);
-            let spec = ProvisionerSpec::new(binary, &name, pool, cp.kubeconfig_path());
+            // Its lease goes where the DaemonSet's pods keep theirs, so that both agree on which
+            // node acts for volumes no node owns.
+            let spec =
+                ProvisionerSpec::new(binary, &name, pool, cp.kubeconfig_path()).env("POD_NAMESPACE", DEPLOY_NAMESPACE);
             let sim = SimNode::start_with(cp, &name, &[], spec).await?;
             let taint =
                 json!({"spec": {"taints": [{"key": SIMULATED_TAINT, "value": "true", "effect": "NoSchedule"}]}});
@@ -199,6 +210,16 @@ impl Lane {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
+    }
+
+    /// The DaemonSet's shared pool `nfs` (see [`Lane::deploy_legacy`]).
+    pub fn shared_pool(&self) -> &Path {
+        &self.shared_pool
+    }
+
+    /// The DaemonSet's second local pool `edge`.
+    pub fn edge_pool(&self) -> &Path {
+        &self.edge_pool
     }
 
     /// The control plane.
@@ -271,7 +292,9 @@ impl Lane {
     }
 
     /// Deploys `deploy/legacy` from `repo` with `kubectl apply -k`, through an overlay that
-    /// only moves the pool root to [`Lane::pool_root`], after importing `image_archive` under
+    /// moves the pool root to [`Lane::pool_root`] and adds two pools as the README says an admin
+    /// would (`STORAGE_POOLS`, a hostPath volume and a mount each): `nfs` declared shared and
+    /// `edge` local, after importing `image_archive` under
     /// the name the rendered DaemonSet uses. Waits until the DaemonSet is rolled out and
     /// returns that image name.
     pub async fn deploy_legacy(&self, repo: &Path, image_archive: &Path) -> Result<String> {
@@ -319,6 +342,12 @@ patches:
       - op: replace
         path: /spec/template/spec/containers/0/volumeMounts/0/mountPath
         value: {pool}
+      - op: add
+        path: /spec/template/spec/containers/0/volumeMounts/-
+        value: {{name: pool-nfs, mountPath: {nfs}, mountPropagation: HostToContainer}}
+      - op: add
+        path: /spec/template/spec/containers/0/volumeMounts/-
+        value: {{name: pool-edge, mountPath: {edge}, mountPropagation: HostToContainer}}
   - patch: |-
       apiVersion: apps/v1
       kind: DaemonSet
@@ -333,12 +362,24 @@ patches:
                 env:
                   - name: PV_DIR
                     value: {pool}
+                  - name: STORAGE_POOLS
+                    value: nfs={nfs},shared,edge={edge}
             volumes:
               - name: pv-volume
                 hostPath:
                   path: {pool}
+              - name: pool-nfs
+                hostPath:
+                  path: {nfs}
+                  type: Directory
+              - name: pool-edge
+                hostPath:
+                  path: {edge}
+                  type: Directory
 "#,
-            base = base.display()
+            base = base.display(),
+            nfs = self.shared_pool.display(),
+            edge = self.edge_pool.display(),
         );
         std::fs::write(dir.join("kustomization.yaml"), kustomization)?;
         Ok(dir)
