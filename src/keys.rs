@@ -109,11 +109,12 @@ mod tests {
         use crate::deciding::claim::{Interest, claim_interest};
         use crate::test_fixtures::*;
         let interesting = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-            claim_interest(m, &me()) == Interest::Candidate
+            claim_interest(m, &me()) != Interest::Ignore
         };
         for (full, expected) in [
-            (claim("hpp").selected(OTHER_NODE).build(), Interest::Ignore),
-            (claim("hpp").on_node(OTHER_NODE).build(), Interest::Ignore),
+            (claim("hpp").selected(OTHER_NODE).build(), Interest::Elsewhere(OTHER_NODE.into())),
+            (claim("hpp").on_node(OTHER_NODE).build(), Interest::Elsewhere(OTHER_NODE.into())),
+            (claim("other").build(), Interest::Ignore),
             (claim("hpp").on_node(NODE).annotation(BIND_COMPLETED, "yes").build(), Interest::Ignore),
             (claim("hpp").on_node(NODE).build(), Interest::Candidate),
             (claim("hpp").selected(NODE).build(), Interest::Candidate),

@@ -174,3 +174,25 @@ async fn a_claim_annotated_later_is_provisioned() {
     env.claims().patch("late", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     env.wait_bound("late").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_waiting_for_a_node_without_a_provisioner_is_explained_once() {
+    let env = TestEnv::start("stranded", 2).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    // A typo in the annotation: no provisioner runs on that node.
+    let claim =
+        env.create_claim(fixtures::claim(&env.ns, "typo", &class, "1Mi").provision_on_node("no-such-node")).await;
+    // One that a live node serves gets no such word.
+    let served =
+        env.create_claim(fixtures::claim(&env.ns, "served", &class, "1Mi").provision_on_node(&env.nodes[1].name)).await;
+    let note = env.wait_event(&env.ns, &uid(&claim), "NoProvisionerOnNode").await;
+    assert!(note.contains("no-such-node") && note.contains("DaemonSet"), "{note}");
+    env.wait_bound("served").await;
+    // Every node looked (each at least a lease duration); still one event for the cluster.
+    tokio::time::sleep(std::time::Duration::from_secs(u64::from(LEASE_SECONDS) + 3)).await;
+    let count = |events: Vec<k8s_openapi::api::events::v1::Event>| {
+        events.iter().filter(|e| e.reason.as_deref() == Some("NoProvisionerOnNode")).count()
+    };
+    assert_eq!(count(env.events_for(&env.ns, &uid(&claim)).await), 1);
+    assert_eq!(count(env.events_for(&env.ns, &uid(&served)).await), 0);
+}

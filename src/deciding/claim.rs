@@ -54,6 +54,10 @@ pub enum Interest {
     Ignore,
     /// Possibly ours: read the full claim and its class.
     Candidate,
+    /// Placed on another node (by `kubevirt.io/provisionOnNode`, or by the scheduler for our
+    /// provisioner): that node's to provision. Read only to notice a node with no running
+    /// provisioner, where the claim would otherwise wait without a word.
+    Elsewhere(String),
 }
 
 fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
@@ -72,11 +76,11 @@ pub fn claim_interest(meta: &ObjectMeta, me: &Identity) -> Interest {
     }
     if let Some(node) = annotation(meta, keys::PROVISION_ON_NODE) {
         // provisionOnNode wins over selected-node under any binding mode (as in the Go build).
-        return if node == me.node { Interest::Candidate } else { Interest::Ignore };
+        return if node == me.node { Interest::Candidate } else { Interest::Elsewhere(node.to_owned()) };
     }
     match storage_provisioner(meta) {
         Some(p) if p == me.provisioner => match annotation(meta, keys::SELECTED_NODE) {
-            Some(node) if node != me.node => Interest::Ignore,
+            Some(node) if node != me.node => Interest::Elsewhere(node.to_owned()),
             // Ours on this node, or an Immediate claim that needs the one explanatory event.
             _ => Interest::Candidate,
         },

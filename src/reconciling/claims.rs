@@ -15,7 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::config::PvCapacity;
 use crate::deciding::capacity::{format_binary_si, round_down_pretty};
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
-use crate::deciding::topology::Topology;
+use crate::deciding::topology::{self, Acting, Topology};
 use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, Retry, reason};
 use crate::filesystem::{Created, VolumeDirName};
@@ -25,6 +25,8 @@ use crate::serving::metrics::Metrics;
 
 /// How long to wait before looking again at a claim whose class does not exist yet.
 const CLASS_RECHECK: Duration = Duration::from_secs(30);
+/// How often a claim waiting for a node without a running provisioner is looked at again.
+const STRANDED_RECHECK: Duration = Duration::from_secs(300);
 /// How long to wait before looking again for a node that serves a claim's pool.
 const NO_NODE_RECHECK: Duration = Duration::from_secs(60);
 
@@ -33,9 +35,14 @@ type ClaimMeta = PartialObjectMeta<PersistentVolumeClaim>;
 /// Reconciles one claim (from its metadata).
 pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action, ClaimError> {
     let key = object_key(&meta.metadata);
-    if claim_decision::claim_interest(&meta.metadata, &ctx.me) == Interest::Ignore {
-        ctx.reset_retry(&key);
-        return Ok(Action::await_change());
+    match claim_decision::claim_interest(&meta.metadata, &ctx.me) {
+        Interest::Ignore => {
+            ctx.reset_retry(&key);
+            ctx.forget_stranded(&meta.metadata);
+            return Ok(Action::await_change());
+        }
+        Interest::Elsewhere(node) => return watch_for_no_provisioner(&ctx, &meta, &node).await,
+        Interest::Candidate => {}
     }
     let (Some(namespace), Some(name)) = (meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref()) else {
         return Ok(Action::await_change());
@@ -266,38 +273,85 @@ async fn handback(ctx: &Context, claim: &PersistentVolumeClaim, why: &str, label
     Ok(())
 }
 
-/// Writes the single cluster-wide explanation for an Immediate claim that names no node. Every
-/// node computes the same event name, so the first create wins and the others get AlreadyExists.
+/// A claim placed on another node waits for that node's provisioner. When that node has had no
+/// live lease for a whole lease duration (the DaemonSet does not run there: a taint it does not
+/// tolerate, a nodeSelector, a typo in the annotation), one node says so on the claim, once.
+async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -> Result<Action, ClaimError> {
+    let live = ctx.live_nodes().await?;
+    if live.iter().any(|n| n.node == node) {
+        ctx.forget_stranded(&meta.metadata);
+        return Ok(Action::await_change());
+    }
+    let uid = meta.metadata.uid.as_deref().unwrap_or_default();
+    let waited = ctx.stranded_for(uid);
+    let grace = ctx.config.node_lease;
+    if waited < grace {
+        return Ok(Action::requeue(grace - waited + Duration::from_secs(1)));
+    }
+    // Another node speaks; look again when its lease would have expired, in case it died.
+    if let Acting::Other { recheck_after, .. } = topology::spokesman(uid, &ctx.me.node, &live) {
+        return Ok(Action::requeue(recheck_after.min(STRANDED_RECHECK)));
+    }
+    let (Some(namespace), Some(name)) = (meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref()) else {
+        return Ok(Action::await_change());
+    };
+    // provisionOnNode says nothing about the class: only claims of our classes are ours to explain.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let Some(claim) = claims.get_opt(name).await? else { return Ok(Action::await_change()) };
+    let ours = claim_decision::claim_class_name(&claim)
+        .and_then(|class| ctx.classes.get(&ObjectRef::new(class)))
+        .is_some_and(|class| class.provisioner == ctx.me.provisioner);
+    let pending = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty);
+    if ours && pending {
+        let note = format!(
+            "this claim waits for node {node}, where no hostpath-provisioner is running (no live lease in namespace {}): \
+             check that the provisioner DaemonSet runs there (taints it does not tolerate, its nodeSelector) and that \
+             the node name is right",
+            ctx.config.namespace
+        );
+        explain_once(ctx, &claim, "no-provisioner-on-node", reason::NO_PROVISIONER_ON_NODE, note).await;
+    }
+    Ok(Action::requeue(STRANDED_RECHECK))
+}
+
+/// Writes the single cluster-wide explanation for an Immediate claim that names no node.
 async fn explain_immediate(ctx: &Context, claim: &PersistentVolumeClaim) {
+    let note = format!(
+        "StorageClass {} uses volumeBindingMode Immediate, so no node is chosen for this claim and it will stay Pending. \
+         Use a WaitForFirstConsumer StorageClass (recommended), or annotate the claim with {}: <node name>.",
+        claim_decision::claim_class_name(claim).unwrap_or_default(),
+        keys::PROVISION_ON_NODE
+    );
+    explain_once(ctx, claim, "node-selection-required", reason::NODE_SELECTION_REQUIRED, note).await;
+}
+
+/// Writes a Warning that speaks for the cluster, not for one node: every node computes the same
+/// event name, so the first create wins and the others get AlreadyExists.
+async fn explain_once(ctx: &Context, claim: &PersistentVolumeClaim, suffix: &str, reason: &str, note: String) {
     let (Some(namespace), Some(uid)) = (claim.metadata.namespace.as_deref(), claim.metadata.uid.as_deref()) else {
         return;
     };
-    let name = format!("{uid}.node-selection-required");
     let event = K8sEvent {
-        metadata: ObjectMeta { name: Some(name), namespace: Some(namespace.to_owned()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(format!("{uid}.{suffix}")),
+            namespace: Some(namespace.to_owned()),
+            ..Default::default()
+        },
         event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
         action: Some("Provision".into()),
-        reason: Some(reason::NODE_SELECTION_REQUIRED.into()),
-        note: Some(format!(
-            "StorageClass {} uses volumeBindingMode Immediate, so no node is chosen for this claim and it will stay Pending. \
-             Use a WaitForFirstConsumer StorageClass (recommended), or annotate the claim with {}: <node name>.",
-            claim_decision::claim_class_name(claim).unwrap_or_default(),
-            keys::PROVISION_ON_NODE
-        )),
+        reason: Some(reason.into()),
+        note: Some(note),
         regarding: Some(claim_ref(claim)),
         reporting_controller: Some(ctx.me.provisioner.clone()),
-        // The same for every node: the event speaks for the cluster, not for one node.
         reporting_instance: Some(ctx.me.provisioner.clone()),
         type_: Some("Warning".into()),
         ..Default::default()
     };
     let events: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), namespace);
     match events.create(&PostParams::default(), &event).await {
-        Ok(_) => {
-            tracing::info!(claim = %claim_key(claim), "explained why an Immediate claim without a node stays Pending")
-        }
+        Ok(_) => tracing::info!(claim = %claim_key(claim), reason, "explained why the claim stays Pending"),
         Err(kube::Error::Api(status)) if status.code == 409 => {}
-        Err(error) => tracing::warn!(claim = %claim_key(claim), %error, "could not publish the node-selection event"),
+        Err(error) => tracing::warn!(claim = %claim_key(claim), %error, reason, "could not publish the explanation"),
     }
 }
 

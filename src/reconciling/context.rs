@@ -57,6 +57,8 @@ pub struct Context {
     recorder: Recorder,
     node: tokio::sync::Mutex<Option<NodeFacts>>,
     backoffs: Mutex<HashMap<String, ExponentialBackoff>>,
+    /// Claims placed on a node with no live provisioner, by uid: since when this node knows.
+    stranded: Mutex<HashMap<String, Instant>>,
     last_warnings: Mutex<HashMap<String, (String, Instant)>>,
 }
 
@@ -106,6 +108,7 @@ impl Context {
             recorder,
             node: tokio::sync::Mutex::new(None),
             backoffs: Mutex::new(HashMap::new()),
+            stranded: Mutex::new(HashMap::new()),
             last_warnings: Mutex::new(HashMap::new()),
         }
     }
@@ -168,6 +171,19 @@ impl Context {
         let mut backoffs = self.backoffs.lock().unwrap_or_else(|e| e.into_inner());
         let backoff = backoffs.entry(key.to_owned()).or_insert_with(new_backoff);
         backoff.next().unwrap_or(MAX_RETRY)
+    }
+
+    /// How long the claim `uid` has been seen waiting for a node without a live provisioner.
+    pub fn stranded_for(&self, uid: &str) -> Duration {
+        let mut stranded = self.stranded.lock().unwrap_or_else(|e| e.into_inner());
+        stranded.entry(uid.to_owned()).or_insert_with(Instant::now).elapsed()
+    }
+
+    /// Forgets a claim that is no longer waiting for a node without a provisioner.
+    pub fn forget_stranded(&self, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+        if let Some(uid) = meta.uid.as_deref() {
+            self.stranded.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        }
     }
 
     /// Forgets the backoff of `key` after a success.

@@ -78,9 +78,7 @@ pub async fn run(
         watcher(Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(client.clone()), watcher::Config::default())
             .modify({
                 let me = Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone() };
-                move |claim| {
-                    keys::trim_claim_metadata_for(claim, |meta| claim_interest(meta, &me) == Interest::Candidate)
-                }
+                move |claim| keys::trim_claim_metadata_for(claim, |meta| claim_interest(meta, &me) != Interest::Ignore)
             }),
         &health,
         &metrics,

@@ -85,11 +85,11 @@ impl TestEnv {
         self.cp.add_node_labeled(name, name, &[(GROUP_LABEL, &self.group)]).await.expect("add node");
         let pool = testbed::pool_root_for(self.cp, name);
         std::fs::create_dir_all(&pool).expect("pool root");
-        // Leases in the test's own namespace, so tests never see each other's nodes as live;
-        // short, so a killed node's work moves on within seconds.
+        // Every test's nodes keep their leases in one namespace (`default`), as on a cluster, so
+        // each node knows which nodes of its provisioner name are alive; short leases, so that a
+        // killed node's work moves on within seconds.
         let spec = adjust(
             ProvisionerSpec::new(binary(), name, pool.clone(), self.cp.kubeconfig_path())
-                .env("POD_NAMESPACE", &self.ns)
                 .env("PROVISIONER_NAME", &self.provisioner)
                 .env("NODE_LEASE_SECONDS", &LEASE_SECONDS.to_string()),
         );

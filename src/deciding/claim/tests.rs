@@ -33,7 +33,7 @@ fn metadata_provision_on_node_for_us_is_a_candidate() {
 
 #[test]
 fn metadata_provision_on_node_for_another_node_wins_over_selected_node() {
-    assert_eq!(interest(claim("hpp").on_node(OTHER_NODE).selected(NODE)), Interest::Ignore);
+    assert_eq!(interest(claim("hpp").on_node(OTHER_NODE).selected(NODE)), Interest::Elsewhere(OTHER_NODE.into()));
 }
 
 #[test]
@@ -50,8 +50,8 @@ fn metadata_selected_node_with_ga_or_beta_provisioner_key_is_a_candidate() {
 }
 
 #[test]
-fn metadata_selected_for_another_node_is_ignored() {
-    assert_eq!(interest(claim("hpp").selected(OTHER_NODE)), Interest::Ignore);
+fn metadata_selected_for_another_node_is_that_nodes() {
+    assert_eq!(interest(claim("hpp").selected(OTHER_NODE)), Interest::Elsewhere(OTHER_NODE.into()));
 }
 
 #[test]
