@@ -440,14 +440,18 @@ async fn a_shared_volume_written_by_one_pod_is_read_by_another(ctx: &Ctx) -> Res
     let writer = PodRun::new(&ns, "writer", "echo from-writer > /data/note && id -u").claim("data").as_user(1000, 1000);
     let outcome = ctx.lane.run_pod(&writer.on_node(ctx.lane.node_name())).await?;
     ensure!(outcome.exit_code == Some(0), "writer exited {:?}: {}", outcome.exit_code, outcome.logs);
-    let reader = PodRun::new(&ns, "reader", "cat /data/note && echo from-reader >> /data/note")
+    // Another uid: the writer's file is its own (0644), so the reader answers in a file of its own.
+    let reader = PodRun::new(&ns, "reader", "cat /data/note && echo from-reader > /data/reply")
         .claim("data")
         .as_user(2000, 2000)
         .on_node(ctx.lane.node_name());
     let outcome = ctx.lane.run_pod(&reader).await?;
     ensure!(outcome.exit_code == Some(0), "reader exited {:?}: {}", outcome.exit_code, outcome.logs);
     ensure!(outcome.logs.trim() == "from-writer", "the reader sees the writer's file: {:?}", outcome.logs);
-    ensure!(std::fs::read_to_string(dir.join("note"))? == "from-writer\nfrom-reader\n", "both wrote on the host");
+    ensure!(std::fs::read_to_string(dir.join("note"))? == "from-writer\n", "the writer's file on the host");
+    ensure!(std::fs::read_to_string(dir.join("reply"))? == "from-reader\n", "the reader's file on the host");
+    let owners = (std::fs::metadata(dir.join("note"))?.uid(), std::fs::metadata(dir.join("reply"))?.uid());
+    ensure!(owners == (1000, 2000), "each file owned by its pod's uid: {owners:?}");
 
     ctx.lane.delete_pod(&ns, "writer").await?;
     ctx.lane.delete_pod(&ns, "reader").await?;
