@@ -89,5 +89,22 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-    tracing::info!("shutdown requested; finishing in-flight operations");
+    tracing::info!("shutdown requested; finishing in-flight operations (a second signal exits at once)");
+    // An admin who asks twice means it: whatever is cut short is redone idempotently at start.
+    tokio::spawn(async {
+        let second = async {
+            #[cfg(unix)]
+            if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {},
+                    _ = term.recv() => {},
+                }
+                return;
+            }
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        second.await;
+        tracing::warn!("second shutdown signal; exiting now");
+        std::process::exit(130);
+    });
 }

@@ -19,6 +19,7 @@ use crate::error::reason;
 use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
 use crate::reconciling::context::Context;
+use crate::reconciling::watch_backoff::{self, OutageBackoff, WatchHealth};
 use crate::reconciling::{claims, orphans, volumes};
 use crate::serving::health::{self, Health, Watch};
 use crate::serving::metrics::{Metrics, PoolLabel, StuckLabel, WatchLabel};
@@ -176,6 +177,8 @@ async fn log_controller_error<T: std::fmt::Debug, E: std::fmt::Display>(result: 
 }
 
 /// Marks the initial list of `watch` received, the API reachable or not, and counts restarts.
+/// Retries back off up to [`watch_backoff::MAX_DELAY`] across an outage, and the log says when
+/// the API server stops and starts answering, not every attempt.
 fn observe<K, S>(
     watch: Watch,
     stream: S,
@@ -187,24 +190,38 @@ where
     K: kube::Resource + Send,
 {
     let (health, metrics) = (health.clone(), metrics.clone());
+    let watch_health = WatchHealth::default();
+    let backoff = OutageBackoff::new(watch_health.clone());
+    let mut failing = false;
     // managedFields are half of a claim's metadata and never read here: dropping them keeps the
     // per-object cost of the caches down.
-    stream.modify(|object: &mut K| object.meta_mut().managed_fields = None).default_backoff().inspect(move |result| {
-        match result {
+    stream
+        .modify(|object: &mut K| object.meta_mut().managed_fields = None)
+        .inspect(move |item| watch_health.observe(item))
+        .backoff(backoff)
+        .inspect(move |result| match result {
             Ok(event) => {
                 health.set_api_reachable(true);
+                if failing && !matches!(event, watcher::Event::Init) {
+                    tracing::info!(?watch, "watch works again");
+                    failing = false;
+                }
                 if matches!(event, watcher::Event::InitDone) {
                     tracing::debug!(?watch, "initial list received");
                     health.synced(watch);
                 }
             }
             Err(error) => {
-                tracing::warn!(?watch, %error, "watch failed; retrying with backoff");
+                if !failing {
+                    tracing::warn!(?watch, %error, max_delay = ?watch_backoff::MAX_DELAY, "watch failed; retrying with backoff until the API server answers");
+                    failing = true;
+                } else {
+                    tracing::debug!(?watch, %error, "watch still failing");
+                }
                 health.set_api_reachable(false);
                 metrics.watch_restarts.get_or_create(&WatchLabel { watch: format!("{watch:?}").to_lowercase() }).inc();
             }
-        }
-    })
+        })
 }
 
 async fn serve_http(config: &Config, health: &Arc<Health>, metrics: &Arc<Metrics>) -> Result<(), StartError> {

@@ -18,6 +18,8 @@ use crate::deciding::layout;
 use crate::deciding::topology::{LiveNode, PoolKey};
 use crate::keys;
 
+/// Longest the release of the lease may hold up a shutdown.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest a listed view of the leases is reused.
 const MAX_VIEW_AGE: Duration = Duration::from_secs(5);
 /// Clock difference tolerated between nodes before a lease whose renewal is that old is taken
@@ -105,11 +107,15 @@ impl Membership {
 
     /// Deletes this node's lease, so other nodes take over its work at once rather than after
     /// the lease would have expired.
+    /// Bounded in time: during an API outage the lease simply expires instead.
     pub async fn release(&self) {
-        match self.api.delete(&self.lease_name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(error) => tracing::warn!(%error, "could not release this node's lease"),
+        let params = DeleteParams::default();
+        let delete = self.api.delete(&self.lease_name, &params);
+        match tokio::time::timeout(RELEASE_TIMEOUT, delete).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => {}
+            Ok(Err(error)) => tracing::warn!(%error, "could not release this node's lease; it expires by itself"),
+            Err(_) => tracing::warn!("the API server did not answer; this node's lease expires by itself"),
         }
     }
 

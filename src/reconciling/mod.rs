@@ -7,3 +7,4 @@ pub mod controller;
 pub mod membership;
 pub mod orphans;
 pub mod volumes;
+pub mod watch_backoff;
