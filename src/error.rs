@@ -17,6 +17,8 @@ pub mod reason {
     pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
     /// Warning: an Immediate claim names no node, so no node will ever provision it.
     pub const NODE_SELECTION_REQUIRED: &str = "NodeSelectionRequired";
+    /// Warning, on this node's Node object: volume directories hold data but have no PV.
+    pub const ORPHANED_VOLUME: &str = "OrphanedVolumeData";
     /// Warning: the claim waits for a node where no provisioner runs.
     pub const NO_PROVISIONER_ON_NODE: &str = "NoProvisionerOnNode";
     /// Warning, on this node's Node object: data of deleted volumes cannot be removed from the trash.

@@ -217,3 +217,43 @@ async fn data_the_background_removal_cannot_remove_is_reported_on_the_node_with_
     .await
     .expect("cleared");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn data_of_a_pv_deleted_by_hand_is_kept_and_reported() {
+    let mut env = TestEnv::start("byhand", 1).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let (uid, dir) = provisioned(&env, &class, "byhand").await;
+    std::fs::write(dir.join("precious"), vec![1u8; 64 << 10]).unwrap();
+
+    // `kubectl delete pv` on a bound volume: it waits (pv-protection) until the claim goes.
+    env.pvs().delete(&format!("pvc-{uid}"), &Default::default()).await.expect("delete PV");
+    env.delete_claim("byhand").await;
+    env.wait_pv_gone(&format!("pvc-{uid}")).await;
+    let node = env.nodes[0].name.clone();
+    let node_uid = kube::Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .get(&node)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let note = env.wait_event("default", &node_uid, "OrphanedVolumeData").await;
+    assert!(note.contains(&format!("pvc-{uid}")) && note.contains("Nothing was removed"), "{note}");
+    assert_eq!(std::fs::read(dir.join("precious")).unwrap().len(), 64 << 10, "the data is kept");
+
+    // Found again at start-up, with its size.
+    env.node_mut(&node).provisioner.restart().expect("restart");
+    env.node_mut(&node).provisioner.wait_ready(TIMEOUT).await.expect("ready");
+    let provisioner = &env.nodes[0].provisioner;
+    testbed::wait_for("orphaned bytes reported after a restart", TIMEOUT, || async {
+        let metrics = provisioner.metrics().await?;
+        let bytes = metrics
+            .lines()
+            .find(|l| l.starts_with("hostpath_provisioner_orphaned_volume_bytes{"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+        anyhow::Ok(bytes.filter(|b| *b >= 64 << 10))
+    })
+    .await
+    .expect("metric");
+    assert!(dir.join("precious").exists());
+}

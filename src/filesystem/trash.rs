@@ -83,8 +83,13 @@ impl PoolRoot {
     }
 
     /// Bytes the trash holds on disk (allocated blocks, so sparse files count what they use).
-    /// Read by path and never following a symlink: it only looks.
     pub fn trash_bytes(&self) -> Result<u64, PoolError> {
+        self.bytes_under(TRASH_DIR)
+    }
+
+    /// Bytes a directory directly under the root holds on disk. Read by path and never following
+    /// a symlink: it only looks. 0 when there is no such directory.
+    pub fn bytes_under(&self, entry: &str) -> Result<u64, PoolError> {
         fn walk(dir: &std::path::Path, total: &mut u64) -> std::io::Result<()> {
             for entry in std::fs::read_dir(dir)? {
                 let entry = entry?;
@@ -96,14 +101,14 @@ impl PoolRoot {
             }
             Ok(())
         }
-        let trash = self.path.join(TRASH_DIR);
-        match trash.symlink_metadata() {
+        let dir = self.path.join(entry);
+        match dir.symlink_metadata() {
             Ok(meta) if meta.file_type().is_dir() => {}
             _ => return Ok(0),
         }
         let mut total = 0;
-        walk(&trash, &mut total)
-            .map_err(|e| fs_error("measure the trash", trash.clone(), Errno::from_io_error(&e).unwrap_or(Errno::IO)))?;
+        walk(&dir, &mut total)
+            .map_err(|e| fs_error("measure a directory", dir.clone(), Errno::from_io_error(&e).unwrap_or(Errno::IO)))?;
         Ok(total)
     }
 

@@ -93,6 +93,7 @@ pub async fn run(
     let own_selector = format!("{}={}", keys::NODE_LABEL, layout::node_label_value(&config.node_name));
     let legacy_selector = format!("!{}", keys::NODE_LABEL);
     let (own_store, own_writer) = reflector::store::<PersistentVolume>();
+    let (deleted_tx, mut deleted_rx) = tokio::sync::mpsc::unbounded_channel::<PersistentVolume>();
     let own_events = observe(
         Watch::Volumes,
         watcher(pv_api.clone(), watcher::Config::default().labels(&own_selector)),
@@ -100,6 +101,16 @@ pub async fn run(
         &metrics,
     )
     .reflect(own_writer)
+    // A deleted PV of this node whose directory still holds data was deleted by someone else:
+    // reported by a task of its own (the context does not exist yet here).
+    .inspect({
+        let deleted = deleted_tx.clone();
+        move |event| {
+            if let Ok(watcher::Event::Delete(pv)) = event {
+                let _ = deleted.send(pv.clone());
+            }
+        }
+    })
     .applied_objects();
     let (legacy_store, legacy_writer) = reflector::store::<PersistentVolume>();
     let legacy_events = observe(
@@ -148,6 +159,14 @@ pub async fn run(
         tracing::warn!(%error, "cannot write this node's lease yet; retrying in the background");
     }
     tokio::spawn(keep_lease(ctx.clone()));
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            while let Some(pv) = deleted_rx.recv().await {
+                orphans::check_deleted_volume(&ctx, &pv).await;
+            }
+        }
+    });
     tokio::spawn(refresh_pools(ctx.clone()));
     tokio::spawn(purge_trash(ctx.clone()));
 

@@ -62,6 +62,8 @@ pub struct Metrics {
     pub watch_restarts: Family<WatchLabel, Counter>,
     /// Deleted volumes whose data still awaits background removal.
     pub background_deletions_pending: Family<PoolLabel, Gauge>,
+    /// Bytes in volume directories whose PV is gone (deleted by hand), found since start.
+    pub orphaned_volume_bytes: Family<PoolLabel, Gauge>,
     /// Bytes of deleted volumes the background removal cannot remove, by pool and reason.
     pub trash_stuck_bytes: Family<StuckLabel, Gauge>,
 }
@@ -87,6 +89,7 @@ impl Metrics {
         let pool_usable = Family::<PoolLabel, Gauge>::default();
         let background_deletions_pending = Family::<PoolLabel, Gauge>::default();
         let trash_stuck_bytes = Family::<StuckLabel, Gauge>::default();
+        let orphaned_volume_bytes = Family::<PoolLabel, Gauge>::default();
         registry.register("provisions", "Provisioning attempts by result and reason", provisions.clone());
         registry.register("deletions", "Volume deletions by result and reason", deletions.clone());
         registry.register(
@@ -122,6 +125,11 @@ impl Metrics {
             background_deletions_pending.clone(),
         );
         registry.register(
+            "orphaned_volume_bytes",
+            "Bytes in volume directories that hold data but have no PV (deleted by hand), found since start",
+            orphaned_volume_bytes.clone(),
+        );
+        registry.register(
             "trash_stuck_bytes",
             "Bytes of deleted volumes that the background removal cannot remove, by pool and reason",
             trash_stuck_bytes.clone(),
@@ -139,6 +147,7 @@ impl Metrics {
             watch_restarts,
             background_deletions_pending,
             trash_stuck_bytes,
+            orphaned_volume_bytes,
         }
     }
 
