@@ -78,12 +78,14 @@ pub fn claim_interest(meta: &ObjectMeta, me: &Identity) -> Interest {
         // provisionOnNode wins over selected-node under any binding mode (as in the Go build).
         return if node == me.node { Interest::Candidate } else { Interest::Elsewhere(node.to_owned()) };
     }
-    match storage_provisioner(meta) {
-        Some(p) if p == me.provisioner => match annotation(meta, keys::SELECTED_NODE) {
-            Some(node) if node != me.node => Interest::Elsewhere(node.to_owned()),
-            // Ours on this node, or an Immediate claim that needs the one explanatory event.
-            _ => Interest::Candidate,
-        },
+    let ours = storage_provisioner(meta) == Some(me.provisioner.as_str());
+    match annotation(meta, keys::SELECTED_NODE) {
+        // The scheduler placed it here: stage 2 reads the class rather than waiting for the PV
+        // controller to copy its provisioner onto the claim (DESIGN section 4).
+        Some(node) if node == me.node => Interest::Candidate,
+        Some(node) if ours => Interest::Elsewhere(node.to_owned()),
+        // An Immediate claim of ours: provisioned here, or it needs the one explanatory event.
+        None if ours => Interest::Candidate,
         _ => Interest::Ignore,
     }
 }
@@ -418,10 +420,12 @@ pub fn decide_claim(
         None => false,
     };
     if !pinned_by_annotation {
-        if storage_provisioner(meta) != Some(me.provisioner.as_str()) {
-            return Decision::Skip(SkipReason::NotYetSelected);
-        }
         match binding_mode {
+            // The PV controller marks an Immediate claim of ours once it gave up binding it to an
+            // existing PV; only then is it ours to provision.
+            BindingMode::Immediate if storage_provisioner(meta) != Some(me.provisioner.as_str()) => {
+                return Decision::Skip(SkipReason::NotYetSelected);
+            }
             BindingMode::Immediate => match &request {
                 Ok(ClassRequest { topology: Topology::Node, .. }) => return Decision::ExplainImmediate,
                 // No node is named: the live nodes serving the pool agree on one (see topology).
@@ -452,6 +456,9 @@ pub fn decide_claim(
                     }
                 }
             },
+            // The scheduler writes selected-node only after finding no existing PV to bind, so
+            // the claim is ours at once; the PV controller's storage-provisioner annotation, which
+            // follows seconds later under load, adds no safety (DESIGN section 4).
             BindingMode::WaitForFirstConsumer => match annotation(meta, keys::SELECTED_NODE) {
                 Some(node) if node == me.node => {}
                 Some(_) => return Decision::Skip(SkipReason::OtherNode),

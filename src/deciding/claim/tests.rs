@@ -57,10 +57,20 @@ fn metadata_selected_for_another_node_is_that_nodes() {
 #[test]
 fn metadata_other_provisioner_or_no_annotation_is_ignored() {
     assert_eq!(interest(claim("hpp")), Interest::Ignore);
-    let other = claim("hpp")
+    let other_elsewhere = claim("hpp")
         .annotation(crate::keys::STORAGE_PROVISIONER, "example.com/other")
-        .annotation(crate::keys::SELECTED_NODE, NODE);
-    assert_eq!(interest(other), Interest::Ignore);
+        .annotation(crate::keys::SELECTED_NODE, OTHER_NODE);
+    assert_eq!(interest(other_elsewhere), Interest::Ignore);
+    // Placed on this node: stage 2 reads the class (which says whose it is).
+    let other_here = || {
+        claim("hpp")
+            .annotation(crate::keys::STORAGE_PROVISIONER, "example.com/other")
+            .annotation(crate::keys::SELECTED_NODE, NODE)
+    };
+    assert_eq!(interest(other_here()), Interest::Candidate);
+    let mut others = wffc();
+    others.provisioner = "example.com/other".into();
+    assert_eq!(decide(other_here(), Some(&others)), Decision::Skip(SkipReason::OtherProvisioner));
 }
 
 #[test]
@@ -133,9 +143,14 @@ fn selected_node_for_another_node_is_skipped() {
 }
 
 #[test]
-fn selected_node_without_storage_provisioner_annotation_waits_for_the_pv_controller() {
-    let c = claim("hpp").annotation(crate::keys::SELECTED_NODE, NODE);
-    assert_eq!(decide(c, Some(&wffc())), Decision::Skip(SkipReason::NotYetSelected));
+fn selected_node_alone_is_enough_under_wait_for_first_consumer() {
+    // The scheduler's choice, before the PV controller copied the provisioner onto the claim.
+    let c = || claim("hpp").annotation(crate::keys::SELECTED_NODE, NODE);
+    assert_eq!(interest(c()), Interest::Candidate);
+    let plan = provisioned(decide(c(), Some(&wffc())));
+    assert_eq!(plan.binding_mode, BindingMode::WaitForFirstConsumer);
+    // Under Immediate the PV controller's mark is still what makes a claim ours.
+    assert_eq!(decide(c(), Some(&immediate())), Decision::Skip(SkipReason::NotYetSelected));
 }
 
 #[test]
