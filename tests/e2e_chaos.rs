@@ -1,5 +1,7 @@
 //! Chaos: 200 node claims, 40 shared and 20 every-node claims created and deleted while
-//! provisioners are SIGKILLed at random moments and kube-apiserver is restarted once. Every claim
+//! provisioners are SIGKILLed at random moments, kube-apiserver and etcd are each restarted once,
+//! and one node is cut off from the API server for 60 s (a proxy in front of it, closed and
+//! reopened). Every claim
 //! must end bound exactly once, every released volume must be gone from disk and API, with no
 //! orphan directory (on any node, in the shared pool, or of any every-node copy) and no
 //! duplicate PV.
@@ -26,6 +28,11 @@ const EVERY_CLASS: &str = "chaos-every-node";
 /// The per-node pool of the every-node claims.
 const EVERY_POOL: &str = "edge";
 const TOTAL: usize = CLAIMS + SHARED_CLAIMS + EVERY_CLAIMS;
+/// When (after which batch of node claims) and how long one node is cut off from the API.
+const PARTITION_AT: usize = 3;
+const PARTITION: Duration = Duration::from_secs(60);
+/// After which batch etcd is restarted.
+const ETCD_RESTART_AT: usize = 15;
 const DEADLINE: Duration = Duration::from_secs(300);
 
 /// xorshift64*: a reproducible random sequence from a printed seed.
@@ -95,6 +102,23 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
     let mut cluster = Cluster::start_with(spec).await.expect("cluster");
     let every_dirs: Vec<PathBuf> =
         cluster.nodes.iter().map(|n| testbed::per_node_pool_dir(&cluster.cp, &n.name, EVERY_POOL)).collect();
+
+    // The last node talks to the API server through a proxy the test can cut.
+    let proxy = std::sync::Arc::new(
+        testbed::CutProxy::start(([127, 0, 0, 1], cluster.cp.apiserver_port()).into()).await.expect("proxy"),
+    );
+    let partitioned = cluster.nodes[NODES - 1].name.clone();
+    {
+        let through_proxy = cluster.cp.temp_dir().join("partitioned.kubeconfig");
+        let connection = cluster.cp.connection().via(proxy.addr());
+        connection.write_kubeconfig(&through_proxy).expect("kubeconfig");
+        let node = &mut cluster.nodes[NODES - 1];
+        let mut spec = node.provisioner.spec().clone();
+        spec.kubeconfig = through_proxy;
+        node.provisioner.kill();
+        node.provisioner = testbed::Provisioner::spawn(spec, cluster.cp.temp_dir()).expect("respawn behind the proxy");
+        node.provisioner.wait_ready(Duration::from_secs(60)).await.expect("ready behind the proxy");
+    }
     let seed = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
     let mut rng = Rng(seed);
     eprintln!("chaos: seed {seed}");
@@ -123,6 +147,7 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
     let mut kills = 0;
     let mut owner_of: BTreeMap<String, String> = BTreeMap::new(); // claim name -> node
     let restart_at = CLAIMS / BATCH / 2;
+    let mut partition_over = None;
     for batch in 0..CLAIMS / BATCH {
         let names: Vec<(String, String)> = (batch * BATCH..(batch + 1) * BATCH)
             .map(|i| (claim_name(i), cluster.nodes[i % NODES].name.clone()))
@@ -160,6 +185,21 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
             tokio::time::sleep(Duration::from_secs(2)).await;
             cluster.cp.start_apiserver().await.expect("apiserver back");
         }
+        if batch == PARTITION_AT {
+            eprintln!("chaos: cutting {partitioned} off the API server for {PARTITION:?}");
+            proxy.cut();
+            let proxy = proxy.clone();
+            partition_over = Some(tokio::spawn(async move {
+                tokio::time::sleep(PARTITION).await;
+                proxy.restore();
+            }));
+        }
+        if batch == ETCD_RESTART_AT {
+            eprintln!("chaos: restarting etcd after {} claims", (batch + 1) * BATCH);
+            cluster.cp.stop_etcd();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            cluster.cp.start_etcd().await.expect("etcd back");
+        }
     }
 
     // Shared and every-node claims: no node named, one live node acts; a node is killed
@@ -189,6 +229,11 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
             kill_one(cluster_ref, rng_ref);
         });
         kills += 1;
+    }
+
+    if let Some(over) = partition_over {
+        over.await.expect("partition ended");
+        eprintln!("chaos: {partitioned} reconnected");
     }
 
     // Every claim bound exactly once.
@@ -237,7 +282,8 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
     for node in &cluster.nodes {
         let on_disk = dir_entries(&node.pool_root);
         let expected = expected_dirs.get(&node.name).cloned().unwrap_or_default();
-        assert!(expected.is_subset(&on_disk), "node {} lacks directories", node.name);
+        let missing: Vec<&String> = expected.difference(&on_disk).collect();
+        assert!(missing.is_empty(), "node {} lacks directories {missing:?}\n{}", node.name, tails(&cluster));
         stray_after_create += on_disk.difference(&expected).count();
     }
     stray_after_create += stray_shared;
@@ -281,9 +327,10 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
         "chaos: seed {seed}, claims {TOTAL} ({CLAIMS} node, {SHARED_CLAIMS} shared, {EVERY_CLAIMS} every-node), \
          bound {bound}, PVs {}, duplicates {duplicates}, \
          stray directories after create {stray_after_create}, deleted {}, orphans {orphans}, \
-         provisioner kills {kills}, apiserver restarts 1",
+         provisioner kills {kills}, apiserver restarts 1, etcd restarts 1, partitions 1 ({}s)",
         ours.len(),
-        ours.len()
+        ours.len(),
+        PARTITION.as_secs()
     );
     assert_eq!(ours.len(), TOTAL, "one PV per claim");
     assert_eq!(duplicates, 0);

@@ -203,10 +203,16 @@ async fn provision(
         }
         Err(create_error) => {
             // Leave nothing behind: remove the directory again if this attempt made it and it
-            // is still empty (a directory a workload already wrote to is never touched here).
+            // is still empty (a directory a workload already wrote to is never touched here),
+            // but only when the API server answered that it did not create the PV. A request
+            // cut off on the way back (a network partition, a restart) may well have created it:
+            // removing the directory then would leave a bound PV without one. The retry reuses
+            // the directory; if the claim goes meanwhile, the start-up sweep removes it.
             // Not on a shared pool: another node may be creating the PV for this directory right
             // now (a failover race), and an empty directory there costs nothing until the retry.
+            let refused_by_api = matches!(&create_error, kube::Error::Api(status) if (400..500).contains(&status.code));
             if created == Created::New
+                && refused_by_api
                 && plan.topology != Topology::Shared
                 && let Err(cleanup) = pool.remove_empty_volume_dir(&dir)
             {

@@ -28,6 +28,11 @@ impl Connection {
         Connection { token: token.to_string(), ..self.clone() }
     }
 
+    /// Same CA and token, another server address (say, a proxy in front of the API server).
+    pub fn via(&self, addr: std::net::SocketAddr) -> Connection {
+        Connection { url: format!("https://{addr}"), ..self.clone() }
+    }
+
     /// A fresh client; call it from inside the tokio runtime that will use the client.
     pub fn client(&self) -> Result<Client> {
         let mut config = kube::Config::new(self.url.parse().with_context(|| format!("parsing {}", self.url))?);
