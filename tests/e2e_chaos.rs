@@ -74,6 +74,25 @@ fn tracing_free_log(what: &str, error: &kube::Error) {
     }
 }
 
+/// Creates the claims concurrently, each retried through outages (AlreadyExists counts as done).
+fn create_all(
+    claims: &Api<PersistentVolumeClaim>,
+    batch: impl Iterator<Item = PersistentVolumeClaim>,
+) -> impl std::future::Future<Output = Vec<()>> {
+    join_all(batch.map(|claim| {
+        let claims = claims.clone();
+        async move {
+            persist("create claim", || async {
+                match claims.create(&PostParams::default(), &claim).await {
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            })
+            .await
+        }
+    }))
+}
+
 /// Kills a random provisioner (SIGKILL) and starts it again.
 fn kill_one(cluster: &mut Cluster, rng: &mut Rng) -> String {
     let index = rng.below(NODES as u64) as usize;
@@ -152,31 +171,22 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
         let names: Vec<(String, String)> = (batch * BATCH..(batch + 1) * BATCH)
             .map(|i| (claim_name(i), cluster.nodes[i % NODES].name.clone()))
             .collect();
-        let creates = names.iter().map(|(name, node)| {
-            let claims = claims.clone();
-            let claim = fixtures::claim(NS, name, CLASS, "1Mi").provision_on_node(node).build();
-            async move {
-                persist("create claim", || async {
-                    match claims.create(&PostParams::default(), &claim).await {
-                        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                        other => other.map(|_| ()),
-                    }
-                })
-                .await
-            }
-        });
+        let creates = create_all(
+            &claims,
+            names.iter().map(|(name, node)| fixtures::claim(NS, name, CLASS, "1Mi").provision_on_node(node).build()),
+        );
         if rng.below(2) == 0 {
             // Kill a provisioner while this batch is being created and provisioned.
             let delay = Duration::from_millis(rng.below(300));
             let cluster = &mut cluster;
             let rng = &mut rng;
-            tokio::join!(join_all(creates), async move {
+            tokio::join!(creates, async move {
                 tokio::time::sleep(delay).await;
                 kill_one(cluster, rng);
             });
             kills += 1;
         } else {
-            join_all(creates).await;
+            creates.await;
         }
         owner_of.extend(names);
         if batch == restart_at {
@@ -209,22 +219,15 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
         .chain((0..EVERY_CLAIMS).map(|i| (format!("e{i:03}"), EVERY_CLASS)))
         .collect();
     for batch in shaped.chunks(BATCH) {
-        let creates = batch.iter().map(|(name, class)| {
-            let claims = claims.clone();
-            let claim = fixtures::claim(NS, name, class, "1Mi").access_modes(&["ReadWriteMany"]).build();
-            async move {
-                persist("create claim", || async {
-                    match claims.create(&PostParams::default(), &claim).await {
-                        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                        other => other.map(|_| ()),
-                    }
-                })
-                .await
-            }
-        });
+        let creates = create_all(
+            &claims,
+            batch
+                .iter()
+                .map(|(name, class)| fixtures::claim(NS, name, class, "1Mi").access_modes(&["ReadWriteMany"]).build()),
+        );
         let delay = Duration::from_millis(rng.below(300));
         let (cluster_ref, rng_ref) = (&mut cluster, &mut rng);
-        tokio::join!(join_all(creates), async move {
+        tokio::join!(creates, async move {
             tokio::time::sleep(delay).await;
             kill_one(cluster_ref, rng_ref);
         });

@@ -14,7 +14,7 @@ use kube::runtime::controller::Action;
 use crate::deciding::layout::AcceptedPath;
 use crate::deciding::volume::{DeleteRefusal, Ignore, VolumeDecision, VolumeShape, decide_volume, volume_shape};
 use crate::error::{Retry, VolumeError, reason};
-use crate::filesystem::{Created, Trashed, VolumeDirName};
+use crate::filesystem::{Created, PoolRoot, Trashed, VolumeDirName};
 use crate::keys;
 use crate::reconciling::context::{Context, MAX_RETRY};
 use crate::serving::metrics::Metrics;
@@ -101,8 +101,7 @@ async fn delete_volume(
         return Ok(Action::await_change());
     };
     let started = Instant::now();
-    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
-    let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
+    let (pool, dir) = pool_and_dir(ctx, &accepted)?;
     // Fast reclaim: the rename frees the volume at once; the data goes in the background. On a
     // shared pool, two nodes racing here is harmless: one rename wins, the other finds nothing.
     let trashed = pool.move_to_trash(&dir)?;
@@ -128,6 +127,13 @@ async fn delete_volume(
     Ok(Action::await_change())
 }
 
+/// The usable pool and the validated directory name of an accepted path.
+fn pool_and_dir(ctx: &Context, accepted: &AcceptedPath) -> Result<(Arc<PoolRoot>, VolumeDirName), VolumeError> {
+    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
+    let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
+    Ok((pool, dir))
+}
+
 /// Deletes a PV if it is still the one we decided on (its uid).
 async fn delete_pv(ctx: &Context, name: &str, uid: Option<String>) -> Result<(), VolumeError> {
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
@@ -148,8 +154,7 @@ async fn ensure_copy(
     add_finalizer: bool,
 ) -> Result<(), VolumeError> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
-    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
-    let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
+    let (pool, dir) = pool_and_dir(ctx, accepted)?;
     if add_finalizer {
         let patch = serde_json::json!({"metadata": {"finalizers": [keys::copy_finalizer(&ctx.me.node)]}});
         let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
@@ -175,8 +180,7 @@ async fn remove_copy(
     has_finalizer: bool,
 ) -> Result<(), VolumeError> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
-    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
-    let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
+    let (pool, dir) = pool_and_dir(ctx, accepted)?;
     match pool.move_to_trash(&dir)? {
         Trashed::Moved(_) => {
             tracing::info!(pv = %name, path = %pool.path().join(dir.as_str()).display(), "removed this node's copy of an every-node volume");
