@@ -70,3 +70,37 @@ async fn metrics_count_provisions_and_readyz_follows_the_api_server() {
     let status = cluster.nodes[0].provisioner.terminate().expect("exit status");
     assert!(status.success(), "exit status on SIGTERM: {status:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_an_api_outage_exits_on_its_own() {
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_hostpath-provisioner"));
+    let mut cluster = Cluster::start(1, &binary).await.expect("cluster");
+    let health = cluster.nodes[0].provisioner.health_addr();
+    cluster.cp.stop_apiserver();
+    testbed::wait_for("readyz unready during the outage", TIMEOUT, || async {
+        anyhow::Ok((testbed::http_get(health, "/readyz").await?.0 == 503).then_some(()))
+    })
+    .await
+    .expect("unready");
+    // Nothing is in flight: the process exits by itself (the harness would SIGKILL it after
+    // 10 s, which is not a success), without waiting for the API server or its 20 s deadline.
+    let asked = std::time::Instant::now();
+    let status = cluster.nodes[0].provisioner.terminate().expect("exit status");
+    eprintln!("exited {:?} after SIGTERM during the outage", asked.elapsed());
+    assert!(status.success(), "exit status on SIGTERM during the outage: {status:?}");
+    cluster.cp.start_apiserver().await.expect("apiserver back");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_while_etcd_is_down_exits_on_its_own() {
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_hostpath-provisioner"));
+    let mut cluster = Cluster::start(1, &binary).await.expect("cluster");
+    // The API server answers connections but its requests hang: the harder outage.
+    cluster.cp.stop_etcd();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = std::time::Instant::now();
+    let status = cluster.nodes[0].provisioner.terminate().expect("exit status");
+    eprintln!("exited {:?} after SIGTERM while etcd was down", asked.elapsed());
+    assert!(status.success(), "exit status on SIGTERM while etcd is down: {status:?}");
+    cluster.cp.start_etcd().await.expect("etcd back");
+}
