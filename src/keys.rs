@@ -24,6 +24,10 @@ pub const NODE_LABEL: &str = "hostpath-provisioner.kubevirt.io/node";
 /// Our label on PVs of the `shared` and `everyNode` topologies (they have no owning node, so no
 /// node label, and every node watches them through the watch of PVs without a node label).
 pub const TOPOLOGY_LABEL: &str = "hostpath-provisioner.kubevirt.io/topology";
+/// The deletion-protection finalizer of the Kubernetes external provisioner (the
+/// HonorPVReclaimPolicy feature): with `--pv-finalizer`, a PV deleted by hand stays until its
+/// data was removed (Delete policy) or let go (Retain).
+pub const PROTECTION_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 /// Prefix of the per-node finalizers of `everyNode` PVs: `<prefix>/<node label value>` says that
 /// node may hold a copy, so the PV outlives every copy.
 pub const COPY_FINALIZER_PREFIX: &str = "copies.hostpath-provisioner.kubevirt.io";

@@ -26,6 +26,7 @@ pub fn config() -> DecisionConfig {
         use_naming_prefix: false,
         pools: vec![PoolPath::local("legacy", "/var/hpvolumes")],
         default_pool: Some("legacy".into()),
+        pv_finalizer: false,
         provision_on_node: ProvisionOnNodePolicy::Allow,
     }
 }

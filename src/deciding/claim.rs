@@ -120,6 +120,8 @@ pub struct DecisionConfig {
     pub pools: Vec<layout::PoolPath>,
     /// The pool of a class that names none.
     pub default_pool: Option<String>,
+    /// `--pv-finalizer`: node and shared PVs get the deletion-protection finalizer.
+    pub pv_finalizer: bool,
     /// Who may use `kubevirt.io/provisionOnNode`.
     pub provision_on_node: ProvisionOnNodePolicy,
 }
@@ -147,6 +149,8 @@ pub struct ProvisionPlan {
     pub binding_mode: BindingMode,
     /// The volume's shape.
     pub topology: Topology,
+    /// The PV gets the deletion-protection finalizer.
+    pub protect: bool,
     /// True when placed by `kubevirt.io/provisionOnNode` (the scheduler cannot pick another node).
     pub pinned_by_annotation: bool,
 }
@@ -566,6 +570,8 @@ fn plan(
         request_bytes,
         binding_mode,
         topology: request.topology,
+        // Every-node PVs already wait for each node's copy through their own finalizers.
+        protect: config.pv_finalizer && request.topology != Topology::EveryNode,
         pinned_by_annotation,
     })
 }

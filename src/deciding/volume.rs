@@ -62,6 +62,9 @@ pub enum VolumeDecision {
     },
     /// An every-node volume going away under the Retain policy: keep the copy, drop the finalizer.
     KeepCopy,
+    /// A PV deleted by hand while our deletion-protection finalizer holds it, under the Retain
+    /// policy: keep the data, let the PV go.
+    DropProtection,
     /// A released every-node volume: this node deletes the PV object; every node's finalizer
     /// holds it until that node removed its copy.
     DeleteObject,
@@ -166,6 +169,12 @@ pub fn decide_volume(
 }
 
 fn decide_node_volume(pv: &PersistentVolume, me: &Identity, my_hostname: &str, pools: &[PoolPath]) -> VolumeDecision {
+    let owned = |pv: &PersistentVolume| {
+        owner_node(pv).is_some_and(|owner| owner == me.node || (!has_owner_annotation(pv) && owner == my_hostname))
+    };
+    if retained_but_protected(pv, me) && owned(pv) {
+        return VolumeDecision::DropProtection;
+    }
     if let Some(ignore) = not_to_delete(pv, me) {
         return VolumeDecision::Ignore(ignore);
     }
@@ -188,10 +197,13 @@ fn decide_node_volume(pv: &PersistentVolume, me: &Identity, my_hostname: &str, p
 
 /// A shared volume has one directory: the node the ranking picks removes it and the PV.
 fn decide_shared_volume(pv: &PersistentVolume, me: &Identity, pools: &[PoolPath], live: &[LiveNode]) -> VolumeDecision {
+    let key = pv.metadata.name.as_deref().unwrap_or_default();
+    if retained_but_protected(pv, me) {
+        return speak(key, me, live, VolumeDecision::DropProtection);
+    }
     if let Some(ignore) = not_to_delete(pv, me) {
         return VolumeDecision::Ignore(ignore);
     }
-    let key = pv.metadata.name.as_deref().unwrap_or_default();
     match accepted_path(pv, pools) {
         Ok(accepted) => {
             let pool = pools.iter().find(|p| p.name == accepted.pool).map(PoolPath::key);
@@ -265,12 +277,35 @@ fn decide_every_node_volume(
     }
 }
 
+/// Whether our deletion-protection finalizer holds the PV.
+pub fn is_protected(pv: &PersistentVolume) -> bool {
+    pv.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == keys::PROTECTION_FINALIZER))
+}
+
+/// A PV of ours deleted by hand under the Retain policy while our finalizer holds it, once no
+/// claim uses it: the data stays, the PV may go.
+fn retained_but_protected(pv: &PersistentVolume, me: &Identity) -> bool {
+    let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY));
+    pv.metadata.deletion_timestamp.is_some()
+        && is_protected(pv)
+        && pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound")
+        && pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) != Some("Delete")
+        && provisioned_by == Some(&me.provisioner)
+}
+
 /// The silent reasons not to delete a PV at all.
 fn not_to_delete(pv: &PersistentVolume, me: &Identity) -> Option<Ignore> {
+    let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
     if pv.metadata.deletion_timestamp.is_some() {
-        return Some(Ignore::BeingDeleted);
-    }
-    if pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Released") {
+        // Deleted by hand: without our finalizer the PV is gone already as far as we can act;
+        // with it, the data goes once no claim uses the volume.
+        if !is_protected(pv) {
+            return Some(Ignore::BeingDeleted);
+        }
+        if phase == Some("Bound") {
+            return Some(Ignore::NotReleased);
+        }
+    } else if phase != Some("Released") {
         return Some(Ignore::NotReleased);
     }
     if pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) != Some("Delete") {
@@ -592,6 +627,25 @@ mod tests {
         // Still silent while there is nothing to do.
         pv.status.as_mut().unwrap().phase = Some("Bound".into());
         assert_eq!(decide(&pv), VolumeDecision::Ignore(Ignore::NotReleased));
+    }
+
+    #[test]
+    fn a_protected_pv_deleted_by_hand_is_cleaned_up_once_no_claim_uses_it() {
+        let mut pv = go_pv(&pv_dir(), Some(NODE), NODE);
+        pv.metadata.finalizers = Some(vec![keys::PROTECTION_FINALIZER.into()]);
+        pv.metadata.deletion_timestamp = Some(Time(Default::default()));
+        pv.status.as_mut().unwrap().phase = Some("Bound".into());
+        assert_eq!(decide(&pv), VolumeDecision::Ignore(Ignore::NotReleased), "still in use");
+        pv.status.as_mut().unwrap().phase = Some("Released".into());
+        assert!(matches!(decide(&pv), VolumeDecision::Delete(_)), "Delete policy: the data goes, then the finalizer");
+        pv.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into());
+        assert_eq!(decide(&pv), VolumeDecision::DropProtection, "Retain: the data stays, the PV goes");
+        let mut others = pv.clone();
+        others.metadata.annotations.as_mut().unwrap().insert(keys::PROVISION_ON_NODE.into(), OTHER_NODE.into());
+        assert!(matches!(decide(&others), VolumeDecision::Ignore(_)), "another node's PV: silent");
+        // Without our finalizer a deleted PV is not ours to act on (the Go-compatible default).
+        pv.metadata.finalizers = None;
+        assert_eq!(decide(&pv), VolumeDecision::Ignore(Ignore::BeingDeleted));
     }
 
     #[test]

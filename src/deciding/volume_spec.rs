@@ -36,7 +36,7 @@ pub fn build_pv(
         (keys::PROVISIONED_BY.to_owned(), me.provisioner.clone()),
         (keys::PROVISIONER_IDENTITY.to_owned(), me.provisioner.clone()),
     ]);
-    let mut finalizers = None;
+    let mut finalizers = plan.protect.then(|| vec![keys::PROTECTION_FINALIZER.to_owned()]);
     let labels = match plan.topology {
         Topology::Node => {
             annotations.insert(keys::PROVISION_ON_NODE.to_owned(), node.name.clone());

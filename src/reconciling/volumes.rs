@@ -69,6 +69,11 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
                 Action::await_change()
             }
         }
+        VolumeDecision::DropProtection => {
+            remove_finalizer(&ctx, &name, keys::PROTECTION_FINALIZER).await?;
+            tracing::info!(pv = %name, "retained volume deleted by hand; its data is kept");
+            Action::await_change()
+        }
         VolumeDecision::KeepCopy => {
             remove_finalizer(&ctx, &name, &keys::copy_finalizer(&ctx.me.node)).await?;
             tracing::info!(pv = %name, "retained volume deleted; this node's copy is kept");
@@ -105,7 +110,13 @@ async fn delete_volume(
     // Fast reclaim: the rename frees the volume at once; the data goes in the background. On a
     // shared pool, two nodes racing here is harmless: one rename wins, the other finds nothing.
     let trashed = pool.move_to_trash(&dir)?;
-    delete_pv(ctx, name, current.metadata.uid.clone()).await?;
+    if current.metadata.deletion_timestamp.is_none() {
+        delete_pv(ctx, name, current.metadata.uid.clone()).await?;
+    }
+    // With --pv-finalizer the PV waits for its data: gone now.
+    if crate::deciding::volume::is_protected(&current) {
+        remove_finalizer(ctx, name, keys::PROTECTION_FINALIZER).await?;
+    }
     let path = pool.path().join(dir.as_str());
     match trashed {
         Trashed::Moved(entry) => {
