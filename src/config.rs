@@ -67,8 +67,8 @@ pub struct Args {
     #[arg(long, env = "PROVISIONER_NAME", default_value = "kubevirt.io/hostpath-provisioner")]
     pub provisioner_name: String,
 
-    /// Kubeconfig for out-of-cluster runs (default: the in-cluster service account); several
-    /// files separated by ':' are merged as kubectl does (the first file wins on conflicts).
+    /// Kubeconfig for out-of-cluster runs (default: the usual lookup, then the in-cluster service
+    /// account); several files separated by ':' are merged as kubectl does (the first file wins).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<std::ffi::OsString>,
 

@@ -41,6 +41,17 @@ fn rss_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// Lets this test process hold the flood's sockets where the soft fd limit is the usual 1024.
+fn raise_fd_limit(wanted: u64) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    let target = limit.maximum.map_or(wanted, |hard| hard.min(wanted));
+    if limit.current.is_some_and(|soft| soft < target) {
+        limit.current = Some(target);
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
+}
+
 /// Opens up to `count` connections to `addr`, each sending a request line and one header but
 /// never the blank line that ends the headers (a slowloris client), and keeps them open.
 async fn half_requests(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
@@ -66,6 +77,7 @@ async fn a_flood_of_half_sent_requests_neither_exhausts_the_listener_nor_grows_t
     let (pid, health) = (provisioner.pid(), provisioner.health_addr());
     assert!(health.ip().is_loopback(), "the flood only ever targets 127.0.0.1: {health}");
     let baseline = (open_fds(pid), rss_kib(pid).0);
+    raise_fd_limit(FLOOD_CONNECTIONS as u64 + 1_000);
 
     let held = half_requests(health, FLOOD_CONNECTIONS).await;
     // Let the server accept (and, past its cap, close) whatever is still in its backlog.
