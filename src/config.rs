@@ -72,7 +72,7 @@ pub struct Args {
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<std::ffi::OsString>,
 
-    /// PV capacity: the claim's request, or the filesystem size rounded as the Go build did.
+    /// PV capacity: request (the claim's request) or filesystem (its size rounded as the Go build did).
     #[arg(long, env = "PV_CAPACITY", default_value = "request")]
     pub pv_capacity: String,
 
@@ -104,7 +104,7 @@ pub struct Args {
     #[arg(long, env = "HEALTH_ADDR", default_value = "0.0.0.0:8081")]
     pub health_addr: String,
 
-    /// Log format; the level comes from RUST_LOG (default info).
+    /// Log format: text or json; the level comes from RUST_LOG (default info).
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     pub log_format: String,
 }
