@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
 use crate::deciding::claim::ProvisionOnNodePolicy;
 use crate::deciding::layout::{self, PoolPath};
@@ -13,7 +13,7 @@ use crate::deciding::layout::{self, PoolPath};
 pub const LEGACY_POOL: &str = "legacy";
 
 /// What the PV advertises as its capacity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PvCapacity {
     /// The claim's request (honest, default).
     Request,
@@ -22,7 +22,7 @@ pub enum PvCapacity {
 }
 
 /// Log output format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     /// Human-readable lines.
     Text,
@@ -56,8 +56,8 @@ pub struct Args {
 
     /// Seconds a node's liveness Lease lasts; it is renewed every third of that. Other nodes take
     /// over shared and every-node work of a node whose lease expired.
-    #[arg(long, env = "NODE_LEASE_SECONDS", default_value_t = 120)]
-    pub node_lease_seconds: u32,
+    #[arg(long, env = "NODE_LEASE_SECONDS", default_value = "120")]
+    pub node_lease_seconds: String,
 
     /// Name directories <claim>-pvc-<uid> instead of pvc-<uid> ("true", case-insensitive, enables it).
     #[arg(long, env = "USE_NAMING_PREFIX", default_value = "false", value_parser = parse_go_bool, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -67,21 +67,22 @@ pub struct Args {
     #[arg(long, env = "PROVISIONER_NAME", default_value = "kubevirt.io/hostpath-provisioner")]
     pub provisioner_name: String,
 
-    /// Kubeconfig for out-of-cluster runs (default: the usual lookup, then the in-cluster service account).
+    /// Kubeconfig for out-of-cluster runs (default: the usual lookup, then the in-cluster service
+    /// account); several files separated by ':' are merged as kubectl does (the first file wins).
     #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    pub kubeconfig: Option<std::ffi::OsString>,
 
-    /// PV capacity: the claim's request, or the filesystem size rounded as the Go build did.
-    #[arg(long, env = "PV_CAPACITY", value_enum, default_value = "request")]
-    pub pv_capacity: PvCapacity,
+    /// PV capacity: request (the claim's request) or filesystem (its size rounded as the Go build did).
+    #[arg(long, env = "PV_CAPACITY", default_value = "request")]
+    pub pv_capacity: String,
 
     /// Mode of new volume directories, in octal (applied whatever the umask).
     #[arg(long, env = "DIR_MODE", default_value = "0777")]
     pub dir_mode: String,
 
-    /// Refuse to provision or delete while a pool root is not a mount point.
-    #[arg(long, env = "REQUIRE_MOUNTPOINT", default_value = "false", value_parser = parse_go_bool, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub require_mountpoint: bool,
+    /// Refuse to provision or delete while a pool root is not a mount point (true/false, yes/no, on/off, 1/0).
+    #[arg(long, env = "REQUIRE_MOUNTPOINT", default_value = "false", num_args = 0..=1, default_missing_value = "true")]
+    pub require_mountpoint: String,
 
     /// Who may pin claims to nodes with kubevirt.io/provisionOnNode: allow, deny, or a comma-separated list of namespaces.
     #[arg(long, env = "PROVISION_ON_NODE", default_value = "allow")]
@@ -92,8 +93,8 @@ pub struct Args {
     pub reserved_space: String,
 
     /// Most claims (and, separately, volumes) reconciled at once; there is no client-side QPS throttle.
-    #[arg(long, env = "MAX_CONCURRENCY", default_value_t = 16)]
-    pub max_concurrency: u16,
+    #[arg(long, env = "MAX_CONCURRENCY", default_value = "16")]
+    pub max_concurrency: String,
 
     /// Address of the Prometheus /metrics endpoint (empty disables it).
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
@@ -103,14 +104,88 @@ pub struct Args {
     #[arg(long, env = "HEALTH_ADDR", default_value = "0.0.0.0:8081")]
     pub health_addr: String,
 
-    /// Log format; the level comes from RUST_LOG (default info).
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
+    /// Log format: text or json; the level comes from RUST_LOG (default info).
+    #[arg(long, env = "LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
 }
 
-/// The Go build's rule: true only when the lower-cased value is "true".
+// Settings that may come from env vars are read as plain strings and checked in
+// `Args::validate`: clap's own errors name the flag over several lines, while the README
+// promises one line naming the env var and the accepted values, whichever way it was set.
+
+/// The Go build's rule: true only when the lower-cased value is "true". Kept for
+/// `USE_NAMING_PREFIX` alone, which the Go build defined, so existing manifests keep their meaning.
 fn parse_go_bool(s: &str) -> Result<bool, String> {
     Ok(s.trim().eq_ignore_ascii_case("true"))
+}
+
+/// What [`parse_switch`] accepts, for error messages.
+pub const SWITCH_SPELLINGS: &str = "true/false, yes/no, on/off or 1/0 (any case)";
+
+/// Reads an on/off setting of ours: the usual spellings, case-insensitive, around whitespace.
+/// Anything else is refused rather than read as false, so that a safety switch such as
+/// `REQUIRE_MOUNTPOINT=enabled` stops the start instead of silently leaving the check off.
+pub fn parse_switch(setting: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" | "1" => Ok(true),
+        "false" | "no" | "off" | "0" => Ok(false),
+        _ => Err(invalid(setting, value, SWITCH_SPELLINGS)),
+    }
+}
+
+/// Splits a kubeconfig path list as kubectl does (`filepath.SplitList`: ':' on Unix), dropping
+/// empty entries (`a::b`, a trailing ':').
+pub fn split_kubeconfig_paths(value: &std::ffi::OsStr) -> Vec<PathBuf> {
+    std::env::split_paths(value).filter(|p| !p.as_os_str().is_empty()).collect()
+}
+
+/// Reads `RUST_LOG` (unset or blank means `info`). A value that does not parse is an error:
+/// tracing-subscriber would otherwise drop the bad directives and log less than asked without a word.
+pub fn log_filter(rust_log: Option<&std::ffi::OsStr>) -> Result<tracing_subscriber::EnvFilter, ConfigError> {
+    const ACCEPTED: &str = "tracing directives such as info, debug or info,hostpath_provisioner=debug";
+    let Some(raw) = rust_log else { return Ok(tracing_subscriber::EnvFilter::new("info")) };
+    let text = raw.to_str().ok_or_else(|| invalid("RUST_LOG", &raw.to_string_lossy(), ACCEPTED))?;
+    if text.trim().is_empty() {
+        return Ok(tracing_subscriber::EnvFilter::new("info"));
+    }
+    tracing_subscriber::EnvFilter::try_new(text).map_err(|e| invalid("RUST_LOG", text, &format!("{ACCEPTED} ({e})")))
+}
+
+/// Reads and merges the kubeconfig files of a path list the way kubectl does: files that do not
+/// exist are skipped, and for a context, cluster or user named in several files, and for
+/// `current-context`, the first file that sets it wins.
+pub fn read_kubeconfigs(paths: &[PathBuf]) -> Result<kube::config::Kubeconfig, KubeconfigListError> {
+    let mut merged: Option<kube::config::Kubeconfig> = None;
+    for path in paths {
+        if !path.exists() {
+            continue;
+        }
+        let next = kube::config::Kubeconfig::read_from(path)
+            .map_err(|source| KubeconfigListError::Read { path: path.clone(), source })?;
+        merged = Some(match merged {
+            None => next,
+            Some(first) => {
+                first.merge(next).map_err(|source| KubeconfigListError::Read { path: path.clone(), source })?
+            }
+        });
+    }
+    merged.ok_or_else(|| KubeconfigListError::NoneExists(paths.to_vec()))
+}
+
+/// Why a kubeconfig path list could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeconfigListError {
+    /// A file exists but cannot be read, parsed or merged.
+    #[error("KUBECONFIG: {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: kube::config::KubeconfigError,
+    },
+    /// Not one file of the list exists.
+    #[error("KUBECONFIG: none of {0:?} exists")]
+    NoneExists(Vec<PathBuf>),
 }
 
 /// A setting that is missing or invalid; the message names it and what is accepted.
@@ -148,8 +223,8 @@ pub struct Config {
     pub use_naming_prefix: bool,
     /// Provisioner name.
     pub provisioner_name: String,
-    /// Explicit kubeconfig.
-    pub kubeconfig: Option<PathBuf>,
+    /// Explicit kubeconfig files, merged in order (empty: in-cluster or the usual lookup).
+    pub kubeconfig: Vec<PathBuf>,
     /// PV capacity mode.
     pub pv_capacity: PvCapacity,
     /// Directory mode bits.
@@ -206,13 +281,21 @@ impl Args {
             Some(ns) => return Err(invalid("POD_NAMESPACE", &ns, "a namespace name (DNS-1123 label)")),
             None => own_namespace(),
         };
-        if self.node_lease_seconds < 3 {
-            return Err(invalid(
-                "NODE_LEASE_SECONDS",
-                &self.node_lease_seconds.to_string(),
-                "a number of seconds, at least 3",
-            ));
-        }
+        let node_lease_seconds =
+            self.node_lease_seconds.trim().parse::<u32>().ok().filter(|s| *s >= 3).ok_or_else(|| {
+                invalid("NODE_LEASE_SECONDS", &self.node_lease_seconds, "a number of seconds, at least 3")
+            })?;
+        let pv_capacity = match self.pv_capacity.trim().to_ascii_lowercase().as_str() {
+            "request" => PvCapacity::Request,
+            "filesystem" => PvCapacity::Filesystem,
+            _ => return Err(invalid("PV_CAPACITY", &self.pv_capacity, "request or filesystem")),
+        };
+        let log_format = match self.log_format.trim().to_ascii_lowercase().as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            _ => return Err(invalid("LOG_FORMAT", &self.log_format, "text or json")),
+        };
+        let require_mountpoint = parse_switch("REQUIRE_MOUNTPOINT", &self.require_mountpoint)?;
         let dir_mode = u32::from_str_radix(self.dir_mode.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o7777)
@@ -236,9 +319,13 @@ impl Args {
         let reserved_bytes = crate::deciding::capacity::parse_bytes(&self.reserved_space).map_err(|e| {
             invalid("RESERVED_SPACE", &self.reserved_space, &format!("a size such as 0, 10Gi or 500M ({e})"))
         })?;
-        if self.max_concurrency == 0 {
-            return Err(invalid("MAX_CONCURRENCY", "0", "a number from 1 to 65535"));
-        }
+        let max_concurrency = self
+            .max_concurrency
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| invalid("MAX_CONCURRENCY", &self.max_concurrency, "a number from 1 to 65535"))?;
         if self.provisioner_name.trim().is_empty() {
             return Err(invalid("PROVISIONER_NAME", "", "a non-empty name such as kubevirt.io/hostpath-provisioner"));
         }
@@ -247,19 +334,19 @@ impl Args {
             pools,
             default_pool,
             namespace,
-            node_lease: std::time::Duration::from_secs(self.node_lease_seconds.into()),
+            node_lease: std::time::Duration::from_secs(node_lease_seconds.into()),
             use_naming_prefix: self.use_naming_prefix,
             provisioner_name: self.provisioner_name,
-            kubeconfig: self.kubeconfig.filter(|p| !p.as_os_str().is_empty()),
-            pv_capacity: self.pv_capacity,
+            kubeconfig: self.kubeconfig.as_deref().map(split_kubeconfig_paths).unwrap_or_default(),
+            pv_capacity,
             dir_mode,
-            require_mountpoint: self.require_mountpoint,
+            require_mountpoint,
             provision_on_node,
             reserved_bytes,
-            max_concurrency: self.max_concurrency,
+            max_concurrency,
             metrics_addr: parse_addr("METRICS_ADDR", &self.metrics_addr)?,
             health_addr: parse_addr("HEALTH_ADDR", &self.health_addr)?,
-            log_format: self.log_format,
+            log_format,
         })
     }
 }
@@ -504,5 +591,125 @@ mod tests {
         assert_eq!(c.provision_on_node, ProvisionOnNodePolicy::Namespaces(vec!["vms".into(), "db".into()]));
         assert_eq!(c.dir_mode, 0o750);
         assert_eq!(c.reserved_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn switches_accept_the_usual_spellings_in_any_case() {
+        for (value, want) in [
+            ("true", true),
+            ("TRUE", true),
+            ("yes", true),
+            ("Yes", true),
+            ("on", true),
+            ("ON", true),
+            ("1", true),
+            (" true ", true),
+            ("false", false),
+            ("No", false),
+            ("off", false),
+            ("0", false),
+        ] {
+            assert_eq!(parse_switch("REQUIRE_MOUNTPOINT", value).ok(), Some(want), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn switches_refuse_other_spellings_naming_the_setting_on_one_line() {
+        for value in ["", "enabled", "y", "2", "truee", "t", "-1", "on\noff"] {
+            let e = parse_switch("REQUIRE_MOUNTPOINT", value).unwrap_err().to_string();
+            assert!(e.starts_with("REQUIRE_MOUNTPOINT: "), "{value:?}: {e}");
+            assert!(e.contains(SWITCH_SPELLINGS), "{e}");
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+    }
+
+    #[test]
+    fn require_mountpoint_yes_1_and_on_turn_the_check_on() {
+        for value in ["yes", "1", "on", "True"] {
+            let c = parse_on_node(&["--pv-dir", "/p", "--require-mountpoint", value]).unwrap();
+            assert!(c.require_mountpoint, "{value:?}");
+        }
+        assert!(parse_on_node(&["--pv-dir", "/p", "--require-mountpoint"]).unwrap().require_mountpoint);
+        assert!(!parse_on_node(&["--pv-dir", "/p"]).unwrap().require_mountpoint, "off by default");
+        let e = parse_on_node(&["--pv-dir", "/p", "--require-mountpoint", "enabled"]).unwrap_err().to_string();
+        assert!(e.starts_with("REQUIRE_MOUNTPOINT"), "{e}");
+    }
+
+    #[test]
+    fn typed_settings_are_refused_by_validate_naming_the_env_var() {
+        let cases: [(&str, &str, &str); 5] = [
+            ("--log-format", "xml", "LOG_FORMAT"),
+            ("--pv-capacity", "all", "PV_CAPACITY"),
+            ("--max-concurrency", "many", "MAX_CONCURRENCY"),
+            ("--max-concurrency", "0", "MAX_CONCURRENCY"),
+            ("--node-lease-seconds", "-5", "NODE_LEASE_SECONDS"),
+        ];
+        for (flag, value, setting) in cases {
+            let flag_value = format!("{flag}={value}");
+            let argv = ["hostpath-provisioner", "--node-name", "n", "--pv-dir", "/p", &flag_value];
+            let args =
+                Args::try_parse_from(argv).unwrap_or_else(|e| panic!("{flag} {value}: clap refused it itself: {e}"));
+            let e = args.validate().unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{setting}: ")), "{flag} {value}: {e}");
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+        let c = parse_on_node(&["--pv-dir", "/p", "--log-format", "JSON", "--pv-capacity", "Filesystem"]).unwrap();
+        assert_eq!((c.log_format, c.pv_capacity), (LogFormat::Json, PvCapacity::Filesystem));
+    }
+
+    #[test]
+    fn rust_log_that_does_not_parse_is_refused_naming_it() {
+        use std::ffi::OsStr;
+        assert!(log_filter(None).is_ok());
+        assert!(log_filter(Some(OsStr::new(""))).is_ok());
+        assert!(log_filter(Some(OsStr::new("info,hostpath_provisioner=debug"))).is_ok());
+        for bad in ["info,hostpath_provisioner=loud", "=debug", "[{"] {
+            let e = log_filter(Some(OsStr::new(bad))).unwrap_err().to_string();
+            assert!(e.starts_with("RUST_LOG: "), "{bad:?}: {e}");
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+    }
+
+    #[test]
+    fn kubeconfig_lists_split_like_kubectl() {
+        use std::ffi::OsStr;
+        let split = |s: &str| split_kubeconfig_paths(OsStr::new(s));
+        assert_eq!(split("/a"), vec![PathBuf::from("/a")]);
+        assert_eq!(split("/a:/b"), vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(split(":/a::/b:"), vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert!(split("").is_empty());
+        let c = parse_on_node(&["--pv-dir", "/p", "--kubeconfig", "/etc/a.yaml:/etc/b.yaml"]).unwrap();
+        assert_eq!(c.kubeconfig, vec![PathBuf::from("/etc/a.yaml"), PathBuf::from("/etc/b.yaml")]);
+    }
+
+    fn kubeconfig_file(dir: &std::path::Path, name: &str, current: &str, server: &str, extra_context: &str) -> PathBuf {
+        let path = dir.join(name);
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: {current}\n\
+             clusters:\n- name: shared\n  cluster:\n    server: {server}\n\
+             users:\n- name: admin\n  user:\n    token: t-{name}\n\
+             contexts:\n- name: {current}\n  context:\n    cluster: shared\n    user: admin\n\
+             - name: {extra_context}\n  context:\n    cluster: shared\n    user: admin\n"
+        );
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
+    #[test]
+    fn kubeconfig_lists_merge_and_the_first_file_wins() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let first = kubeconfig_file(dir.path(), "first", "ctx-first", "https://first:6443", "only-first");
+        let second = kubeconfig_file(dir.path(), "second", "ctx-second", "https://second:6443", "only-second");
+        let missing = dir.path().join("missing");
+        let merged = read_kubeconfigs(&[missing.clone(), first, second]).expect("merged");
+        assert_eq!(merged.current_context.as_deref(), Some("ctx-first"));
+        let servers: Vec<_> = merged.clusters.iter().filter_map(|c| c.cluster.as_ref()?.server.clone()).collect();
+        assert_eq!(servers, vec!["https://first:6443".to_owned()], "conflicting cluster: first file wins");
+        let contexts: Vec<_> = merged.contexts.iter().map(|c| c.name.as_str()).collect();
+        for name in ["ctx-first", "only-first", "ctx-second", "only-second"] {
+            assert!(contexts.contains(&name), "{name} in {contexts:?}");
+        }
+        let e = read_kubeconfigs(&[missing]).unwrap_err().to_string();
+        assert!(e.starts_with("KUBECONFIG"), "{e}");
     }
 }

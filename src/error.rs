@@ -1,6 +1,7 @@
 //! Errors of the two reconcilers. Each variant knows the event reason it is reported under,
 //! whether retrying can help, and a short label for metrics.
 
+use crate::deciding::capacity::Size;
 use crate::filesystem::PoolError;
 
 /// Event reasons, with the Go build's meanings (DESIGN.md section 1.8).
@@ -56,7 +57,10 @@ pub enum ClaimError {
     },
     /// Not enough free space.
     #[error(
-        "not enough free space in pool {pool} on node {node}: the claim requests {requested} bytes, {available} bytes are available after the {reserved}-byte reserve"
+        "not enough free space in pool {pool} on node {node}: the claim requests {}, {} available (reserve {})",
+        Size(*.requested),
+        Size(*.available),
+        Size(*.reserved)
     )]
     InsufficientSpace {
         /// Pool name.
@@ -154,5 +158,25 @@ impl VolumeError {
             Self::Pool(_) => "pool",
             Self::UnknownPool(_) => "unknown_pool",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insufficient_space_reads_in_human_units() {
+        let error = ClaimError::InsufficientSpace {
+            pool: "legacy".into(),
+            node: "node-a".into(),
+            requested: 1 << 60,
+            available: 69_409_710_080,
+            reserved: 0,
+        };
+        assert_eq!(
+            error.to_string(),
+            "not enough free space in pool legacy on node node-a: the claim requests 1 EiB, 64.6 GiB available (reserve 0)"
+        );
     }
 }

@@ -2,20 +2,23 @@
 
 use clap::Parser;
 use futures::FutureExt;
-use hostpath_provisioner::config::{Args, Config, LogFormat};
+use hostpath_provisioner::config::{self, Args, Config, LogFormat};
 use hostpath_provisioner::reconciling::controller;
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::KubeConfigOptions;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = match Args::parse().validate() {
-        Ok(config) => config,
+    let configured = Args::parse()
+        .validate()
+        .and_then(|config| Ok((config::log_filter(std::env::var_os("RUST_LOG").as_deref())?, config)));
+    let (log_filter, config) = match configured {
+        Ok(configured) => configured,
         Err(error) => {
             eprintln!("hostpath-provisioner: configuration error: {error}");
             std::process::exit(2);
         }
     };
-    init_logging(config.log_format);
+    init_logging(log_filter, config.log_format);
     let client = match client(&config).await {
         Ok(client) => client,
         Err(error) => {
@@ -50,18 +53,16 @@ async fn main() -> anyhow::Result<()> {
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 
 async fn client(config: &Config) -> anyhow::Result<kube::Client> {
-    let kube_config = match &config.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
-        }
-        None => kube::Config::infer().await?,
+    let kube_config = if config.kubeconfig.is_empty() {
+        kube::Config::infer().await?
+    } else {
+        let kubeconfig = config::read_kubeconfigs(&config.kubeconfig)?;
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
     };
     Ok(kube::Client::try_from(kube_config)?)
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+fn init_logging(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {

@@ -59,6 +59,17 @@ async fn deploy_manifests_render_and_pass_server_side_dry_run() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_opt_in_network_policy_passes_server_side_dry_run_and_stays_out_of_the_kustomization() {
+    let env = TestEnv::start("netpol", 0).await;
+    let rendered = kubectl(&env, &["kustomize", "deploy/legacy"]);
+    assert!(!rendered.contains("kind: NetworkPolicy"), "the policy is opt-in: it could cut existing scrapers");
+    ensure_namespace(&env).await;
+    let out = kubectl(&env, &["apply", "--dry-run=server", "-f", "deploy/legacy/networkpolicy.yaml"]);
+    assert!(out.contains("networkpolicy.networking.k8s.io/kubevirt-hostpath-provisioner"), "{out}");
+    assert!(out.contains("(server dry run)"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn provisioner_works_under_exactly_the_deploy_rbac() {
     let mut env = TestEnv::start("rbac", 0).await;
     kubectl(&env, &["apply", "-k", "deploy/legacy"]);

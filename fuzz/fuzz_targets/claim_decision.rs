@@ -5,11 +5,11 @@
 
 use hostpath_provisioner::deciding::capacity::parse_bytes;
 use hostpath_provisioner::deciding::claim::{
-    self, BindingMode, Decision, DecisionConfig, Interest, ProvisionOnNodePolicy, ProvisionPlan,
+    self as claim_decision, BindingMode, Decision, DecisionConfig, Interest, ProvisionOnNodePolicy, ProvisionPlan,
 };
-use hostpath_provisioner::keys;
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath};
 use hostpath_provisioner::filesystem::VolumeDirName;
+use hostpath_provisioner::keys;
 use hostpath_provisioner_fuzz::{ClaimInput, NODE, PROVISIONER, me, model_is_dns_subdomain, model_is_uid};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -91,12 +91,12 @@ fuzz_target!(|input: ClaimInput| {
     let me = me();
 
     let interest = claim_decision::claim_interest(&claim.metadata, &me);
-    let decision = claim_decision::decide_claim(&claim, class.as_ref(), &me, &config);
+    let decision = claim_decision::decide_claim(&claim, class.as_ref(), &me, &config, &[]);
     if let Decision::Refuse(refusal) = &decision {
         let _ = refusal.to_string();
     }
     let Decision::Provision(plan) = &decision else { return };
-    check_plan(&claim, class.as_ref().expect("provisioned without a class"), &config, plan);
+    check_plan(&claim, class.as_ref().expect("provisioned without a class"), &config, plan.as_ref());
 
     // Stage 1 never drops a claim that stage 2 would provision.
     assert_eq!(interest, Interest::Candidate, "stage 1 ignores a claim that stage 2 provisions");

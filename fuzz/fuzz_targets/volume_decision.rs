@@ -3,9 +3,9 @@
 //! acted on, and only a path the deletion rules accept is deleted.
 #![no_main]
 
-use hostpath_provisioner::keys;
 use hostpath_provisioner::deciding::layout;
-use hostpath_provisioner::deciding::volume::{self as volume_decision, DeleteRefusal, VolumeDecision};
+use hostpath_provisioner::deciding::volume::{self as volume_decision, DeleteRefusal, VolumeDecision, VolumeShape};
+use hostpath_provisioner::keys;
 use hostpath_provisioner_fuzz::{
     HOSTNAME, PROVISIONER, VolumeInput, check_accepted, me, model_accept, model_owned_here, two_pools,
 };
@@ -14,7 +14,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|input: VolumeInput| {
     let pv = input.pv();
     let pools = two_pools();
-    let decision = volume_decision::decide_volume(&pv, &me(), HOSTNAME, &pools);
+    let decision = volume_decision::decide_volume(&pv, &me(), HOSTNAME, &pools, &[]);
 
     // The model: act only on a released Delete-policy PV of ours, not being deleted, owned here.
     let spec = pv.spec.as_ref();
@@ -27,7 +27,29 @@ fuzz_target!(|input: VolumeInput| {
     let host_path = spec.and_then(|s| s.host_path.as_ref()).map(|h| h.path.as_str());
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
 
+    // The model covers node-owned volumes. Shared and every-node volumes (no owning node; a
+    // topology label, or a path in a pool) follow the leases of other nodes, which this target
+    // does not generate: for them only path safety is checked.
+    if volume_decision::volume_shape(&pv, &pools) != VolumeShape::Node {
+        let accepted = match &decision {
+            VolumeDecision::Delete(accepted)
+            | VolumeDecision::EnsureCopy { accepted, .. }
+            | VolumeDecision::RemoveCopy { accepted, .. } => accepted,
+            VolumeDecision::Refuse(DeleteRefusal::UnsafePath { path, refusal }) => {
+                assert_eq!(model_accept(path, pv_name, &pools), None, "refused {path:?}: {refusal}");
+                return;
+            }
+            _ => return,
+        };
+        let path = host_path.expect("acting on a directory without a hostPath");
+        check_accepted(path, pv_name, accepted, &pools);
+        return;
+    }
     match &decision {
+        VolumeDecision::EnsureCopy { .. }
+        | VolumeDecision::RemoveCopy { .. }
+        | VolumeDecision::KeepCopy
+        | VolumeDecision::DeleteObject => panic!("every-node decision {decision:?} for a node-owned PV"),
         VolumeDecision::Ignore(why) => assert!(!ours, "ignored ({why:?}) a PV this node must handle"),
         VolumeDecision::Delete(accepted) => {
             assert!(ours, "deleting a PV this node must leave alone");

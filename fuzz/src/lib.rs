@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
 use hostpath_provisioner::deciding::claim::{DecisionConfig, Identity, ProvisionOnNodePolicy};
-use hostpath_provisioner::keys;
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath, PoolPath};
 use hostpath_provisioner::filesystem::VolumeDirName;
+use hostpath_provisioner::keys;
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus,
@@ -47,10 +47,7 @@ pub fn default_pool() -> Vec<PoolPath> {
 
 /// Two pools, so that pool selection and multi-root acceptance are exercised.
 pub fn two_pools() -> Vec<PoolPath> {
-    vec![
-        PoolPath::local("legacy", POOL_ROOT),
-        PoolPath::local("fast", FAST_ROOT),
-    ]
+    vec![PoolPath::local("legacy", POOL_ROOT), PoolPath::local("fast", FAST_ROOT)]
 }
 
 /// Splits a text fuzz input into at most `n` newline-separated fields (missing ones are empty).
@@ -545,6 +542,8 @@ impl ClaimInput {
         DecisionConfig {
             use_naming_prefix: self.use_naming_prefix,
             pools: two_pools(),
+            // As config::Args::validate picks it: `legacy` when configured.
+            default_pool: Some("legacy".to_owned()),
             provision_on_node: match &self.policy {
                 PolicyGen::Allow => ProvisionOnNodePolicy::Allow,
                 PolicyGen::Deny => ProvisionOnNodePolicy::Deny,

@@ -44,7 +44,7 @@ fn claim_outcome(data: &[u8]) -> Option<String> {
     let class = input.class(&class_name);
     let config = input.config();
     let interest = claim_decision::claim_interest(&claim.metadata, &me());
-    match claim_decision::decide_claim(&claim, class.as_ref(), &me(), &config) {
+    match claim_decision::decide_claim(&claim, class.as_ref(), &me(), &config, &[]) {
         Decision::Provision(_) if interest == Interest::Ignore => None,
         Decision::Provision(plan) => Some(format!(
             "Provision-{}-{}-{}",
@@ -60,7 +60,7 @@ fn claim_outcome(data: &[u8]) -> Option<String> {
 fn volume_outcome(data: &[u8]) -> Option<String> {
     let input: VolumeInput = decode(data)?;
     let pv = input.pv();
-    match volume_decision::decide_volume(&pv, &me(), HOSTNAME, &two_pools()) {
+    match volume_decision::decide_volume(&pv, &me(), HOSTNAME, &two_pools(), &[]) {
         VolumeDecision::Delete(accepted) => {
             let layout =
                 if Some(accepted.dir_name.as_str()) == pv.metadata.name.as_deref() { "plain" } else { "prefixed" };

@@ -105,9 +105,75 @@ pub fn format_binary_si(bytes: u64) -> String {
     format!("{value}{}", SUFFIXES[index])
 }
 
+/// A byte count for people: binary units, exact values without decimals (`1 EiB`, `512 B`),
+/// others rounded to one decimal (`64.6 GiB`); zero is plain `0`. Used wherever a size reaches a
+/// user (events, errors, logs), where twenty-digit byte counts cannot be read at a glance.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes == 0 {
+        return "0".to_owned();
+    }
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let bytes = u128::from(bytes);
+    let mut index = 0;
+    while index + 1 < UNITS.len() && bytes >= KI.pow(index as u32 + 2) {
+        index += 1;
+    }
+    loop {
+        let unit = KI.pow(index as u32 + 1);
+        if bytes.is_multiple_of(unit) {
+            return format!("{} {}", bytes / unit, UNITS[index]);
+        }
+        let tenths = (bytes * 10 + unit / 2) / unit;
+        // 1023.96 KiB rounds to 1024.0 KiB: say 1.0 MiB instead.
+        if tenths >= 10 * 1024 && index + 1 < UNITS.len() {
+            index += 1;
+            continue;
+        }
+        return format!("{}.{} {}", tenths / 10, tenths % 10, UNITS[index]);
+    }
+}
+
+/// Displays a byte count with [`format_size`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl std::fmt::Display for Size {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&format_size(self.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_in_binary_units_with_at_most_one_decimal() {
+        let cases = [
+            (0, "0"),
+            (1, "1 B"),
+            (512, "512 B"),
+            (1023, "1023 B"),
+            (1024, "1 KiB"),
+            (1536, "1.5 KiB"),
+            (1025, "1.0 KiB"),
+            (10 * MIB, "10 MiB"),
+            (GIB + GIB / 2, "1.5 GiB"),
+            (69_409_710_080, "64.6 GiB"),
+            (1 << 60, "1 EiB"),
+            (u64::MAX, "16.0 EiB"),
+            (1024 * 1024 - 1, "1.0 MiB"),
+            (GIB - 1, "1.0 GiB"),
+            (3 * (1 << 40), "3 TiB"),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(format_size(bytes), want, "{bytes}");
+            assert_eq!(Size(bytes).to_string(), want);
+        }
+    }
 
     #[test]
     fn go_rounding_matches_the_go_unit_tests() {

@@ -4,14 +4,16 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::serving::metrics::Metrics;
 
@@ -94,27 +96,70 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until the process exits.
+/// Most connections served at once per listener. Kubelet probes and a Prometheus scrape need a
+/// handful; more are closed as soon as they are accepted, so that a flood from any pod can hold
+/// neither memory nor file descriptors beyond this (the DaemonSet's limit is 64Mi).
+pub const MAX_CONNECTIONS: usize = 64;
+/// Time a client has to send a request's headers, from the moment the server waits for them
+/// (a new connection, or an idle kept-alive one); then the connection is closed.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Age after which a connection is closed once its current request is answered: bounds
+/// kept-alive connections that a scraper, or an attacker trickling requests, holds open.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
+/// How long a connection past its age may take to finish the request in flight.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// Largest buffered request; ours are bare GETs (hyper's default lets each connection buffer ~400 KiB).
+const MAX_REQUEST_BUFFER: usize = 16 * 1024;
+/// Pause after a failed accept (out of file descriptors, say), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until the process exits, with the
+/// limits above.
 pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metrics>) {
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+        tracing::info!(%addr, max_connections = MAX_CONNECTIONS, "serving /healthz, /readyz and /metrics");
     }
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut refused: u64 = 0;
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(conn) => conn,
             Err(error) => {
                 tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Closed at once rather than queued: a queue would only move the unbounded growth.
+            drop(stream);
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(%peer, refused, "too many HTTP connections; closing new ones");
+            }
+            continue;
         };
         let health = health.clone();
         let metrics = metrics.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req: Request<Incoming>| {
                 let response = respond(req.uri().path(), &health, &metrics);
                 async move { Ok::<_, Infallible>(response) }
             });
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_REQUEST_BUFFER)
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                () = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
+            }
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(CLOSE_GRACE, connection).await;
         });
     }
 }
