@@ -84,6 +84,10 @@ pub struct Args {
     #[arg(long, env = "REQUIRE_MOUNTPOINT", default_value = "false", num_args = 0..=1, default_missing_value = "true")]
     pub require_mountpoint: String,
 
+    /// Protect the data of node and shared volumes from `kubectl delete pv` with the external provisioner's deletion-protection finalizer (true/false, yes/no, on/off, 1/0). While PVs carry it, rolling back to the Go build leaves them stuck when deleted.
+    #[arg(long, env = "PV_FINALIZER", default_value = "false", num_args = 0..=1, default_missing_value = "true")]
+    pub pv_finalizer: String,
+
     /// Who may pin claims to nodes with kubevirt.io/provisionOnNode: allow, deny, or a comma-separated list of namespaces.
     #[arg(long, env = "PROVISION_ON_NODE", default_value = "allow")]
     pub provision_on_node: String,
@@ -231,6 +235,8 @@ pub struct Config {
     pub dir_mode: u32,
     /// Pool roots must be mount points.
     pub require_mountpoint: bool,
+    /// New node and shared PVs get the deletion-protection finalizer.
+    pub pv_finalizer: bool,
     /// Who may use provisionOnNode.
     pub provision_on_node: ProvisionOnNodePolicy,
     /// Bytes kept free per pool.
@@ -296,6 +302,7 @@ impl Args {
             _ => return Err(invalid("LOG_FORMAT", &self.log_format, "text or json")),
         };
         let require_mountpoint = parse_switch("REQUIRE_MOUNTPOINT", &self.require_mountpoint)?;
+        let pv_finalizer = parse_switch("PV_FINALIZER", &self.pv_finalizer)?;
         let dir_mode = u32::from_str_radix(self.dir_mode.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o7777)
@@ -341,6 +348,7 @@ impl Args {
             pv_capacity,
             dir_mode,
             require_mountpoint,
+            pv_finalizer,
             provision_on_node,
             reserved_bytes,
             max_concurrency,
@@ -631,6 +639,10 @@ mod tests {
         }
         assert!(parse_on_node(&["--pv-dir", "/p", "--require-mountpoint"]).unwrap().require_mountpoint);
         assert!(!parse_on_node(&["--pv-dir", "/p"]).unwrap().require_mountpoint, "off by default");
+        assert!(!parse_on_node(&["--pv-dir", "/p"]).unwrap().pv_finalizer, "off by default: rollback stays possible");
+        assert!(parse_on_node(&["--pv-dir", "/p", "--pv-finalizer", "yes"]).unwrap().pv_finalizer);
+        let e = parse_on_node(&["--pv-dir", "/p", "--pv-finalizer", "maybe"]).unwrap_err().to_string();
+        assert!(e.starts_with("PV_FINALIZER"), "{e}");
         let e = parse_on_node(&["--pv-dir", "/p", "--require-mountpoint", "enabled"]).unwrap_err().to_string();
         assert!(e.starts_with("REQUIRE_MOUNTPOINT"), "{e}");
     }

@@ -257,3 +257,35 @@ async fn data_of_a_pv_deleted_by_hand_is_kept_and_reported() {
     .expect("metric");
     assert!(dir.join("precious").exists());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_pv_finalizer_a_pv_deleted_by_hand_waits_for_its_data_to_be_dealt_with() {
+    let env = TestEnv::start_with("pvfinal", 1, |spec| spec.env("PV_FINALIZER", "true")).await;
+    let delete = env.class("imm", |c| c.immediate()).await;
+    let retain = env.class("keep", |c| c.immediate().reclaim_policy("Retain")).await;
+    let (uid, dir) = provisioned(&env, &delete, "gone").await;
+    let (kept_uid, kept_dir) = provisioned(&env, &retain, "kept").await;
+    for (uid, dir) in [(&uid, &dir), (&kept_uid, &kept_dir)] {
+        std::fs::write(dir.join("data"), b"payload").unwrap();
+        let pv = env.pvs().get(&format!("pvc-{uid}")).await.unwrap();
+        let finalizers = pv.metadata.finalizers.unwrap_or_default();
+        assert!(
+            finalizers.iter().any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer"),
+            "{finalizers:?}"
+        );
+        // kubectl delete pv while the claim still uses it.
+        env.pvs().delete(&format!("pvc-{uid}"), &Default::default()).await.expect("delete PV");
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(env.pvs().get_opt(&format!("pvc-{uid}")).await.unwrap().is_some(), "held while in use");
+    assert!(dir.join("data").exists());
+
+    // The claims go: the Delete volume's data is removed and its PV goes; the Retain volume's PV
+    // goes and its data stays.
+    env.delete_claim("gone").await;
+    env.delete_claim("kept").await;
+    env.wait_pv_gone(&format!("pvc-{uid}")).await;
+    env.wait_pv_gone(&format!("pvc-{kept_uid}")).await;
+    wait_path_gone(&dir).await;
+    assert_eq!(std::fs::read(kept_dir.join("data")).unwrap(), b"payload", "Retain keeps the data");
+}

@@ -50,6 +50,8 @@ fuzz_target!(|input: VolumeInput| {
         | VolumeDecision::RemoveCopy { .. }
         | VolumeDecision::KeepCopy
         | VolumeDecision::DeleteObject => panic!("every-node decision {decision:?} for a node-owned PV"),
+        // The generated PVs carry no finalizers and no node label.
+        VolumeDecision::DropProtection => panic!("protection decision for a PV without our finalizer"),
         VolumeDecision::Ignore(why) => assert!(!ours, "ignored ({why:?}) a PV this node must handle"),
         VolumeDecision::Delete(accepted) => {
             assert!(ours, "deleting a PV this node must leave alone");
@@ -61,6 +63,9 @@ fuzz_target!(|input: VolumeInput| {
             assert!(ours, "refusal ({refusal}) reported for a PV this node must leave alone");
             match refusal {
                 DeleteRefusal::NoHostPath => assert!(host_path.is_none()),
+                DeleteRefusal::OwnerMismatch { .. } => {
+                    panic!("owner mismatch reported for a PV without our node label")
+                }
                 DeleteRefusal::UnsafePath { path, refusal } => {
                     assert_eq!(Some(path.as_str()), host_path);
                     assert_eq!(model_accept(path, pv_name, &pools), None, "refused {path:?}: {refusal}");

@@ -544,6 +544,7 @@ impl ClaimInput {
             pools: two_pools(),
             // As config::Args::validate picks it: `legacy` when configured.
             default_pool: Some("legacy".to_owned()),
+            pv_finalizer: false,
             provision_on_node: match &self.policy {
                 PolicyGen::Allow => ProvisionOnNodePolicy::Allow,
                 PolicyGen::Deny => ProvisionOnNodePolicy::Deny,

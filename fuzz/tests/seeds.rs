@@ -45,7 +45,7 @@ fn claim_outcome(data: &[u8]) -> Option<String> {
     let config = input.config();
     let interest = claim_decision::claim_interest(&claim.metadata, &me());
     match claim_decision::decide_claim(&claim, class.as_ref(), &me(), &config, &[]) {
-        Decision::Provision(_) if interest == Interest::Ignore => None,
+        Decision::Provision(_) if interest != Interest::Candidate => None,
         Decision::Provision(plan) => Some(format!(
             "Provision-{}-{}-{}",
             if config.use_naming_prefix { "prefix" } else { "plain" },

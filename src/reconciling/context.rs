@@ -80,7 +80,7 @@ impl Context {
             use_naming_prefix: config.use_naming_prefix,
             pools: config.pools.clone(),
             default_pool: config.default_pool.clone(),
-            pv_finalizer: false,
+            pv_finalizer: config.pv_finalizer,
             provision_on_node: config.provision_on_node.clone(),
         };
         let membership = Membership::new(

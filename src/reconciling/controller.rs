@@ -319,7 +319,7 @@ async fn report_stuck_trash(
     let note = format!(
         "{} of deleted volumes in pool {name} ({}) cannot be removed: {error}. If files there are immutable or \
          append-only, run `chattr -R -i -a {}` on node {}; removal is retried every minute",
-        crate::deciding::capacity::format_binary_si(bytes),
+        crate::deciding::capacity::format_size(bytes),
         trash.display(),
         trash.display(),
         ctx.me.node

@@ -122,7 +122,7 @@ async fn report_orphans(ctx: &Context, pool: &PoolRoot, dirs: &[String]) {
         if dirs.len() == 1 { "y" } else { "ies" },
         pool.name(),
         pool.path().display(),
-        crate::deciding::capacity::format_binary_si(total),
+        crate::deciding::capacity::format_size(total),
         shown.join(", "),
         if dirs.len() > shown.len() { ", ..." } else { "" },
     );
