@@ -7,7 +7,7 @@
 #
 # Why a wrapper module: k8s.io/kubernetes lists its staging modules at v0.0.0 with replace
 # directives, so `go install k8s.io/kubernetes/cmd/...@vX` cannot work (see
-# ../shared/reference/control-plane.md).
+# docs/testing.md).
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"

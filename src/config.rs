@@ -1,4 +1,4 @@
-//! Command-line and environment configuration (DESIGN.md section 3). Every flag also reads an
+//! Command-line and environment configuration (README, configuration reference). Every flag also reads an
 //! env var; the Go build's variables (`NODE_NAME`, `PV_DIR`, `USE_NAMING_PREFIX`) work unchanged.
 
 use std::net::SocketAddr;

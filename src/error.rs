@@ -4,7 +4,7 @@
 use crate::deciding::capacity::Size;
 use crate::filesystem::PoolError;
 
-/// Event reasons, with the Go build's meanings (DESIGN.md section 1.8).
+/// Event reasons, with the Go build's meanings (docs/architecture.md, compatibility contract item 8).
 pub mod reason {
     /// Normal: provisioning started.
     pub const PROVISIONING: &str = "Provisioning";

@@ -1,4 +1,4 @@
-//! Annotation and label keys shared with Kubernetes and with the Go build (DESIGN.md section 1).
+//! Annotation and label keys shared with Kubernetes and with the Go build (docs/architecture.md, compatibility contract).
 
 /// PV annotation naming the provisioner that made it (set by the sig-storage controller in Go).
 pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";

@@ -1,6 +1,6 @@
 //! End-to-end: PVs written by the Go kubevirt provisioner (every historical directory layout,
 //! with and without the owner annotation) are deleted by the owning node and only by it, and
-//! PVs whose paths break the rules of DESIGN.md section 6 are refused and left alone.
+//! PVs whose paths break the rules of docs/architecture.md, deletion rules are refused and left alone.
 
 mod common;
 

@@ -35,7 +35,7 @@ async fn wffc_claim_is_provisioned_on_the_scheduler_chosen_node() {
     let chosen = env.node(&pod);
     let other = env.nodes.iter().find(|n| n.name != pod).expect("second node");
 
-    // The PV is shaped as DESIGN.md section 5 says and points at the chosen node.
+    // The PV is shaped as docs/architecture.md, what a provisioned volume looks like says and points at the chosen node.
     let uid = uid(&claim);
     assert_eq!(pv.metadata.name.as_deref(), Some(format!("pvc-{uid}").as_str()));
     let ann = annotations(&pv);

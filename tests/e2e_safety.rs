@@ -1,5 +1,5 @@
 //! End-to-end: deletion never escapes the volume (symlinks, hard links, mounts), the
-//! provisionOnNode restriction, and the pool-root mount-point guard (DESIGN.md section 6).
+//! provisionOnNode restriction, and the pool-root mount-point guard (docs/architecture.md, deletion rules).
 
 mod common;
 

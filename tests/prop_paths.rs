@@ -1,4 +1,4 @@
-//! Property tests of the path rules (DESIGN.md section 6): directory names derived from any valid
+//! Property tests of the path rules (docs/architecture.md, deletion rules): directory names derived from any valid
 //! claim are short, stable, single components that the deletion rules give back, and the deletion
 //! rules refuse anything that is not a direct child of the pool root.
 //!

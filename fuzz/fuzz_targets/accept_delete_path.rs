@@ -1,5 +1,5 @@
 //! `layout::accept_delete_path` and `layout::normalise` against the fixed pool root
-//! `/var/hpvolumes`, compared with an independent model of DESIGN.md section 6.
+//! `/var/hpvolumes`, compared with an independent model of docs/architecture.md, deletion rules.
 //!
 //! Input: text `path\npv_name`.
 #![no_main]

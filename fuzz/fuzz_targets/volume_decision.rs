@@ -1,5 +1,5 @@
 //! `volume_decision::decide_volume` on PVs built from fuzz input, compared with a model of
-//! DESIGN.md sections 1.6 and 6: only a released, Delete-policy PV of ours owned by this node is
+//! docs/architecture.md: compatibility contract item 6, deletion rules: only a released, Delete-policy PV of ours owned by this node is
 //! acted on, and only a path the deletion rules accept is deleted.
 #![no_main]
 

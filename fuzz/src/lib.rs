@@ -1,5 +1,5 @@
 //! Shared pieces of the fuzz targets: structured input generators (claims, classes, PVs) and a
-//! reference model of the path rules of DESIGN.md section 6.
+//! reference model of the path rules of docs/architecture.md, deletion rules.
 //!
 //! The model is written from the design text, independently of `src/layout.rs`, so that the
 //! targets compare two implementations instead of re-running the code under test against itself.
@@ -58,7 +58,7 @@ pub fn fields(text: &str, n: usize) -> Vec<&str> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reference model (DESIGN.md section 6)
+// Reference model (docs/architecture.md, deletion rules)
 // ---------------------------------------------------------------------------------------------
 
 /// A Kubernetes UID: 8-4-4-4-12 lowercase hex digits.
@@ -750,7 +750,7 @@ impl VolumeInput {
     }
 }
 
-/// The reference model's owner rule (DESIGN.md section 1.6): the provisionOnNode annotation, else
+/// The reference model's owner rule (docs/architecture.md, compatibility contract item 6): the provisionOnNode annotation, else
 /// a single `kubernetes.io/hostname In [value]` affinity naming this node or its hostname label.
 pub fn model_owned_here(pv: &PersistentVolume) -> bool {
     if let Some(node) = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISION_ON_NODE)) {

@@ -1,4 +1,4 @@
-//! Which node provisions a claim (DESIGN.md section 4), as pure functions.
+//! Which node provisions a claim (docs/architecture.md, which node acts), as pure functions.
 //!
 //! Two stages: [`claim_interest`] looks only at metadata (what every node receives for every
 //! claim in the cluster), and [`decide_claim`] looks at the full claim and its class for the few
@@ -81,7 +81,7 @@ pub fn claim_interest(meta: &ObjectMeta, me: &Identity) -> Interest {
     let ours = storage_provisioner(meta) == Some(me.provisioner.as_str());
     match annotation(meta, keys::SELECTED_NODE) {
         // The scheduler placed it here: stage 2 reads the class rather than waiting for the PV
-        // controller to copy its provisioner onto the claim (DESIGN section 4).
+        // controller to copy its provisioner onto the claim (docs/architecture.md, which node acts).
         Some(node) if node == me.node => Interest::Candidate,
         Some(node) if ours => Interest::Elsewhere(node.to_owned()),
         // An Immediate claim of ours: provisioned here, or it needs the one explanatory event.
@@ -462,7 +462,7 @@ pub fn decide_claim(
             },
             // The scheduler writes selected-node only after finding no existing PV to bind, so
             // the claim is ours at once; the PV controller's storage-provisioner annotation, which
-            // follows seconds later under load, adds no safety (DESIGN section 4).
+            // follows seconds later under load, adds no safety (docs/architecture.md, which node acts).
             BindingMode::WaitForFirstConsumer => match annotation(meta, keys::SELECTED_NODE) {
                 Some(node) if node == me.node => {}
                 Some(_) => return Decision::Skip(SkipReason::OtherNode),

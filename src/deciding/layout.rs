@@ -1,5 +1,5 @@
 //! Volume layout: PV names, directory names, the node label, and which `hostPath` paths may be
-//! deleted (DESIGN.md sections 1, 5 and 6). Pure functions over plain data.
+//! deleted (docs/architecture.md: compatibility contract, volume shape, deletion rules). Pure functions over plain data.
 
 use std::path::{Component, Path, PathBuf};
 

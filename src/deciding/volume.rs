@@ -1,4 +1,4 @@
-//! Whether this node deletes a PV and its directory (DESIGN.md sections 1.6 and 6). Pure.
+//! Whether this node deletes a PV and its directory (docs/architecture.md: compatibility contract item 6, deletion rules). Pure.
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 
@@ -123,7 +123,7 @@ pub enum DeleteRefusal {
         /// The label key.
         key: &'static str,
     },
-    /// The path failed the rules of DESIGN.md section 6.
+    /// The path failed the rules of docs/architecture.md, deletion rules.
     #[error("refusing to delete {path:?}: {refusal}. Nothing was removed; check the PV and remove it by hand")]
     UnsafePath {
         /// The PV's hostPath.

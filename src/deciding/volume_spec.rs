@@ -1,4 +1,4 @@
-//! The PersistentVolume we write for a provisioned claim (DESIGN.md section 5). Pure.
+//! The PersistentVolume we write for a provisioned claim (docs/architecture.md, what a provisioned volume looks like). Pure.
 
 use std::collections::BTreeMap;
 
@@ -130,7 +130,7 @@ mod tests {
         assert_eq!(ann[keys::PROVISIONER_IDENTITY], PROVISIONER);
         assert_eq!(ann[keys::PROVISION_ON_NODE], NODE);
         assert_eq!(pv.metadata.labels.as_ref().unwrap()[keys::NODE_LABEL], NODE);
-        assert!(pv.metadata.finalizers.is_none(), "no finalizers (DESIGN.md 1.7)");
+        assert!(pv.metadata.finalizers.is_none(), "no finalizers (docs/architecture.md, contract item 7)");
 
         let spec = pv.spec.unwrap();
         let claim_ref = spec.claim_ref.unwrap();

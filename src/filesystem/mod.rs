@@ -2,7 +2,7 @@
 //!
 //! Everything here goes through a [`PoolRoot`] handle (a descriptor opened once) and a validated
 //! single-component [`VolumeDirName`]; no free-form path from the API ever reaches the kernel.
-//! DESIGN.md section 6 is the contract; the rules it implies are:
+//! docs/architecture.md, deletion rules is the contract; the rules it implies are:
 //!
 //! - The volume directory is opened beneath the pool root descriptor with `openat2`
 //!   (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`), or with
@@ -14,7 +14,7 @@
 //! - Every directory entered is checked to be on the pool's own mount (`RESOLVE_NO_XDEV`, then
 //!   `st_dev`, `STATX_ATTR_MOUNT_ROOT` and the statx mount id); another mount stops the deletion.
 //! - Callers re-check the root with [`PoolRoot::check`] before each operation, so an unmounted or
-//!   replaced pool disk stops provisioning and deletion (DESIGN.md section 6, `--require-mountpoint`).
+//!   replaced pool disk stops provisioning and deletion (docs/architecture.md, deletion rules, `--require-mountpoint`).
 
 use std::ffi::{CStr, CString, OsStr};
 use std::fmt;
@@ -124,7 +124,7 @@ pub enum Removal {
         /// Names unlinked (files, links, special files and directories, the volume itself too).
         entries: u64,
     },
-    /// Nothing was there: DESIGN.md section 1.6 counts a missing directory as already deleted.
+    /// Nothing was there: docs/architecture.md, compatibility contract item 6 counts a missing directory as already deleted.
     AlreadyGone,
 }
 
@@ -534,8 +534,8 @@ impl PoolRoot {
     /// and [`PoolRoot::check`] refuses to go on if the path later resolves elsewhere. A symlink as
     /// the last component is refused (`RootIsSymlink`): it is almost always a mistake, and
     /// refusing it keeps "the pool root" and "the directory at that path" the same thing.
-    /// `.` and `..` components are refused because the lexical path matching of DESIGN.md
-    /// section 6 would disagree with the kernel about them.
+    /// `.` and `..` components are refused because the lexical path matching of the deletion
+    /// rules (`docs/architecture.md`) would disagree with the kernel about them.
     pub fn open(name: &str, path: &Path) -> Result<PoolRoot, PoolError> {
         let has_dots = path.as_os_str().as_bytes().split(|b| *b == b'/').any(|c| c == b"." || c == b"..");
         if !path.is_absolute() || has_dots {
@@ -663,10 +663,10 @@ impl PoolRoot {
         Ok(mountinfo_lists_mountpoint(&table, canonical.as_os_str().as_bytes()))
     }
 
-    /// Creates the volume directory with exactly `mode` (whatever the umask, DESIGN.md section 1.9).
+    /// Creates the volume directory with exactly `mode` (whatever the umask, docs/architecture.md, compatibility contract item 9).
     ///
     /// An existing directory is accepted as [`Created::Existing`] so retries and restarts converge
-    /// (DESIGN.md section 5), and its mode is reset to `mode`. An existing symlink or
+    /// (docs/architecture.md, what a provisioned volume looks like), and its mode is reset to `mode`. An existing symlink or
     /// non-directory is refused and left untouched.
     pub fn create_volume_dir(&self, name: &VolumeDirName, mode: u32) -> Result<Created, PoolError> {
         if mode > 0o7777 {

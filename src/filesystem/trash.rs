@@ -1,4 +1,4 @@
-//! Fast reclaim (DESIGN.md section 6): a released volume is renamed into a trash directory on the
+//! Fast reclaim (docs/architecture.md, deletion rules): a released volume is renamed into a trash directory on the
 //! same filesystem, so its PV can go at once, and its data is removed in the background, with
 //! the same fd-based walk as a direct removal. The trash survives restarts and is purged again.
 

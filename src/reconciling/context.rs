@@ -21,7 +21,7 @@ use crate::reconciling::membership::Membership;
 use crate::serving::health::Health;
 use crate::serving::metrics::Metrics;
 
-/// Shortest and longest retry delay (DESIGN.md section 2: about 1 s to 5 min, forever).
+/// Shortest and longest retry delay (docs/architecture.md, retries and events: about 1 s to 5 min, forever).
 pub const MIN_RETRY: Duration = Duration::from_secs(1);
 /// See [`MIN_RETRY`].
 pub const MAX_RETRY: Duration = Duration::from_secs(300);

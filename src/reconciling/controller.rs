@@ -72,7 +72,7 @@ pub async fn run(
     .reflect(class_writer);
     tokio::spawn(class_events.for_each(|_| async {}));
 
-    // Claims: metadata only; the annotations decide ownership (DESIGN.md section 4).
+    // Claims: metadata only; the annotations decide ownership (docs/architecture.md, which node acts).
     let (claim_store, claim_writer) = reflector::store::<PartialObjectMeta<PersistentVolumeClaim>>();
     let claim_events = observe(
         Watch::Claims,

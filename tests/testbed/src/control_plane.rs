@@ -1,7 +1,7 @@
 //! A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager
 //! (PV controllers only) and kube-scheduler, in a fresh temp dir with fresh ports.
 //!
-//! Recipe and reasons: `shared/reference/control-plane.md`.
+//! Recipe and reasons: `docs/testing.md`.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -51,7 +51,7 @@ pub struct Options {
 /// the API server listens on all addresses and its certificate names both IPs. Pods get
 /// ServiceAccount tokens (admission plugin on, `kube-root-ca.crt` published), kubelets get
 /// identities the Node authorizer knows, and the controllers that DaemonSets, namespaces and
-/// garbage collection need run as well. Reasons: `shared/reference/real-kubelet.md`.
+/// garbage collection need run as well. Reasons: `docs/testing.md`.
 #[derive(Clone, Debug, Default)]
 pub struct RealNodeAccess {
     /// Extra IP SANs on the serving certificate (the Service IP and the bridge gateway).

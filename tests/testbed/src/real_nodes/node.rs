@@ -1,5 +1,5 @@
 //! One real node: containerd and a kubelet, configured to keep their files in the lane
-//! directory. Settings and the reason for each: `shared/reference/real-kubelet.md` §3.
+//! directory. Settings and the reason for each: `docs/testing.md`, the real-node lane.
 
 use std::fs;
 use std::path::{Path, PathBuf};
