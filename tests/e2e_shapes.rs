@@ -63,6 +63,8 @@ async fn each_class_lands_in_its_pool_and_a_missing_pool_goes_back_to_the_schedu
     env.add_node(&with_ssd, &move |spec: ProvisionerSpec| spec.arg("--pool").arg(ssd_arg.clone())).await;
     let without = format!("{}-2", env.group);
     env.add_node(&without, &|spec| spec).await;
+    let also_without = format!("{}-3", env.group);
+    env.add_node(&also_without, &|spec| spec).await;
     let legacy_class = env.class("legacy", |c| c).await;
     let ssd_class = env.class("ssd", |c| c.parameter("storagePool", "ssd")).await;
 
@@ -79,9 +81,10 @@ async fn each_class_lands_in_its_pool_and_a_missing_pool_goes_back_to_the_schedu
     assert_eq!(Path::new(&host_path(&ssd_pv)).parent(), Some(ssd.as_path()));
     assert!(Path::new(&host_path(&ssd_pv)).is_dir());
 
-    // The node without the pool gets the claim first (the other is cordoned), gives it back
+    // A node without the pool gets the claim first (the one with it is cordoned), gives it back
     // with an event naming its pools, and the claim lands where the pool is.
     env.set_unschedulable(&with_ssd, true).await;
+    env.set_unschedulable(&also_without, true).await;
     let claim = env.create_claim(fixtures::claim(&env.ns, "wants-ssd", &ssd_class, "8Mi")).await;
     env.create_pod("wants-ssd", "wants-ssd").await;
     let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
@@ -91,7 +94,9 @@ async fn each_class_lands_in_its_pool_and_a_missing_pool_goes_back_to_the_schedu
     env.set_unschedulable(&with_ssd, false).await;
     let pv = env.wait_bound("wants-ssd").await;
     assert_eq!(Path::new(&host_path(&pv)).parent(), Some(ssd.as_path()));
-    assert!(entries(&env.node(&without).pool_root).is_empty(), "nothing left on the node without the pool");
+    for node in [&without, &also_without] {
+        assert!(entries(&env.node(node).pool_root).is_empty(), "nothing left on {node}, which lacks the pool");
+    }
 
     for claim in ["in-legacy", "in-ssd", "wants-ssd"] {
         env.delete_pod(claim).await;
