@@ -37,11 +37,6 @@ pub const LEASE_PROVISIONER_LABEL: &str = "hostpath-provisioner.kubevirt.io/prov
 /// Lease annotation listing the pools a node can use now: `name=root` entries, comma-separated.
 pub const LEASE_POOLS: &str = "hostpath-provisioner.kubevirt.io/pools";
 
-/// The finalizer by which `node` keeps an `everyNode` PV alive while it may hold a copy.
-pub fn copy_finalizer(node: &str) -> String {
-    format!("{COPY_FINALIZER_PREFIX}/{}", crate::deciding::layout::node_label_value(node))
-}
-
 /// Claim annotations the metadata stage of the claim decision reads.
 const CLAIM_KEYS: [&str; 6] = [
     PROVISION_ON_NODE,

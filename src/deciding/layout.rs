@@ -140,6 +140,11 @@ pub fn node_label_value(node_name: &str) -> String {
     }
 }
 
+/// The finalizer by which `node` keeps an `everyNode` PV alive while it may hold a copy.
+pub fn copy_finalizer(node: &str) -> String {
+    format!("{}/{}", crate::keys::COPY_FINALIZER_PREFIX, node_label_value(node))
+}
+
 /// Why a PV's `hostPath.path` is not accepted for deletion.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PathRefusal {

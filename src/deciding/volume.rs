@@ -242,7 +242,7 @@ fn decide_every_node_volume(
     let Some(pool) = pools.iter().find(|p| p.name == accepted.pool && !p.shared) else {
         return VolumeDecision::Ignore(Ignore::NotMyPool);
     };
-    let finalizer = keys::copy_finalizer(&me.node);
+    let finalizer = layout::copy_finalizer(&me.node);
     let has_finalizer = pv.metadata.finalizers.as_ref().is_some_and(|f| f.contains(&finalizer));
     let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
     let delete_policy = pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) == Some("Delete");
@@ -513,7 +513,7 @@ mod tests {
                 VolumeDecision::EnsureCopy { accepted: accepted.clone(), add_finalizer: true }
             );
         }
-        pv.metadata.finalizers = Some(vec![keys::copy_finalizer("a")]);
+        pv.metadata.finalizers = Some(vec![layout::copy_finalizer("a")]);
         assert_eq!(
             decide_as("a", &pv, &live(&["a", "b"])),
             VolumeDecision::EnsureCopy { accepted: accepted.clone(), add_finalizer: false }
@@ -524,7 +524,7 @@ mod tests {
     fn a_released_every_node_volume_is_deleted_by_one_node_and_each_removes_its_copy() {
         let path = format!("/var/hpvolumes/{}", pv_dir());
         let mut pv = unpinned_pv(&path, Some("everyNode"), "Released");
-        pv.metadata.finalizers = Some(vec![keys::copy_finalizer("a"), keys::copy_finalizer("b")]);
+        pv.metadata.finalizers = Some(vec![layout::copy_finalizer("a"), layout::copy_finalizer("b")]);
         let nodes = live(&["a", "b"]);
         let deleting: Vec<_> =
             ["a", "b"].iter().filter(|n| decide_as(n, &pv, &nodes) == VolumeDecision::DeleteObject).collect();
@@ -547,7 +547,7 @@ mod tests {
     fn every_node_copies_stay_while_a_deleted_pv_is_still_bound_or_retained() {
         let path = format!("/var/hpvolumes/{}", pv_dir());
         let mut pv = unpinned_pv(&path, Some("everyNode"), "Bound");
-        pv.metadata.finalizers = Some(vec![keys::copy_finalizer("a")]);
+        pv.metadata.finalizers = Some(vec![layout::copy_finalizer("a")]);
         pv.metadata.deletion_timestamp = Some(Time(Default::default()));
         assert_eq!(decide_as("a", &pv, &live(&["a"])), VolumeDecision::Ignore(Ignore::NotReleased));
         pv.status.as_mut().unwrap().phase = Some("Released".into());

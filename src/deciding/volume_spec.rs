@@ -45,7 +45,7 @@ pub fn build_pv(
         Topology::Shared => BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), plan.topology.as_str().to_owned())]),
         Topology::EveryNode => {
             // This node's copy exists before the PV does: its finalizer comes with the PV.
-            finalizers = Some(vec![keys::copy_finalizer(&node.name)]);
+            finalizers = Some(vec![layout::copy_finalizer(&node.name)]);
             BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), plan.topology.as_str().to_owned())])
         }
     };

@@ -11,7 +11,7 @@ use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 
-use crate::deciding::layout::AcceptedPath;
+use crate::deciding::layout::{self, AcceptedPath};
 use crate::deciding::volume::{DeleteRefusal, Ignore, VolumeDecision, VolumeShape, decide_volume, volume_shape};
 use crate::error::{Retry, VolumeError, reason};
 use crate::filesystem::{Created, PoolRoot, Trashed, VolumeDirName};
@@ -75,7 +75,7 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
             Action::await_change()
         }
         VolumeDecision::KeepCopy => {
-            remove_finalizer(&ctx, &name, &keys::copy_finalizer(&ctx.me.node)).await?;
+            remove_finalizer(&ctx, &name, &layout::copy_finalizer(&ctx.me.node)).await?;
             tracing::info!(pv = %name, "retained volume deleted; this node's copy is kept");
             Action::await_change()
         }
@@ -167,7 +167,7 @@ async fn ensure_copy(
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let (pool, dir) = pool_and_dir(ctx, accepted)?;
     if add_finalizer {
-        let patch = serde_json::json!({"metadata": {"finalizers": [keys::copy_finalizer(&ctx.me.node)]}});
+        let patch = serde_json::json!({"metadata": {"finalizers": [layout::copy_finalizer(&ctx.me.node)]}});
         let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
         match api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
             Ok(_) => {}
@@ -200,7 +200,7 @@ async fn remove_copy(
         Trashed::Unlinked | Trashed::AlreadyGone => {}
     }
     if has_finalizer {
-        remove_finalizer(ctx, name, &keys::copy_finalizer(&ctx.me.node)).await?;
+        remove_finalizer(ctx, name, &layout::copy_finalizer(&ctx.me.node)).await?;
     }
     Ok(())
 }
@@ -223,7 +223,7 @@ async fn report_waiting_copies(
     live: &[crate::deciding::topology::LiveNode],
 ) -> Result<Action, VolumeError> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
-    let mine = keys::copy_finalizer(&ctx.me.node);
+    let mine = layout::copy_finalizer(&ctx.me.node);
     let prefix = format!("{}/", keys::COPY_FINALIZER_PREFIX);
     let holders: Vec<&str> = pv
         .metadata
@@ -233,7 +233,7 @@ async fn report_waiting_copies(
         .filter(|f| **f != mine)
         .filter_map(|f| f.strip_prefix(&prefix))
         .collect();
-    let live_labels: Vec<String> = live.iter().map(|n| crate::deciding::layout::node_label_value(&n.node)).collect();
+    let live_labels: Vec<String> = live.iter().map(|n| layout::node_label_value(&n.node)).collect();
     let mut waiting = Vec::new();
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     for holder in holders {
@@ -242,7 +242,7 @@ async fn report_waiting_copies(
         }
         // The finalizer names the node (or a hash of a name too long for a label value).
         match nodes.get_opt(holder).await {
-            Ok(None) if crate::deciding::layout::is_dns_subdomain(holder) => {
+            Ok(None) if layout::is_dns_subdomain(holder) => {
                 remove_finalizer(ctx, name, &format!("{prefix}{holder}")).await?;
                 tracing::info!(pv = %name, node = holder, "node is gone from the cluster; let go of its copy");
             }
