@@ -140,6 +140,10 @@ async fn shared_volumes_are_made_and_removed_once_even_when_a_node_dies_mid_batc
         env.class("imm", |c| c.immediate().parameter("storagePool", "nfs").parameter("topology", "shared")).await;
     let wffc = env.class("wffc", |c| c.parameter("storagePool", "nfs").parameter("topology", "shared")).await;
     let modes = |i: usize| if i.is_multiple_of(2) { "ReadWriteMany" } else { "ReadWriteOnce" };
+    // "The normal case": every node's view of who is alive includes every node. A view is reused
+    // for up to a quarter of the lease duration, so a node that joined just now may be missing
+    // from another's view for that long (two nodes would then both act, safely).
+    tokio::time::sleep(std::time::Duration::from_secs(u64::from(LEASE_SECONDS) / 4 + 1)).await;
     let mut claims: Vec<PersistentVolumeClaim> = Vec::new();
 
     // 20 WaitForFirstConsumer claims, each used by a pod: the chosen node makes the volume.

@@ -57,8 +57,9 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
     }
     let class = claim_decision::claim_class_name(&claim).and_then(|class| ctx.classes.get(&ObjectRef::new(class)));
     // Only volumes without an owning node need to know who else is alive.
-    let needs_live =
-        class.as_deref().is_some_and(|c| claim_decision::class_topology(c, &ctx.decision) != Some(Topology::Node));
+    let needs_live = class.as_deref().is_some_and(|c| {
+        c.provisioner == ctx.me.provisioner && claim_decision::class_topology(c, &ctx.decision) != Some(Topology::Node)
+    });
     let live = if needs_live { ctx.live_nodes().await? } else { Vec::new() };
     let action = match claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision, &live) {
         Decision::Skip(SkipReason::ClassNotFound(class)) => {

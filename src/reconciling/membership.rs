@@ -37,6 +37,10 @@ pub struct Membership {
     /// Wakes the renewal loop (the usable pools changed).
     pub renew_now: tokio::sync::Notify,
     my_pools: Mutex<Vec<PoolKey>>,
+    /// When this node's lease was last written: it counts itself alive only as long as the
+    /// others can see it alive, so that a node whose renewals fail (cut off, starved) stops
+    /// acting for volumes no node owns when the others start to.
+    renewed_at: Mutex<Option<Instant>>,
     view: tokio::sync::Mutex<Option<View>>,
     /// When each node's renewTime was first seen with its current value: expiry is measured on
     /// this node's clock, so other nodes' clocks do not matter.
@@ -61,6 +65,7 @@ impl Membership {
             duration,
             renew_now: tokio::sync::Notify::new(),
             my_pools: Mutex::new(Vec::new()),
+            renewed_at: Mutex::new(None),
             view: tokio::sync::Mutex::new(None),
             first_seen: Mutex::new(HashMap::new()),
         }
@@ -102,7 +107,11 @@ impl Membership {
             },
         });
         let params = PatchParams::apply("hostpath-provisioner").force();
-        self.api.patch(&self.lease_name, &params, &Patch::Apply(&lease)).await.map(|_| ())
+        // Measured from before the request: the lease may have been written any time after.
+        let started = Instant::now();
+        self.api.patch(&self.lease_name, &params, &Patch::Apply(&lease)).await?;
+        *self.renewed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
+        Ok(())
     }
 
     /// Deletes this node's lease, so other nodes take over its work at once rather than after
@@ -119,7 +128,8 @@ impl Membership {
         }
     }
 
-    /// The live nodes, this one included (with the pools it can use now).
+    /// The live nodes: this one (with the pools it can use now) while its own lease is current,
+    /// and the others whose leases are.
     pub async fn live(&self) -> Result<Vec<LiveNode>, kube::Error> {
         let mut view = self.view.lock().await;
         let fresh = view.as_ref().is_some_and(|v| v.at.elapsed() < MAX_VIEW_AGE.min(self.duration / 4));
@@ -134,8 +144,11 @@ impl Membership {
         for n in &mut nodes {
             n.expires_in -= age;
         }
-        let pools = self.my_pools.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        nodes.push(LiveNode { node: self.node.clone(), pools, expires_in: self.duration });
+        let renewed = self.renewed_at.lock().unwrap_or_else(|e| e.into_inner()).map(|at| at.elapsed());
+        if let Some(expires_in) = renewed.and_then(|age| self.duration.checked_sub(age)) {
+            let pools = self.my_pools.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            nodes.push(LiveNode { node: self.node.clone(), pools, expires_in });
+        }
         Ok(nodes)
     }
 

@@ -20,7 +20,7 @@ pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
 /// Label on a test's nodes; its pods select it so they never land on another test's nodes.
 pub const GROUP_LABEL: &str = "hpp-test/group";
 /// Node lease duration in the tests (the default is 120 s).
-pub const LEASE_SECONDS: u32 = 6;
+pub const LEASE_SECONDS: u32 = 15;
 /// Generous: the machine may be busy with parallel tests; timings are not what is tested here.
 pub const TIMEOUT: Duration = Duration::from_secs(90);
 
