@@ -56,7 +56,7 @@ fn check_plan(claim: &PersistentVolumeClaim, class: &StorageClass, config: &Deci
     assert_ne!(spec.volume_mode.as_deref(), Some("Block"));
     assert!(spec.selector.is_none() && spec.data_source.is_none() && spec.data_source_ref.is_none());
     assert!(!plan.access_modes.is_empty());
-    assert!(plan.access_modes.iter().all(|m| m == "ReadWriteOnce" || m == "ReadWriteOncePod"));
+    assert!(plan.access_modes.iter().all(|m| plan.topology.access_modes().contains(&m.as_str())));
     assert_eq!(parse_bytes(&plan.request), Ok(plan.request_bytes));
 
     // Placement: pinned to this node by annotation (and allowed), or selected for this node.
@@ -73,10 +73,10 @@ fn check_plan(claim: &PersistentVolumeClaim, class: &StorageClass, config: &Deci
             assert!(allowed, "provisionOnNode used in namespace {namespace:?} against the policy");
         }
         None => {
+            // Selected for this node by the scheduler: the class (ours, WaitForFirstConsumer)
+            // is enough; the PV controller's storage-provisioner annotation is not waited for.
             assert!(!plan.pinned_by_annotation);
-            let provisioner = annotation(claim, keys::STORAGE_PROVISIONER)
-                .or_else(|| annotation(claim, keys::STORAGE_PROVISIONER_BETA));
-            assert_eq!(provisioner, Some(PROVISIONER));
+            assert_eq!(class.provisioner, PROVISIONER);
             assert_eq!(plan.binding_mode, BindingMode::WaitForFirstConsumer);
             assert_eq!(annotation(claim, keys::SELECTED_NODE), Some(NODE));
         }
