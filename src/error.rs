@@ -26,6 +26,8 @@ pub mod reason {
     pub const TRASH_PURGE_FAILED: &str = "TrashPurgeFailed";
     /// Warning: a terminating every-node PV waits for nodes whose provisioner is not running.
     pub const WAITING_FOR_NODES: &str = "WaitingForNodes";
+    /// Warning, on this node's Node object: its CSIStorageCapacity objects cannot be written.
+    pub const CAPACITY_PUBLISH_FAILED: &str = "CapacityPublishFailed";
 }
 
 /// Whether and how soon to try again.

@@ -19,6 +19,7 @@ use crate::error::reason;
 use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
 use crate::reconciling::context::Context;
+use crate::reconciling::published_capacity::{self, Publisher};
 use crate::reconciling::watch_backoff::{self, OutageBackoff, WatchHealth};
 use crate::reconciling::{claims, orphans, volumes};
 use crate::serving::health::{self, Health, Watch};
@@ -159,6 +160,10 @@ pub async fn run(
         tracing::warn!(%error, "cannot write this node's lease yet; retrying in the background");
     }
     tokio::spawn(keep_lease(ctx.clone()));
+    let publisher = config.publish_capacity.then(|| Arc::new(Publisher::new(&ctx)));
+    if let Some(publisher) = &publisher {
+        tokio::spawn(published_capacity::run(ctx.clone(), publisher.clone()));
+    }
     tokio::spawn({
         let ctx = ctx.clone();
         async move {
@@ -172,6 +177,10 @@ pub async fn run(
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");
     futures::join!(claim_controller, own_volumes, legacy_volumes);
+    // The scheduler stops offering this node before other nodes take over its work.
+    if let Some(publisher) = &publisher {
+        published_capacity::withdraw(&ctx, publisher).await;
+    }
     // Other nodes take over this node's shared and every-node work at once.
     ctx.membership.release().await;
     tracing::info!("in-flight operations finished; exiting");
