@@ -215,7 +215,7 @@ async fn with_published_capacity_the_scheduler_places_a_claim_too_big_for_one_no
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn published_capacity_is_quiet_at_idle_and_removed_on_clean_shutdown_and_after_a_kill() {
+async fn published_capacity_is_quiet_at_idle_and_removed_on_clean_shutdown_after_a_kill_and_when_turned_off() {
     let mut env = TestEnv::start("pubgone", 0).await;
     let _driver = publishing_provisioner(&mut env).await;
     let names: Vec<String> = ["stops", "dies", "stays"].iter().map(|n| format!("{}-{n}", env.group)).collect();
@@ -250,8 +250,15 @@ async fn published_capacity_is_quiet_at_idle_and_removed_on_clean_shutdown_and_a
     env.node_mut(dies).provisioner.kill();
     let left = wait_published(&env, &class, &[stays]).await;
     assert_eq!(left[stays].metadata.resource_version, before[stays].metadata.resource_version);
-    env.node_mut(stays).provisioner.terminate();
+
+    // The last node killed leaves its objects (no live node remains to remove them); started
+    // again with publishing turned off, it removes them itself.
+    env.node_mut(stays).provisioner.kill();
+    let spec = env.node(stays).provisioner.spec().clone().arg("--publish-capacity=off");
+    let mut restarted = testbed::Provisioner::spawn(spec, env.cp.temp_dir()).expect("restart");
+    restarted.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("ready");
     wait_published(&env, &class, &[]).await;
+    restarted.terminate();
 }
 
 #[test]

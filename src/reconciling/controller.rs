@@ -163,6 +163,9 @@ pub async fn run(
     let publisher = config.publish_capacity.then(|| Arc::new(Publisher::new(&ctx)));
     if let Some(publisher) = &publisher {
         tokio::spawn(published_capacity::run(ctx.clone(), publisher.clone()));
+    } else {
+        let ctx = ctx.clone();
+        tokio::spawn(async move { published_capacity::withdraw_leftovers(&ctx).await });
     }
     tokio::spawn({
         let ctx = ctx.clone();

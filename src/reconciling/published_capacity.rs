@@ -119,6 +119,34 @@ pub async fn withdraw(ctx: &Context, publisher: &Publisher) {
     state.published.clear();
 }
 
+/// With publishing off: removes objects this node published in an earlier run with it on, which
+/// no other node would remove while this node is alive. Only for a provisioner name that can
+/// have a CSIDriver (no object can exist otherwise), so default installs make no call.
+pub async fn withdraw_leftovers(ctx: &Context) {
+    if !layout::is_dns_subdomain(&ctx.me.provisioner) {
+        return;
+    }
+    let publisher = Publisher::new(ctx);
+    let selector = format!("{},{}={}", publisher.selector, keys::NODE_LABEL, layout::node_label_value(&ctx.me.node));
+    let objects = match publisher.api.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => list.items,
+        Err(error) => {
+            tracing::debug!(%error, "cannot look for capacity objects of an earlier run");
+            return;
+        }
+    };
+    for name in objects.into_iter().filter_map(|o| o.metadata.name) {
+        match delete(&publisher, &name).await {
+            Ok(()) => {
+                tracing::info!(object = %name, "publishing capacity is off: removed this node's object of an earlier run")
+            }
+            Err(error) => {
+                tracing::warn!(object = %name, %error, "cannot remove this node's capacity object of an earlier run")
+            }
+        }
+    }
+}
+
 /// Lists this provisioner's objects: refreshes what this node believes it published (an object
 /// deleted or changed by someone else is rewritten) and removes those of gone nodes.
 async fn sweep(ctx: &Context, publisher: &Publisher) -> Result<(), kube::Error> {
