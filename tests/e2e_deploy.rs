@@ -107,6 +107,28 @@ async fn capacity_is_published_and_withdrawn_under_exactly_the_deploy_rbac() {
     assert_eq!(left, 0, "withdrawn on shutdown\n{}", env.log_tails());
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn capacity_that_cannot_be_written_is_reported_on_the_node() {
+    let mut env = TestEnv::start("capdenied", 0).await;
+    kubectl(&env, &["apply", "-k", "deploy/legacy"]);
+    let kubeconfig = service_account_kubeconfig(&env).await;
+    env.provisioner = format!("{}.hostpath.test", env.group);
+    let node = format!("{}-1", env.group);
+    // The test's namespace, where the deploy's Role does not apply: nothing may be written there.
+    let namespace = env.ns.clone();
+    env.add_node(&node, &move |mut spec| {
+        spec.kubeconfig = kubeconfig.clone();
+        spec.env("POD_NAMESPACE", &namespace).env("PUBLISH_CAPACITY", "true")
+    })
+    .await;
+    env.class("wffc", |c| c).await;
+    let node_uid = Api::<Node>::all(env.client.clone()).get(&node).await.expect("node").metadata.uid.expect("uid");
+    let note = env.wait_event("default", &node_uid, "CapacityPublishFailed").await;
+    assert!(note.contains("csistoragecapacities") && note.contains(&env.ns), "{note}");
+    assert!(note.contains("forbidden"), "says why: {note}");
+    env.node_mut(&node).provisioner.terminate();
+}
+
 /// A kubeconfig with a token of the DaemonSet's ServiceAccount, as the kubelet would mount it.
 async fn service_account_kubeconfig(env: &TestEnv) -> PathBuf {
     let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), NAMESPACE);

@@ -26,6 +26,8 @@ use crate::reconciling::context::Context;
 const MEASURE_INTERVAL: Duration = Duration::from_secs(5);
 /// Longest the removal of this node's objects may hold up a shutdown.
 const WITHDRAW_TIMEOUT: Duration = Duration::from_secs(3);
+/// Key of the publisher's backoff among the context's retry delays.
+const RETRY_KEY: &str = "published-capacity";
 /// Field manager of our server-side applies.
 const FIELD_MANAGER: &str = "hostpath-provisioner";
 
@@ -45,6 +47,8 @@ struct State {
     stopped: bool,
     /// A write failed last time (log and event once per failing spell, not per attempt).
     failing: bool,
+    /// While writes fail, the next round waits until then (backoff up to 5 min).
+    retry_at: Option<Instant>,
 }
 
 /// This node's publisher of CSIStorageCapacity objects.
@@ -77,14 +81,17 @@ pub async fn run(ctx: Arc<Context>, publisher: Arc<Publisher>) {
     tracing::info!(namespace = %publisher.namespace, "publishing free space per class as CSIStorageCapacity objects");
     let mut last_sweep: Option<Instant> = None;
     loop {
-        if last_sweep.is_none_or(|at| at.elapsed() >= ctx.config.node_lease) {
-            match sweep(&ctx, &publisher).await {
-                Ok(()) => last_sweep = Some(Instant::now()),
-                Err(error) => tracing::warn!(%error, "cannot list the published capacity objects; retrying"),
+        let backing_off = publisher.state.lock().await.retry_at.is_some_and(|at| Instant::now() < at);
+        if !backing_off {
+            if last_sweep.is_none_or(|at| at.elapsed() >= ctx.config.node_lease) {
+                match sweep(&ctx, &publisher).await {
+                    Ok(()) => last_sweep = Some(Instant::now()),
+                    Err(error) => settle(&ctx, &publisher, publisher.state.lock().await, Some(error)).await,
+                }
             }
-        }
-        if last_sweep.is_some() && !publish(&ctx, &publisher).await {
-            return;
+            if last_sweep.is_some() && !publish(&ctx, &publisher).await {
+                return;
+            }
         }
         tokio::time::sleep(MEASURE_INTERVAL).await;
     }
@@ -237,20 +244,37 @@ async fn publish(ctx: &Context, publisher: &Publisher) -> bool {
             failure = Some(error);
         }
     }
+    settle(ctx, publisher, state, failure).await;
+    true
+}
+
+/// After a round (or a failed list): backs off while the API refuses or fails, and reports the
+/// start and the end of a failing spell once each.
+async fn settle(
+    ctx: &Context,
+    publisher: &Publisher,
+    mut state: tokio::sync::MutexGuard<'_, State>,
+    failure: Option<kube::Error>,
+) {
+    if failure.is_some() {
+        state.retry_at = Some(Instant::now() + ctx.next_retry(RETRY_KEY));
+    } else {
+        state.retry_at = None;
+        ctx.reset_retry(RETRY_KEY);
+    }
     match failure {
         Some(error) if !state.failing => {
             state.failing = true;
             drop(state);
             report_failure(ctx, publisher, &error).await;
         }
-        Some(_) => {}
+        Some(error) => tracing::debug!(%error, "capacity objects still cannot be read or written"),
         None if state.failing => {
             state.failing = false;
             tracing::info!("published capacity is written again");
         }
         None => {}
     }
-    true
 }
 
 /// Free space per pool now, minus each pool's reserve (the same figure the provisioning check uses).
@@ -311,11 +335,11 @@ async fn delete(publisher: &Publisher, name: &str) -> Result<(), kube::Error> {
 /// A log line and a Warning on this node's Node object, once per failing spell: without the
 /// objects the scheduler places no claim of the affected classes on this node.
 async fn report_failure(ctx: &Context, publisher: &Publisher, error: &kube::Error) {
-    tracing::warn!(%error, namespace = %publisher.namespace, "cannot write this node's CSIStorageCapacity objects; retrying every few seconds");
+    tracing::warn!(%error, namespace = %publisher.namespace, "cannot read or write this node's CSIStorageCapacity objects; retrying with backoff");
     let note = format!(
-        "cannot publish the free space of node {} as CSIStorageCapacity objects in namespace {}: {error}. \
-         Until it can, kube-scheduler may not place volumes on this node, or place them by stale figures \
-         (the role needs list, create, patch and delete on csistoragecapacities.storage.k8s.io)",
+        "cannot publish the free space of node {} as CSIStorageCapacity objects in namespace {}, retrying with \
+         backoff; until then kube-scheduler may not place volumes here, or place them by stale figures (the \
+         Role needs list, create, patch and delete on csistoragecapacities.storage.k8s.io): {error}",
         ctx.me.node, publisher.namespace
     );
     match ctx.node_ref().await {
