@@ -4,6 +4,7 @@ use clap::Parser;
 use futures::FutureExt;
 use hostpath_provisioner::config::{self, Args, Config, LogFormat};
 use hostpath_provisioner::reconciling::controller;
+use hostpath_provisioner::serving::build_info;
 use kube::config::KubeConfigOptions;
 
 #[tokio::main]
@@ -19,6 +20,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     init_logging(log_filter, config.log_format);
+    tracing::info!(version = build_info::VERSION, commit = build_info::COMMIT, "hostpath-provisioner starting");
     let client = match client(&config).await {
         Ok(client) => client,
         Err(error) => {

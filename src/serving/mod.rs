@@ -1,4 +1,7 @@
 //! What the process serves: `/healthz`, `/readyz` and `/metrics`.
 
+pub mod build_info;
 pub mod health;
 pub mod metrics;
+pub mod process;
+pub mod waiting_claims;
