@@ -116,32 +116,32 @@ impl LibraryMetrics {
         // Counters get their `_total` suffix from the encoder.
         registry.register(
             "controller_persistentvolumeclaim_provision",
-            "Total number of persistent volumes provisioned successfully. Broken down by storage class name and source of the claim.",
+            "Total number of persistent volumes provisioned successfully. Broken down by storage class name and source of the claim",
             metrics.provision_total.clone(),
         );
         registry.register(
             "controller_persistentvolumeclaim_provision_failed",
-            "Total number of persistent volume provision failed attempts. Broken down by storage class name and source of the claim.",
+            "Total number of persistent volume provision failed attempts. Broken down by storage class name and source of the claim",
             metrics.provision_failed_total.clone(),
         );
         registry.register(
             "controller_persistentvolumeclaim_provision_duration_seconds",
-            "Latency in seconds to provision persistent volumes. Failed provisioning attempts are ignored. Broken down by storage class name and source of the claim.",
+            "Latency in seconds to provision persistent volumes. Failed provisioning attempts are ignored. Broken down by storage class name and source of the claim",
             metrics.provision_duration_seconds.clone(),
         );
         registry.register(
             "controller_persistentvolume_delete",
-            "Total number of persistent volumes deleted successfully. Broken down by storage class name.",
+            "Total number of persistent volumes deleted successfully. Broken down by storage class name",
             metrics.delete_total.clone(),
         );
         registry.register(
             "controller_persistentvolume_delete_failed",
-            "Total number of persistent volume delete failed attempts. Broken down by storage class name.",
+            "Total number of persistent volume delete failed attempts. Broken down by storage class name",
             metrics.delete_failed_total.clone(),
         );
         registry.register(
             "controller_persistentvolume_delete_duration_seconds",
-            "Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored. Broken down by storage class name.",
+            "Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored. Broken down by storage class name",
             metrics.delete_duration_seconds.clone(),
         );
         metrics
