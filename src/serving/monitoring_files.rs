@@ -261,3 +261,28 @@ fn the_sig_storage_library_names_are_among_those_served() {
         assert!(served.contains(name), "{name} not served: {served:?}");
     }
 }
+
+#[test]
+fn the_dashboard_panels_are_well_formed() {
+    let dashboard: serde_json::Value = serde_json::from_str(&read(DASHBOARD)).expect("the dashboard is JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut ids = BTreeSet::new();
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap_or_default();
+        assert!(!title.is_empty(), "a panel without a title: {panel}");
+        assert!(ids.insert(panel["id"].as_u64().expect("numeric id")), "duplicate panel id in {title}");
+        let grid = &panel["gridPos"];
+        let (x, w) = (grid["x"].as_u64().expect("x"), grid["w"].as_u64().expect("w"));
+        assert!(x + w <= 24, "{title} is wider than the dashboard");
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{title} must use the datasource variable");
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{title} has no query");
+        for target in targets {
+            let expr = target["expr"].as_str().unwrap_or_default();
+            assert!(expr.contains(r#"job=~"$job""#), "{title}: filter by the job variable: {expr}");
+        }
+    }
+}
