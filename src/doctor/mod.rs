@@ -1,0 +1,119 @@
+//! `hostpath-provisioner doctor`: is this node's storage healthy, and is every directory on it
+//! accounted for? Run on a node or in the provisioner's pod (`kubectl exec ... hostpath-provisioner
+//! doctor`); it reads the daemon's own configuration (flags and env vars) and changes nothing,
+//! except for a reflink probe that makes and removes two small files in a hidden directory
+//! ([`capabilities::PROBE_DIR`]) under each writable pool root.
+//!
+//! For each pool it reports the filesystem type, whether the root is a mount point, whether it
+//! shares the host's `/` filesystem, space and reserve, reflink and quota support, the SELinux
+//! label where SELinux is on, the trash, and, with API access (`--kubeconfig`/`KUBECONFIG`, or in
+//! a pod), directories that match no PV and this node's PVs whose directory is missing.
+//!
+//! "Shared with `/`" means the pool root is on the same filesystem (`st_dev`) as the host's root
+//! directory, `--host-root` (default `/`). In a pod, `/` is the container's own overlay, so the
+//! answer is "unknown" unless the host's `/` is mounted in and passed as `--host-root`.
+//!
+//! Exit codes: [`assess::EXIT_HEALTHY`] (0) nothing wrong, warnings allowed;
+//! [`assess::EXIT_PROBLEMS`] (1) a problem found; [`assess::EXIT_CONFIG`] (2) invalid
+//! configuration, as the daemon; [`assess::EXIT_INCOMPLETE`] (3) no problem found but the API could
+//! not be asked.
+
+pub mod assess;
+pub mod capabilities;
+pub mod inspect;
+pub mod report;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::config::Args;
+use crate::doctor::report::{ApiCheck, Report};
+
+/// The subcommand's name, the first argument.
+pub const SUBCOMMAND: &str = "doctor";
+
+/// `hostpath-provisioner doctor` arguments: the daemon's, plus how to report.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "hostpath-provisioner doctor",
+    bin_name = "hostpath-provisioner doctor",
+    version,
+    about = "Checks this node's pools: filesystem, mount, space, capabilities, orphan and missing volume directories, trash",
+    after_help = "Exit codes: 0 healthy (warnings allowed), 1 problems found, 2 invalid configuration, 3 a check could not run (API unreachable)."
+)]
+pub struct DoctorArgs {
+    /// The daemon's settings (same flags and env vars).
+    #[command(flatten)]
+    pub daemon: Args,
+
+    /// Output: table (for people) or json (for scripts; field names are stable).
+    #[arg(long, short = 'o', default_value = "table")]
+    pub output: String,
+
+    /// The host's root directory as seen from here, to tell whether a pool shares its filesystem.
+    #[arg(long, env = "HOST_ROOT", default_value = "/")]
+    pub host_root: PathBuf,
+}
+
+/// How the report is printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Table,
+    Json,
+}
+
+/// Runs the doctor with `argv` (starting at `doctor`) and returns the exit code.
+pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
+    let args = DoctorArgs::parse_from(argv);
+    let output = match args.output.trim().to_ascii_lowercase().as_str() {
+        "table" => Output::Table,
+        "json" => Output::Json,
+        other => {
+            eprintln!(
+                "hostpath-provisioner doctor: configuration error: --output: invalid value {other:?}: table or json"
+            );
+            return assess::EXIT_CONFIG;
+        }
+    };
+    let config = match args.daemon.validate() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("hostpath-provisioner doctor: configuration error: {error}");
+            return assess::EXIT_CONFIG;
+        }
+    };
+    let (api, cluster) = match inspect::cluster_facts(&config).await {
+        Ok(Some(cluster)) => (ApiCheck::Checked, Some(cluster)),
+        Ok(None) => (ApiCheck::Skipped, None),
+        Err(why) => (ApiCheck::Failed(why), None),
+    };
+    let (node, provisioner, require_mountpoint) =
+        (config.node_name.clone(), config.provisioner_name.clone(), config.require_mountpoint);
+    let host_root = args.host_root;
+    let pools = tokio::task::spawn_blocking(move || {
+        config.pools.iter().map(|pool| inspect::pool_report(pool, &config, &host_root, cluster.as_ref())).collect()
+    });
+    let pools: Vec<_> = match pools.await {
+        Ok(pools) => pools,
+        Err(error) => {
+            eprintln!("hostpath-provisioner doctor: inspecting the pools failed: {error}");
+            return assess::EXIT_INCOMPLETE;
+        }
+    };
+    let findings = assess::findings(&pools, &api, require_mountpoint);
+    let exit_code = assess::exit_code(&findings, &api);
+    let report = Report { node, provisioner, api, pools, findings, exit_code };
+    match output {
+        Output::Table => print!("{}", report::render_table(&report)),
+        Output::Json => match serde_json::to_string_pretty(&report) {
+            Ok(json) => println!("{json}"),
+            Err(error) => {
+                eprintln!("hostpath-provisioner doctor: cannot write the report: {error}");
+                return assess::EXIT_INCOMPLETE;
+            }
+        },
+    }
+    exit_code
+}
