@@ -30,6 +30,10 @@ pub const TRASH_STUCK_AFTER: Duration = Duration::from_secs(15 * 60);
 /// Below this share of its size free (after the reserve), a pool is nearly full.
 const NEARLY_FULL_PERCENT: u64 = 10;
 
+/// Below this many usable bytes (after the reserve) a pool is full: no useful volume fits, and
+/// a filesystem filled to ENOSPC keeps a few blocks it cannot hand out.
+pub const FULL_BELOW_BYTES: u64 = 1 << 20;
+
 /// The SELinux type pods may write to.
 const CONTAINER_FILE_TYPE: &str = "container_file_t";
 
@@ -147,26 +151,18 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
             );
         }
         let usable = fs.available_bytes.saturating_sub(pool.reserve_bytes);
-        if usable == 0 {
+        if usable < FULL_BELOW_BYTES {
             add(
                 Severity::Problem,
                 "pool_full",
                 format!(
                     "{} available, reserve {}: no new volume fits (free space, or move volumes)",
-                    crate::deciding::capacity::format_size(fs.available_bytes),
-                    crate::deciding::capacity::format_size(pool.reserve_bytes)
+                    size(fs.available_bytes),
+                    size(pool.reserve_bytes)
                 ),
             );
         } else if usable.saturating_mul(100) < fs.size_bytes.saturating_mul(NEARLY_FULL_PERCENT) {
-            add(
-                Severity::Warning,
-                "pool_nearly_full",
-                format!(
-                    "{} usable of {}",
-                    crate::deciding::capacity::format_size(usable),
-                    crate::deciding::capacity::format_size(fs.size_bytes)
-                ),
-            );
+            add(Severity::Warning, "pool_nearly_full", format!("{} usable of {}", size(usable), size(fs.size_bytes)));
         }
         if fs.inodes_total > 0 && fs.inodes_available == 0 {
             add(Severity::Problem, "inodes_exhausted", "no inode left: no file or directory can be created".into());
@@ -197,7 +193,7 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
                     "{}/{} ({}) matches no PV and no claim: re-create its PV to use the data, or remove it",
                     pool.path,
                     orphan.name,
-                    crate::deciding::capacity::format_size(orphan.bytes)
+                    size(orphan.bytes)
                 ),
             );
         }
@@ -225,6 +221,10 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
             ),
         );
     }
+}
+
+fn size(bytes: u64) -> String {
+    crate::doctor::report::size(bytes)
 }
 
 /// The exit code: problems first, then whether every check could run.
@@ -404,11 +404,15 @@ mod tests {
     fn each_fault_is_its_own_finding() {
         let mut pool = healthy_pool();
         let fs = pool.filesystem.as_mut().unwrap();
-        fs.available_bytes = 1 << 20;
+        fs.available_bytes = 3 << 20;
+        pool.reserve_bytes = (2 << 20) + 1;
+        assert_eq!(checks(pool.clone(), false), vec![(Severity::Problem, "pool_full")], "under 1 MiB usable");
         pool.reserve_bytes = 2 << 20;
-        assert_eq!(checks(pool.clone(), false), vec![(Severity::Problem, "pool_full")]);
+        assert_eq!(checks(pool.clone(), false), vec![(Severity::Warning, "pool_nearly_full")], "1 MiB usable");
         pool.reserve_bytes = 0;
         assert_eq!(checks(pool.clone(), false), vec![(Severity::Warning, "pool_nearly_full")]);
+        pool.filesystem.as_mut().unwrap().available_bytes = 0;
+        assert_eq!(checks(pool.clone(), false), vec![(Severity::Problem, "pool_full")]);
         let mut pool = healthy_pool();
         pool.filesystem.as_mut().unwrap().inodes_available = 0;
         assert_eq!(checks(pool, false), vec![(Severity::Problem, "inodes_exhausted")]);

@@ -260,7 +260,8 @@ pub fn render_table(report: &Report) -> String {
     out
 }
 
-fn size(bytes: u64) -> String {
+/// A byte count for people, `0 B` included.
+pub fn size(bytes: u64) -> String {
     if bytes == 0 { "0 B".to_owned() } else { format_size(bytes) }
 }
 

@@ -1,0 +1,169 @@
+//! End-to-end: `hostpath-provisioner doctor` on a real control plane, against a broken node (an
+//! orphan directory, a PV whose directory is gone, a full disk) and a healthy one.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use common::*;
+use testbed::fixtures;
+
+/// A UID no claim of the shared control plane has: the orphan's.
+const ORPHAN_UID: &str = "d0c70000-0000-4000-8000-00000000beef";
+
+/// Runs the doctor as an admin would on the node, with only the settings given (nothing inherited).
+async fn doctor(settings: &[(&str, String)], args: &[&str]) -> (i32, String) {
+    let mut command = std::process::Command::new(binary());
+    command.arg("doctor").args(args).env_clear();
+    for (name, value) in settings {
+        command.env(name, value);
+    }
+    let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().expect("run doctor");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("--- doctor {args:?} (stderr: {})\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    (output.status.code().expect("exit code"), stdout)
+}
+
+fn same_filesystem_as_root(path: &Path) -> bool {
+    std::fs::metadata(path).unwrap().dev() == std::fs::metadata("/").unwrap().dev()
+}
+
+fn checks(report: &serde_json::Value) -> Vec<(String, String, String)> {
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let text = |k: &str| f[k].as_str().unwrap_or_default().to_owned();
+            (text("severity"), text("pool"), text("check"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broken_node_shows_its_orphan_its_missing_directory_and_its_full_disk_and_exits_1() {
+    let mut env = TestEnv::start("doctor-bad", 0).await;
+    let node = format!("{}-1", env.group);
+    let legacy = testbed::pool_root_for(env.cp, &node);
+    let disk = LoopFs::mount(&env.cp.temp_dir().join("nodes").join(&node).join("small"), 16, None);
+    let small = format!("small={}", disk.dir.display());
+    let pool_arg = small.clone();
+    env.add_node(&node, &move |spec: testbed::ProvisionerSpec| spec.arg("--pool").arg(pool_arg.clone())).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "lost", &class, "1Mi").provision_on_node(&node)).await;
+    let pv = env.wait_bound("lost").await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    // The admin's view of a broken node; the daemon is stopped so it repairs nothing meanwhile.
+    env.nodes[0].provisioner.terminate();
+    std::fs::remove_dir_all(legacy.join(&pv_name)).expect("remove the PV's directory");
+    let orphan = format!("data-pvc-{ORPHAN_UID}");
+    std::fs::create_dir(legacy.join(&orphan)).unwrap();
+    std::fs::write(legacy.join(&orphan).join("db"), vec![7u8; 64 << 10]).unwrap();
+    let filler = disk.dir.join("filler");
+    let mut file = std::fs::File::create(&filler).unwrap();
+    for chunk in [1 << 20, 4096] {
+        while std::io::Write::write_all(&mut file, &vec![0u8; chunk]).is_ok() {}
+    }
+    let _ = file.sync_all();
+    drop(file);
+
+    let settings = [
+        ("NODE_NAME", node.clone()),
+        ("PV_DIR", legacy.display().to_string()),
+        ("STORAGE_POOLS", small.clone()),
+        ("KUBECONFIG", env.cp.kubeconfig_path().display().to_string()),
+        ("PROVISIONER_NAME", env.provisioner.clone()),
+    ];
+    let (code, json) = doctor(&settings, &["--output", "json"]).await;
+    assert_eq!(code, 1, "problems found");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    assert_eq!(report["node"], node.as_str());
+    assert_eq!(report["api"]["status"], "checked");
+    let (legacy_pool, small_pool) = (&report["pools"][0], &report["pools"][1]);
+    assert_eq!(legacy_pool["name"], "legacy");
+    assert_eq!(legacy_pool["volumes"]["expected"], 1);
+    assert_eq!(legacy_pool["volumes"]["missing_directories"][0]["pv"], pv_name.as_str());
+    let missing_path = legacy.join(&pv_name).display().to_string();
+    assert_eq!(legacy_pool["volumes"]["missing_directories"][0]["path"], missing_path.as_str());
+    let orphans = legacy_pool["volumes"]["orphan_directories"].as_array().unwrap();
+    assert_eq!(orphans.len(), 1, "{orphans:?}");
+    assert_eq!(orphans[0]["name"], orphan.as_str());
+    assert!(orphans[0]["bytes"].as_u64().unwrap() >= 64 << 10, "{orphans:?}");
+    assert_eq!(legacy_pool["filesystem"]["is_mount_point"], false);
+    assert_eq!(legacy_pool["filesystem"]["shared_with_root"], same_filesystem_as_root(&legacy));
+    assert_eq!(small_pool["name"], "small");
+    assert_eq!(small_pool["filesystem"]["type"], "ext4");
+    assert_eq!(small_pool["filesystem"]["is_mount_point"], true);
+    assert_eq!(small_pool["filesystem"]["shared_with_root"], false);
+    assert!(small_pool["filesystem"]["available_bytes"].as_u64().unwrap() < 1 << 20, "filled up");
+    assert_eq!(small_pool["volumes"]["expected"], 0);
+    let found = checks(&report);
+    for expected in [("legacy", "orphan_directory"), ("legacy", "missing_directory"), ("small", "pool_full")] {
+        let problem = ("problem".to_owned(), expected.0.to_owned(), expected.1.to_owned());
+        assert!(found.contains(&problem), "{expected:?} not in {found:?}");
+    }
+    assert!(!found.iter().any(|(_, pool, check)| pool == "small" && check != "pool_full"), "{found:?}");
+    assert!(!legacy.join(".hpp-doctor-probe").exists() && !disk.dir.join(".hpp-doctor-probe").exists());
+
+    let (code, table) = doctor(&settings, &[]).await;
+    assert_eq!(code, 1);
+    for expected in [
+        format!("PROBLEM [legacy] orphan_directory: {}/{orphan} (64 KiB)", legacy.display()),
+        format!("PROBLEM [legacy] missing_directory: PV {pv_name} expects {missing_path}"),
+        "PROBLEM [small] pool_full: ".to_owned(),
+        format!("orphans        {orphan} (64 KiB)"),
+        format!("missing        {pv_name} ({missing_path})"),
+        "filesystem     ext4 on /dev/loop".to_owned(),
+        "exit code 1".to_owned(),
+    ] {
+        assert!(table.contains(&expected), "{expected:?} not in:\n{table}");
+    }
+    std::fs::remove_dir_all(legacy.join(&orphan)).unwrap();
+    std::fs::remove_file(&filler).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_healthy_node_with_its_volume_in_place_exits_0() {
+    let mut env = TestEnv::start("doctor-ok", 0).await;
+    let node = format!("{}-1", env.group);
+    let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
+    env.add_node(&node, &|spec| spec).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "fine", &class, "1Mi").provision_on_node(&node)).await;
+    let pv = env.wait_bound("fine").await;
+    let settings = [
+        ("NODE_NAME", node.clone()),
+        ("PV_DIR", disk.dir.display().to_string()),
+        ("KUBECONFIG", env.cp.kubeconfig_path().display().to_string()),
+        ("PROVISIONER_NAME", env.provisioner.clone()),
+        ("REQUIRE_MOUNTPOINT", "true".to_owned()),
+    ];
+
+    let (code, json) = doctor(&settings, &["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    assert_eq!(checks(&report), vec![], "no finding");
+    assert_eq!(code, 0);
+    let pool = &report["pools"][0];
+    assert_eq!(pool["volumes"]["expected"], 1);
+    assert_eq!(pool["volumes"]["orphan_directories"], serde_json::json!([]));
+    assert_eq!(pool["volumes"]["missing_directories"], serde_json::json!([]));
+    assert_eq!(pool["filesystem"]["is_mount_point"], true);
+    assert_eq!(pool["filesystem"]["shared_with_root"], false);
+    assert!(pool["filesystem"]["available_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(pool["trash"]["stuck"], 0);
+    assert!(disk.dir.join(pv.metadata.name.unwrap()).is_dir(), "the doctor changed nothing");
+
+    let (code, table) = doctor(&settings, &[]).await;
+    assert_eq!(code, 0);
+    for expected in [
+        "mount point    yes",
+        "shared with /  no",
+        "volumes        1 PVs of this node",
+        "No problems found.",
+        "exit code 0",
+    ] {
+        assert!(table.contains(expected), "{expected:?} not in:\n{table}");
+    }
+    env.nodes[0].provisioner.terminate();
+}
