@@ -167,3 +167,40 @@ async fn a_healthy_node_with_its_volume_in_place_exits_0() {
     }
     env.nodes[0].provisioner.terminate();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invalid_setting_exits_2_and_an_unreachable_api_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool");
+    std::fs::create_dir(&pool).unwrap();
+    let settings = |extra: (&'static str, String)| {
+        vec![("NODE_NAME", "node-a".to_owned()), ("PV_DIR", pool.display().to_string()), extra]
+    };
+
+    let (code, out) = doctor(&settings(("REQUIRE_MOUNTPOINT", "enabled".into())), &[]).await;
+    assert_eq!((code, out.as_str()), (2, ""), "configuration error, nothing on stdout");
+
+    // An API server that refuses connections: the pool is examined, the API checks are reported
+    // as not run, and the exit code says so (no problem found, but the run is incomplete).
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:1\n\
+         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n",
+    )
+    .unwrap();
+    let (code, json) = doctor(&settings(("KUBECONFIG", kubeconfig.display().to_string())), &["-o", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    assert_eq!(report["api"]["status"], "failed", "{report}");
+    assert!(report["pools"][0]["volumes"].is_null());
+    assert_eq!(report["pools"][0]["error"], serde_json::Value::Null);
+    let problems: Vec<_> = checks(&report).into_iter().filter(|(severity, ..)| severity == "problem").collect();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(code, 3);
+
+    // Without any API access the API checks are skipped on purpose: a healthy exit.
+    let (code, json) = doctor(&settings(("RESERVED_SPACE", "0".into())), &["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    assert_eq!(report["api"]["status"], "skipped");
+    assert_eq!(code, 0, "{report}");
+}

@@ -117,3 +117,42 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
     }
     exit_code
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_doctor_takes_the_daemons_settings_and_its_own() {
+        let args = DoctorArgs::try_parse_from([
+            "doctor",
+            "--node-name",
+            "node-a",
+            "--pv-dir",
+            "/var/hpvolumes",
+            "--pool",
+            "ssd=/mnt/ssd,reserve=1Gi",
+            "--require-mountpoint",
+            "-o",
+            "json",
+            "--host-root",
+            "/host",
+        ])
+        .expect("doctor arguments");
+        assert_eq!((args.output.as_str(), args.host_root.as_path()), ("json", std::path::Path::new("/host")));
+        let config = args.daemon.validate().expect("the daemon's validation");
+        assert_eq!(config.node_name, "node-a");
+        assert_eq!(config.pools.len(), 2);
+        assert!(config.require_mountpoint);
+        let defaults = DoctorArgs::try_parse_from(["doctor"]).expect("defaults");
+        assert_eq!((defaults.output.as_str(), defaults.host_root.as_path()), ("table", std::path::Path::new("/")));
+    }
+
+    #[test]
+    fn the_daemon_never_accepted_a_first_argument_named_doctor() {
+        // So dispatching on it cannot change what an existing daemon command line does.
+        let daemon = Args::try_parse_from(["hostpath-provisioner", SUBCOMMAND, "--node-name", "n", "--pv-dir", "/p"]);
+        assert!(daemon.is_err());
+        assert!(Args::try_parse_from(["hostpath-provisioner", "--node-name", "n", "--pv-dir", "/p"]).is_ok());
+    }
+}
