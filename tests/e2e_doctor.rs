@@ -60,6 +60,13 @@ async fn a_broken_node_shows_its_orphan_its_missing_directory_and_its_full_disk_
     let orphan = format!("data-pvc-{ORPHAN_UID}");
     std::fs::create_dir(legacy.join(&orphan)).unwrap();
     std::fs::write(legacy.join(&orphan).join("db"), vec![7u8; 64 << 10]).unwrap();
+    // A deleted volume whose data the daemon could not remove for an hour (its trash entries
+    // are named by the time they were made).
+    let hour_ago =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() - 3_600_000_000_000;
+    let stuck = legacy.join(".hpp-trash").join(format!("{hour_ago}-0"));
+    std::fs::create_dir_all(&stuck).unwrap();
+    std::fs::write(stuck.join("undeletable"), vec![1u8; 8192]).unwrap();
     let filler = disk.dir.join("filler");
     let mut file = std::fs::File::create(&filler).unwrap();
     for chunk in [1 << 20, 4096] {
@@ -90,6 +97,9 @@ async fn a_broken_node_shows_its_orphan_its_missing_directory_and_its_full_disk_
     assert_eq!(orphans.len(), 1, "{orphans:?}");
     assert_eq!(orphans[0]["name"], orphan.as_str());
     assert!(orphans[0]["bytes"].as_u64().unwrap() >= 64 << 10, "{orphans:?}");
+    assert_eq!(legacy_pool["trash"]["entries"], 1);
+    assert_eq!(legacy_pool["trash"]["stuck"], 1);
+    assert!(legacy_pool["trash"]["bytes"].as_u64().unwrap() >= 8192);
     assert_eq!(legacy_pool["filesystem"]["is_mount_point"], false);
     assert_eq!(legacy_pool["filesystem"]["shared_with_root"], same_filesystem_as_root(&legacy));
     assert_eq!(small_pool["name"], "small");
@@ -99,7 +109,13 @@ async fn a_broken_node_shows_its_orphan_its_missing_directory_and_its_full_disk_
     assert!(small_pool["filesystem"]["available_bytes"].as_u64().unwrap() < 1 << 20, "filled up");
     assert_eq!(small_pool["volumes"]["expected"], 0);
     let found = checks(&report);
-    for expected in [("legacy", "orphan_directory"), ("legacy", "missing_directory"), ("small", "pool_full")] {
+    let expected_problems = [
+        ("legacy", "orphan_directory"),
+        ("legacy", "missing_directory"),
+        ("legacy", "trash_stuck"),
+        ("small", "pool_full"),
+    ];
+    for expected in expected_problems {
         let problem = ("problem".to_owned(), expected.0.to_owned(), expected.1.to_owned());
         assert!(found.contains(&problem), "{expected:?} not in {found:?}");
     }
@@ -120,6 +136,7 @@ async fn a_broken_node_shows_its_orphan_its_missing_directory_and_its_full_disk_
         assert!(table.contains(&expected), "{expected:?} not in:\n{table}");
     }
     std::fs::remove_dir_all(legacy.join(&orphan)).unwrap();
+    std::fs::remove_dir_all(&stuck).unwrap();
     std::fs::remove_file(&filler).unwrap();
 }
 
@@ -203,4 +220,62 @@ async fn an_invalid_setting_exits_2_and_an_unreachable_api_exits_3() {
     let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
     assert_eq!(report["api"]["status"], "skipped");
     assert_eq!(code, 0, "{report}");
+}
+
+/// An XFS filesystem (reflink on, as mkfs.xfs makes it by default) in a sparse file,
+/// loop-mounted on `dir`; unmounted and removed when dropped.
+struct XfsLoop {
+    dir: std::path::PathBuf,
+    image: std::path::PathBuf,
+}
+
+impl XfsLoop {
+    fn mount(dir: &Path) -> XfsLoop {
+        let image = dir.with_extension("xfs.img");
+        // 300 MiB is the smallest XFS filesystem current mkfs.xfs makes.
+        std::fs::File::create(&image).unwrap().set_len(320 << 20).unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        let mounted = XfsLoop { dir: dir.to_owned(), image };
+        run(std::process::Command::new("mkfs.xfs").args(["-q", "-f", "-m", "reflink=1"]).arg(&mounted.image));
+        run(std::process::Command::new("mount").args(["-o", "loop"]).arg(&mounted.image).arg(dir));
+        mounted
+    }
+}
+
+impl Drop for XfsLoop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.dir).status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+fn run(command: &mut std::process::Command) {
+    let out = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(out.status.success(), "{command:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reflink_is_seen_on_xfs_and_a_read_only_pool_is_a_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = XfsLoop::mount(&dir.path().join("pool"));
+    let settings = [("NODE_NAME", "node-a".to_owned()), ("PV_DIR", disk.dir.display().to_string())];
+
+    let (code, json) = doctor(&settings, &["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    let fs = &report["pools"][0]["filesystem"];
+    assert_eq!(fs["type"], "xfs");
+    assert_eq!(fs["reflink"], "supported", "{fs}");
+    assert_eq!(fs["is_mount_point"], true);
+    assert_eq!(fs["shared_with_root"], false);
+    assert_eq!(code, 0, "{report}");
+    let left: Vec<String> = entries(&disk.dir).into_iter().collect();
+    assert!(left.is_empty(), "the probe left {left:?}");
+
+    run(std::process::Command::new("mount").args(["-o", "remount,ro"]).arg(&disk.dir));
+    let (code, json) = doctor(&settings, &["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    assert_eq!(report["pools"][0]["filesystem"]["read_only"], true);
+    assert!(report["pools"][0]["filesystem"]["reflink"].as_str().unwrap().starts_with("unknown"));
+    assert!(checks(&report).contains(&("problem".into(), "legacy".into(), "read_only".into())), "{report}");
+    assert_eq!(code, 1);
 }
