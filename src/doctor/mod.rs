@@ -1,5 +1,5 @@
 //! `hostpath-provisioner doctor`: is this node's storage healthy, and is every directory on it
-//! accounted for? Run on a node or in the provisioner's pod (`kubectl exec ... hostpath-provisioner
+//! accounted for? Run on a node or in the provisioner's pod (`kubectl exec <pod> -- /hostpath-provisioner
 //! doctor`); it reads the daemon's own configuration (flags and env vars) and changes nothing,
 //! except for a reflink probe that makes and removes two small files in a hidden directory
 //! ([`capabilities::PROBE_DIR`]) under each writable pool root.
