@@ -279,3 +279,27 @@ async fn reflink_is_seen_on_xfs_and_a_read_only_pool_is_a_problem() {
     assert!(checks(&report).contains(&("problem".into(), "legacy".into(), "read_only".into())), "{report}");
     assert_eq!(code, 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn seen_from_a_container_root_a_pool_shares_the_hosts_root_when_its_host_path_is_mounted_from_it() {
+    // A tmpfs stands in for a container's own root (`--host-root`): the doctor then reads the
+    // mount table instead of comparing devices.
+    let dir = tempfile::tempdir().unwrap();
+    let container_root = Tmpfs::mount(&dir.path().join("container-root"));
+    let plain = dir.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let disk = XfsLoop::mount(&dir.path().join("disk"));
+    let settings = [
+        ("NODE_NAME", "node-a".to_owned()),
+        ("STORAGE_POOLS", format!("plain={},disk={}", plain.display(), disk.dir.display())),
+        ("HOST_ROOT", container_root.0.display().to_string()),
+    ];
+    let (code, json) = doctor(&settings, &["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    let (plain_pool, disk_pool) = (&report["pools"][0]["filesystem"], &report["pools"][1]["filesystem"]);
+    let plain_on_root = same_filesystem_as_root(&plain);
+    assert_eq!(plain_pool["shared_with_root"], plain_on_root, "{plain_pool}");
+    assert_eq!(disk_pool["shared_with_root"], false, "{disk_pool}");
+    assert_eq!(disk_pool["mount_root"], "/");
+    assert_eq!(code, 0, "{report}");
+}

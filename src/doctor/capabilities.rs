@@ -18,6 +18,9 @@ pub const PROBE_DIR: &str = ".hpp-doctor-probe";
 pub struct MountEntry {
     /// Where it is mounted.
     pub mount_point: PathBuf,
+    /// Which directory of its filesystem is mounted there: `/` for the filesystem's own root,
+    /// another path for a bind mount of a subdirectory (how a pod sees a hostPath volume).
+    pub fs_root: PathBuf,
     /// Filesystem type (`ext4`, `xfs`, ...).
     pub fs_type: String,
     /// Mount source (`/dev/sda1`, `server:/export`, ...).
@@ -77,10 +80,26 @@ pub fn is_container_layer(magic: u64) -> bool {
     matches!(fs_type_name(magic), Some("overlay" | "tmpfs"))
 }
 
-/// The rule for "shared with `/`": the pool root and the host's root directory are on the same
-/// filesystem (same `st_dev`). Unknown when the host root seen is a container's overlay.
-pub fn shares_root_filesystem(pool_dev: u64, root_dev: u64, root_is_container_layer: bool) -> Option<bool> {
-    (!root_is_container_layer).then_some(pool_dev == root_dev)
+/// The rule for "shared with `/`". On the node, the pool root and the host's root directory are
+/// on the same filesystem (same `st_dev`). In a container (`root_is_container_layer`: the root
+/// seen is the container's overlay), the pool is a hostPath bind mount at the same path as on the
+/// host, and the mount table names the directory of the host filesystem that is mounted: when
+/// that is the pool's own full path, that filesystem is the one mounted at the host's `/`.
+/// Unknown in a container when the mount is not listed.
+pub fn shares_root_filesystem(
+    pool_dev: u64,
+    root_dev: u64,
+    root_is_container_layer: bool,
+    pool_path: &Path,
+    pool_mount: Option<&MountEntry>,
+) -> Option<bool> {
+    if !root_is_container_layer {
+        return Some(pool_dev == root_dev);
+    }
+    let mount = pool_mount?;
+    let inside = pool_path.strip_prefix(&mount.mount_point).ok()?;
+    let host_path = if inside.as_os_str().is_empty() { mount.fs_root.clone() } else { mount.fs_root.join(inside) };
+    Some(host_path == pool_path)
 }
 
 /// The entry of `/proc/self/mountinfo` the (canonical) `path` lies on: the longest mount point
@@ -91,9 +110,14 @@ pub fn mount_of(table: &[u8], path: &Path) -> Option<MountEntry> {
     for line in table.split(|b| *b == b'\n') {
         let fields: Vec<&[u8]> = line.split(|b| *b == b' ').collect();
         let Some(dash) = fields.iter().position(|f| *f == b"-") else { continue };
-        let (Some(mount_point), Some(mount_options), Some(fs_type), Some(source), Some(super_options)) =
-            (fields.get(4), fields.get(5), fields.get(dash + 1), fields.get(dash + 2), fields.get(dash + 3))
-        else {
+        let (Some(fs_root), Some(mount_point), Some(mount_options), Some(fs_type), Some(source), Some(super_options)) = (
+            fields.get(3),
+            fields.get(4),
+            fields.get(5),
+            fields.get(dash + 1),
+            fields.get(dash + 2),
+            fields.get(dash + 3),
+        ) else {
             continue;
         };
         let mount_point = unescape(mount_point);
@@ -109,6 +133,7 @@ pub fn mount_of(table: &[u8], path: &Path) -> Option<MountEntry> {
         options.dedup();
         let entry = MountEntry {
             mount_point: PathBuf::from(std::ffi::OsStr::from_bytes(&mount_point)),
+            fs_root: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape(fs_root))),
             fs_type: text(fs_type),
             source: text(source),
             options,
@@ -271,6 +296,7 @@ mod tests {
     fn the_longest_mount_at_or_above_the_path_is_found() {
         let pool = mount_of(TABLE, Path::new("/var/hp volumes")).unwrap();
         assert_eq!(pool.mount_point, PathBuf::from("/var/hp volumes"));
+        assert_eq!(pool.fs_root, PathBuf::from("/"));
         assert_eq!((pool.fs_type.as_str(), pool.source.as_str()), ("xfs", "/dev/loop3"));
         assert!(pool.options.contains(&"prjquota".to_owned()) && pool.options.contains(&"noatime".to_owned()));
         let below = mount_of(TABLE, Path::new("/var/hp volumes/pvc-x")).unwrap();
@@ -303,10 +329,28 @@ mod tests {
     }
 
     #[test]
-    fn shared_with_root_is_unknown_from_a_container_overlay() {
-        assert_eq!(shares_root_filesystem(2049, 2049, false), Some(true));
-        assert_eq!(shares_root_filesystem(1795, 2049, false), Some(false));
-        assert_eq!(shares_root_filesystem(1795, 77, true), None);
+    fn shared_with_root_compares_devices_on_the_node_and_mounted_paths_in_a_pod() {
+        let pool = Path::new("/var/hpvolumes");
+        assert_eq!(shares_root_filesystem(2049, 2049, false, pool, None), Some(true));
+        assert_eq!(shares_root_filesystem(1795, 2049, false, pool, None), Some(false));
+        let bind = |fs_root: &str, at: &str| MountEntry {
+            mount_point: PathBuf::from(at),
+            fs_root: PathBuf::from(fs_root),
+            fs_type: "ext4".into(),
+            source: "/dev/sda1".into(),
+            options: vec![],
+        };
+        // In a pod: the hostPath of a directory of the host's root filesystem...
+        assert_eq!(
+            shares_root_filesystem(1, 2, true, pool, Some(&bind("/var/hpvolumes", "/var/hpvolumes"))),
+            Some(true)
+        );
+        // ...of a dedicated disk mounted there on the host, or of a directory of another disk.
+        assert_eq!(shares_root_filesystem(1, 2, true, pool, Some(&bind("/", "/var/hpvolumes"))), Some(false));
+        assert_eq!(shares_root_filesystem(1, 2, true, pool, Some(&bind("/hpvolumes", "/var/hpvolumes"))), Some(false));
+        // A pool below the mount point: its path inside the filesystem is the mount's root + the rest.
+        assert_eq!(shares_root_filesystem(1, 2, true, pool, Some(&bind("/var", "/var"))), Some(true));
+        assert_eq!(shares_root_filesystem(1, 77, true, pool, None), None);
         assert!(is_container_layer(0x794C_7630) && !is_container_layer(0xEF53));
         assert_eq!(fs_type_name(0x5846_5342), Some("xfs"));
         assert_eq!(fs_type_name(1), None);

@@ -119,9 +119,13 @@ fn filesystem_report(root: &PoolRoot, host_root: &Path) -> Result<FilesystemRepo
     let is_mount_point = root.is_mountpoint().map_err(|e| e.to_string())?;
     let pool_dev = std::fs::metadata(path).map_err(|e| format!("stat {}: {e}", path.display()))?.dev();
     let shared_with_root = match (std::fs::metadata(host_root), capabilities::fs_magic(host_root)) {
-        (Ok(meta), Ok(root_magic)) => {
-            capabilities::shares_root_filesystem(pool_dev, meta.dev(), capabilities::is_container_layer(root_magic))
-        }
+        (Ok(meta), Ok(root_magic)) => capabilities::shares_root_filesystem(
+            pool_dev,
+            meta.dev(),
+            capabilities::is_container_layer(root_magic),
+            path,
+            mount.as_ref(),
+        ),
         _ => None,
     };
     let read_only = st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY);
@@ -139,6 +143,7 @@ fn filesystem_report(root: &PoolRoot, host_root: &Path) -> Result<FilesystemRepo
         fs_type,
         source: mount.as_ref().map(|m| m.source.clone()),
         mount_point: mount.as_ref().map(|m| m.mount_point.display().to_string()),
+        mount_root: mount.as_ref().map(|m| m.fs_root.display().to_string()),
         is_mount_point,
         shared_with_root,
         read_only,

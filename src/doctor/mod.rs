@@ -9,9 +9,9 @@
 //! label where SELinux is on, the trash, and, with API access (`--kubeconfig`/`KUBECONFIG`, or in
 //! a pod), directories that match no PV and this node's PVs whose directory is missing.
 //!
-//! "Shared with `/`" means the pool root is on the same filesystem (`st_dev`) as the host's root
-//! directory, `--host-root` (default `/`). In a pod, `/` is the container's own overlay, so the
-//! answer is "unknown" unless the host's `/` is mounted in and passed as `--host-root`.
+//! "Shared with `/`" ([`capabilities::shares_root_filesystem`]): on the node, the pool root is on
+//! the same filesystem (`st_dev`) as `--host-root` (default `/`); in a pod, where `/` is the
+//! container's overlay, the pool's hostPath mount is read from the mount table instead.
 //!
 //! Exit codes: [`assess::EXIT_HEALTHY`] (0) nothing wrong, warnings allowed;
 //! [`assess::EXIT_PROBLEMS`] (1) a problem found; [`assess::EXIT_CONFIG`] (2) invalid

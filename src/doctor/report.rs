@@ -67,7 +67,10 @@ pub struct FilesystemReport {
     pub source: Option<String>,
     /// The mount the root lies on.
     pub mount_point: Option<String>,
-    /// The root itself is a mount point.
+    /// Which directory of the filesystem is mounted there (`/`: the filesystem's own root; a
+    /// path: a bind mount of that directory, as a hostPath volume is in a pod).
+    pub mount_root: Option<String>,
+    /// The root itself is a mount point (a bind mount included, as the daemon's check counts it).
     pub is_mount_point: bool,
     /// Same filesystem as the host's `/` (null: cannot tell from inside a container).
     pub shared_with_root: Option<bool>,
@@ -188,7 +191,12 @@ pub fn render_table(report: &Report) -> String {
             let ro = if fs.read_only { ", read-only" } else { "" };
             rows.push(("filesystem", format!("{}{source}{ro}", fs.fs_type)));
             let mount = match (&fs.mount_point, fs.is_mount_point) {
-                (_, true) => "yes".to_owned(),
+                (_, true) => match fs.mount_root.as_deref() {
+                    Some(root) if root != "/" => {
+                        format!("yes (a bind mount of {root} of {})", fs.source.as_deref().unwrap_or("its filesystem"))
+                    }
+                    _ => "yes".to_owned(),
+                },
                 (Some(on), false) => format!("no (a directory of the mount at {on})"),
                 (None, false) => "no".to_owned(),
             };
@@ -196,7 +204,7 @@ pub fn render_table(report: &Report) -> String {
             let shared = match fs.shared_with_root {
                 Some(true) => "yes (same filesystem as the host's /)".to_owned(),
                 Some(false) => "no".to_owned(),
-                None => "unknown (in a container without the host's /: pass --host-root)".to_owned(),
+                None => "unknown (in a container, and the pool's mount is not listed: pass --host-root)".to_owned(),
             };
             rows.push(("shared with /", shared));
             rows.push((
@@ -343,12 +351,25 @@ mod tests {
     }
 
     #[test]
+    fn a_bind_mounted_pool_says_which_directory_of_which_disk_it_is() {
+        let mut report = report();
+        let fs = report.pools[0].filesystem.as_mut().unwrap();
+        fs.mount_root = Some("/var/hpvolumes".into());
+        fs.source = Some("/dev/sda1".into());
+        fs.shared_with_root = None;
+        let table = render_table(&report);
+        assert!(table.contains("mount point    yes (a bind mount of /var/hpvolumes of /dev/sda1)"), "{table}");
+        assert!(table.contains("shared with /  unknown"), "{table}");
+    }
+
+    #[test]
     fn json_field_names_are_the_documented_ones() {
         let json = serde_json::to_value(report()).unwrap();
         assert_eq!(json["api"]["status"], "checked");
         let pool = &json["pools"][0];
         assert_eq!(pool["filesystem"]["type"], "xfs");
         assert_eq!(pool["filesystem"]["shared_with_root"], false);
+        assert_eq!(pool["filesystem"]["mount_root"], serde_json::Value::Null);
         assert_eq!(pool["filesystem"]["selinux"]["mode"], "enforcing");
         assert_eq!(pool["volumes"]["orphan_directories"][0]["name"], "pvc-1");
         assert_eq!(pool["trash"]["stuck"], 1);
