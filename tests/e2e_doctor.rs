@@ -176,7 +176,7 @@ async fn a_healthy_node_with_its_volume_in_place_exits_0() {
     for expected in [
         "mount point    yes",
         "shared with /  no",
-        "volumes        1 PVs of this node",
+        "volumes        1 of this node's PVs here",
         "No problems found.",
         "exit code 0",
     ] {
@@ -209,6 +209,7 @@ async fn an_invalid_setting_exits_2_and_an_unreachable_api_exits_3() {
     let (code, json) = doctor(&settings(("KUBECONFIG", kubeconfig.display().to_string())), &["-o", "json"]).await;
     let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
     assert_eq!(report["api"]["status"], "failed", "{report}");
+    assert!(report["api"]["detail"].as_str().unwrap().contains("refused"), "the cause is told: {report}");
     assert!(report["pools"][0]["volumes"].is_null());
     assert_eq!(report["pools"][0]["error"], serde_json::Value::Null);
     let problems: Vec<_> = checks(&report).into_iter().filter(|(severity, ..)| severity == "problem").collect();

@@ -212,9 +212,10 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
             Severity::Problem,
             "trash_stuck",
             format!(
-                "{} deleted volume(s) in {}/{} older than {} minutes: their data cannot be removed (see the node's \
+                "{} deleted volume{} in {}/{} older than {} minutes: their data cannot be removed (see the node's \
                  TrashPurgeFailed events)",
                 trash.stuck,
+                if trash.stuck == 1 { "" } else { "s" },
                 pool.path,
                 crate::filesystem::TRASH_DIR,
                 TRASH_STUCK_AFTER.as_secs() / 60

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use rustix::io::Errno;
 
+use crate::doctor::DoctorError;
+
 /// Hidden directory, directly under the pool root, where the reflink probe makes its two files.
 /// It starts with a dot so that it never matches a volume layout.
 pub const PROBE_DIR: &str = ".hpp-doctor-probe";
@@ -183,6 +185,9 @@ pub fn selinux_mode(enforce: &str) -> &'static str {
     if enforce.trim() == "1" { "enforcing" } else { "permissive" }
 }
 
+/// This process's mount table.
+const MOUNT_TABLE: &str = "/proc/self/mountinfo";
+
 /// Where the kernel tells whether SELinux is on.
 const SELINUX_ENFORCE: &str = "/sys/fs/selinux/enforce";
 
@@ -198,15 +203,16 @@ pub fn selinux_of(path: &Path) -> Option<(&'static str, Result<String, String>)>
 }
 
 /// The mount `path` lies on, read from this process's mount table.
-pub fn read_mount_of(path: &Path) -> Result<Option<MountEntry>, String> {
-    let canonical = std::fs::canonicalize(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))?;
-    let table = std::fs::read("/proc/self/mountinfo").map_err(|e| format!("cannot read the mount table: {e}"))?;
+pub fn read_mount_of(path: &Path) -> Result<Option<MountEntry>, DoctorError> {
+    let fs_error = |op, path: PathBuf| move |source| DoctorError::Filesystem { op, path, source };
+    let canonical = std::fs::canonicalize(path).map_err(fs_error("resolve", path.to_owned()))?;
+    let table = std::fs::read(MOUNT_TABLE).map_err(fs_error("read the mount table", MOUNT_TABLE.into()))?;
     Ok(mount_of(&table, &canonical))
 }
 
 /// The `statfs` magic number of the filesystem holding `path`.
-pub fn fs_magic(path: &Path) -> Result<u64, String> {
-    let st = rustix::fs::statfs(path).map_err(|e| format!("statfs {}: {e}", path.display()))?;
+pub fn fs_magic(path: &Path) -> Result<u64, DoctorError> {
+    let st = rustix::fs::statfs(path).map_err(|e| DoctorError::fs("statfs", path, e))?;
     // f_type is a signed word on some architectures; the magic numbers are 32-bit.
     #[allow(clippy::unnecessary_cast)]
     Ok((st.f_type as u64) & 0xFFFF_FFFF)

@@ -13,11 +13,11 @@ use kube::config::KubeConfigOptions;
 use crate::config::Config;
 use crate::deciding::claim::Identity;
 use crate::deciding::layout::PoolPath;
-use crate::doctor::assess;
 use crate::doctor::capabilities::{self, Reflink};
 use crate::doctor::report::{
     FilesystemReport, MissingDirectory, OrphanDirectory, PoolReport, SelinuxReport, TrashReport, VolumesReport,
 };
+use crate::doctor::{DoctorError, assess};
 use crate::filesystem::{PoolRoot, TRASH_DIR};
 
 /// How long the doctor waits for the API server before reporting it unreachable.
@@ -35,28 +35,34 @@ pub struct ClusterFacts {
 }
 
 /// The API check: `Ok(None)` when there is no API access to ask (no kubeconfig, not in a pod).
-pub async fn cluster_facts(config: &Config) -> Result<Option<ClusterFacts>, String> {
+pub async fn cluster_facts(config: &Config) -> Result<Option<ClusterFacts>, DoctorError> {
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     if config.kubeconfig.is_empty() && !in_cluster {
         return Ok(None);
     }
     match tokio::time::timeout(API_TIMEOUT, list(config)).await {
-        Ok(result) => result.map(Some).map_err(|e| format!("{e:#}")),
-        Err(_) => Err(format!("no answer from the API server within {} s", API_TIMEOUT.as_secs())),
+        Ok(result) => result.map(Some),
+        Err(_) => Err(DoctorError::ApiTimeout(API_TIMEOUT.as_secs())),
     }
 }
 
-async fn list(config: &Config) -> anyhow::Result<ClusterFacts> {
+async fn list(config: &Config) -> Result<ClusterFacts, DoctorError> {
+    let client_error = |e: &dyn std::fmt::Display| DoctorError::Client(e.to_string());
     let kube_config = if config.kubeconfig.is_empty() {
-        kube::Config::incluster()?
+        kube::Config::incluster().map_err(|e| client_error(&e))?
     } else {
         let kubeconfig = crate::config::read_kubeconfigs(&config.kubeconfig)?;
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| client_error(&e))?
     };
-    let client = kube::Client::try_from(kube_config)?;
-    let pvs = list_all(Api::<PersistentVolume>::all(client.clone())).await?;
-    let claims = list_all(Api::<PersistentVolumeClaim>::all(client.clone())).await?;
-    let node = Api::<Node>::all(client).get_opt(&config.node_name).await?;
+    let client = kube::Client::try_from(kube_config).map_err(|e| client_error(&e))?;
+    let api = |op| move |source| DoctorError::Api { op, source };
+    let pvs = list_all(Api::<PersistentVolume>::all(client.clone())).await.map_err(api("list PersistentVolumes"))?;
+    let claims = list_all(Api::<PersistentVolumeClaim>::all(client.clone()))
+        .await
+        .map_err(api("list PersistentVolumeClaims"))?;
+    let node = Api::<Node>::all(client).get_opt(&config.node_name).await.map_err(api("get this node's Node"))?;
     let hostname = node
         .and_then(|n| n.metadata.labels?.get(crate::keys::HOSTNAME_LABEL).cloned())
         .unwrap_or_else(|| config.node_name.clone());
@@ -99,7 +105,7 @@ pub fn pool_report(pool: &PoolPath, config: &Config, host_root: &Path, cluster: 
     };
     match filesystem_report(&root, host_root) {
         Ok(fs) => report.filesystem = Some(fs),
-        Err(error) => report.error = Some(error),
+        Err(error) => report.error = Some(error.to_string()),
     }
     report.trash = Some(trash_report(&root));
     if let Some(cluster) = cluster {
@@ -111,13 +117,15 @@ pub fn pool_report(pool: &PoolPath, config: &Config, host_root: &Path, cluster: 
     report
 }
 
-fn filesystem_report(root: &PoolRoot, host_root: &Path) -> Result<FilesystemReport, String> {
+fn filesystem_report(root: &PoolRoot, host_root: &Path) -> Result<FilesystemReport, DoctorError> {
     let path = root.path();
-    let st = rustix::fs::statvfs(path).map_err(|e| format!("statvfs {}: {e}", path.display()))?;
+    let st = rustix::fs::statvfs(path).map_err(|e| DoctorError::fs("statvfs", path, e))?;
     let magic = capabilities::fs_magic(path)?;
     let mount = capabilities::read_mount_of(path)?;
-    let is_mount_point = root.is_mountpoint().map_err(|e| e.to_string())?;
-    let pool_dev = std::fs::metadata(path).map_err(|e| format!("stat {}: {e}", path.display()))?.dev();
+    let is_mount_point = root.is_mountpoint()?;
+    let pool_dev = std::fs::metadata(path)
+        .map_err(|source| DoctorError::Filesystem { op: "stat", path: path.to_owned(), source })?
+        .dev();
     let shared_with_root = match (std::fs::metadata(host_root), capabilities::fs_magic(host_root)) {
         (Ok(meta), Ok(root_magic)) => capabilities::shares_root_filesystem(
             pool_dev,

@@ -57,6 +57,49 @@ pub struct DoctorArgs {
     pub host_root: PathBuf,
 }
 
+/// Why a fact could not be gathered. The doctor reports it (a pool it cannot examine is a
+/// problem; an API it cannot ask makes the run incomplete) rather than retrying.
+#[derive(Debug, thiserror::Error)]
+pub enum DoctorError {
+    /// A filesystem call on a pool failed.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Filesystem {
+        /// What was attempted.
+        op: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+    /// The pool root cannot be opened or checked.
+    #[error(transparent)]
+    Pool(#[from] crate::filesystem::PoolError),
+    /// The kubeconfig could not be read.
+    #[error(transparent)]
+    Kubeconfig(#[from] crate::config::KubeconfigListError),
+    /// The client could not be configured from the kubeconfig or the pod's service account.
+    #[error("cannot configure the Kubernetes client: {0}")]
+    Client(String),
+    /// An API call failed.
+    #[error("cannot {op}: {source}")]
+    Api {
+        /// What was asked.
+        op: &'static str,
+        /// The client's error.
+        source: kube::Error,
+    },
+    /// The API server did not answer in time.
+    #[error("no answer from the API server within {0} s")]
+    ApiTimeout(u64),
+}
+
+impl DoctorError {
+    /// A filesystem error from a rustix call.
+    pub fn fs(op: &'static str, path: &std::path::Path, errno: rustix::io::Errno) -> DoctorError {
+        DoctorError::Filesystem { op, path: path.to_owned(), source: errno.into() }
+    }
+}
+
 /// How the report is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Output {
@@ -87,7 +130,7 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
     let (api, cluster) = match inspect::cluster_facts(&config).await {
         Ok(Some(cluster)) => (ApiCheck::Checked, Some(cluster)),
         Ok(None) => (ApiCheck::Skipped, None),
-        Err(why) => (ApiCheck::Failed(why), None),
+        Err(why) => (ApiCheck::Failed(with_causes(&why)), None),
     };
     let (node, provisioner, require_mountpoint) =
         (config.node_name.clone(), config.provisioner_name.clone(), config.require_mountpoint);
@@ -116,6 +159,20 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         },
     }
     exit_code
+}
+
+/// An error and its causes on one line (a connection error's cause says refused, timed out, ...).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let next_text = next.to_string();
+        if !text.contains(&next_text) {
+            text = format!("{text}: {next_text}");
+        }
+        cause = next.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -231,7 +231,7 @@ pub fn render_table(report: &Report) -> String {
         }
         match &pool.volumes {
             Some(v) => {
-                rows.push(("volumes", format!("{} PVs of this node", v.expected)));
+                rows.push(("volumes", format!("{} of this node's PVs here", v.expected)));
                 rows.push((
                     "missing",
                     list_or_none(v.missing_directories.iter().map(|m| format!("{} ({})", m.pv, m.path))),
@@ -245,7 +245,8 @@ pub fn render_table(report: &Report) -> String {
             None => {}
         }
         if let Some(t) = &pool.trash {
-            rows.push(("trash", format!("{} entries, {}, {} stuck", t.entries, size(t.bytes), t.stuck)));
+            let entries = if t.entries == 1 { "entry" } else { "entries" };
+            rows.push(("trash", format!("{} {entries}, {}, {} stuck", t.entries, size(t.bytes), t.stuck)));
         }
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         for (key, value) in rows {
@@ -343,6 +344,7 @@ mod tests {
             "orphans        pvc-1 (8 KiB)",
             "missing        none",
             "trash          2 entries, 4 KiB, 1 stuck",
+            "volumes        3 of this node's PVs here",
             "PROBLEM [legacy] orphan_directory: pvc-1 holds 8 KiB",
             "exit code 1",
         ] {
