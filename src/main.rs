@@ -9,6 +9,11 @@ use kube::config::KubeConfigOptions;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // `hostpath-provisioner doctor ...` is the node health report; anything else is the daemon,
+    // whose command line takes no positional argument.
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::doctor::SUBCOMMAND) {
+        std::process::exit(hostpath_provisioner::doctor::main(std::env::args_os().skip(1)).await);
+    }
     let configured = Args::parse()
         .validate()
         .and_then(|config| Ok((config::log_filter(std::env::var_os("RUST_LOG").as_deref())?, config)));
