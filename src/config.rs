@@ -35,7 +35,8 @@ pub enum LogFormat {
 #[command(
     name = "hostpath-provisioner",
     version,
-    about = "Dynamic hostPath PersistentVolume provisioner (drop-in for the kubevirt legacy provisioner)"
+    about = "Dynamic hostPath PersistentVolume provisioner (drop-in for the kubevirt legacy provisioner)",
+    after_help = "Subcommand: `hostpath-provisioner doctor [--output json]` checks this node's pools with the same settings (see `doctor --help`)."
 )]
 pub struct Args {
     /// This pod's node: the Node object name (downward API spec.nodeName).

@@ -1243,6 +1243,7 @@ impl<'a> Walker<'a> {
     }
 }
 
+pub mod os_disk;
 pub mod pools;
 mod trash;
 

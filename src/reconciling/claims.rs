@@ -21,7 +21,7 @@ use crate::error::{ClaimError, Retry, reason};
 use crate::filesystem::{Created, VolumeDirName};
 use crate::keys;
 use crate::reconciling::context::{Context, MAX_RETRY};
-use crate::serving::metrics::Metrics;
+use crate::serving::metrics::{ClaimClass, Metrics};
 
 /// How long to wait before looking again at a claim whose class does not exist yet.
 const CLASS_RECHECK: Duration = Duration::from_secs(30);
@@ -29,6 +29,9 @@ const CLASS_RECHECK: Duration = Duration::from_secs(30);
 const STRANDED_RECHECK: Duration = Duration::from_secs(300);
 /// How long to wait before looking again for a node that serves a claim's pool.
 const NO_NODE_RECHECK: Duration = Duration::from_secs(60);
+/// How long a report of a claim waiting for a node without a provisioner holds: two rechecks and
+/// a margin, so it lapses only once its speaker stopped looking (the claim went, or the speaker).
+const WAITING_REPORT_VALIDITY: Duration = Duration::from_secs(2 * STRANDED_RECHECK.as_secs() + 60);
 
 type ClaimMeta = PartialObjectMeta<PersistentVolumeClaim>;
 
@@ -39,10 +42,11 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         Interest::Ignore => {
             ctx.reset_retry(&key);
             ctx.forget_stranded(&meta.metadata);
+            forget_waiting(&ctx, &meta.metadata);
             return Ok(Action::await_change());
         }
         Interest::Elsewhere(node) => return watch_for_no_provisioner(&ctx, &meta, &node).await,
-        Interest::Candidate => {}
+        Interest::Candidate => forget_waiting(&ctx, &meta.metadata),
     }
     let (Some(namespace), Some(name)) = (meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref()) else {
         return Ok(Action::await_change());
@@ -61,6 +65,7 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         c.provisioner == ctx.me.provisioner && claim_decision::class_topology(c, &ctx.decision) != Some(Topology::Node)
     });
     let live = if needs_live { ctx.live_nodes().await? } else { Vec::new() };
+    let library_labels = library_labels(&claim);
     let action = match claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision, &live) {
         Decision::Skip(SkipReason::ClassNotFound(class)) => {
             tracing::debug!(claim = %key, %class, "class not found; looking again later");
@@ -76,6 +81,7 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             Action::await_change()
         }
         Decision::HandBack(refusal) => {
+            ctx.metrics.library.provision_failed(&library_labels);
             handback(&ctx, &claim, &refusal.to_string(), refusal_label(&refusal)).await?;
             Action::await_change()
         }
@@ -86,6 +92,7 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         Decision::Refuse(refusal) => {
             tracing::warn!(claim = %key, %refusal, "refusing claim");
             Metrics::outcome(&ctx.metrics.provisions, "refused", refusal_label(&refusal));
+            ctx.metrics.library.provision_failed(&library_labels);
             ctx.warn(&claim_ref(&claim), reason::PROVISIONING_FAILED, "Provision", refusal.to_string()).await;
             match refusal {
                 // A node serving the pool may start later: nothing on the claim would change.
@@ -95,8 +102,20 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         }
         Decision::Provision(plan) => {
             let started = Instant::now();
-            if provision(&ctx, &claim, &plan).await? == Provisioned::Now {
-                ctx.metrics.provision_seconds.observe(started.elapsed().as_secs_f64());
+            // The library's count points: a PV created, or an attempt that failed or handed the
+            // claim back. A PV found already there is neither (the library skips bound claims).
+            match provision(&ctx, &claim, &plan).await {
+                Ok(Provisioned::Now) => {
+                    let seconds = started.elapsed().as_secs_f64();
+                    ctx.metrics.provision_seconds.observe(seconds);
+                    ctx.metrics.library.provisioned(&library_labels, seconds);
+                }
+                Ok(Provisioned::Before) => {}
+                Ok(Provisioned::Rescheduled) => ctx.metrics.library.provision_failed(&library_labels),
+                Err(error) => {
+                    ctx.metrics.library.provision_failed(&library_labels);
+                    return Err(error);
+                }
             }
             Action::await_change()
         }
@@ -121,6 +140,22 @@ pub fn error_policy(meta: Arc<ClaimMeta>, error: &ClaimError, ctx: Arc<Context>)
     // error_policy is synchronous; the event goes out on its own task.
     tokio::spawn(async move { ctx2.warn(&regarding, reason, "Provision", note).await });
     Action::requeue(delay)
+}
+
+/// The labels the sig-storage library puts on its provisioning metrics: the claim's
+/// `storageClassName` and the kind of its data source, each empty when absent.
+fn library_labels(claim: &PersistentVolumeClaim) -> ClaimClass {
+    let spec = claim.spec.as_ref();
+    ClaimClass {
+        class: spec.and_then(|s| s.storage_class_name.clone()).unwrap_or_default(),
+        source: spec.and_then(|s| s.data_source.as_ref()).map(|d| d.kind.clone()).unwrap_or_default(),
+    }
+}
+
+fn forget_waiting(ctx: &Context, meta: &ObjectMeta) {
+    if let Some(uid) = meta.uid.as_deref() {
+        ctx.metrics.waiting_claims.forget(uid);
+    }
 }
 
 fn failure_note(error: &ClaimError) -> String {
@@ -287,6 +322,7 @@ async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -
     let live = ctx.live_nodes().await?;
     if live.iter().any(|n| n.node == node) {
         ctx.forget_stranded(&meta.metadata);
+        forget_waiting(ctx, &meta.metadata);
         return Ok(Action::await_change());
     }
     let uid = meta.metadata.uid.as_deref().unwrap_or_default();
@@ -297,6 +333,7 @@ async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -
     }
     // Another node speaks; look again when its lease would have expired, in case it died.
     if let Acting::Other { recheck_after, .. } = topology::spokesman(uid, &ctx.me.node, &live) {
+        forget_waiting(ctx, &meta.metadata);
         return Ok(Action::requeue(recheck_after.min(STRANDED_RECHECK)));
     }
     let (Some(namespace), Some(name)) = (meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref()) else {
@@ -317,6 +354,9 @@ async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -
             ctx.config.namespace
         );
         explain_once(ctx, &claim, "no-provisioner-on-node", reason::NO_PROVISIONER_ON_NODE, note).await;
+        ctx.metrics.waiting_claims.report(uid, node, WAITING_REPORT_VALIDITY);
+    } else {
+        forget_waiting(ctx, &meta.metadata);
     }
     Ok(Action::requeue(STRANDED_RECHECK))
 }

@@ -359,8 +359,10 @@ fn pool_problems(pools: &Pools, config: &Config) -> Vec<String> {
 async fn refresh_pools(ctx: Arc<Context>) {
     let mut ticker = tokio::time::interval(POOL_REFRESH);
     let mut previous: Option<Vec<String>> = None;
+    let mut os_disk = std::collections::HashMap::new();
     loop {
         ticker.tick().await;
+        refresh_os_disk_gauges(&ctx, &mut os_disk);
         let mut problems = Vec::new();
         let mut usable = Vec::new();
         for pool in &ctx.config.pools {
@@ -393,6 +395,41 @@ async fn refresh_pools(ctx: Arc<Context>) {
             ctx.membership.renew_now.notify_one();
         }
     }
+}
+
+/// Sets the gauges of pools on the node's OS disk, and logs when a pool's answer changes
+/// (`last`: the previous answer per pool).
+fn refresh_os_disk_gauges(ctx: &Context, last: &mut std::collections::HashMap<String, Option<bool>>) {
+    let mut any_shared = false;
+    for pool in &ctx.config.pools {
+        let shared = crate::filesystem::os_disk::pool_shares_os_disk(&pool.root).unwrap_or_else(|error| {
+            tracing::debug!(pool = %pool.name, %error, "cannot tell whether the pool is on the OS disk");
+            None
+        });
+        let label = PoolLabel { pool: pool.name.clone() };
+        match shared {
+            Some(shared) => {
+                ctx.metrics.pool_shares_os_disk.get_or_create(&label).set(i64::from(shared));
+            }
+            None => {
+                ctx.metrics.pool_shares_os_disk.remove(&label);
+            }
+        }
+        any_shared |= shared == Some(true);
+        if last.insert(pool.name.clone(), shared) != Some(shared) {
+            let root = pool.root.display();
+            match shared {
+                Some(true) => {
+                    tracing::warn!(pool = %pool.name, %root, "the pool is on the node's OS disk: volumes can fill it and make the kubelet evict pods (DiskPressure); give the pool a disk of its own")
+                }
+                Some(false) => tracing::info!(pool = %pool.name, %root, "the pool is not on the node's OS disk"),
+                None => {
+                    tracing::info!(pool = %pool.name, %root, "cannot tell from the mount table whether the pool is on the node's OS disk")
+                }
+            }
+        }
+    }
+    ctx.metrics.kubevirt_pool_path_shared_with_os.set(i64::from(any_shared));
 }
 
 /// Keeps this node's liveness lease renewed (and its usable pools advertised).
