@@ -3,6 +3,7 @@
 
 pub mod capacity;
 pub mod claim;
+pub mod clone;
 pub mod layout;
 pub mod topology;
 pub mod volume;

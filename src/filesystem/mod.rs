@@ -1243,9 +1243,11 @@ impl<'a> Walker<'a> {
     }
 }
 
+mod clone;
 pub mod pools;
 mod trash;
 
+pub use clone::{CLONE_STAGING_DIR, CloneReport};
 pub use trash::{TRASH_DIR, Trashed};
 
 #[cfg(test)]

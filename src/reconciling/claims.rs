@@ -367,7 +367,7 @@ fn refusal_label(refusal: &claim_decision::Refusal) -> &'static str {
     match refusal {
         Block(_) => "block",
         Selector => "selector",
-        DataSource => "data_source",
+        DataSource(refusal) => refusal.label(),
         AccessMode { .. } | NoAccessModes => "access_mode",
         UnknownParameter { .. } | BadParameter { .. } | NoDefaultPool { .. } | TopologyPoolMismatch { .. } => {
             "parameters"
