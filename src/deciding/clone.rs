@@ -179,14 +179,14 @@ pub enum SourceVerdict {
     Wait(String),
     /// Never usable as it is.
     Refuse(CloneRefusal),
-    /// Copy from `dir_name` in the clone's pool; `owner` is the node holding a node-shaped
-    /// source (`None`: a shared pool, where every node sees the same files).
+    /// Held by this node, or on a shared pool (where every node sees the same files): copy from
+    /// `dir_name` in the clone's pool.
     Ready {
         /// The source's directory directly under the pool root.
         dir_name: String,
-        /// The node that holds it.
-        owner: Option<String>,
     },
+    /// A node-local volume of another node: only that node can copy it.
+    Elsewhere(String),
 }
 
 /// The clone being checked.
@@ -272,6 +272,15 @@ pub fn check_source(
         return SourceVerdict::Wait(format!("PV {pv_name:?} is not bound to source claim {name:?} (yet)"));
     }
     let pools = std::slice::from_ref(clone.pool);
+    let owner = match volume::volume_shape(pv, pools) {
+        VolumeShape::Node => volume::owner_node(pv).map(str::to_owned),
+        VolumeShape::Shared => None,
+        VolumeShape::EveryNode => return SourceVerdict::Refuse(CloneRefusal::EveryNode(name.to_owned())),
+    };
+    // Another node's directory is checked by that node, against its own pools.
+    if let Some(owner) = owner.filter(|owner| *owner != me.node) {
+        return SourceVerdict::Elsewhere(owner);
+    }
     let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.as_str()).unwrap_or_default();
     let dir_name = match layout::accept_delete_path(path, pv_name, pools) {
         Ok(accepted) => accepted.dir_name,
@@ -284,12 +293,7 @@ pub fn check_source(
             });
         }
     };
-    let owner = match volume::volume_shape(pv, pools) {
-        VolumeShape::Node => volume::owner_node(pv).map(str::to_owned),
-        VolumeShape::Shared => None,
-        VolumeShape::EveryNode => return SourceVerdict::Refuse(CloneRefusal::EveryNode(name.to_owned())),
-    };
-    SourceVerdict::Ready { dir_name, owner }
+    SourceVerdict::Ready { dir_name }
 }
 
 /// Who copies, once the source is ready and the claim decision chose this node (or, for an

@@ -106,7 +106,9 @@ fn check_unplaced_source(
     match clone::check_source(request, source, None, &ctx.me) {
         SourceVerdict::Wait(why) => why,
         SourceVerdict::Refuse(refusal) => refusal.to_string(),
-        SourceVerdict::Ready { .. } => format!("waiting for source claim {source_name:?}"),
+        SourceVerdict::Ready { .. } | SourceVerdict::Elsewhere(_) => {
+            format!("waiting for source claim {source_name:?}")
+        }
     }
 }
 
@@ -146,7 +148,8 @@ async fn checked(
         SourceVerdict::Refuse(refusal) => {
             return Ok(Prepared::Decided(Decision::Refuse(Refusal::DataSource(refusal)), None));
         }
-        SourceVerdict::Ready { dir_name, owner } => (dir_name, owner),
+        SourceVerdict::Ready { dir_name } => (dir_name, None),
+        SourceVerdict::Elsewhere(node) => (String::new(), Some(node)),
     };
     match clone::clone_actor(owner.as_deref(), placement, &ctx.me) {
         CloneActor::Me => {

@@ -137,10 +137,16 @@ fn disagreeing_data_source_and_ref_are_refused() {
 }
 
 #[test]
-fn a_bound_source_of_ours_is_ready_on_its_owning_node() {
+fn a_bound_source_of_ours_is_ready_on_its_owning_node_only() {
     let pool = pool();
-    let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&source_pv(OTHER_NODE)), &me());
-    assert_eq!(verdict, SourceVerdict::Ready { dir_name: format!("pvc-{SOURCE_UID}"), owner: Some(OTHER_NODE.into()) });
+    let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&source_pv(NODE)), &me());
+    assert_eq!(verdict, SourceVerdict::Ready { dir_name: format!("pvc-{SOURCE_UID}") });
+    // Another node's source is that node's to check and copy (its pool root may differ).
+    let mut elsewhere = source_pv(OTHER_NODE);
+    elsewhere.spec.as_mut().expect("spec").host_path.as_mut().expect("hostPath").path =
+        format!("/mnt/node-b/pvc-{SOURCE_UID}");
+    let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&elsewhere), &me());
+    assert_eq!(verdict, SourceVerdict::Elsewhere(OTHER_NODE.into()));
 }
 
 #[test]
@@ -205,7 +211,7 @@ fn a_shared_source_can_be_copied_by_any_node() {
     pv.metadata.annotations.as_mut().expect("annotations").remove(keys::PROVISION_ON_NODE);
     pv.metadata.labels = Some(BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), "shared".to_owned())]));
     let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&pv), &me());
-    assert_eq!(verdict, SourceVerdict::Ready { dir_name: format!("pvc-{SOURCE_UID}"), owner: None });
+    assert_eq!(verdict, SourceVerdict::Ready { dir_name: format!("pvc-{SOURCE_UID}") });
     assert_eq!(clone_actor(None, Placement::Pinned, &me()), CloneActor::Me);
 }
 

@@ -21,8 +21,24 @@ struct LoopPool {
     pool: Option<PoolRoot>,
 }
 
+/// Installs the mkfs of `fstype` when missing (Debian packages; CI installs them in `.ci/run`).
+fn ensure_mkfs(fstype: &str) {
+    let tool = format!("mkfs.{fstype}");
+    let found =
+        Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().is_ok_and(|o| o.status.success());
+    if !found {
+        let package = match fstype {
+            "btrfs" => "btrfs-progs",
+            "xfs" => "xfsprogs",
+            _ => "e2fsprogs",
+        };
+        run(Command::new("apt-get").args(["install", "-y", "-qq", "--no-install-recommends", package]));
+    }
+}
+
 impl LoopPool {
     fn new(fstype: &str) -> LoopPool {
+        ensure_mkfs(fstype);
         let tmp = tempfile::tempdir().expect("tempdir");
         let image = tmp.path().join("image");
         // 320 MiB: XFS refuses smaller filesystems; the image is sparse.
