@@ -15,6 +15,7 @@ use testbed::fixtures;
 
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const STAGING: &str = ".hpp-clones";
+const CLONING_PROTECTION: &str = "provisioner.storage.kubernetes.io/cloning-protection";
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
@@ -168,6 +169,8 @@ async fn clone_is_identical(fstype: &str, shared_extents: bool) {
     assert_eq!(owner, env.nodes[0].name);
     let copy = host_path(&pv);
     assert_identical(&source, &copy);
+    let finalizers = env.claims().get("src").await.expect("source").metadata.finalizers.unwrap_or_default();
+    assert!(!finalizers.iter().any(|f| f == CLONING_PROTECTION), "released after the copy: {finalizers:?}");
     assert_eq!(std::fs::read(&outside).expect("outside"), b"outside the volume", "outside target untouched");
     let sparse = std::fs::metadata(copy.join("sparse")).expect("sparse");
     assert_eq!(sparse.len(), SPARSE_SIZE);
@@ -264,6 +267,9 @@ async fn a_crash_mid_copy_leaves_no_pv_and_no_partial_volume_and_the_clone_then_
     env.node_mut(&node).provisioner.kill();
     // Still in staging after the kill: the copy was cut short (a finished one is renamed out).
     assert_eq!(in_staging(), 1, "the copy finished before the kill; give the source more data");
+    // The source was protected from deletion while it was read.
+    let finalizers = env.claims().get("src").await.expect("source").metadata.finalizers.unwrap_or_default();
+    assert!(finalizers.iter().any(|f| f == CLONING_PROTECTION), "{finalizers:?}");
     let pv_name = format!("pvc-{}", uid(&claim));
     let clone_dir = pool.join(&pv_name);
     assert!(!clone_dir.exists(), "no volume directory for an unfinished copy");
@@ -274,4 +280,6 @@ async fn a_crash_mid_copy_leaves_no_pv_and_no_partial_volume_and_the_clone_then_
     assert_identical(&source, &host_path(&pv));
     let left = std::fs::read_dir(&staging).map(|rd| rd.count()).unwrap_or(0);
     assert_eq!(left, 0, "nothing left in staging");
+    let finalizers = env.claims().get("src").await.expect("source").metadata.finalizers.unwrap_or_default();
+    assert!(!finalizers.iter().any(|f| f == CLONING_PROTECTION), "released after the copy: {finalizers:?}");
 }

@@ -200,7 +200,10 @@ async fn provision(
     let node = ctx.node_facts().await?;
     let created = match clone_from {
         None => pool.create_volume_dir(&dir, ctx.config.dir_mode)?,
-        Some(source) => clones::copy(ctx, claim, &pool, source, &dir).await?,
+        Some(source) => {
+            let source_claim = plan.clone_of.as_deref().unwrap_or_default();
+            clones::copy(ctx, claim, source_claim, &pool, source, &dir).await?
+        }
     };
     let capacity = match ctx.config.pv_capacity {
         PvCapacity::Request => Quantity(plan.request.clone()),

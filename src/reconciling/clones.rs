@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, ProvisionPlan, Refusal};
@@ -195,8 +195,67 @@ async fn fetch_source(
     Ok((source, pv))
 }
 
-/// Makes the copy off the async threads; returns whether this call made it.
+/// Makes the copy off the async threads; returns whether this call made it. The source claim
+/// carries the cloning-protection finalizer while its data is read: deleting it then would
+/// release its volume, whose removal would empty the source under the copy.
 pub async fn copy(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    source_claim: &str,
+    pool: &Arc<PoolRoot>,
+    source: &VolumeDirName,
+    target: &VolumeDirName,
+) -> Result<Created, ClaimError> {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    protect_source(&claims, source_claim).await?;
+    let copied = copy_protected(ctx, claim, pool, source, target).await;
+    // Only once the copy is complete (or failed): a crash before this keeps the finalizer until
+    // the retry after the restart finishes the copy.
+    release_source(&claims, source_claim).await?;
+    copied
+}
+
+/// Adds the cloning-protection finalizer. The API server refuses new finalizers on an object
+/// being deleted, so once this succeeds the source stays until the finalizer is removed.
+async fn protect_source(claims: &Api<PersistentVolumeClaim>, name: &str) -> Result<(), ClaimError> {
+    let source = claims.get(name).await?;
+    let finalizers = source.metadata.finalizers.clone().unwrap_or_default();
+    if finalizers.iter().any(|f| f == keys::CLONE_PROTECTION_FINALIZER) {
+        return Ok(());
+    }
+    let mut wanted = finalizers.clone();
+    wanted.push(keys::CLONE_PROTECTION_FINALIZER.to_owned());
+    // Test-and-set on the whole list, so a concurrent change of the finalizers is not lost.
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        { "op": "test", "path": "/metadata/uid", "value": source.metadata.uid },
+        { "op": if source.metadata.finalizers.is_some() { "replace" } else { "add" }, "path": "/metadata/finalizers", "value": wanted },
+        { "op": "test", "path": "/metadata/resourceVersion", "value": source.metadata.resource_version },
+    ]))
+    .map_err(|e| ClaimError::Api(kube::Error::SerdeError(e)))?;
+    claims.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
+    Ok(())
+}
+
+/// Removes the cloning-protection finalizer (a source already gone is fine).
+async fn release_source(claims: &Api<PersistentVolumeClaim>, name: &str) -> Result<(), ClaimError> {
+    let Some(source) = claims.get_opt(name).await? else { return Ok(()) };
+    let finalizers = source.metadata.finalizers.clone().unwrap_or_default();
+    let Some(index) = finalizers.iter().position(|f| f == keys::CLONE_PROTECTION_FINALIZER) else { return Ok(()) };
+    let path = format!("/metadata/finalizers/{index}");
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        { "op": "test", "path": path, "value": keys::CLONE_PROTECTION_FINALIZER },
+        { "op": "remove", "path": path },
+    ]))
+    .map_err(|e| ClaimError::Api(kube::Error::SerdeError(e)))?;
+    match claims.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn copy_protected(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
     pool: &Arc<PoolRoot>,
