@@ -283,3 +283,43 @@ async fn a_crash_mid_copy_leaves_no_pv_and_no_partial_volume_and_the_clone_then_
     let finalizers = env.claims().get("src").await.expect("source").metadata.finalizers.unwrap_or_default();
     assert!(!finalizers.iter().any(|f| f == CLONING_PROTECTION), "released after the copy: {finalizers:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clone_on_a_shared_pool_is_made_by_whichever_node_acts() {
+    let mut env = TestEnv::start("clone-shared", 0).await;
+    env.own_provisioner();
+    let shared = env.cp.temp_dir().join(format!("{}-nfs", env.group));
+    let _mount = LoopMount::new(&shared, "xfs", 1024);
+    for i in 1..=2 {
+        let arg = format!("nfs={},shared", shared.display());
+        env.add_node(&format!("{}-{i}", env.group), &move |spec: testbed::ProvisionerSpec| {
+            spec.arg("--pool").arg(arg.clone())
+        })
+        .await;
+    }
+    let class =
+        env.class("imm", |c| c.immediate().parameter("storagePool", "nfs").parameter("topology", "shared")).await;
+    env.create_claim(fixtures::claim(&env.ns, "src", &class, "100Mi")).await;
+    let source = host_path(&env.wait_bound("src").await);
+    fill(&source, &env.cp.temp_dir().join(format!("{}-outside", env.group)));
+    env.claims()
+        .create(&PostParams::default(), &clone_claim(&env, "copy", &class, "100Mi", "src"))
+        .await
+        .expect("clone");
+    let pv = env.wait_bound("copy").await;
+    let copy = host_path(&pv);
+    assert_eq!(copy.parent(), Some(shared.as_path()), "the clone is in the shared pool");
+    assert!(pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).is_none(), "a shared clone is not pinned");
+    assert_identical(&source, &copy);
+    run(&mut Command::new("sync"));
+    let frag = run(Command::new("filefrag").arg("-v").arg(copy.join("dir/sub/data")));
+    assert!(frag.contains("shared"), "filefrag -v says\n{frag}");
+    // Removed while the pool is still mounted (the mount is dropped before the env).
+    let source_pv = env.claims().get("src").await.expect("source").spec.and_then(|s| s.volume_name).expect("bound");
+    for claim in ["copy", "src"] {
+        env.delete_claim(claim).await;
+    }
+    env.wait_pv_gone(pv.metadata.name.as_deref().expect("name")).await;
+    env.wait_pv_gone(&source_pv).await;
+    wait_trash_empty(&shared).await;
+}
