@@ -2,6 +2,7 @@
 //! for a claim whose data source is another claim, check the source, let the node holding it
 //! copy, and explain every wait and refusal on the claim.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -208,12 +209,33 @@ pub async fn copy(
 ) -> Result<Created, ClaimError> {
     let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    protect_source(&claims, source_claim).await?;
-    let copied = copy_protected(ctx, claim, pool, source, target).await;
-    // Only once the copy is complete (or failed): a crash before this keeps the finalizer until
-    // the retry after the restart finishes the copy.
-    release_source(&claims, source_claim).await?;
+    let key = (namespace.to_owned(), source_claim.to_owned());
+    reading(&key, 1);
+    let copied = match protect_source(&claims, source_claim).await {
+        Ok(()) => copy_protected(ctx, claim, pool, source, target).await,
+        Err(error) => Err(error),
+    };
+    // Only once the copy is complete (or failed), and no other copy of this node still reads
+    // the source: a crash before this keeps the finalizer until the retry after the restart
+    // finishes the copy.
+    if reading(&key, -1) == 0 {
+        release_source(&claims, source_claim).await?;
+    }
     copied
+}
+
+/// Copies of each source claim (namespace, name) this process is making right now; returns the
+/// count after adding `delta`.
+fn reading(key: &(String, String), delta: i64) -> i64 {
+    static READING: std::sync::Mutex<BTreeMap<(String, String), i64>> = std::sync::Mutex::new(BTreeMap::new());
+    let mut map = READING.lock().unwrap_or_else(|e| e.into_inner());
+    let count = map.entry(key.clone()).or_insert(0);
+    *count += delta;
+    let now = *count;
+    if now <= 0 {
+        map.remove(key);
+    }
+    now
 }
 
 /// Adds the cloning-protection finalizer. The API server refuses new finalizers on an object
@@ -296,4 +318,20 @@ fn claim_name(claim: &PersistentVolumeClaim) -> String {
         claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reading;
+
+    #[test]
+    fn the_source_is_released_only_by_the_last_copy_reading_it() {
+        let key = ("ns".to_owned(), "shared-source".to_owned());
+        assert_eq!(reading(&key, 1), 1);
+        assert_eq!(reading(&key, 1), 2);
+        assert_eq!(reading(&key, -1), 1, "another copy still reads the source");
+        assert_eq!(reading(&key, -1), 0, "the last copy releases it");
+        assert_eq!(reading(&key, 1), 1, "counting starts afresh");
+        assert_eq!(reading(&key, -1), 0);
+    }
 }
