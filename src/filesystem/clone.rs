@@ -10,9 +10,10 @@
 //! opened relative to its parent's descriptor without following a symlink (`openat2` with
 //! `RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV` where available), non-directories are opened with
 //! `O_NOFOLLOW` and checked to be the inode listed, and a mount met inside the source stops the
-//! copy. Symlinks are copied as symlinks and never followed; FIFOs, sockets and device nodes are
-//! recreated with `mknodat` (the kubelet would expose the same nodes to the clone's pods as to the
-//! source's, so copying them grants nothing new); hard links inside the volume stay hard links.
+//! copy. Symlinks are copied as symlinks and never followed; FIFOs and sockets are recreated with
+//! `mknodat`; device nodes are refused ([`PoolError::DeviceInVolume`]): recreating one needs
+//! `CAP_MKNOD`, which the DaemonSet does not hold, and would hand the device to the clone's pods.
+//! Hard links inside the volume stay hard links.
 //! Owners, modes and access and modification times are copied, through descriptors or with
 //! `AT_SYMLINK_NOFOLLOW`; holes stay holes. Extended attributes and ACLs are not copied.
 
@@ -146,7 +147,7 @@ impl PoolRoot {
         };
         copier.copy_dir(src.as_fd(), dst.as_fd(), &mut Vec::new())?;
         copy_attributes(dst.as_fd(), &src_stat)
-            .map_err(|e| fs_error("copy the volume's owner, mode and times", dst_path.clone(), e))?;
+            .map_err(|e| attribute_error("copy the volume's owner, mode and times", dst_path.clone(), e))?;
         let report = copier.report;
         // Data and names must be on disk before the rename makes the copy visible as complete.
         rustix::fs::syncfs(&dst).map_err(|e| fs_error("flush the copy to disk", dst_path.clone(), e))?;
@@ -352,7 +353,10 @@ impl Copier<'_> {
                     .map_err(|e| fs_error("create symlink", self.path(at, name), e))?;
                 self.copy_attributes_at(dst, name, &st, at, false)?;
             }
-            FileType::Fifo | FileType::Socket | FileType::CharacterDevice | FileType::BlockDevice => {
+            FileType::CharacterDevice | FileType::BlockDevice => {
+                return Err(PoolError::DeviceInVolume { path: self.path(at, name) });
+            }
+            FileType::Fifo | FileType::Socket => {
                 rustix::fs::mknodat(dst, name, file_type, Mode::from_raw_mode(0o600), st.st_rdev)
                     .map_err(|e| fs_error("create special file", self.path(at, name), e))?;
                 self.copy_attributes_at(dst, name, &st, at, true)?;
@@ -401,7 +405,8 @@ impl Copier<'_> {
         copied?;
         // Last: filling the directory changed its times, and a read-only mode would have
         // stopped the filling.
-        copy_attributes(sub_dst.as_fd(), st).map_err(|e| fs_error("copy owner, mode and times", self.path(at, name), e))
+        copy_attributes(sub_dst.as_fd(), st)
+            .map_err(|e| attribute_error("copy owner, mode and times", self.path(at, name), e))
     }
 
     fn copy_file(
@@ -452,7 +457,8 @@ impl Copier<'_> {
             self.report.byte_copied += 1;
         }
         self.report.bytes += u64::try_from(now.st_size).unwrap_or(0);
-        copy_attributes(output.as_fd(), &now).map_err(|e| fs_error("copy owner, mode and times", path.clone(), e))
+        copy_attributes(output.as_fd(), &now)
+            .map_err(|e| attribute_error("copy owner, mode and times", path.clone(), e))
     }
 
     /// Owner, mode and times of an entry that cannot be opened (a symlink, a special file).
@@ -467,7 +473,7 @@ impl Copier<'_> {
         let path = || self.path(at, name);
         let (uid, gid) = owner(st);
         rustix::fs::chownat(dst, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|e| fs_error("copy the owner", path(), e))?;
+            .map_err(|e| attribute_error("copy the owner", path(), e))?;
         if chmod {
             // The special file was made by us a moment ago in our own staging tree: not a symlink.
             rustix::fs::chmodat(dst, name, Mode::from_raw_mode(st.st_mode & 0o7777), AtFlags::empty())
@@ -486,6 +492,14 @@ fn times(st: &Stat) -> Timestamps {
     Timestamps {
         last_access: Timespec { tv_sec: st.st_atime as _, tv_nsec: st.st_atime_nsec as _ },
         last_modification: Timespec { tv_sec: st.st_mtime as _, tv_nsec: st.st_mtime_nsec as _ },
+    }
+}
+
+/// EPERM while copying attributes means a missing capability (the owner, as a rule).
+fn attribute_error(op: &'static str, path: PathBuf, e: Errno) -> PoolError {
+    match e {
+        Errno::PERM => PoolError::MissingCapability { op, path },
+        e => fs_error(op, path, e),
     }
 }
 

@@ -269,3 +269,23 @@ fn a_symlink_in_place_of_the_source_is_refused() {
     assert!(matches!(result, Err(PoolError::VolumeNotDirectory { .. })), "{result:?}");
     assert!(!lp.root().join("pvc-dst").exists());
 }
+
+#[test]
+fn a_device_node_in_the_source_is_refused_with_the_reason() {
+    let lp = LoopPool::new("ext4");
+    let source = lp.root().join("pvc-src");
+    fs::create_dir_all(&source).expect("source");
+    // The null device's numbers (1, 3).
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        source.join("null").as_path(),
+        FileType::CharacterDevice,
+        Mode::from_raw_mode(0o666),
+        rustix::fs::makedev(1, 3),
+    )
+    .expect("mknod");
+    let result = lp.pool().clone_volume(&name("pvc-src"), &name("pvc-dst"), &name(NODE));
+    assert!(matches!(&result, Err(PoolError::DeviceInVolume { path }) if path.ends_with("null")), "{result:?}");
+    assert!(!lp.root().join("pvc-dst").exists());
+    assert_eq!(lp.pool().sweep_clone_staging(&name(NODE)).expect("sweep"), 1);
+}
