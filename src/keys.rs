@@ -81,6 +81,10 @@ pub fn trim_claim_metadata_for(
     }
 }
 
+/// Finalizer on a clone's source claim while it is being copied, so that it cannot go away
+/// mid-copy (the name the CSI external-provisioner uses for the same purpose).
+pub const CLONE_PROTECTION_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 
 pub mod capacity;
 pub mod claim;
+pub mod clone;
 pub mod layout;
 pub mod os_disk;
 pub mod published_capacity;

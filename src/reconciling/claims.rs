@@ -20,6 +20,7 @@ use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, Retry, reason};
 use crate::filesystem::{Created, VolumeDirName};
 use crate::keys;
+use crate::reconciling::clones;
 use crate::reconciling::context::{Context, MAX_RETRY};
 use crate::serving::metrics::{ClaimClass, Metrics};
 
@@ -66,7 +67,15 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
     });
     let live = if needs_live { ctx.live_nodes().await? } else { Vec::new() };
     let library_labels = library_labels(&claim);
-    let action = match claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision, &live) {
+    let decision = claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision, &live);
+    let (decision, clone_from) = match clones::prepare(&ctx, &claim, class.as_deref(), &live, decision).await? {
+        clones::Prepared::Decided(decision, clone_from) => (decision, clone_from),
+        clones::Prepared::Done(action) => {
+            ctx.reset_retry(&key);
+            return Ok(action);
+        }
+    };
+    let action = match decision {
         Decision::Skip(SkipReason::ClassNotFound(class)) => {
             tracing::debug!(claim = %key, %class, "class not found; looking again later");
             Action::requeue(CLASS_RECHECK)
@@ -104,7 +113,7 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             let started = Instant::now();
             // The library's count points: a PV created, or an attempt that failed or handed the
             // claim back. A PV found already there is neither (the library skips bound claims).
-            match provision(&ctx, &claim, &plan).await {
+            match provision(&ctx, &claim, &plan, clone_from.as_ref()).await {
                 Ok(Provisioned::Now) => {
                     let seconds = started.elapsed().as_secs_f64();
                     ctx.metrics.provision_seconds.observe(seconds);
@@ -175,6 +184,7 @@ async fn provision(
     ctx: &Arc<Context>,
     claim: &PersistentVolumeClaim,
     plan: &ProvisionPlan,
+    clone_from: Option<&VolumeDirName>,
 ) -> Result<Provisioned, ClaimError> {
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
@@ -223,7 +233,13 @@ async fn provision(
     let (events_ctx, provisioning_ref) = (ctx.clone(), regarding.clone());
     tokio::spawn(async move { events_ctx.normal(&provisioning_ref, reason::PROVISIONING, "Provision", note).await });
     let node = ctx.node_facts().await?;
-    let created = pool.create_volume_dir(&dir, ctx.config.dir_mode)?;
+    let created = match clone_from {
+        None => pool.create_volume_dir(&dir, ctx.config.dir_mode)?,
+        Some(source) => {
+            let source_claim = plan.clone_of.as_deref().unwrap_or_default();
+            clones::copy(ctx, claim, source_claim, &pool, source, &dir).await?
+        }
+    };
     let capacity = match ctx.config.pv_capacity {
         PvCapacity::Request => Quantity(plan.request.clone()),
         PvCapacity::Filesystem => Quantity(format_binary_si(round_down_pretty(stats.go_total_bytes))),
@@ -247,10 +263,15 @@ async fn provision(
             // Not on a shared pool: another node may be creating the PV for this directory right
             // now (a failover race), and an empty directory there costs nothing until the retry.
             let refused_by_api = matches!(&create_error, kube::Error::Api(status) if (400..500).contains(&status.code));
+            // A clone's directory holds only a copy: it goes to the trash (the source stays).
+            let cleanup = || match clone_from {
+                None => pool.remove_empty_volume_dir(&dir),
+                Some(_) => pool.move_to_trash(&dir).map(|_| ()),
+            };
             if created == Created::New
                 && refused_by_api
                 && plan.topology != Topology::Shared
-                && let Err(cleanup) = pool.remove_empty_volume_dir(&dir)
+                && let Err(cleanup) = cleanup()
             {
                 return Err(ClaimError::Cleanup {
                     create: create_error.to_string(),
@@ -287,7 +308,12 @@ fn check_owner(pv: &PersistentVolume, pv_name: &str, claim_uid: &str) -> Result<
 /// Gives a WaitForFirstConsumer claim back to the scheduler by removing `selected-node`, so that
 /// it can pick a node with room or with the pool. The JSON patch tests the value first: if the
 /// scheduler already moved the claim elsewhere, nothing is removed.
-async fn handback(ctx: &Context, claim: &PersistentVolumeClaim, why: &str, label: &str) -> Result<(), ClaimError> {
+pub(crate) async fn handback(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    why: &str,
+    label: &str,
+) -> Result<(), ClaimError> {
     let claims: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), claim.metadata.namespace.as_deref().unwrap_or_default());
     let pointer = format!("/metadata/annotations/{}", keys::SELECTED_NODE.replace('~', "~0").replace('/', "~1"));
@@ -374,7 +400,13 @@ async fn explain_immediate(ctx: &Context, claim: &PersistentVolumeClaim) {
 
 /// Writes a Warning that speaks for the cluster, not for one node: every node computes the same
 /// event name, so the first create wins and the others get AlreadyExists.
-async fn explain_once(ctx: &Context, claim: &PersistentVolumeClaim, suffix: &str, reason: &str, note: String) {
+pub(crate) async fn explain_once(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    suffix: &str,
+    reason: &str,
+    note: String,
+) {
     let (Some(namespace), Some(uid)) = (claim.metadata.namespace.as_deref(), claim.metadata.uid.as_deref()) else {
         return;
     };
@@ -407,7 +439,7 @@ fn refusal_label(refusal: &claim_decision::Refusal) -> &'static str {
     match refusal {
         Block(_) => "block",
         Selector => "selector",
-        DataSource => "data_source",
+        DataSource(refusal) => refusal.label(),
         AccessMode { .. } | NoAccessModes => "access_mode",
         UnknownParameter { .. } | BadParameter { .. } | NoDefaultPool { .. } | TopologyPoolMismatch { .. } => {
             "parameters"
@@ -429,7 +461,7 @@ fn claim_key(claim: &PersistentVolumeClaim) -> String {
     object_key(&claim.metadata)
 }
 
-fn claim_ref(claim: &PersistentVolumeClaim) -> ObjectReference {
+pub(crate) fn claim_ref(claim: &PersistentVolumeClaim) -> ObjectReference {
     claim.object_ref(&())
 }
 

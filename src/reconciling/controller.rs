@@ -176,6 +176,8 @@ pub async fn run(
         }
     });
     tokio::spawn(refresh_pools(ctx.clone()));
+    // Before the claim controller first runs, so no copy of this node is in progress.
+    sweep_clone_staging(&ctx).await;
     tokio::spawn(purge_trash(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");
@@ -264,6 +266,23 @@ async fn serve_http(config: &Config, health: &Arc<Health>, metrics: &Arc<Metrics
         tokio::spawn(health::serve(listener, health.clone(), metrics.clone()));
     }
     Ok(())
+}
+
+/// Removes the copies this node left unfinished when it stopped (a crash or kill mid-clone): a
+/// copy becomes a volume only when complete, so what stays in staging is never needed. The
+/// clones themselves start afresh when their claims are reconciled.
+async fn sweep_clone_staging(ctx: &Arc<Context>) {
+    let Ok(node) = crate::filesystem::VolumeDirName::new(&ctx.me.node) else { return };
+    for name in ctx.pools.names() {
+        let Some(Ok(pool)) = ctx.pools.usable(name) else { continue };
+        let node = node.clone();
+        match tokio::task::spawn_blocking(move || pool.sweep_clone_staging(&node)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(removed)) => tracing::info!(pool = name, removed, "removed unfinished clone copies"),
+            Ok(Err(error)) => tracing::warn!(pool = name, %error, "cannot remove unfinished clone copies"),
+            Err(error) => tracing::error!(pool = name, %error, "clone staging sweep failed"),
+        }
+    }
 }
 
 /// How often the trash is looked at without being woken (it is also purged at start-up, which

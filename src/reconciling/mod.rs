@@ -2,6 +2,7 @@
 //! shared context, background tasks.
 
 pub mod claims;
+pub mod clones;
 pub mod context;
 pub mod controller;
 pub mod membership;
