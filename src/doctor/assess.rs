@@ -12,7 +12,6 @@ use crate::deciding::layout::{self, AcceptedPath, PoolPath};
 use crate::deciding::volume::{VolumeShape, owner_node, volume_shape};
 use crate::doctor::report::{ApiCheck, Finding, PoolReport, Severity};
 use crate::keys;
-use crate::reconciling::orphans::uid_of_dir;
 
 /// Exit code: nothing wrong (warnings may have been printed).
 pub const EXIT_HEALTHY: i32 = 0;
@@ -84,7 +83,7 @@ pub fn orphan_directories<'a>(
     entries
         .iter()
         .filter_map(|entry| {
-            let uid = uid_of_dir(entry)?;
+            let uid = layout::uid_of_dir(entry)?;
             (!pv_names.contains(&layout::pv_name(uid)) && !claim_uids.contains(uid)).then_some(entry.as_str())
         })
         .collect()
