@@ -4,6 +4,7 @@
 pub mod capacity;
 pub mod claim;
 pub mod layout;
+pub mod mount_table;
 pub mod os_disk;
 pub mod topology;
 pub mod volume;

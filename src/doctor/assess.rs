@@ -142,11 +142,15 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
             let severity = if require_mountpoint { Severity::Problem } else { Severity::Warning };
             add(severity, "not_mount_point", message);
         }
-        if fs.shared_with_root == Some(true) {
+        if fs.shares_os_disk == Some(true) {
             add(
                 Severity::Warning,
-                "shared_with_root",
-                format!("{} is on the same filesystem as the host's /: a full pool fills the OS disk", pool.path),
+                "shares_os_disk",
+                format!(
+                    "{} is on the node's OS disk (the kubelet's filesystem): a full pool fills it and the kubelet \
+                     evicts pods",
+                    pool.path
+                ),
             );
         }
         let usable = fs.available_bytes.saturating_sub(pool.reserve_bytes);
@@ -376,7 +380,7 @@ mod tests {
             filesystem: Some(FilesystemReport {
                 fs_type: "xfs".into(),
                 is_mount_point: true,
-                shared_with_root: Some(false),
+                shares_os_disk: Some(false),
                 size_bytes: 100 << 30,
                 available_bytes: 50 << 30,
                 inodes_total: 1000,
@@ -421,8 +425,8 @@ mod tests {
         assert_eq!(checks(pool.clone(), false), vec![(Severity::Warning, "not_mount_point")]);
         assert_eq!(checks(pool, true), vec![(Severity::Problem, "not_mount_point")], "REQUIRE_MOUNTPOINT");
         let mut pool = healthy_pool();
-        pool.filesystem.as_mut().unwrap().shared_with_root = Some(true);
-        assert_eq!(checks(pool, false), vec![(Severity::Warning, "shared_with_root")]);
+        pool.filesystem.as_mut().unwrap().shares_os_disk = Some(true);
+        assert_eq!(checks(pool, false), vec![(Severity::Warning, "shares_os_disk")]);
         let mut pool = healthy_pool();
         pool.filesystem.as_mut().unwrap().read_only = true;
         assert_eq!(checks(pool, false), vec![(Severity::Problem, "read_only")]);
