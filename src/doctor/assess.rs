@@ -147,8 +147,8 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
                 Severity::Warning,
                 "shares_os_disk",
                 format!(
-                    "{} is on the node's OS disk (the kubelet's filesystem): a full pool fills it and the kubelet \
-                     evicts pods",
+                    "{} is on the node's OS disk: a full pool fills it and the kubelet then evicts pods for \
+                     DiskPressure",
                     pool.path
                 ),
             );

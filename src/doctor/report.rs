@@ -203,7 +203,7 @@ pub fn render_table(report: &Report) -> String {
             };
             rows.push(("mount point", mount));
             let shared = match fs.shares_os_disk {
-                Some(true) => "yes (the filesystem of the kubelet's directory)",
+                Some(true) => "yes (a full pool fills the disk the node needs)",
                 Some(false) => "no",
                 None => "unknown (no /etc/hosts mount from the kubelet, and / is not a disk)",
             };
