@@ -246,15 +246,11 @@ pub fn exit_code(findings: &[Finding], api: &ApiCheck) -> i32 {
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::api::core::v1::{
-        HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeSpec,
-        PersistentVolumeStatus, VolumeNodeAffinity,
-    };
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
     use crate::doctor::report::{FilesystemReport, OrphanDirectory, SelinuxReport, TrashReport, VolumesReport};
-    use crate::test_fixtures::{NODE, OTHER_NODE, PROVISIONER, UID, me};
+    use crate::test_fixtures::{self as fixtures, NODE, OTHER_NODE, UID, me};
 
     const OTHER_UID: &str = "11111111-2222-4333-8444-555555555555";
 
@@ -263,22 +259,10 @@ mod tests {
     }
 
     fn pv(path: &str, owner: Option<&str>) -> PersistentVolume {
-        let mut annotations = BTreeMap::from([(keys::PROVISIONED_BY.to_owned(), PROVISIONER.to_owned())]);
-        if let Some(owner) = owner {
-            annotations.insert(keys::PROVISION_ON_NODE.to_owned(), owner.to_owned());
-        }
-        PersistentVolume {
-            metadata: ObjectMeta {
-                name: Some(format!("pvc-{UID}")),
-                annotations: Some(annotations),
-                ..Default::default()
-            },
-            spec: Some(PersistentVolumeSpec {
-                host_path: Some(HostPathVolumeSource { path: path.to_owned(), type_: None }),
-                persistent_volume_reclaim_policy: Some("Delete".into()),
-                ..Default::default()
-            }),
-            status: Some(PersistentVolumeStatus { phase: Some("Bound".into()), ..Default::default() }),
+        let pv = fixtures::pv(path, "Bound");
+        match owner {
+            Some(node) => pv.owner_annotation(node).build(),
+            None => pv.build(),
         }
     }
 
@@ -297,19 +281,7 @@ mod tests {
 
     #[test]
     fn an_old_pv_pinned_by_hostname_affinity_is_here_on_that_hostname() {
-        let mut old = pv(&format!("/var/hpvolumes/pvc-{UID}"), None);
-        old.spec.as_mut().unwrap().node_affinity = Some(VolumeNodeAffinity {
-            required: Some(NodeSelector {
-                node_selector_terms: vec![NodeSelectorTerm {
-                    match_expressions: Some(vec![NodeSelectorRequirement {
-                        key: keys::HOSTNAME_LABEL.into(),
-                        operator: "In".into(),
-                        values: Some(vec!["host-a".into()]),
-                    }]),
-                    ..Default::default()
-                }],
-            }),
-        });
+        let old = fixtures::pv(&format!("/var/hpvolumes/pvc-{UID}"), "Bound").hostname_affinity("host-a").build();
         assert!(here(&old).is_some());
         assert_eq!(volume_here(&old, &me(), "host-b", &pools()), None);
     }
