@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, TypedLocalObjectReference, VolumeResourceRequirements,
+    HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus,
+    TypedLocalObjectReference, VolumeNodeAffinity, VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -109,6 +111,62 @@ impl ClaimBuilder {
         })
     }
     pub fn build(self) -> PersistentVolumeClaim {
+        self.0
+    }
+}
+
+/// A PV builder.
+pub struct PvBuilder(pub PersistentVolume);
+
+/// A PV of ours named after [`UID`], shaped as the Go build writes it (provisioned-by and identity
+/// annotations, a hostPath without type, reclaim policy Delete, no labels), in `phase`, pinned to
+/// no node until [`PvBuilder::owner_annotation`] or [`PvBuilder::hostname_affinity`] says so.
+pub fn pv(host_path: &str, phase: &str) -> PvBuilder {
+    PvBuilder(PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(format!("pvc-{UID}")),
+            annotations: Some(BTreeMap::from([
+                (crate::keys::PROVISIONED_BY.to_owned(), PROVISIONER.to_owned()),
+                (crate::keys::PROVISIONER_IDENTITY.to_owned(), PROVISIONER.to_owned()),
+            ])),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            persistent_volume_reclaim_policy: Some("Delete".into()),
+            host_path: Some(HostPathVolumeSource { path: host_path.to_owned(), type_: None }),
+            ..Default::default()
+        }),
+        status: Some(PersistentVolumeStatus { phase: Some(phase.into()), ..Default::default() }),
+    })
+}
+
+impl PvBuilder {
+    /// `kubevirt.io/provisionOnNode`: the node that made it.
+    pub fn owner_annotation(mut self, node: &str) -> Self {
+        self.0
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(crate::keys::PROVISION_ON_NODE.into(), node.into());
+        self
+    }
+    /// Required node affinity on `kubernetes.io/hostname`, as every PV of the Go build has.
+    pub fn hostname_affinity(mut self, hostname: &str) -> Self {
+        self.0.spec.get_or_insert_with(Default::default).node_affinity = Some(VolumeNodeAffinity {
+            required: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: crate::keys::HOSTNAME_LABEL.into(),
+                        operator: "In".into(),
+                        values: Some(vec![hostname.into()]),
+                    }]),
+                    match_fields: None,
+                }],
+            }),
+        });
+        self
+    }
+    pub fn build(self) -> PersistentVolume {
         self.0
     }
 }

@@ -15,13 +15,44 @@ const ORPHAN_UID: &str = "d0c70000-0000-4000-8000-00000000beef";
 /// Runs the doctor as an admin would on the node, with only the settings given (nothing inherited).
 async fn doctor(settings: &[(&str, String)], args: &[&str]) -> (i32, String) {
     let mut command = std::process::Command::new(binary());
-    command.arg("doctor").args(args).env_clear();
+    command.arg("doctor").args(args);
+    run_doctor(command, settings).await
+}
+
+/// Runs the doctor as in the provisioner's pod, for a JSON report: in a mount namespace of its own
+/// where a tmpfs covers `/` (the mount table then says what a container's overlay says: `/` is no
+/// disk), each pool root is bind-mounted onto itself (as a hostPath volume is) and, when given,
+/// `kubelet_hosts_file` is bind-mounted on `/etc/hosts` (as the kubelet does from its own
+/// directory). The namespace and its mounts end with the doctor.
+async fn doctor_in_a_pod(
+    settings: &[(&str, String)],
+    pools: &[&Path],
+    kubelet_hosts_file: Option<&Path>,
+) -> (i32, String) {
+    const POD_MOUNTS: &str = r#"set -e
+hosts=$1 binary=$2
+shift 2
+for pool in "$@"; do mount --bind "$pool" "$pool"; done
+mount -t tmpfs container-root /
+if [ -n "$hosts" ]; then mount --bind "$hosts" /etc/hosts; fi
+exec "$binary" doctor --output json"#;
+    let mut command = std::process::Command::new("unshare");
+    command.args(["--mount", "--propagation", "private", "sh", "-c", POD_MOUNTS, "sh"]);
+    command.arg(kubelet_hosts_file.map(Path::as_os_str).unwrap_or_default()).arg(binary()).args(pools);
+    let mut settings = settings.to_vec();
+    settings.push(("PATH", std::env::var("PATH").unwrap_or_default()));
+    run_doctor(command, &settings).await
+}
+
+async fn run_doctor(mut command: std::process::Command, settings: &[(&str, String)]) -> (i32, String) {
+    command.env_clear();
     for (name, value) in settings {
         command.env(name, value);
     }
+    let shown = format!("{command:?}");
     let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().expect("run doctor");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    println!("--- doctor {args:?} (stderr: {})\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    println!("--- {shown} (stderr: {})\n{stdout}", String::from_utf8_lossy(&output.stderr));
     (output.status.code().expect("exit code"), stdout)
 }
 
@@ -101,11 +132,12 @@ async fn a_broken_node_shows_its_orphan_its_missing_directory_and_its_full_disk_
     assert_eq!(legacy_pool["trash"]["stuck"], 1);
     assert!(legacy_pool["trash"]["bytes"].as_u64().unwrap() >= 8192);
     assert_eq!(legacy_pool["filesystem"]["is_mount_point"], false);
-    assert_eq!(legacy_pool["filesystem"]["shared_with_root"], same_filesystem_as_root(&legacy));
+    // Run on the node, the OS disk is the filesystem at `/` (as for the metric).
+    assert_eq!(legacy_pool["filesystem"]["shares_os_disk"], same_filesystem_as_root(&legacy));
     assert_eq!(small_pool["name"], "small");
     assert_eq!(small_pool["filesystem"]["type"], "ext4");
     assert_eq!(small_pool["filesystem"]["is_mount_point"], true);
-    assert_eq!(small_pool["filesystem"]["shared_with_root"], false);
+    assert_eq!(small_pool["filesystem"]["shares_os_disk"], false);
     assert!(small_pool["filesystem"]["available_bytes"].as_u64().unwrap() < 1 << 20, "filled up");
     assert_eq!(small_pool["volumes"]["expected"], 0);
     let found = checks(&report);
@@ -166,7 +198,7 @@ async fn a_healthy_node_with_its_volume_in_place_exits_0() {
     assert_eq!(pool["volumes"]["orphan_directories"], serde_json::json!([]));
     assert_eq!(pool["volumes"]["missing_directories"], serde_json::json!([]));
     assert_eq!(pool["filesystem"]["is_mount_point"], true);
-    assert_eq!(pool["filesystem"]["shared_with_root"], false);
+    assert_eq!(pool["filesystem"]["shares_os_disk"], false);
     assert!(pool["filesystem"]["available_bytes"].as_u64().unwrap() > 0);
     assert_eq!(pool["trash"]["stuck"], 0);
     assert!(disk.dir.join(pv.metadata.name.unwrap()).is_dir(), "the doctor changed nothing");
@@ -175,7 +207,7 @@ async fn a_healthy_node_with_its_volume_in_place_exits_0() {
     assert_eq!(code, 0);
     for expected in [
         "mount point    yes",
-        "shared with /  no",
+        "is on OS disk  no",
         "volumes        1 of this node's PVs here",
         "No problems found.",
         "exit code 0",
@@ -267,7 +299,7 @@ async fn reflink_is_seen_on_xfs_and_a_read_only_pool_is_a_problem() {
     assert_eq!(fs["type"], "xfs");
     assert_eq!(fs["reflink"], "supported", "{fs}");
     assert_eq!(fs["is_mount_point"], true);
-    assert_eq!(fs["shared_with_root"], false);
+    assert_eq!(fs["shares_os_disk"], false);
     assert_eq!(code, 0, "{report}");
     let left: Vec<String> = entries(&disk.dir).into_iter().collect();
     assert!(left.is_empty(), "the probe left {left:?}");
@@ -282,25 +314,42 @@ async fn reflink_is_seen_on_xfs_and_a_read_only_pool_is_a_problem() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn seen_from_a_container_root_a_pool_shares_the_hosts_root_when_its_host_path_is_mounted_from_it() {
-    // A tmpfs stands in for a container's own root (`--host-root`): the doctor then reads the
-    // mount table instead of comparing devices.
+async fn in_a_pod_a_pool_is_on_the_os_disk_when_it_shares_the_filesystem_of_the_kubelets_etc_hosts() {
     let dir = tempfile::tempdir().unwrap();
-    let container_root = Tmpfs::mount(&dir.path().join("container-root"));
     let plain = dir.path().join("plain");
     std::fs::create_dir(&plain).unwrap();
     let disk = XfsLoop::mount(&dir.path().join("disk"));
     let settings = [
         ("NODE_NAME", "node-a".to_owned()),
         ("STORAGE_POOLS", format!("plain={},disk={}", plain.display(), disk.dir.display())),
-        ("HOST_ROOT", container_root.0.display().to_string()),
     ];
-    let (code, json) = doctor(&settings, &["--output", "json"]).await;
+    let pools = [plain.as_path(), disk.dir.as_path()];
+    let on_os_disk = |report: &serde_json::Value| {
+        let pools = report["pools"].as_array().unwrap();
+        pools.iter().map(|p| p["filesystem"]["shares_os_disk"].clone()).collect::<Vec<_>>()
+    };
+
+    // The kubelet's directory on the filesystem `plain` is a directory of.
+    let hosts_beside_plain = dir.path().join("etc-hosts");
+    std::fs::write(&hosts_beside_plain, "127.0.0.1 localhost\n").unwrap();
+    let (code, json) = doctor_in_a_pod(&settings, &pools, Some(&hosts_beside_plain)).await;
     let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
-    let (plain_pool, disk_pool) = (&report["pools"][0]["filesystem"], &report["pools"][1]["filesystem"]);
-    let plain_on_root = same_filesystem_as_root(&plain);
-    assert_eq!(plain_pool["shared_with_root"], plain_on_root, "{plain_pool}");
-    assert_eq!(disk_pool["shared_with_root"], false, "{disk_pool}");
-    assert_eq!(disk_pool["mount_root"], "/");
+    assert_eq!(on_os_disk(&report), [true, false], "{report}");
+    assert_eq!(report["pools"][0]["filesystem"]["mount_root"], plain.display().to_string(), "a hostPath bind mount");
+    assert!(checks(&report).contains(&("warning".into(), "plain".into(), "shares_os_disk".into())), "{report}");
     assert_eq!(code, 0, "{report}");
+
+    // The kubelet's directory on the XFS disk: the answers swap, whatever `/` is.
+    let hosts_on_disk = disk.dir.join(".kubelet-etc-hosts");
+    std::fs::write(&hosts_on_disk, "127.0.0.1 localhost\n").unwrap();
+    let (_, json) = doctor_in_a_pod(&settings, &pools, Some(&hosts_on_disk)).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    assert_eq!(on_os_disk(&report), [false, true], "{report}");
+    std::fs::remove_file(&hosts_on_disk).unwrap();
+
+    // A container the kubelet did not start: no /etc/hosts mount, and `/` is no disk.
+    let (code, json) = doctor_in_a_pod(&settings, &pools, None).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    assert_eq!(on_os_disk(&report), [serde_json::Value::Null, serde_json::Value::Null], "{report}");
+    assert_eq!(code, 0, "unknown is not a problem: {report}");
 }

@@ -60,6 +60,13 @@ pub fn is_uid(s: &str) -> bool {
         })
 }
 
+/// The claim UID in a directory name of any known layout (`...pvc-<uid>`).
+pub fn uid_of_dir(name: &str) -> Option<&str> {
+    let uid = name.get(name.len().checked_sub(36)?..)?;
+    let rest = &name[..name.len() - 36];
+    (is_uid(uid) && (rest == "pvc-" || rest.ends_with("-pvc-"))).then_some(uid)
+}
+
 /// A DNS-1123 subdomain (what claim names and namespaces are), checked again because a path is
 /// built from it and the API is not trusted.
 pub fn is_dns_subdomain(s: &str) -> bool {
@@ -375,5 +382,16 @@ mod tests {
             accept_delete_path("/var/hpvolumes/pvc-foo", "pvc-foo", &pools()),
             Err(PathRefusal::ForeignPvName(_))
         ));
+    }
+
+    #[test]
+    fn uid_is_read_from_every_layout_and_nothing_else() {
+        assert_eq!(uid_of_dir(&format!("pvc-{UID}")), Some(UID));
+        assert_eq!(uid_of_dir(&format!("data-pvc-{UID}")), Some(UID));
+        assert_eq!(uid_of_dir(&format!("ns-data-pvc-{UID}")), Some(UID));
+        assert_eq!(uid_of_dir(&format!("x{UID}")), None);
+        assert_eq!(uid_of_dir("lost+found"), None);
+        assert_eq!(uid_of_dir(""), None);
+        assert_eq!(uid_of_dir("é"), None);
     }
 }

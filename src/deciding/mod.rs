@@ -5,6 +5,7 @@ pub mod capacity;
 pub mod claim;
 pub mod clone;
 pub mod layout;
+pub mod mount_table;
 pub mod os_disk;
 pub mod published_capacity;
 pub mod topology;

@@ -15,61 +15,9 @@
 //! filesystems that share space underneath (ZFS datasets of one pool, thin LVM volumes of one
 //! pool) are not recognised.
 
-/// One line of `/proc/self/mountinfo`, the fields this decision needs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mount {
-    /// `major:minor` of the filesystem (`st_dev` of its files).
-    pub device: String,
-    /// Where it is mounted (octal escapes undone).
-    pub mount_point: String,
-    /// Filesystem type (`ext4`, `overlay`, ...).
-    pub fs_type: String,
-    /// Mount source (`/dev/sda1`, `overlay`, `tmpfs`, ...).
-    pub source: String,
-}
+use std::path::Path;
 
-/// Parses the mount table; malformed lines are skipped.
-pub fn parse_mountinfo(table: &str) -> Vec<Mount> {
-    table.lines().filter_map(parse_line).collect()
-}
-
-/// `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw`: a variable number of
-/// optional fields ends with `-`, then type, source and super options.
-fn parse_line(line: &str) -> Option<Mount> {
-    let mut fields = line.split(' ');
-    let device = fields.nth(2)?;
-    let mount_point = fields.nth(1)?;
-    let mut after_separator = fields.skip_while(|f| *f != "-").skip(1);
-    let fs_type = after_separator.next()?;
-    let source = after_separator.next()?;
-    Some(Mount {
-        device: device.to_owned(),
-        mount_point: unescape(mount_point),
-        fs_type: unescape(fs_type),
-        source: unescape(source),
-    })
-}
-
-/// Undoes the kernel's octal escapes of spaces, tabs, newlines and backslashes (`\040`).
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && let Some(digits) = bytes.get(i + 1..i + 4)
-            && digits.iter().all(|d| (b'0'..=b'7').contains(d))
-            && let Ok(byte) = u8::try_from(digits.iter().fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0')))
-        {
-            out.push(byte);
-            i += 4;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+use crate::deciding::mount_table::{Mount, mount_of};
 
 /// Root filesystem types that are not a disk: a container's `/` (or an initramfs).
 const NOT_A_DISK: [&str; 6] = ["overlay", "fuse-overlayfs", "aufs", "tmpfs", "ramfs", "rootfs"];
@@ -77,31 +25,19 @@ const NOT_A_DISK: [&str; 6] = ["overlay", "fuse-overlayfs", "aufs", "tmpfs", "ra
 /// The OS disk's mount, per the rule in the module documentation; `None` when unknown.
 pub fn os_disk(mounts: &[Mount]) -> Option<&Mount> {
     // The last entry for a mount point is the one on top.
-    if let Some(kubelet_file) = mounts.iter().rev().find(|m| m.mount_point == "/etc/hosts") {
+    if let Some(kubelet_file) = mounts.iter().rev().find(|m| m.mount_point == Path::new("/etc/hosts")) {
         return Some(kubelet_file);
     }
-    mounts.iter().rev().find(|m| m.mount_point == "/").filter(|root| !NOT_A_DISK.contains(&root.fs_type.as_str()))
-}
-
-/// The mount holding `path` (absolute, symlinks resolved): the longest mount point that is `path`
-/// or one of its parent directories, the topmost of equals.
-pub fn mount_of<'a>(mounts: &'a [Mount], path: &str) -> Option<&'a Mount> {
-    let contains = |mount_point: &str| {
-        mount_point == "/"
-            || path == mount_point
-            || path.strip_prefix(mount_point).is_some_and(|rest| rest.starts_with('/'))
-    };
     mounts
         .iter()
-        .enumerate()
-        .filter(|(_, m)| contains(&m.mount_point))
-        .max_by_key(|(index, m)| (m.mount_point.len(), *index))
-        .map(|(_, m)| m)
+        .rev()
+        .find(|m| m.mount_point == Path::new("/"))
+        .filter(|root| !NOT_A_DISK.contains(&root.fs_type.as_str()))
 }
 
 /// Whether the pool at `pool_path` (absolute, symlinks resolved) is on the OS disk; `None` when
 /// either filesystem cannot be identified from the table.
-pub fn shares_os_disk(mounts: &[Mount], pool_path: &str) -> Option<bool> {
+pub fn shares_os_disk(mounts: &[Mount], pool_path: &Path) -> Option<bool> {
     let os = os_disk(mounts)?;
     let pool = mount_of(mounts, pool_path)?;
     let same_block_device = os.source.starts_with("/dev/") && os.source == pool.source;
@@ -111,6 +47,11 @@ pub fn shares_os_disk(mounts: &[Mount], pool_path: &str) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deciding::mount_table::parse_mountinfo;
+
+    fn shares(table: &str, pool_path: &str) -> Option<bool> {
+        shares_os_disk(&parse_mountinfo(table.as_bytes()), Path::new(pool_path))
+    }
 
     /// A DaemonSet pod whose pool `/var/hpvolumes` is a hostPath on the node's root disk.
     const POD_POOL_ON_ROOT_DISK: &str = "\
@@ -133,15 +74,18 @@ mod tests {
 
     #[test]
     fn a_pool_bind_mounted_from_the_kubelets_disk_shares_the_os_disk() {
-        let mounts = parse_mountinfo(POD_POOL_ON_ROOT_DISK);
-        assert_eq!(os_disk(&mounts).map(|m| m.mount_point.as_str()), Some("/etc/hosts"));
-        assert_eq!(shares_os_disk(&mounts, "/var/hpvolumes"), Some(true));
+        let mounts = parse_mountinfo(POD_POOL_ON_ROOT_DISK.as_bytes());
+        assert_eq!(os_disk(&mounts).map(|m| m.mount_point.as_path()), Some(Path::new("/etc/hosts")));
+        assert_eq!(shares(POD_POOL_ON_ROOT_DISK, "/var/hpvolumes"), Some(true));
     }
 
     #[test]
     fn a_pool_on_its_own_disk_does_not_share_the_os_disk() {
-        let mounts = parse_mountinfo(POD_POOL_ON_DATA_DISK);
-        assert_eq!(shares_os_disk(&mounts, "/var/hpvolumes"), Some(false));
+        assert_eq!(shares(POD_POOL_ON_DATA_DISK, "/var/hpvolumes"), Some(false));
+        // A hostPath of a directory of the data disk (mounted elsewhere on the node).
+        let directory_of_data_disk =
+            POD_POOL_ON_DATA_DISK.replace("8:17 / /var/hpvolumes", "8:17 /pools/a /var/hpvolumes");
+        assert_eq!(shares(&directory_of_data_disk, "/var/hpvolumes"), Some(false));
     }
 
     #[test]
@@ -150,7 +94,7 @@ mod tests {
 1 0 0:31 / / rw - overlay overlay rw
 2 1 8:17 / /var/hpvolumes rw - xfs /dev/sdb1 rw
 ";
-        assert_eq!(shares_os_disk(&parse_mountinfo(table), "/var/hpvolumes"), None);
+        assert_eq!(shares(table, "/var/hpvolumes"), None);
     }
 
     #[test]
@@ -160,11 +104,10 @@ mod tests {
 23 22 0:21 / /proc rw - proc proc rw
 24 22 259:3 / /srv/pools rw,relatime shared:2 - xfs /dev/nvme0n1p3 rw
 ";
-        let mounts = parse_mountinfo(table);
         // A plain directory under / is on the OS disk; one under the data mount is not.
-        assert_eq!(shares_os_disk(&mounts, "/var/hpvolumes"), Some(true));
-        assert_eq!(shares_os_disk(&mounts, "/srv/pools/fast"), Some(false));
-        assert_eq!(shares_os_disk(&mounts, "/srv/poolsX"), Some(true), "a name prefix is not a parent directory");
+        assert_eq!(shares(table, "/var/hpvolumes"), Some(true));
+        assert_eq!(shares(table, "/srv/pools/fast"), Some(false));
+        assert_eq!(shares(table, "/srv/poolsX"), Some(true), "a name prefix is not a parent directory");
     }
 
     #[test]
@@ -174,7 +117,7 @@ mod tests {
 30 1 0:33 /root / rw,relatime shared:1 - btrfs /dev/vda3 rw,subvol=/root
 31 30 0:35 /pools /var/hpvolumes rw,relatime shared:2 - btrfs /dev/vda3 rw,subvol=/pools
 ";
-        assert_eq!(shares_os_disk(&parse_mountinfo(table), "/var/hpvolumes"), Some(true));
+        assert_eq!(shares(table, "/var/hpvolumes"), Some(true));
     }
 
     #[test]
@@ -185,21 +128,6 @@ mod tests {
 2 1 8:1 /var/hpvolumes /var/hpvolumes rw - ext4 /dev/sda1 rw
 3 2 8:17 / /var/hpvolumes rw - xfs /dev/sdb1 rw
 ";
-        assert_eq!(shares_os_disk(&parse_mountinfo(table), "/var/hpvolumes"), Some(false));
-    }
-
-    #[test]
-    fn escaped_mount_points_and_optional_fields_are_parsed() {
-        let table = "5 1 8:17 / /mnt/my\\040disk rw shared:3 master:4 - ext4 /dev/sdb1 rw\nnonsense line\n";
-        let mounts = parse_mountinfo(table);
-        assert_eq!(
-            mounts,
-            vec![Mount {
-                device: "8:17".into(),
-                mount_point: "/mnt/my disk".into(),
-                fs_type: "ext4".into(),
-                source: "/dev/sdb1".into(),
-            }]
-        );
+        assert_eq!(shares(table, "/var/hpvolumes"), Some(false));
     }
 }

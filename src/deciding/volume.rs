@@ -349,48 +349,17 @@ fn has_owner_annotation(pv: &PersistentVolume) -> bool {
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::api::core::v1::{
-        HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeSpec,
-        PersistentVolumeStatus, VolumeNodeAffinity,
-    };
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
     use crate::test_fixtures::*;
 
-    /// A PV shaped exactly like the Go build writes it (no labels, no hostPath type).
+    /// A PV shaped exactly like the Go build writes it (no labels, no hostPath type), released.
     fn go_pv(dir: &str, owner_annotation: Option<&str>, affinity_node: &str) -> PersistentVolume {
-        let mut annotations = BTreeMap::from([
-            (keys::PROVISIONED_BY.to_owned(), PROVISIONER.to_owned()),
-            (keys::PROVISIONER_IDENTITY.to_owned(), PROVISIONER.to_owned()),
-        ]);
-        if let Some(node) = owner_annotation {
-            annotations.insert(keys::PROVISION_ON_NODE.into(), node.into());
-        }
-        PersistentVolume {
-            metadata: ObjectMeta {
-                name: Some(format!("pvc-{UID}")),
-                annotations: Some(annotations),
-                ..Default::default()
-            },
-            spec: Some(PersistentVolumeSpec {
-                persistent_volume_reclaim_policy: Some("Delete".into()),
-                host_path: Some(HostPathVolumeSource { path: format!("/var/hpvolumes/{dir}"), type_: None }),
-                node_affinity: Some(VolumeNodeAffinity {
-                    required: Some(NodeSelector {
-                        node_selector_terms: vec![NodeSelectorTerm {
-                            match_expressions: Some(vec![NodeSelectorRequirement {
-                                key: "kubernetes.io/hostname".into(),
-                                operator: "In".into(),
-                                values: Some(vec![affinity_node.into()]),
-                            }]),
-                            match_fields: None,
-                        }],
-                    }),
-                }),
-                ..Default::default()
-            }),
-            status: Some(PersistentVolumeStatus { phase: Some("Released".into()), ..Default::default() }),
+        let pv = pv(&format!("/var/hpvolumes/{dir}"), "Released").hostname_affinity(affinity_node);
+        match owner_annotation {
+            Some(node) => pv.owner_annotation(node).build(),
+            None => pv.build(),
         }
     }
 

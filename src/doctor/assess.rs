@@ -12,7 +12,6 @@ use crate::deciding::layout::{self, AcceptedPath, PoolPath};
 use crate::deciding::volume::{VolumeShape, owner_node, volume_shape};
 use crate::doctor::report::{ApiCheck, Finding, PoolReport, Severity};
 use crate::keys;
-use crate::reconciling::orphans::uid_of_dir;
 
 /// Exit code: nothing wrong (warnings may have been printed).
 pub const EXIT_HEALTHY: i32 = 0;
@@ -84,7 +83,7 @@ pub fn orphan_directories<'a>(
     entries
         .iter()
         .filter_map(|entry| {
-            let uid = uid_of_dir(entry)?;
+            let uid = layout::uid_of_dir(entry)?;
             (!pv_names.contains(&layout::pv_name(uid)) && !claim_uids.contains(uid)).then_some(entry.as_str())
         })
         .collect()
@@ -143,11 +142,15 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
             let severity = if require_mountpoint { Severity::Problem } else { Severity::Warning };
             add(severity, "not_mount_point", message);
         }
-        if fs.shared_with_root == Some(true) {
+        if fs.shares_os_disk == Some(true) {
             add(
                 Severity::Warning,
-                "shared_with_root",
-                format!("{} is on the same filesystem as the host's /: a full pool fills the OS disk", pool.path),
+                "shares_os_disk",
+                format!(
+                    "{} is on the node's OS disk: a full pool fills it and the kubelet then evicts pods for \
+                     DiskPressure",
+                    pool.path
+                ),
             );
         }
         let usable = fs.available_bytes.saturating_sub(pool.reserve_bytes);
@@ -243,15 +246,11 @@ pub fn exit_code(findings: &[Finding], api: &ApiCheck) -> i32 {
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::api::core::v1::{
-        HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeSpec,
-        PersistentVolumeStatus, VolumeNodeAffinity,
-    };
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
     use crate::doctor::report::{FilesystemReport, OrphanDirectory, SelinuxReport, TrashReport, VolumesReport};
-    use crate::test_fixtures::{NODE, OTHER_NODE, PROVISIONER, UID, me};
+    use crate::test_fixtures::{self as fixtures, NODE, OTHER_NODE, UID, me};
 
     const OTHER_UID: &str = "11111111-2222-4333-8444-555555555555";
 
@@ -260,22 +259,10 @@ mod tests {
     }
 
     fn pv(path: &str, owner: Option<&str>) -> PersistentVolume {
-        let mut annotations = BTreeMap::from([(keys::PROVISIONED_BY.to_owned(), PROVISIONER.to_owned())]);
-        if let Some(owner) = owner {
-            annotations.insert(keys::PROVISION_ON_NODE.to_owned(), owner.to_owned());
-        }
-        PersistentVolume {
-            metadata: ObjectMeta {
-                name: Some(format!("pvc-{UID}")),
-                annotations: Some(annotations),
-                ..Default::default()
-            },
-            spec: Some(PersistentVolumeSpec {
-                host_path: Some(HostPathVolumeSource { path: path.to_owned(), type_: None }),
-                persistent_volume_reclaim_policy: Some("Delete".into()),
-                ..Default::default()
-            }),
-            status: Some(PersistentVolumeStatus { phase: Some("Bound".into()), ..Default::default() }),
+        let pv = fixtures::pv(path, "Bound");
+        match owner {
+            Some(node) => pv.owner_annotation(node).build(),
+            None => pv.build(),
         }
     }
 
@@ -294,19 +281,7 @@ mod tests {
 
     #[test]
     fn an_old_pv_pinned_by_hostname_affinity_is_here_on_that_hostname() {
-        let mut old = pv(&format!("/var/hpvolumes/pvc-{UID}"), None);
-        old.spec.as_mut().unwrap().node_affinity = Some(VolumeNodeAffinity {
-            required: Some(NodeSelector {
-                node_selector_terms: vec![NodeSelectorTerm {
-                    match_expressions: Some(vec![NodeSelectorRequirement {
-                        key: keys::HOSTNAME_LABEL.into(),
-                        operator: "In".into(),
-                        values: Some(vec!["host-a".into()]),
-                    }]),
-                    ..Default::default()
-                }],
-            }),
-        });
+        let old = fixtures::pv(&format!("/var/hpvolumes/pvc-{UID}"), "Bound").hostname_affinity("host-a").build();
         assert!(here(&old).is_some());
         assert_eq!(volume_here(&old, &me(), "host-b", &pools()), None);
     }
@@ -377,7 +352,7 @@ mod tests {
             filesystem: Some(FilesystemReport {
                 fs_type: "xfs".into(),
                 is_mount_point: true,
-                shared_with_root: Some(false),
+                shares_os_disk: Some(false),
                 size_bytes: 100 << 30,
                 available_bytes: 50 << 30,
                 inodes_total: 1000,
@@ -422,8 +397,8 @@ mod tests {
         assert_eq!(checks(pool.clone(), false), vec![(Severity::Warning, "not_mount_point")]);
         assert_eq!(checks(pool, true), vec![(Severity::Problem, "not_mount_point")], "REQUIRE_MOUNTPOINT");
         let mut pool = healthy_pool();
-        pool.filesystem.as_mut().unwrap().shared_with_root = Some(true);
-        assert_eq!(checks(pool, false), vec![(Severity::Warning, "shared_with_root")]);
+        pool.filesystem.as_mut().unwrap().shares_os_disk = Some(true);
+        assert_eq!(checks(pool, false), vec![(Severity::Warning, "shares_os_disk")]);
         let mut pool = healthy_pool();
         pool.filesystem.as_mut().unwrap().read_only = true;
         assert_eq!(checks(pool, false), vec![(Severity::Problem, "read_only")]);

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
@@ -87,8 +86,8 @@ where
     }
 }
 
-/// Everything the doctor reports about one pool. `host_root` is the host's `/` as seen from here.
-pub fn pool_report(pool: &PoolPath, config: &Config, host_root: &Path, cluster: Option<&ClusterFacts>) -> PoolReport {
+/// Everything the doctor reports about one pool.
+pub fn pool_report(pool: &PoolPath, config: &Config, cluster: Option<&ClusterFacts>) -> PoolReport {
     let mut report = PoolReport {
         name: pool.name.clone(),
         path: pool.root.display().to_string(),
@@ -103,7 +102,7 @@ pub fn pool_report(pool: &PoolPath, config: &Config, host_root: &Path, cluster: 
             return report;
         }
     };
-    match filesystem_report(&root, host_root) {
+    match filesystem_report(&root) {
         Ok(fs) => report.filesystem = Some(fs),
         Err(error) => report.error = Some(error.to_string()),
     }
@@ -117,25 +116,16 @@ pub fn pool_report(pool: &PoolPath, config: &Config, host_root: &Path, cluster: 
     report
 }
 
-fn filesystem_report(root: &PoolRoot, host_root: &Path) -> Result<FilesystemReport, DoctorError> {
+fn filesystem_report(root: &PoolRoot) -> Result<FilesystemReport, DoctorError> {
     let path = root.path();
     let st = rustix::fs::statvfs(path).map_err(|e| DoctorError::fs("statvfs", path, e))?;
     let magic = capabilities::fs_magic(path)?;
     let mount = capabilities::read_mount_of(path)?;
     let is_mount_point = root.is_mountpoint()?;
-    let pool_dev = std::fs::metadata(path)
-        .map_err(|source| DoctorError::Filesystem { op: "stat", path: path.to_owned(), source })?
-        .dev();
-    let shared_with_root = match (std::fs::metadata(host_root), capabilities::fs_magic(host_root)) {
-        (Ok(meta), Ok(root_magic)) => capabilities::shares_root_filesystem(
-            pool_dev,
-            meta.dev(),
-            capabilities::is_container_layer(root_magic),
-            path,
-            mount.as_ref(),
-        ),
-        _ => None,
-    };
+    // The metric's own reading and rule, so that both say the same of a pool.
+    let shares_os_disk = crate::filesystem::os_disk::pool_shares_os_disk(path).map_err(|source| {
+        DoctorError::Filesystem { op: "tell whether it is on the OS disk", path: path.to_owned(), source }
+    })?;
     let read_only = st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY);
     let reflink = if read_only { Reflink::Unknown("read-only".into()) } else { capabilities::probe_reflink(path) };
     let options = mount.as_ref().map(|m| m.options.clone()).unwrap_or_default();
@@ -153,7 +143,7 @@ fn filesystem_report(root: &PoolRoot, host_root: &Path) -> Result<FilesystemRepo
         mount_point: mount.as_ref().map(|m| m.mount_point.display().to_string()),
         mount_root: mount.as_ref().map(|m| m.fs_root.display().to_string()),
         is_mount_point,
-        shared_with_root,
+        shares_os_disk,
         read_only,
         size_bytes: st.f_blocks.saturating_mul(st.f_frsize),
         available_bytes: st.f_bavail.saturating_mul(st.f_frsize),

@@ -5,13 +5,12 @@
 //! ([`capabilities::PROBE_DIR`]) under each writable pool root.
 //!
 //! For each pool it reports the filesystem type, whether the root is a mount point, whether it
-//! shares the host's `/` filesystem, space and reserve, reflink and quota support, the SELinux
+//! is on the node's OS disk, space and reserve, reflink and quota support, the SELinux
 //! label where SELinux is on, the trash, and, with API access (`--kubeconfig`/`KUBECONFIG`, or in
 //! a pod), directories that match no PV and this node's PVs whose directory is missing.
 //!
-//! "Shared with `/`" ([`capabilities::shares_root_filesystem`]): on the node, the pool root is on
-//! the same filesystem (`st_dev`) as `--host-root` (default `/`); in a pod, where `/` is the
-//! container's overlay, the pool's hostPath mount is read from the mount table instead.
+//! "On the OS disk" is what the `hostpath_provisioner_pool_shares_os_disk` metric reports, by the
+//! same reading and rule ([`crate::filesystem::os_disk`], [`crate::deciding::os_disk`]).
 //!
 //! Exit codes: [`assess::EXIT_HEALTHY`] (0) nothing wrong, warnings allowed;
 //! [`assess::EXIT_PROBLEMS`] (1) a problem found; [`assess::EXIT_CONFIG`] (2) invalid
@@ -51,10 +50,6 @@ pub struct DoctorArgs {
     /// Output: table (for people) or json (for scripts; field names are stable).
     #[arg(long, short = 'o', default_value = "table")]
     pub output: String,
-
-    /// The host's root directory as seen from here, to tell whether a pool shares its filesystem.
-    #[arg(long, env = "HOST_ROOT", default_value = "/")]
-    pub host_root: PathBuf,
 }
 
 /// Why a fact could not be gathered. The doctor reports it (a pool it cannot examine is a
@@ -134,9 +129,8 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
     };
     let (node, provisioner, require_mountpoint) =
         (config.node_name.clone(), config.provisioner_name.clone(), config.require_mountpoint);
-    let host_root = args.host_root;
     let pools = tokio::task::spawn_blocking(move || {
-        config.pools.iter().map(|pool| inspect::pool_report(pool, &config, &host_root, cluster.as_ref())).collect()
+        config.pools.iter().map(|pool| inspect::pool_report(pool, &config, cluster.as_ref())).collect()
     });
     let pools: Vec<_> = match pools.await {
         Ok(pools) => pools,
@@ -192,17 +186,15 @@ mod tests {
             "--require-mountpoint",
             "-o",
             "json",
-            "--host-root",
-            "/host",
         ])
         .expect("doctor arguments");
-        assert_eq!((args.output.as_str(), args.host_root.as_path()), ("json", std::path::Path::new("/host")));
+        assert_eq!(args.output, "json");
         let config = args.daemon.validate().expect("the daemon's validation");
         assert_eq!(config.node_name, "node-a");
         assert_eq!(config.pools.len(), 2);
         assert!(config.require_mountpoint);
         let defaults = DoctorArgs::try_parse_from(["doctor"]).expect("defaults");
-        assert_eq!((defaults.output.as_str(), defaults.host_root.as_path()), ("table", std::path::Path::new("/")));
+        assert_eq!(defaults.output, "table");
     }
 
     #[test]

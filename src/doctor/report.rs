@@ -72,8 +72,9 @@ pub struct FilesystemReport {
     pub mount_root: Option<String>,
     /// The root itself is a mount point (a bind mount included, as the daemon's check counts it).
     pub is_mount_point: bool,
-    /// Same filesystem as the host's `/` (null: cannot tell from inside a container).
-    pub shared_with_root: Option<bool>,
+    /// On the node's OS disk, as the `pool_shares_os_disk` metric says (null: the mount table
+    /// does not tell).
+    pub shares_os_disk: Option<bool>,
     /// Mounted read-only.
     pub read_only: bool,
     /// Size of the filesystem.
@@ -201,12 +202,12 @@ pub fn render_table(report: &Report) -> String {
                 (None, false) => "no".to_owned(),
             };
             rows.push(("mount point", mount));
-            let shared = match fs.shared_with_root {
-                Some(true) => "yes (same filesystem as the host's /)".to_owned(),
-                Some(false) => "no".to_owned(),
-                None => "unknown (in a container, and the pool's mount is not listed: pass --host-root)".to_owned(),
+            let shared = match fs.shares_os_disk {
+                Some(true) => "yes (a full pool fills the disk the node needs)",
+                Some(false) => "no",
+                None => "unknown (no /etc/hosts mount from the kubelet, and / is not a disk)",
             };
-            rows.push(("shared with /", shared));
+            rows.push(("is on OS disk", shared.to_owned()));
             rows.push((
                 "space",
                 format!(
@@ -297,7 +298,7 @@ mod tests {
                     source: Some("/dev/sdb".into()),
                     mount_point: Some("/var/hpvolumes".into()),
                     is_mount_point: true,
-                    shared_with_root: Some(false),
+                    shares_os_disk: Some(false),
                     size_bytes: 100 << 30,
                     available_bytes: 40 << 30,
                     reflink: "supported".into(),
@@ -336,7 +337,7 @@ mod tests {
             "pool           legacy /var/hpvolumes",
             "filesystem     xfs on /dev/sdb",
             "mount point    yes",
-            "shared with /  no",
+            "is on OS disk  no",
             "space          40 GiB available of 100 GiB, reserve 1 GiB",
             "reflink        supported",
             "quota          prjquota (project quotas enforced)",
@@ -358,10 +359,10 @@ mod tests {
         let fs = report.pools[0].filesystem.as_mut().unwrap();
         fs.mount_root = Some("/var/hpvolumes".into());
         fs.source = Some("/dev/sda1".into());
-        fs.shared_with_root = None;
+        fs.shares_os_disk = None;
         let table = render_table(&report);
         assert!(table.contains("mount point    yes (a bind mount of /var/hpvolumes of /dev/sda1)"), "{table}");
-        assert!(table.contains("shared with /  unknown"), "{table}");
+        assert!(table.contains("is on OS disk  unknown (no /etc/hosts mount"), "{table}");
     }
 
     #[test]
@@ -370,7 +371,7 @@ mod tests {
         assert_eq!(json["api"]["status"], "checked");
         let pool = &json["pools"][0];
         assert_eq!(pool["filesystem"]["type"], "xfs");
-        assert_eq!(pool["filesystem"]["shared_with_root"], false);
+        assert_eq!(pool["filesystem"]["shares_os_disk"], false);
         assert_eq!(pool["filesystem"]["mount_root"], serde_json::Value::Null);
         assert_eq!(pool["filesystem"]["selinux"]["mode"], "enforcing");
         assert_eq!(pool["volumes"]["orphan_directories"][0]["name"], "pvc-1");

@@ -461,6 +461,15 @@ fn fs_error(op: &'static str, path: PathBuf, source: Errno) -> PoolError {
     }
 }
 
+/// This process's mount table, its read error as a pool error.
+fn read_mount_table() -> Result<Vec<crate::deciding::mount_table::Mount>, PoolError> {
+    mount_table::read().map_err(|e| PoolError::Io {
+        op: "read the mount table",
+        path: PathBuf::from(mount_table::MOUNT_TABLE),
+        source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+    })
+}
+
 /// Shortens `s` to at most `max` bytes on a character boundary, marking the cut.
 fn truncate_for_message(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -684,12 +693,8 @@ impl PoolRoot {
             path: self.path.clone(),
             source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
         })?;
-        let table = std::fs::read("/proc/self/mountinfo").map_err(|e| PoolError::Io {
-            op: "read the mount table",
-            path: PathBuf::from("/proc/self/mountinfo"),
-            source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
-        })?;
-        Ok(mountinfo_lists_mountpoint(&table, canonical.as_os_str().as_bytes()))
+        let mounts = read_mount_table()?;
+        Ok(crate::deciding::mount_table::is_mount_point(&mounts, &canonical))
     }
 
     /// Creates the volume directory with exactly `mode` (whatever the umask, docs/architecture.md, compatibility contract item 9).
@@ -942,36 +947,6 @@ impl PoolRoot {
         }
         Ok(inode)
     }
-}
-
-/// Whether a `/proc/self/mountinfo` table has a mount at exactly `path` (resolved bytes).
-fn mountinfo_lists_mountpoint(table: &[u8], path: &[u8]) -> bool {
-    table
-        .split(|b| *b == b'\n')
-        .filter_map(|line| line.split(|b| *b == b' ').nth(4))
-        .any(|field| unescape_mountinfo(field) == path)
-}
-
-/// Undoes the octal escapes (`\040` for space, `\011`, `\012`, `\134`) of mountinfo path fields.
-fn unescape_mountinfo(field: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        if field[i] == b'\\' && i + 4 <= field.len() {
-            let digits = &field[i + 1..i + 4];
-            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let value = digits.iter().fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
-                if let Ok(byte) = u8::try_from(value) {
-                    out.push(byte);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(field[i]);
-        i += 1;
-    }
-    out
 }
 
 /// One directory on the removal stack.
@@ -1273,6 +1248,7 @@ impl<'a> Walker<'a> {
 }
 
 mod clone;
+pub mod mount_table;
 pub mod os_disk;
 pub mod pools;
 mod trash;

@@ -228,17 +228,6 @@ fn bind_mount_of_a_same_filesystem_subdirectory_is_a_mountpoint() {
 }
 
 #[test]
-fn mountinfo_paths_are_unescaped() {
-    let table = b"36 35 98:0 /mnt1 /mnt/my\\040disk rw,noatime master:1 - ext3 /dev/root rw\n\
-                  37 35 98:0 / /var/pool\\134x rw - ext4 /dev/sda rw\n";
-    assert!(mountinfo_lists_mountpoint(table, b"/mnt/my disk"));
-    assert!(mountinfo_lists_mountpoint(table, b"/var/pool\\x"));
-    assert!(!mountinfo_lists_mountpoint(table, b"/mnt/my\\040disk"));
-    assert!(!mountinfo_lists_mountpoint(table, b"/mnt"));
-    assert_eq!(unescape_mountinfo(b"a\\04"), b"a\\04");
-}
-
-#[test]
 fn stats_report_the_pool_filesystem_sizes() {
     let fx = Fixture::new();
     let _mount = MountGuard::tmpfs(&fx.root(), c"size=4m");

@@ -3,14 +3,13 @@
 //! the same fd-based walk as a direct removal. The trash survives restarts and is purged again.
 
 use std::os::fd::AsFd;
-use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{AtFlags, FileType, Mode};
 use rustix::io::Errno;
 
-use super::{PoolError, PoolRoot, Removal, VolumeDirName, fs_error, inode_at, unescape_mountinfo};
+use super::{PoolError, PoolRoot, Removal, VolumeDirName, fs_error, inode_at, read_mount_table};
 
 /// Name of the trash directory directly under a pool root. It starts with a dot so that it never
 /// matches a volume layout (and the orphan cleanup ignores it).
@@ -157,20 +156,8 @@ impl PoolRoot {
         let canonical =
             std::fs::canonicalize(&self.path).map(|root| root.join(path.strip_prefix(&self.path).unwrap_or(path)));
         let path = canonical.unwrap_or_else(|_| path.to_owned());
-        let table = std::fs::read("/proc/self/mountinfo").map_err(|e| PoolError::Io {
-            op: "read the mount table",
-            path: "/proc/self/mountinfo".into(),
-            source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
-        })?;
-        let own = path.as_os_str().as_bytes();
-        for line in table.split(|b| *b == b'\n') {
-            let Some(field) = line.split(|b| *b == b' ').nth(4) else { continue };
-            let mount = unescape_mountinfo(field);
-            if mount == own || (mount.starts_with(own) && mount.get(own.len()) == Some(&b'/')) {
-                return Ok(Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&mount))));
-            }
-        }
-        Ok(None)
+        let mounts = read_mount_table()?;
+        Ok(crate::deciding::mount_table::first_mount_at_or_below(&mounts, &path).map(|m| m.mount_point.clone()))
     }
 }
 

@@ -19,13 +19,6 @@ use crate::filesystem::{PoolError, PoolRoot, VolumeDirName};
 use crate::reconciling::context::Context;
 use crate::serving::metrics::PoolLabel;
 
-/// The claim UID in a directory name of any known layout (`...pvc-<uid>`).
-pub fn uid_of_dir(name: &str) -> Option<&str> {
-    let uid = name.get(name.len().checked_sub(36)?..)?;
-    let rest = &name[..name.len() - 36];
-    (layout::is_uid(uid) && (rest == "pvc-" || rest.ends_with("-pvc-"))).then_some(uid)
-}
-
 /// On a shared pool, another node may be between creating a directory and its PV for a claim
 /// this node has not seen yet: only directories untouched for this long count as orphans there.
 const SHARED_ORPHAN_AGE: std::time::Duration = std::time::Duration::from_secs(600);
@@ -48,7 +41,7 @@ pub async fn remove_orphan_directories(ctx: &Context) {
         // a claim that was already in the store when its directory was made.
         let claim_uids: HashSet<String> = ctx.claims.state().iter().filter_map(|c| c.metadata.uid.clone()).collect();
         for entry in entries {
-            let Some(uid) = uid_of_dir(&entry) else { continue };
+            let Some(uid) = layout::uid_of_dir(&entry) else { continue };
             // A claim without its PV is either being provisioned (its directory still empty) or
             // lost its PV by hand: only the latter holds data, and only a local pool's can be told
             // apart safely (a shared one's claim may be another node's work in progress).
@@ -129,23 +122,5 @@ async fn report_orphans(ctx: &Context, pool: &PoolRoot, dirs: &[String]) {
     match ctx.node_ref().await {
         Ok(node) => ctx.warn(&node, reason::ORPHANED_VOLUME, "Delete", note).await,
         Err(error) => tracing::warn!(%error, "cannot read this node's Node object to report on it"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const UID: &str = "0b5c7f8e-6a4d-4e1f-9c2b-3d4e5f607182";
-
-    #[test]
-    fn uid_is_read_from_every_layout_and_nothing_else() {
-        assert_eq!(uid_of_dir(&format!("pvc-{UID}")), Some(UID));
-        assert_eq!(uid_of_dir(&format!("data-pvc-{UID}")), Some(UID));
-        assert_eq!(uid_of_dir(&format!("ns-data-pvc-{UID}")), Some(UID));
-        assert_eq!(uid_of_dir(&format!("x{UID}")), None);
-        assert_eq!(uid_of_dir("lost+found"), None);
-        assert_eq!(uid_of_dir(""), None);
-        assert_eq!(uid_of_dir("é"), None);
     }
 }
