@@ -236,15 +236,26 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
     assert!(max.contains("storageclass.kubernetes.io/is-default-class: \"true\""));
     assert!(max.contains("provisioner: example.com/hostpath-provisioner"));
 
-    // A pool list the binary would refuse is refused at render time, with the reason.
+    // Values the binary would refuse, or that are misspelt, are refused at render time with
+    // the reason, rather than starting pods that exit or silently ignoring a setting.
+    for (set, reason) in [
+        ("pools[0].name=legacy,pools[0].path=/a,pools[0].shared=true", "legacy is PV_DIR"),
+        ("config.pvCapacity=whole", "pvCapacity"),
+        ("config.dirMode=0999", "dirMode"),
+        ("storageClass.name=typo", "storageClass"),
+        ("storageClasses[0].name=x,storageClasses[0].volumeBindingMode=Later", "volumeBindingMode"),
+    ] {
+        let refused = helm_refusal(&["template", "x", CHART, "--set", set]);
+        assert!(refused.contains(reason), "--set {set}: {refused}");
+    }
+}
+
+/// Runs helm expecting it to fail and returns its error output.
+fn helm_refusal(args: &[&str]) -> String {
     let bin = deploy_tool(DeployTool::Helm).unwrap_or_else(|e| panic!("{e:#}"));
-    let refused = Command::new(bin)
-        .args(["template", "x", CHART, "--set", "pools[0].name=legacy,pools[0].path=/a,pools[0].shared=true"])
-        .current_dir(repo())
-        .output()
-        .expect("helm");
-    assert!(!refused.status.success());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("legacy is PV_DIR"), "{refused:?}");
+    let output = Command::new(bin).args(args).current_dir(repo()).output().expect("helm");
+    assert!(!output.status.success(), "helm {} succeeded", args.join(" "));
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread")]
