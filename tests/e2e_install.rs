@@ -267,6 +267,8 @@ async fn every_rendered_variant_passes_server_side_dry_run() {
     for (name, manifests) in rendered_variants().into_iter().chain([
         // OpenShift: deploy/legacy plus the SCC, against the real SCC CRD.
         ("openshift", kubectl(&env, &["kustomize", "deploy/openshift"])),
+        // `kubectl apply -k deploy/monitoring`, as the README says.
+        ("monitoring-kustomization", kubectl(&env, &["kustomize", "deploy/monitoring"])),
     ]) {
         let objects = server_dry_run(&env, name, &manifests);
         assert_eq!(objects.len(), document_count(&manifests), "{name}: every object accepted");
