@@ -60,20 +60,32 @@ fn run(program: &Path, args: &[&str], envs: &[(&str, &Path)]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// helm with its caches and settings in a directory of this test binary, not the user's home.
-fn helm(args: &[&str]) -> String {
-    static HOME: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    let home = HOME.get_or_init(|| tempfile::tempdir().expect("helm home")).path();
+/// helm with its caches and settings under the target directory, not the user's home.
+fn helm_command(args: &[&str]) -> Command {
+    let home = Path::new(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
     let bin = deploy_tool(DeployTool::Helm).unwrap_or_else(|e| panic!("{e:#}"));
-    run(
-        &bin,
-        args,
-        &[
-            ("HELM_CACHE_HOME", &home.join("cache")),
-            ("HELM_CONFIG_HOME", &home.join("config")),
-            ("HELM_DATA_HOME", &home.join("data")),
-        ],
-    )
+    let mut command = Command::new(bin);
+    command
+        .args(args)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .current_dir(repo());
+    command
+}
+
+/// Runs helm and returns its stdout; panics with its output on failure.
+fn helm(args: &[&str]) -> String {
+    let output = helm_command(args).output().expect("running helm");
+    assert!(
+        output.status.success(),
+        "helm {} failed ({}):\n{}\n{}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn kubectl(env: &TestEnv, args: &[&str]) -> String {
@@ -252,8 +264,7 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
 
 /// Runs helm expecting it to fail and returns its error output.
 fn helm_refusal(args: &[&str]) -> String {
-    let bin = deploy_tool(DeployTool::Helm).unwrap_or_else(|e| panic!("{e:#}"));
-    let output = Command::new(bin).args(args).current_dir(repo()).output().expect("helm");
+    let output = helm_command(args).output().expect("running helm");
     assert!(!output.status.success(), "helm {} succeeded", args.join(" "));
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
