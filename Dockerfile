@@ -25,6 +25,11 @@ WORKDIR /src
 # even to build one package). .dockerignore keeps target/ and .git/ out of the context.
 COPY . .
 
+# The commit for the hostpath_provisioner_build_info metric and the start-up log line: .git is
+# not in the context, so pass it in: --build-arg HPP_GIT_COMMIT=$(git rev-parse HEAD).
+# Without it the commit reads "unknown".
+ARG HPP_GIT_COMMIT=unknown
+
 # The cache mounts keep downloaded crates and compiled dependencies between builds, so a
 # source change recompiles only this crate. target/ lives in a cache mount, hence the copy
 # of the binary to /out within the same step.

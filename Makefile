@@ -6,7 +6,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build release control-plane deploy-tools manifests image test lint unit e2e demo bench fmt clean-cache
+.PHONY: all build release control-plane promtool deploy-tools manifests image test lint unit e2e demo bench fmt clean-cache
 
 all: build
 
@@ -19,6 +19,10 @@ release:
 # Builds the pinned control plane if it is not cached yet (first run: about 10-30 minutes).
 control-plane:
 	bash hack/build-control-plane.sh
+
+# Builds the pinned promtool (checks and unit-tests the alert rules) if it is not cached yet.
+promtool:
+	bash hack/build-promtool.sh
 
 # helm and kube-score, and the CRDs of the chart's optional kinds (ServiceMonitor, PrometheusRule,
 # SecurityContextConstraints), from the Go module proxy, cached next to the control plane
@@ -50,7 +54,7 @@ unit:
 e2e: control-plane deploy-tools image
 	$(CARGO) test --workspace --tests -- --test-threads=$${E2E_THREADS:-4}
 
-test: control-plane deploy-tools lint image
+test: control-plane promtool deploy-tools lint image
 	$(CARGO) test --workspace --all-targets -- --test-threads=$${E2E_THREADS:-4}
 
 # A local control plane and the provisioner: a claim provisioned for a pod and deleted. As root

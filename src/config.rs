@@ -35,7 +35,8 @@ pub enum LogFormat {
 #[command(
     name = "hostpath-provisioner",
     version,
-    about = "Dynamic hostPath PersistentVolume provisioner (drop-in for the kubevirt legacy provisioner)"
+    about = "Dynamic hostPath PersistentVolume provisioner (drop-in for the kubevirt legacy provisioner)",
+    after_help = "Subcommand: `hostpath-provisioner doctor [--output json]` checks this node's pools with the same settings (see `doctor --help`)."
 )]
 pub struct Args {
     /// This pod's node: the Node object name (downward API spec.nodeName).
@@ -87,6 +88,10 @@ pub struct Args {
     /// Protect the data of node and shared volumes from `kubectl delete pv` with the external provisioner's deletion-protection finalizer (true/false, yes/no, on/off, 1/0). While PVs carry it, rolling back to the Go build leaves them stuck when deleted.
     #[arg(long, env = "PV_FINALIZER", default_value = "false", num_args = 0..=1, default_missing_value = "true")]
     pub pv_finalizer: String,
+
+    /// Publish each node's free space per class as CSIStorageCapacity objects for kube-scheduler (true/false, yes/no, on/off, 1/0). Needs a provisioner name that is a valid object name, and a CSIDriver of that name with storageCapacity: true.
+    #[arg(long, env = "PUBLISH_CAPACITY", default_value = "false", num_args = 0..=1, default_missing_value = "true")]
+    pub publish_capacity: String,
 
     /// Who may pin claims to nodes with kubevirt.io/provisionOnNode: allow, deny, or a comma-separated list of namespaces.
     #[arg(long, env = "PROVISION_ON_NODE", default_value = "allow")]
@@ -208,7 +213,18 @@ pub enum ConfigError {
         /// What is accepted.
         accepted: String,
     },
+    /// `--publish-capacity` with a provisioner name that cannot name a CSIDriver object.
+    #[error(
+        "PUBLISH_CAPACITY: needs PROVISIONER_NAME to be a valid object name such as {CSIDRIVER_NAME_EXAMPLE} \
+         (kube-scheduler reads published capacity only through a CSIDriver object named like the provisioner), \
+         not {0:?}"
+    )]
+    PublishCapacityNeedsObjectName(String),
 }
+
+/// A provisioner name kube-scheduler can look up as a CSIDriver object: a DNS subdomain, so the
+/// default `kubevirt.io/hostpath-provisioner` (with a slash) cannot be one.
+pub const CSIDRIVER_NAME_EXAMPLE: &str = "hostpath.example.org";
 
 /// Validated configuration.
 #[derive(Clone, Debug)]
@@ -239,6 +255,8 @@ pub struct Config {
     pub pv_finalizer: bool,
     /// Who may use provisionOnNode.
     pub provision_on_node: ProvisionOnNodePolicy,
+    /// Publish CSIStorageCapacity objects for kube-scheduler.
+    pub publish_capacity: bool,
     /// Bytes kept free per pool.
     pub reserved_bytes: u64,
     /// Concurrent reconciles.
@@ -303,6 +321,7 @@ impl Args {
         };
         let require_mountpoint = parse_switch("REQUIRE_MOUNTPOINT", &self.require_mountpoint)?;
         let pv_finalizer = parse_switch("PV_FINALIZER", &self.pv_finalizer)?;
+        let publish_capacity = parse_switch("PUBLISH_CAPACITY", &self.publish_capacity)?;
         let dir_mode = u32::from_str_radix(self.dir_mode.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o7777)
@@ -336,6 +355,9 @@ impl Args {
         if self.provisioner_name.trim().is_empty() {
             return Err(invalid("PROVISIONER_NAME", "", "a non-empty name such as kubevirt.io/hostpath-provisioner"));
         }
+        if publish_capacity && !layout::is_dns_subdomain(&self.provisioner_name) {
+            return Err(ConfigError::PublishCapacityNeedsObjectName(self.provisioner_name));
+        }
         Ok(Config {
             node_name,
             pools,
@@ -350,6 +372,7 @@ impl Args {
             require_mountpoint,
             pv_finalizer,
             provision_on_node,
+            publish_capacity,
             reserved_bytes,
             max_concurrency,
             metrics_addr: parse_addr("METRICS_ADDR", &self.metrics_addr)?,
@@ -667,6 +690,22 @@ mod tests {
         }
         let c = parse_on_node(&["--pv-dir", "/p", "--log-format", "JSON", "--pv-capacity", "Filesystem"]).unwrap();
         assert_eq!((c.log_format, c.pv_capacity), (LogFormat::Json, PvCapacity::Filesystem));
+    }
+
+    #[test]
+    fn publish_capacity_is_off_by_default_and_needs_a_provisioner_name_that_is_an_object_name() {
+        assert!(!parse_on_node(&["--pv-dir", "/p"]).unwrap().publish_capacity, "opt-in");
+        let c = parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "--provisioner-name", "hostpath.example.org"])
+            .unwrap();
+        assert!(c.publish_capacity);
+        let e = parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "yes"]).unwrap_err().to_string();
+        assert!(e.starts_with("PUBLISH_CAPACITY: "), "{e}");
+        assert!(e.contains("hostpath.example.org") && e.contains("CSIDriver"), "says what to do: {e}");
+        assert!(e.contains("\"kubevirt.io/hostpath-provisioner\""), "names the value: {e}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+        assert!(parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "off"]).is_ok(), "off needs nothing");
+        let e = parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "sometimes"]).unwrap_err().to_string();
+        assert!(e.starts_with("PUBLISH_CAPACITY: ") && e.contains(SWITCH_SPELLINGS), "{e}");
     }
 
     #[test]

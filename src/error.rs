@@ -26,6 +26,10 @@ pub mod reason {
     pub const TRASH_PURGE_FAILED: &str = "TrashPurgeFailed";
     /// Warning: a terminating every-node PV waits for nodes whose provisioner is not running.
     pub const WAITING_FOR_NODES: &str = "WaitingForNodes";
+    /// Warning, on this node's Node object: its CSIStorageCapacity objects cannot be written.
+    pub const CAPACITY_PUBLISH_FAILED: &str = "CapacityPublishFailed";
+    /// Warning: a clone waits for its source claim (missing, being deleted, not bound yet).
+    pub const CLONE_SOURCE_NOT_READY: &str = "CloneSourceNotReady";
 }
 
 /// Whether and how soon to try again.
@@ -89,6 +93,14 @@ pub enum ClaimError {
     /// The pool named in a plan is not open on this node.
     #[error("pool {0} is not configured on this node")]
     UnknownPool(String),
+    /// Copying the source volume of a clone failed; nothing of the copy is visible as a volume.
+    #[error("cloning volume {source_dir} failed: {error}")]
+    Clone {
+        /// The source's directory name.
+        source_dir: String,
+        /// Why.
+        error: PoolError,
+    },
 }
 
 impl ClaimError {
@@ -104,8 +116,8 @@ impl ClaimError {
     pub fn retry(&self) -> Retry {
         match self {
             Self::Api(_) | Self::InsufficientSpace { .. } | Self::Cleanup { .. } => Retry::Backoff,
-            Self::Pool(e) if e.is_retryable() => Retry::Backoff,
-            Self::Pool(_) | Self::PvConflict { .. } | Self::UnknownPool(_) => Retry::AfterChange,
+            Self::Pool(e) | Self::Clone { error: e, .. } if e.is_retryable() => Retry::Backoff,
+            Self::Pool(_) | Self::Clone { .. } | Self::PvConflict { .. } | Self::UnknownPool(_) => Retry::AfterChange,
         }
     }
 
@@ -114,6 +126,7 @@ impl ClaimError {
         match self {
             Self::Api(_) => "api",
             Self::Pool(_) => "pool",
+            Self::Clone { .. } => "clone",
             Self::PvConflict { .. } => "pv_conflict",
             Self::InsufficientSpace { .. } => "insufficient_space",
             Self::Cleanup { .. } => "cleanup",

@@ -37,6 +37,9 @@ pub const LEASE_PROVISIONER_LABEL: &str = "hostpath-provisioner.kubevirt.io/prov
 /// Lease annotation listing the pools a node can use now: `name=root` entries, comma-separated.
 pub const LEASE_POOLS: &str = "hostpath-provisioner.kubevirt.io/pools";
 
+/// Annotation on our CSIStorageCapacity objects naming the pool whose free space they publish.
+pub const PUBLISHED_POOL: &str = "hostpath-provisioner.kubevirt.io/pool";
+
 /// Claim annotations the metadata stage of the claim decision reads.
 const CLAIM_KEYS: [&str; 6] = [
     PROVISION_ON_NODE,
@@ -77,6 +80,10 @@ pub fn trim_claim_metadata_for(
         claim.metadata.annotations = None;
     }
 }
+
+/// Finalizer on a clone's source claim while it is being copied, so that it cannot go away
+/// mid-copy (the name the CSI external-provisioner uses for the same purpose).
+pub const CLONE_PROTECTION_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
 
 #[cfg(test)]
 mod tests {

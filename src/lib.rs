@@ -7,11 +7,13 @@
 //! - [`reconciling`]: the reconcilers that fetch, decide and act, and the wiring around them.
 //! - [`filesystem`]: every filesystem call, behind pool-root handles and validated names.
 //! - [`serving`]: health and metrics over HTTP.
+//! - [`doctor`]: the `doctor` subcommand, a health report of this node's pools.
 //! - [`config`], [`error`], [`keys`]: settings, error types with their event reasons, and the
 //!   annotation and label keys shared with Kubernetes and the Go build.
 
 pub mod config;
 pub mod deciding;
+pub mod doctor;
 pub mod error;
 pub mod filesystem;
 pub mod keys;

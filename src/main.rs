@@ -4,10 +4,16 @@ use clap::Parser;
 use futures::FutureExt;
 use hostpath_provisioner::config::{self, Args, Config, LogFormat};
 use hostpath_provisioner::reconciling::controller;
+use hostpath_provisioner::serving::build_info;
 use kube::config::KubeConfigOptions;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // `hostpath-provisioner doctor ...` is the node health report; anything else is the daemon,
+    // whose command line takes no positional argument.
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::doctor::SUBCOMMAND) {
+        std::process::exit(hostpath_provisioner::doctor::main(std::env::args_os().skip(1)).await);
+    }
     let configured = Args::parse()
         .validate()
         .and_then(|config| Ok((config::log_filter(std::env::var_os("RUST_LOG").as_deref())?, config)));
@@ -19,6 +25,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     init_logging(log_filter, config.log_format);
+    tracing::info!(version = build_info::VERSION, commit = build_info::COMMIT, "hostpath-provisioner starting");
     let client = match client(&config).await {
         Ok(client) => client,
         Err(error) => {

@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::api::{Api, ListParams};
 use testbed::fixtures;
 
@@ -66,4 +67,214 @@ async fn a_full_disk_while_creating_leaves_nothing_behind_and_recovers() {
     assert!(disk.dir.join(&name).is_dir());
     let _ = pvs.list(&ListParams::default()).await;
     env.nodes[0].provisioner.terminate();
+}
+
+// Published capacity (`--publish-capacity`): kube-scheduler itself avoids nodes without room.
+
+/// Free space of `dir`'s filesystem as an unprivileged writer sees it (what the provisioner publishes).
+fn available_bytes(dir: &std::path::Path) -> u64 {
+    let st = rustix::fs::statvfs(dir).expect("statvfs");
+    st.f_bavail * st.f_frsize
+}
+
+/// Gives the test a provisioner name that is a valid object name, and the CSIDriver object of
+/// that name with `storageCapacity: true` that makes kube-scheduler read the published objects.
+async fn publishing_provisioner(env: &mut TestEnv) -> CsiDriver {
+    env.provisioner = format!("{}.hostpath.test", env.group);
+    CsiDriver::create(env, &env.provisioner).await
+}
+
+/// The CSIDriver of a test, deleted when dropped.
+struct CsiDriver {
+    api: Api<k8s_openapi::api::storage::v1::CSIDriver>,
+    name: String,
+}
+
+impl CsiDriver {
+    async fn create(env: &TestEnv, name: &str) -> CsiDriver {
+        let driver: k8s_openapi::api::storage::v1::CSIDriver = serde_json::from_value(serde_json::json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "CSIDriver",
+            "metadata": { "name": name },
+            "spec": { "storageCapacity": true, "attachRequired": false, "podInfoOnMount": false },
+        }))
+        .expect("CSIDriver");
+        let api = Api::all(env.client.clone());
+        api.create(&kube::api::PostParams::default(), &driver).await.expect("create CSIDriver");
+        CsiDriver { api, name: name.to_owned() }
+    }
+}
+
+impl Drop for CsiDriver {
+    fn drop(&mut self) {
+        let (api, name) = (self.api.clone(), self.name.clone());
+        // Drop cannot await: delete from a thread of its own with its own runtime.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let _ = runtime.block_on(api.delete(&name, &Default::default()));
+        })
+        .join();
+    }
+}
+
+/// The CSIStorageCapacity objects published for `class`, by the hostname their node topology selects.
+async fn published(env: &TestEnv, class: &str) -> std::collections::BTreeMap<String, CSIStorageCapacity> {
+    // The provisioners of the tests keep their leases, hence their objects, in `default`.
+    let api: Api<CSIStorageCapacity> = Api::namespaced(env.client.clone(), "default");
+    let list = api.list(&ListParams::default()).await.expect("list CSIStorageCapacity");
+    list.items
+        .into_iter()
+        .filter(|c| c.storage_class_name == class)
+        .filter_map(|c| {
+            let host = c.node_topology.as_ref()?.match_labels.as_ref()?.get("kubernetes.io/hostname")?.clone();
+            Some((host, c))
+        })
+        .collect()
+}
+
+/// Waits until the objects of `class` are published for exactly `nodes`.
+async fn wait_published(
+    env: &TestEnv,
+    class: &str,
+    nodes: &[&str],
+) -> std::collections::BTreeMap<String, CSIStorageCapacity> {
+    let want: std::collections::BTreeSet<String> = nodes.iter().map(|n| n.to_string()).collect();
+    testbed::wait_for(&format!("capacity of {class} published for {want:?}"), TIMEOUT, || async {
+        let objects = published(env, class).await;
+        let hosts: std::collections::BTreeSet<String> = objects.keys().cloned().collect();
+        anyhow::Ok((hosts == want).then_some(objects))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()))
+}
+
+fn bytes_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> u64 {
+    hostpath_provisioner::deciding::capacity::parse_bytes(&q.expect("quantity set").0).expect("quantity")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_published_capacity_the_scheduler_places_a_claim_too_big_for_one_node_on_the_other_without_a_hand_back() {
+    let mut env = TestEnv::start("pubcap", 0).await;
+    let _driver = publishing_provisioner(&mut env).await;
+    let (small, big) = (format!("{}-small", env.group), format!("{}-big", env.group));
+    let small_disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &small), 32, None);
+    let publish = |spec: testbed::ProvisionerSpec| spec.env("PUBLISH_CAPACITY", "true");
+    env.add_node(&small, &publish).await;
+    env.add_node(&big, &publish).await;
+    let class = env.class("wffc", |c| c).await;
+
+    // One object per node for the class, with the pool's free space and a selector on the
+    // node's hostname label, as the PVs' node affinity uses.
+    let objects = wait_published(&env, &class, &[&small, &big]).await;
+    let small_object = &objects[&small];
+    let small_bytes = bytes_of(small_object.capacity.as_ref());
+    assert_eq!(bytes_of(small_object.maximum_volume_size.as_ref()), small_bytes, "the largest volume is all there is");
+    let measured = available_bytes(&small_disk.dir);
+    assert!(small_bytes.abs_diff(measured) <= 1 << 20, "published {small_bytes}, statvfs says {measured}");
+    assert!(small_bytes > 0 && small_bytes < 32 << 20, "{small_bytes}");
+    assert!(bytes_of(objects[&big].capacity.as_ref()) > 100 << 20, "the big node has room");
+
+    // A claim too big for every node: the scheduler itself refuses to place it, saying why.
+    let huge = env.create_claim(fixtures::claim(&env.ns, "huge", &class, "1Ei")).await;
+    let huge_pod = env.create_pod("huge-app", "huge").await;
+    let pod_uid = huge_pod.metadata.uid.clone().expect("pod uid");
+    let note = env.wait_event(&env.ns, &pod_uid, "FailedScheduling").await;
+    assert!(note.contains("did not have enough free storage"), "{note}");
+
+    // Claims too big for the small node only: placed on the big one, every time, without any
+    // node handing one back.
+    let mut placed = Vec::new();
+    for i in 0..3 {
+        let claim = env.create_claim(fixtures::claim(&env.ns, &format!("large-{i}"), &class, "100Mi")).await;
+        env.create_pod(&format!("app-{i}"), &format!("large-{i}")).await;
+        placed.push(claim);
+    }
+    for (i, claim) in placed.iter().enumerate() {
+        let pv = env.wait_bound(&format!("large-{i}")).await;
+        assert_eq!(pv.metadata.annotations.unwrap()["kubevirt.io/provisionOnNode"], big);
+        let warnings: Vec<String> = env
+            .events_for(&env.ns, &uid(claim))
+            .await
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning") || e.reason.as_deref() == Some("ProvisioningFailed"))
+            .map(|e| format!("{:?}: {:?}", e.reason, e.note))
+            .collect();
+        assert!(warnings.is_empty(), "no hand-back, no failure: {warnings:?}");
+    }
+    let left: Vec<String> = entries(&small_disk.dir).into_iter().filter(|e| e != "lost+found").collect();
+    assert!(left.is_empty(), "nothing was ever made on the small node: {left:?}");
+    let huge_now = env.claims().get("huge").await.expect("huge claim");
+    let huge_annotations = huge_now.metadata.annotations.unwrap_or_default();
+    assert!(!huge_annotations.contains_key("volume.kubernetes.io/selected-node"), "never placed: {huge_annotations:?}");
+    assert!(
+        env.events_for(&env.ns, &uid(&huge)).await.iter().all(|e| e.reason.as_deref() != Some("ProvisioningFailed"))
+    );
+    for node in &mut env.nodes {
+        node.provisioner.terminate();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn published_capacity_is_quiet_at_idle_and_removed_on_clean_shutdown_after_a_kill_and_when_turned_off() {
+    let mut env = TestEnv::start("pubgone", 0).await;
+    let _driver = publishing_provisioner(&mut env).await;
+    let names: Vec<String> = ["stops", "dies", "stays"].iter().map(|n| format!("{}-{n}", env.group)).collect();
+    // Loop-mounted pools nothing else writes to, so the figures stay put.
+    let _disks: Vec<LoopFs> =
+        names.iter().map(|n| LoopFs::mount(&testbed::pool_root_for(env.cp, n), 16, None)).collect();
+    let publish = |spec: testbed::ProvisionerSpec| spec.env("PUBLISH_CAPACITY", "on");
+    for name in &names {
+        env.add_node(name, &publish).await;
+    }
+    let class = env.class("wffc", |c| c).await;
+    let (stops, dies, stays) = (&names[0], &names[1], &names[2]);
+    let before = wait_published(&env, &class, &[stops, dies, stays]).await;
+
+    // Idle: several measuring rounds later (every 5 s), not one object was rewritten.
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    let after = published(&env, &class).await;
+    for (host, object) in &before {
+        assert_eq!(
+            after.get(host).and_then(|o| o.metadata.resource_version.clone()),
+            object.metadata.resource_version,
+            "{host}: no write while nothing changed"
+        );
+    }
+
+    // A clean shutdown takes the node's objects with it.
+    let status = env.node_mut(stops).provisioner.terminate();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    wait_published(&env, &class, &[dies, stays]).await;
+
+    // A killed node cannot: a live node removes its objects once its lease has expired.
+    env.node_mut(dies).provisioner.kill();
+    let left = wait_published(&env, &class, &[stays]).await;
+    assert_eq!(left[stays].metadata.resource_version, before[stays].metadata.resource_version);
+
+    // The last node killed leaves its objects (no live node remains to remove them); started
+    // again with publishing turned off, it removes them itself.
+    env.node_mut(stays).provisioner.kill();
+    let spec = env.node(stays).provisioner.spec().clone().arg("--publish-capacity=off");
+    let mut restarted = testbed::Provisioner::spawn(spec, env.cp.temp_dir()).expect("restart");
+    restarted.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("ready");
+    wait_published(&env, &class, &[]).await;
+    restarted.terminate();
+}
+
+#[test]
+fn publish_capacity_with_the_default_provisioner_name_is_refused_with_one_line() {
+    let pool = tempfile::tempdir().expect("temp dir");
+    let out = std::process::Command::new(binary())
+        .env_clear()
+        .env("NODE_NAME", "node-a")
+        .env("PV_DIR", pool.path())
+        .env("PUBLISH_CAPACITY", "true")
+        .output()
+        .expect("run the provisioner");
+    assert_eq!(out.status.code(), Some(2), "configuration error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("PUBLISH_CAPACITY") && lines[0].contains("CSIDriver"), "{stderr}");
+    assert!(lines[0].contains("kubevirt.io/hostpath-provisioner"), "names the offending value: {stderr}");
 }

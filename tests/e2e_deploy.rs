@@ -9,6 +9,7 @@ use common::*;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use testbed::fixtures;
 
@@ -67,6 +68,84 @@ async fn the_opt_in_network_policy_passes_server_side_dry_run_and_stays_out_of_t
     let out = kubectl(&env, &["apply", "--dry-run=server", "-f", "deploy/legacy/networkpolicy.yaml"]);
     assert!(out.contains("networkpolicy.networking.k8s.io/kubevirt-hostpath-provisioner"), "{out}");
     assert!(out.contains("(server dry run)"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_opt_in_csidriver_passes_server_side_dry_run_and_stays_out_of_the_kustomization() {
+    let env = TestEnv::start("csidriver", 0).await;
+    let rendered = kubectl(&env, &["kustomize", "deploy/legacy"]);
+    assert!(!rendered.contains("kind: CSIDriver"), "capacity publishing is opt-in");
+    let out = kubectl(&env, &["apply", "--dry-run=server", "-f", "deploy/legacy/csidriver-capacity.yaml"]);
+    assert!(out.contains("csidriver.storage.k8s.io/hostpath.example.org"), "{out}");
+    assert!(out.contains("storageclass.storage.k8s.io/hostpath-capacity-aware"), "{out}");
+    assert!(out.lines().all(|l| l.trim().is_empty() || l.contains("(server dry run)")), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn capacity_is_published_and_withdrawn_under_exactly_the_deploy_rbac() {
+    let mut env = TestEnv::start("rbaccap", 0).await;
+    kubectl(&env, &["apply", "-k", "deploy/legacy"]);
+    let kubeconfig = service_account_kubeconfig(&env).await;
+    env.provisioner = format!("{}.hostpath.test", env.group);
+    let node = format!("{}-1", env.group);
+    env.add_node(&node, &move |mut spec| {
+        spec.kubeconfig = kubeconfig.clone();
+        spec.env("POD_NAMESPACE", NAMESPACE).env("PUBLISH_CAPACITY", "true")
+    })
+    .await;
+    let class = env.class("wffc", |c| c).await;
+    let capacities: Api<CSIStorageCapacity> = Api::namespaced(env.client.clone(), NAMESPACE);
+    let of_class = |list: Vec<CSIStorageCapacity>| list.into_iter().filter(|c| c.storage_class_name == class).count();
+    testbed::wait_for("capacity published", TIMEOUT, || async {
+        anyhow::Ok((of_class(capacities.list(&ListParams::default()).await?.items) == 1).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    let status = env.node_mut(&node).provisioner.terminate();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let left = of_class(capacities.list(&ListParams::default()).await.expect("list").items);
+    assert_eq!(left, 0, "withdrawn on shutdown\n{}", env.log_tails());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn capacity_that_cannot_be_written_is_reported_on_the_node() {
+    let mut env = TestEnv::start("capdenied", 0).await;
+    kubectl(&env, &["apply", "-k", "deploy/legacy"]);
+    let kubeconfig = service_account_kubeconfig(&env).await;
+    env.provisioner = format!("{}.hostpath.test", env.group);
+    let node = format!("{}-1", env.group);
+    // The test's namespace, where the deploy's Role does not apply: nothing may be written there.
+    let namespace = env.ns.clone();
+    env.add_node(&node, &move |mut spec| {
+        spec.kubeconfig = kubeconfig.clone();
+        spec.env("POD_NAMESPACE", &namespace).env("PUBLISH_CAPACITY", "true")
+    })
+    .await;
+    env.class("wffc", |c| c).await;
+    let node_uid = Api::<Node>::all(env.client.clone()).get(&node).await.expect("node").metadata.uid.expect("uid");
+    let note = env.wait_event("default", &node_uid, "CapacityPublishFailed").await;
+    assert!(note.contains("csistoragecapacities") && note.contains(&env.ns), "{note}");
+    assert!(note.contains("forbidden"), "says why: {note}");
+    env.node_mut(&node).provisioner.terminate();
+}
+
+/// A kubeconfig with a token of the DaemonSet's ServiceAccount, as the kubelet would mount it.
+async fn service_account_kubeconfig(env: &TestEnv) -> PathBuf {
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), NAMESPACE);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let token = accounts
+        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest")
+        .status
+        .and_then(|s| s.token)
+        .expect("a TokenRequest answer carries the token");
+    let kubeconfig = env.cp.temp_dir().join(format!("{}-sa.kubeconfig", env.group));
+    env.cp.write_kubeconfig_for_token(&token, &kubeconfig).expect("kubeconfig");
+    kubeconfig
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -195,9 +195,15 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
     assert!(default.contains("volumeBindingMode: WaitForFirstConsumer"));
     assert!(default.contains(&format!("image: \"{PLACEHOLDER_REGISTRY}/hostpath-provisioner:0.1.0\"")), "{default}");
     assert!(default.contains("priorityClassName: system-node-critical"));
-    for kind in
-        ["SecurityContextConstraints", "ServiceMonitor", "PrometheusRule", "NetworkPolicy", "ConfigMap", "Service\n"]
-    {
+    for kind in [
+        "SecurityContextConstraints",
+        "ServiceMonitor",
+        "PrometheusRule",
+        "NetworkPolicy",
+        "ConfigMap",
+        "Service\n",
+        "CSIDriver",
+    ] {
         assert!(!default.contains(&format!("kind: {kind}")), "{kind} is opt-in:\n{default}");
     }
 
@@ -209,6 +215,7 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
         "NetworkPolicy",
         "ConfigMap",
         "Service\n",
+        "CSIDriver",
         "DaemonSet",
         "ServiceAccount",
         "ClusterRole\n",
@@ -220,12 +227,13 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
     for (name, value) in [
         ("PV_DIR", "/var/hpvolumes"),
         ("STORAGE_POOLS", "ssd=/mnt/ssd,reserve=20Gi,nfs=/mnt/nfs,shared"),
-        ("PROVISIONER_NAME", "example.com/hostpath-provisioner"),
+        ("PROVISIONER_NAME", "hostpath.example.com"),
         ("USE_NAMING_PREFIX", "true"),
         ("PV_CAPACITY", "filesystem"),
         ("DIR_MODE", "0750"),
         ("REQUIRE_MOUNTPOINT", "true"),
         ("PV_FINALIZER", "true"),
+        ("PUBLISH_CAPACITY", "true"),
         ("PROVISION_ON_NODE", "team-a,team-b"),
         ("RESERVED_SPACE", "10Gi"),
         ("MAX_CONCURRENCY", "32"),
@@ -246,7 +254,7 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
     ));
     assert_eq!(max.matches("kind: StorageClass").count(), 4);
     assert!(max.contains("storageclass.kubernetes.io/is-default-class: \"true\""));
-    assert!(max.contains("provisioner: example.com/hostpath-provisioner"));
+    assert!(max.contains("provisioner: hostpath.example.com"));
 
     // Values the binary would refuse, or that are misspelt, are refused at render time with
     // the reason, rather than starting pods that exit or silently ignoring a setting.

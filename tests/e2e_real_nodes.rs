@@ -26,8 +26,9 @@ use testbed::real_nodes::{DEPLOY_DAEMONSET, DEPLOY_NAMESPACE, LANE_TIMEOUT, Lane
 /// The class `deploy/legacy` installs (WaitForFirstConsumer).
 const CLASS: &str = "hostpath-provisioner";
 const PROVISIONER_LABEL: &str = "k8s-app=kubevirt-hostpath-provisioner";
-/// CAP_DAC_OVERRIDE (1) and CAP_FOWNER (3): what daemonset.yaml adds back after dropping ALL.
-const TWO_CAPABILITIES: u64 = (1 << 1) | (1 << 3);
+/// CAP_CHOWN (0), CAP_DAC_OVERRIDE (1), CAP_FOWNER (3) and CAP_FSETID (4): what daemonset.yaml
+/// adds back after dropping ALL.
+const CAPABILITIES: u64 = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 4);
 
 struct Ctx {
     lane: Lane,
@@ -345,7 +346,7 @@ async fn the_deploy_legacy_daemonset_runs_with_its_own_token_probes_read_only_ro
         .map(|(_, pid)| pid)
         .context("the provisioner's task in containerd")?;
     let cap_eff = u64::from_str_radix(&proc_status(pid, "CapEff")?, 16)?;
-    ensure!(cap_eff == TWO_CAPABILITIES, "effective capabilities {cap_eff:#x}, want DAC_OVERRIDE+FOWNER only");
+    ensure!(cap_eff == CAPABILITIES, "effective capabilities {cap_eff:#x}, want CHOWN+DAC_OVERRIDE+FOWNER+FSETID only");
     let uid = proc_status(pid, "Uid")?;
     ensure!(uid.split_whitespace().next() == Some("0"), "runs as uid 0: {uid}");
     let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;

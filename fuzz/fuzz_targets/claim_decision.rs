@@ -54,7 +54,10 @@ fn check_plan(claim: &PersistentVolumeClaim, class: &StorageClass, config: &Deci
 
     // The claim's shape is one we support.
     assert_ne!(spec.volume_mode.as_deref(), Some("Block"));
-    assert!(spec.selector.is_none() && spec.data_source.is_none() && spec.data_source_ref.is_none());
+    assert!(spec.selector.is_none());
+    // A data source is accepted only as a clone of a claim, and the plan says which.
+    let source = spec.data_source_ref.as_ref().map(|r| &r.name).or(spec.data_source.as_ref().map(|s| &s.name));
+    assert_eq!(plan.clone_of.as_ref(), source);
     assert!(!plan.access_modes.is_empty());
     assert!(plan.access_modes.iter().all(|m| plan.topology.access_modes().contains(&m.as_str())));
     assert_eq!(parse_bytes(&plan.request), Ok(plan.request_bytes));

@@ -44,6 +44,12 @@ fuzz_target!(|data: &[u8]| {
     assert!(config.max_concurrency >= 1);
     assert!(!config.provisioner_name.trim().is_empty());
     assert_eq!(config.provisioner_name, raw.provisioner_name);
+    // Publishing capacity needs a CSIDriver named like the provisioner.
+    assert!(
+        !config.publish_capacity || model_is_dns_subdomain(&config.provisioner_name),
+        "{:?}",
+        config.provisioner_name
+    );
     assert_eq!(config.use_naming_prefix, raw.use_naming_prefix);
     assert_eq!(Ok(config.reserved_bytes), parse_bytes(&raw.reserved_space));
     if let ProvisionOnNodePolicy::Namespaces(list) = &config.provision_on_node {

@@ -153,6 +153,8 @@ pub struct ProvisionPlan {
     pub protect: bool,
     /// True when placed by `kubevirt.io/provisionOnNode` (the scheduler cannot pick another node).
     pub pinned_by_annotation: bool,
+    /// The source claim's name when the claim is a clone (`deciding::clone`).
+    pub clone_of: Option<String>,
 }
 
 /// Why a claim is skipped silently.
@@ -193,11 +195,9 @@ pub enum Refusal {
         "claims with spec.selector are not supported: a dynamically provisioned volume cannot match a selector; remove the selector"
     )]
     Selector,
-    /// Cloning and restoring are not supported yet.
-    #[error(
-        "claims with a dataSource or dataSourceRef (clone or snapshot restore) are not supported; remove it to get an empty volume"
-    )]
-    DataSource,
+    /// A data source other than a claim of the same namespace (see `deciding::clone`).
+    #[error("{0}")]
+    DataSource(#[from] crate::deciding::clone::CloneRefusal),
     /// A mode the volume's shape cannot honour.
     #[error("access mode {mode} is not supported by topology {topology} (supported: {supported})")]
     AccessMode {
@@ -530,9 +530,8 @@ fn plan(
     if spec.selector.is_some() {
         return Err(Refusal::Selector);
     }
-    if spec.data_source.is_some() || spec.data_source_ref.is_some() {
-        return Err(Refusal::DataSource);
-    }
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let clone_of = crate::deciding::clone::requested_source(spec, namespace)?;
     let access_modes = spec.access_modes.clone().unwrap_or_default();
     if access_modes.is_empty() {
         return Err(Refusal::NoAccessModes);
@@ -573,6 +572,7 @@ fn plan(
         // Every-node PVs already wait for each node's copy through their own finalizers.
         protect: config.pv_finalizer && request.topology != Topology::EveryNode,
         pinned_by_annotation,
+        clone_of,
     })
 }
 

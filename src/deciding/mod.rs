@@ -3,7 +3,10 @@
 
 pub mod capacity;
 pub mod claim;
+pub mod clone;
 pub mod layout;
+pub mod os_disk;
+pub mod published_capacity;
 pub mod topology;
 pub mod volume;
 pub mod volume_spec;

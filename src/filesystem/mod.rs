@@ -327,6 +327,31 @@ pub enum PoolError {
         /// Pool root path.
         path: PathBuf,
     },
+    /// A clone met a device node in its source: copying it would need `CAP_MKNOD` and would give
+    /// the clone's pods the device, so clones refuse it.
+    #[error(
+        "{}: a device node in the source volume; clones do not copy device nodes (that would need \
+         CAP_MKNOD and would hand the device to the clone's pods); remove it from the source, or \
+         copy the data another way",
+        .path.display()
+    )]
+    DeviceInVolume {
+        /// Path of the device node.
+        path: PathBuf,
+    },
+    /// A clone could not give a copy its owner: the process lacks `CAP_CHOWN`.
+    #[error(
+        "{}: {op} was refused (EPERM); a clone keeps every file's owner, which needs the CHOWN \
+         capability (and FSETID to keep set-group-ID bits): add them to the provisioner's \
+         securityContext.capabilities.add",
+        .path.display()
+    )]
+    MissingCapability {
+        /// What we were doing.
+        op: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+    },
     /// A directory mode outside 0..=0o7777 was requested.
     #[error("directory mode {mode:#o} is not a permission mode (at most 0o7777); fix the configured mode")]
     InvalidMode {
@@ -361,6 +386,8 @@ impl PoolError {
             | PoolError::PermissionDenied { .. }
             | PoolError::VolumeNotEmpty { .. }
             | PoolError::InvalidName(_)
+            | PoolError::DeviceInVolume { .. }
+            | PoolError::MissingCapability { .. }
             | PoolError::InvalidMode { .. } => false,
         }
     }
@@ -385,6 +412,8 @@ impl PoolError {
             PoolError::VolumeNotEmpty { .. } => "volume_not_empty",
             PoolError::InvalidName(_) => "invalid_name",
             PoolError::InvalidMode { .. } => "invalid_mode",
+            PoolError::DeviceInVolume { .. } => "device_in_volume",
+            PoolError::MissingCapability { .. } => "missing_capability",
         }
     }
 }
@@ -1243,9 +1272,12 @@ impl<'a> Walker<'a> {
     }
 }
 
+mod clone;
+pub mod os_disk;
 pub mod pools;
 mod trash;
 
+pub use clone::{CLONE_STAGING_DIR, CloneReport};
 pub use trash::{TRASH_DIR, Trashed};
 
 #[cfg(test)]

@@ -20,8 +20,9 @@ use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, Retry, reason};
 use crate::filesystem::{Created, VolumeDirName};
 use crate::keys;
+use crate::reconciling::clones;
 use crate::reconciling::context::{Context, MAX_RETRY};
-use crate::serving::metrics::Metrics;
+use crate::serving::metrics::{ClaimClass, Metrics};
 
 /// How long to wait before looking again at a claim whose class does not exist yet.
 const CLASS_RECHECK: Duration = Duration::from_secs(30);
@@ -29,6 +30,9 @@ const CLASS_RECHECK: Duration = Duration::from_secs(30);
 const STRANDED_RECHECK: Duration = Duration::from_secs(300);
 /// How long to wait before looking again for a node that serves a claim's pool.
 const NO_NODE_RECHECK: Duration = Duration::from_secs(60);
+/// How long a report of a claim waiting for a node without a provisioner holds: two rechecks and
+/// a margin, so it lapses only once its speaker stopped looking (the claim went, or the speaker).
+const WAITING_REPORT_VALIDITY: Duration = Duration::from_secs(2 * STRANDED_RECHECK.as_secs() + 60);
 
 type ClaimMeta = PartialObjectMeta<PersistentVolumeClaim>;
 
@@ -39,10 +43,11 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         Interest::Ignore => {
             ctx.reset_retry(&key);
             ctx.forget_stranded(&meta.metadata);
+            forget_waiting(&ctx, &meta.metadata);
             return Ok(Action::await_change());
         }
         Interest::Elsewhere(node) => return watch_for_no_provisioner(&ctx, &meta, &node).await,
-        Interest::Candidate => {}
+        Interest::Candidate => forget_waiting(&ctx, &meta.metadata),
     }
     let (Some(namespace), Some(name)) = (meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref()) else {
         return Ok(Action::await_change());
@@ -61,7 +66,16 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         c.provisioner == ctx.me.provisioner && claim_decision::class_topology(c, &ctx.decision) != Some(Topology::Node)
     });
     let live = if needs_live { ctx.live_nodes().await? } else { Vec::new() };
-    let action = match claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision, &live) {
+    let library_labels = library_labels(&claim);
+    let decision = claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision, &live);
+    let (decision, clone_from) = match clones::prepare(&ctx, &claim, class.as_deref(), &live, decision).await? {
+        clones::Prepared::Decided(decision, clone_from) => (decision, clone_from),
+        clones::Prepared::Done(action) => {
+            ctx.reset_retry(&key);
+            return Ok(action);
+        }
+    };
+    let action = match decision {
         Decision::Skip(SkipReason::ClassNotFound(class)) => {
             tracing::debug!(claim = %key, %class, "class not found; looking again later");
             Action::requeue(CLASS_RECHECK)
@@ -76,6 +90,7 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             Action::await_change()
         }
         Decision::HandBack(refusal) => {
+            ctx.metrics.library.provision_failed(&library_labels);
             handback(&ctx, &claim, &refusal.to_string(), refusal_label(&refusal)).await?;
             Action::await_change()
         }
@@ -86,6 +101,7 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         Decision::Refuse(refusal) => {
             tracing::warn!(claim = %key, %refusal, "refusing claim");
             Metrics::outcome(&ctx.metrics.provisions, "refused", refusal_label(&refusal));
+            ctx.metrics.library.provision_failed(&library_labels);
             ctx.warn(&claim_ref(&claim), reason::PROVISIONING_FAILED, "Provision", refusal.to_string()).await;
             match refusal {
                 // A node serving the pool may start later: nothing on the claim would change.
@@ -95,8 +111,20 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         }
         Decision::Provision(plan) => {
             let started = Instant::now();
-            if provision(&ctx, &claim, &plan).await? == Provisioned::Now {
-                ctx.metrics.provision_seconds.observe(started.elapsed().as_secs_f64());
+            // The library's count points: a PV created, or an attempt that failed or handed the
+            // claim back. A PV found already there is neither (the library skips bound claims).
+            match provision(&ctx, &claim, &plan, clone_from.as_ref()).await {
+                Ok(Provisioned::Now) => {
+                    let seconds = started.elapsed().as_secs_f64();
+                    ctx.metrics.provision_seconds.observe(seconds);
+                    ctx.metrics.library.provisioned(&library_labels, seconds);
+                }
+                Ok(Provisioned::Before) => {}
+                Ok(Provisioned::Rescheduled) => ctx.metrics.library.provision_failed(&library_labels),
+                Err(error) => {
+                    ctx.metrics.library.provision_failed(&library_labels);
+                    return Err(error);
+                }
             }
             Action::await_change()
         }
@@ -123,6 +151,22 @@ pub fn error_policy(meta: Arc<ClaimMeta>, error: &ClaimError, ctx: Arc<Context>)
     Action::requeue(delay)
 }
 
+/// The labels the sig-storage library puts on its provisioning metrics: the claim's
+/// `storageClassName` and the kind of its data source, each empty when absent.
+fn library_labels(claim: &PersistentVolumeClaim) -> ClaimClass {
+    let spec = claim.spec.as_ref();
+    ClaimClass {
+        class: spec.and_then(|s| s.storage_class_name.clone()).unwrap_or_default(),
+        source: spec.and_then(|s| s.data_source.as_ref()).map(|d| d.kind.clone()).unwrap_or_default(),
+    }
+}
+
+fn forget_waiting(ctx: &Context, meta: &ObjectMeta) {
+    if let Some(uid) = meta.uid.as_deref() {
+        ctx.metrics.waiting_claims.forget(uid);
+    }
+}
+
 fn failure_note(error: &ClaimError) -> String {
     format!("failed to provision volume: {error}")
 }
@@ -140,6 +184,7 @@ async fn provision(
     ctx: &Arc<Context>,
     claim: &PersistentVolumeClaim,
     plan: &ProvisionPlan,
+    clone_from: Option<&VolumeDirName>,
 ) -> Result<Provisioned, ClaimError> {
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
@@ -188,7 +233,13 @@ async fn provision(
     let (events_ctx, provisioning_ref) = (ctx.clone(), regarding.clone());
     tokio::spawn(async move { events_ctx.normal(&provisioning_ref, reason::PROVISIONING, "Provision", note).await });
     let node = ctx.node_facts().await?;
-    let created = pool.create_volume_dir(&dir, ctx.config.dir_mode)?;
+    let created = match clone_from {
+        None => pool.create_volume_dir(&dir, ctx.config.dir_mode)?,
+        Some(source) => {
+            let source_claim = plan.clone_of.as_deref().unwrap_or_default();
+            clones::copy(ctx, claim, source_claim, &pool, source, &dir).await?
+        }
+    };
     let capacity = match ctx.config.pv_capacity {
         PvCapacity::Request => Quantity(plan.request.clone()),
         PvCapacity::Filesystem => Quantity(format_binary_si(round_down_pretty(stats.go_total_bytes))),
@@ -212,10 +263,15 @@ async fn provision(
             // Not on a shared pool: another node may be creating the PV for this directory right
             // now (a failover race), and an empty directory there costs nothing until the retry.
             let refused_by_api = matches!(&create_error, kube::Error::Api(status) if (400..500).contains(&status.code));
+            // A clone's directory holds only a copy: it goes to the trash (the source stays).
+            let cleanup = || match clone_from {
+                None => pool.remove_empty_volume_dir(&dir),
+                Some(_) => pool.move_to_trash(&dir).map(|_| ()),
+            };
             if created == Created::New
                 && refused_by_api
                 && plan.topology != Topology::Shared
-                && let Err(cleanup) = pool.remove_empty_volume_dir(&dir)
+                && let Err(cleanup) = cleanup()
             {
                 return Err(ClaimError::Cleanup {
                     create: create_error.to_string(),
@@ -252,7 +308,12 @@ fn check_owner(pv: &PersistentVolume, pv_name: &str, claim_uid: &str) -> Result<
 /// Gives a WaitForFirstConsumer claim back to the scheduler by removing `selected-node`, so that
 /// it can pick a node with room or with the pool. The JSON patch tests the value first: if the
 /// scheduler already moved the claim elsewhere, nothing is removed.
-async fn handback(ctx: &Context, claim: &PersistentVolumeClaim, why: &str, label: &str) -> Result<(), ClaimError> {
+pub(crate) async fn handback(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    why: &str,
+    label: &str,
+) -> Result<(), ClaimError> {
     let claims: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), claim.metadata.namespace.as_deref().unwrap_or_default());
     let pointer = format!("/metadata/annotations/{}", keys::SELECTED_NODE.replace('~', "~0").replace('/', "~1"));
@@ -287,6 +348,7 @@ async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -
     let live = ctx.live_nodes().await?;
     if live.iter().any(|n| n.node == node) {
         ctx.forget_stranded(&meta.metadata);
+        forget_waiting(ctx, &meta.metadata);
         return Ok(Action::await_change());
     }
     let uid = meta.metadata.uid.as_deref().unwrap_or_default();
@@ -297,6 +359,7 @@ async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -
     }
     // Another node speaks; look again when its lease would have expired, in case it died.
     if let Acting::Other { recheck_after, .. } = topology::spokesman(uid, &ctx.me.node, &live) {
+        forget_waiting(ctx, &meta.metadata);
         return Ok(Action::requeue(recheck_after.min(STRANDED_RECHECK)));
     }
     let (Some(namespace), Some(name)) = (meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref()) else {
@@ -317,6 +380,9 @@ async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -
             ctx.config.namespace
         );
         explain_once(ctx, &claim, "no-provisioner-on-node", reason::NO_PROVISIONER_ON_NODE, note).await;
+        ctx.metrics.waiting_claims.report(uid, node, WAITING_REPORT_VALIDITY);
+    } else {
+        forget_waiting(ctx, &meta.metadata);
     }
     Ok(Action::requeue(STRANDED_RECHECK))
 }
@@ -334,7 +400,13 @@ async fn explain_immediate(ctx: &Context, claim: &PersistentVolumeClaim) {
 
 /// Writes a Warning that speaks for the cluster, not for one node: every node computes the same
 /// event name, so the first create wins and the others get AlreadyExists.
-async fn explain_once(ctx: &Context, claim: &PersistentVolumeClaim, suffix: &str, reason: &str, note: String) {
+pub(crate) async fn explain_once(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    suffix: &str,
+    reason: &str,
+    note: String,
+) {
     let (Some(namespace), Some(uid)) = (claim.metadata.namespace.as_deref(), claim.metadata.uid.as_deref()) else {
         return;
     };
@@ -367,7 +439,7 @@ fn refusal_label(refusal: &claim_decision::Refusal) -> &'static str {
     match refusal {
         Block(_) => "block",
         Selector => "selector",
-        DataSource => "data_source",
+        DataSource(refusal) => refusal.label(),
         AccessMode { .. } | NoAccessModes => "access_mode",
         UnknownParameter { .. } | BadParameter { .. } | NoDefaultPool { .. } | TopologyPoolMismatch { .. } => {
             "parameters"
@@ -389,7 +461,7 @@ fn claim_key(claim: &PersistentVolumeClaim) -> String {
     object_key(&claim.metadata)
 }
 
-fn claim_ref(claim: &PersistentVolumeClaim) -> ObjectReference {
+pub(crate) fn claim_ref(claim: &PersistentVolumeClaim) -> ObjectReference {
     claim.object_ref(&())
 }
 

@@ -19,6 +19,7 @@ use crate::error::reason;
 use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
 use crate::reconciling::context::Context;
+use crate::reconciling::published_capacity::{self, Publisher};
 use crate::reconciling::watch_backoff::{self, OutageBackoff, WatchHealth};
 use crate::reconciling::{claims, orphans, volumes};
 use crate::serving::health::{self, Health, Watch};
@@ -159,6 +160,13 @@ pub async fn run(
         tracing::warn!(%error, "cannot write this node's lease yet; retrying in the background");
     }
     tokio::spawn(keep_lease(ctx.clone()));
+    let publisher = config.publish_capacity.then(|| Arc::new(Publisher::new(&ctx)));
+    if let Some(publisher) = &publisher {
+        tokio::spawn(published_capacity::run(ctx.clone(), publisher.clone()));
+    } else {
+        let ctx = ctx.clone();
+        tokio::spawn(async move { published_capacity::withdraw_leftovers(&ctx).await });
+    }
     tokio::spawn({
         let ctx = ctx.clone();
         async move {
@@ -168,10 +176,16 @@ pub async fn run(
         }
     });
     tokio::spawn(refresh_pools(ctx.clone()));
+    // Before the claim controller first runs, so no copy of this node is in progress.
+    sweep_clone_staging(&ctx).await;
     tokio::spawn(purge_trash(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");
     futures::join!(claim_controller, own_volumes, legacy_volumes);
+    // The scheduler stops offering this node before other nodes take over its work.
+    if let Some(publisher) = &publisher {
+        published_capacity::withdraw(&ctx, publisher).await;
+    }
     // Other nodes take over this node's shared and every-node work at once.
     ctx.membership.release().await;
     tracing::info!("in-flight operations finished; exiting");
@@ -252,6 +266,23 @@ async fn serve_http(config: &Config, health: &Arc<Health>, metrics: &Arc<Metrics
         tokio::spawn(health::serve(listener, health.clone(), metrics.clone()));
     }
     Ok(())
+}
+
+/// Removes the copies this node left unfinished when it stopped (a crash or kill mid-clone): a
+/// copy becomes a volume only when complete, so what stays in staging is never needed. The
+/// clones themselves start afresh when their claims are reconciled.
+async fn sweep_clone_staging(ctx: &Arc<Context>) {
+    let Ok(node) = crate::filesystem::VolumeDirName::new(&ctx.me.node) else { return };
+    for name in ctx.pools.names() {
+        let Some(Ok(pool)) = ctx.pools.usable(name) else { continue };
+        let node = node.clone();
+        match tokio::task::spawn_blocking(move || pool.sweep_clone_staging(&node)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(removed)) => tracing::info!(pool = name, removed, "removed unfinished clone copies"),
+            Ok(Err(error)) => tracing::warn!(pool = name, %error, "cannot remove unfinished clone copies"),
+            Err(error) => tracing::error!(pool = name, %error, "clone staging sweep failed"),
+        }
+    }
 }
 
 /// How often the trash is looked at without being woken (it is also purged at start-up, which
@@ -347,8 +378,10 @@ fn pool_problems(pools: &Pools, config: &Config) -> Vec<String> {
 async fn refresh_pools(ctx: Arc<Context>) {
     let mut ticker = tokio::time::interval(POOL_REFRESH);
     let mut previous: Option<Vec<String>> = None;
+    let mut os_disk = std::collections::HashMap::new();
     loop {
         ticker.tick().await;
+        refresh_os_disk_gauges(&ctx, &mut os_disk);
         let mut problems = Vec::new();
         let mut usable = Vec::new();
         for pool in &ctx.config.pools {
@@ -381,6 +414,41 @@ async fn refresh_pools(ctx: Arc<Context>) {
             ctx.membership.renew_now.notify_one();
         }
     }
+}
+
+/// Sets the gauges of pools on the node's OS disk, and logs when a pool's answer changes
+/// (`last`: the previous answer per pool).
+fn refresh_os_disk_gauges(ctx: &Context, last: &mut std::collections::HashMap<String, Option<bool>>) {
+    let mut any_shared = false;
+    for pool in &ctx.config.pools {
+        let shared = crate::filesystem::os_disk::pool_shares_os_disk(&pool.root).unwrap_or_else(|error| {
+            tracing::debug!(pool = %pool.name, %error, "cannot tell whether the pool is on the OS disk");
+            None
+        });
+        let label = PoolLabel { pool: pool.name.clone() };
+        match shared {
+            Some(shared) => {
+                ctx.metrics.pool_shares_os_disk.get_or_create(&label).set(i64::from(shared));
+            }
+            None => {
+                ctx.metrics.pool_shares_os_disk.remove(&label);
+            }
+        }
+        any_shared |= shared == Some(true);
+        if last.insert(pool.name.clone(), shared) != Some(shared) {
+            let root = pool.root.display();
+            match shared {
+                Some(true) => {
+                    tracing::warn!(pool = %pool.name, %root, "the pool is on the node's OS disk: volumes can fill it and make the kubelet evict pods (DiskPressure); give the pool a disk of its own")
+                }
+                Some(false) => tracing::info!(pool = %pool.name, %root, "the pool is not on the node's OS disk"),
+                None => {
+                    tracing::info!(pool = %pool.name, %root, "cannot tell from the mount table whether the pool is on the node's OS disk")
+                }
+            }
+        }
+    }
+    ctx.metrics.kubevirt_pool_path_shared_with_os.set(i64::from(any_shared));
 }
 
 /// Keeps this node's liveness lease renewed (and its usable pools advertised).

@@ -71,6 +71,11 @@ impl Membership {
         }
     }
 
+    /// The hash of the provisioner name that labels this provisioner's objects in the namespace.
+    pub fn provisioner_hash(&self) -> &str {
+        &self.provisioner_hash
+    }
+
     /// How often the lease is renewed.
     pub fn renew_interval(&self) -> Duration {
         self.duration / 3

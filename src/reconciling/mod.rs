@@ -2,9 +2,11 @@
 //! shared context, background tasks.
 
 pub mod claims;
+pub mod clones;
 pub mod context;
 pub mod controller;
 pub mod membership;
 pub mod orphans;
+pub mod published_capacity;
 pub mod volumes;
 pub mod watch_backoff;

@@ -17,7 +17,7 @@ use crate::error::{Retry, VolumeError, reason};
 use crate::filesystem::{Created, PoolRoot, Trashed, VolumeDirName};
 use crate::keys;
 use crate::reconciling::context::{Context, MAX_RETRY};
-use crate::serving::metrics::Metrics;
+use crate::serving::metrics::{Metrics, VolumeClass};
 
 /// How often the node that speaks for a terminating every-node PV looks again at the nodes
 /// whose copies hold it.
@@ -50,10 +50,18 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
                 }
             };
             Metrics::outcome(&ctx.metrics.deletions, "refused", label);
+            ctx.metrics.library.delete_failed(&library_labels(&pv));
             ctx.warn(&pv_ref(&pv), reason::VOLUME_FAILED_DELETE, "Delete", refusal.to_string()).await;
             Action::await_change()
         }
-        VolumeDecision::Delete(_) => delete_volume(&ctx, &name, &hostname, &live).await?,
+        VolumeDecision::Delete(_) => match delete_volume(&ctx, &name, &hostname, &live).await {
+            Ok(action) => action,
+            Err(error) => {
+                // The library counts every failed deletion attempt of a PV it decided to delete.
+                ctx.metrics.library.delete_failed(&library_labels(&pv));
+                return Err(error);
+            }
+        },
         VolumeDecision::EnsureCopy { accepted, add_finalizer } => {
             ensure_copy(&ctx, &pv, &accepted, add_finalizer).await?;
             Action::await_change()
@@ -130,7 +138,9 @@ async fn delete_volume(
             tracing::info!(pv = %name, path = %path.display(), "directory already gone; deleted PV")
         }
     }
-    ctx.metrics.delete_seconds.observe(started.elapsed().as_secs_f64());
+    let seconds = started.elapsed().as_secs_f64();
+    ctx.metrics.delete_seconds.observe(seconds);
+    ctx.metrics.library.deleted(&library_labels(&current), seconds);
     Metrics::outcome(&ctx.metrics.deletions, "success", "none");
     if let Some(uid) = current.metadata.uid.as_deref() {
         ctx.forget_warnings(uid);
@@ -275,6 +285,11 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Con
     let reason = error.reason();
     tokio::spawn(async move { ctx.warn(&regarding, reason, "Delete", note).await });
     Action::requeue(delay)
+}
+
+/// The label the sig-storage library puts on its deletion metrics: the PV's `storageClassName`.
+fn library_labels(pv: &PersistentVolume) -> VolumeClass {
+    VolumeClass { class: pv.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default() }
 }
 
 fn pv_ref(pv: &PersistentVolume) -> ObjectReference {

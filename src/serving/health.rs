@@ -171,7 +171,10 @@ fn respond(path: &str, health: &Health, metrics: &Metrics) -> Response<Full<Byte
             None => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
             Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {reason}\n")),
         },
-        "/metrics" => (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode()),
+        "/metrics" => {
+            metrics.ready.set(i64::from(health.not_ready_reason().is_none()));
+            (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode())
+        }
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));

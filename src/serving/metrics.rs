@@ -1,4 +1,10 @@
 //! Prometheus metrics (prometheus-client), served on `--metrics-addr`.
+//!
+//! Three groups: ours (`hostpath_provisioner_*`); the names the sig-storage provisioner library
+//! (sig-storage-lib-external-provisioner, `controller/metrics`) exposes, so that dashboards and
+//! alerts made for external provisioners work unchanged; and the standard `process_*` metrics.
+
+use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -6,6 +12,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::serving::build_info;
+use crate::serving::process::ProcessCollector;
+use crate::serving::waiting_claims::WaitingClaims;
 
 /// Outcome labels for operation counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -39,9 +49,141 @@ pub struct StuckLabel {
     pub reason: String,
 }
 
+/// Labels of the library's provisioning metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimClass {
+    /// The claim's `spec.storageClassName` (empty when it names none).
+    pub class: String,
+    /// The kind of the claim's `spec.dataSource` (empty when it has none).
+    pub source: String,
+}
+
+/// Labels of the library's deletion metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolumeClass {
+    /// The PV's `spec.storageClassName`.
+    pub class: String,
+}
+
+/// Labels of the build info gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// Crate version.
+    pub version: String,
+    /// Git commit, or `unknown`.
+    pub commit: String,
+}
+
+/// The buckets of the library's duration histograms: client_golang's `DefBuckets`.
+const LIBRARY_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// A histogram family with [`LIBRARY_BUCKETS`].
+pub type LibraryHistograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn library_histogram() -> Histogram {
+    Histogram::new(LIBRARY_BUCKETS)
+}
+
+/// The sig-storage provisioner library's metrics (`controller_*`), counted where the library
+/// counts them: once per provisioning or deletion attempt of a claim or PV this node acts on.
+/// Success adds to the total and observes the duration; failure (an error, a refusal, a claim
+/// handed back to the scheduler) adds to the failed total.
+pub struct LibraryMetrics {
+    /// `controller_persistentvolumeclaim_provision_total`.
+    pub provision_total: Family<ClaimClass, Counter>,
+    /// `controller_persistentvolumeclaim_provision_failed_total`.
+    pub provision_failed_total: Family<ClaimClass, Counter>,
+    /// `controller_persistentvolumeclaim_provision_duration_seconds`.
+    pub provision_duration_seconds: LibraryHistograms<ClaimClass>,
+    /// `controller_persistentvolume_delete_total`.
+    pub delete_total: Family<VolumeClass, Counter>,
+    /// `controller_persistentvolume_delete_failed_total`.
+    pub delete_failed_total: Family<VolumeClass, Counter>,
+    /// `controller_persistentvolume_delete_duration_seconds`.
+    pub delete_duration_seconds: LibraryHistograms<VolumeClass>,
+}
+
+impl LibraryMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = LibraryMetrics {
+            provision_total: Family::default(),
+            provision_failed_total: Family::default(),
+            provision_duration_seconds: Family::new_with_constructor(library_histogram),
+            delete_total: Family::default(),
+            delete_failed_total: Family::default(),
+            delete_duration_seconds: Family::new_with_constructor(library_histogram),
+        };
+        // Counters get their `_total` suffix from the encoder.
+        registry.register(
+            "controller_persistentvolumeclaim_provision",
+            "Total number of persistent volumes provisioned successfully. Broken down by storage class name and source of the claim",
+            metrics.provision_total.clone(),
+        );
+        registry.register(
+            "controller_persistentvolumeclaim_provision_failed",
+            "Total number of persistent volume provision failed attempts. Broken down by storage class name and source of the claim",
+            metrics.provision_failed_total.clone(),
+        );
+        registry.register(
+            "controller_persistentvolumeclaim_provision_duration_seconds",
+            "Latency in seconds to provision persistent volumes. Failed provisioning attempts are ignored. Broken down by storage class name and source of the claim",
+            metrics.provision_duration_seconds.clone(),
+        );
+        registry.register(
+            "controller_persistentvolume_delete",
+            "Total number of persistent volumes deleted successfully. Broken down by storage class name",
+            metrics.delete_total.clone(),
+        );
+        registry.register(
+            "controller_persistentvolume_delete_failed",
+            "Total number of persistent volume delete failed attempts. Broken down by storage class name",
+            metrics.delete_failed_total.clone(),
+        );
+        registry.register(
+            "controller_persistentvolume_delete_duration_seconds",
+            "Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored. Broken down by storage class name",
+            metrics.delete_duration_seconds.clone(),
+        );
+        metrics
+    }
+
+    /// Counts a provisioning attempt that created the PV, and its duration.
+    pub fn provisioned(&self, labels: &ClaimClass, seconds: f64) {
+        self.provision_total.get_or_create(labels).inc();
+        self.provision_duration_seconds.get_or_create(labels).observe(seconds);
+    }
+
+    /// Counts a provisioning attempt that failed, was refused, or handed the claim back.
+    pub fn provision_failed(&self, labels: &ClaimClass) {
+        self.provision_failed_total.get_or_create(labels).inc();
+    }
+
+    /// Counts a deletion that removed the volume, and its duration.
+    pub fn deleted(&self, labels: &VolumeClass, seconds: f64) {
+        self.delete_total.get_or_create(labels).inc();
+        self.delete_duration_seconds.get_or_create(labels).observe(seconds);
+    }
+
+    /// Counts a deletion attempt that failed or was refused.
+    pub fn delete_failed(&self, labels: &VolumeClass) {
+        self.delete_failed_total.get_or_create(labels).inc();
+    }
+}
+
 /// All metrics of one process.
 pub struct Metrics {
     registry: Registry,
+    /// The sig-storage library's names (`controller_*`).
+    pub library: LibraryMetrics,
+    /// 1 while `/readyz` answers 200 (set at each scrape), else 0.
+    pub ready: Gauge,
+    /// 1 when a pool is on the node's OS disk, 0 when it is not; absent when that cannot be told.
+    pub pool_shares_os_disk: Family<PoolLabel, Gauge>,
+    /// The kubevirt CSI driver's `kubevirt_hpp_pool_path_shared_with_os`: 1 when any pool is on
+    /// the OS disk.
+    pub kubevirt_pool_path_shared_with_os: Gauge,
+    /// Claims waiting for a node where no provisioner runs.
+    pub waiting_claims: Arc<WaitingClaims>,
     /// Provisioning attempts by result and reason.
     pub provisions: Family<Outcome, Counter>,
     /// Deletions by result and reason.
@@ -75,9 +217,34 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Registers every metric under the `hostpath_provisioner` prefix.
+    /// Registers every metric: ours under the `hostpath_provisioner` prefix, the library's and
+    /// the process's under their own names.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("hostpath_provisioner");
+        let mut root = Registry::default();
+        let library = LibraryMetrics::register(&mut root);
+        root.register_collector(Box::new(ProcessCollector));
+        let kubevirt_pool_path_shared_with_os = Gauge::default();
+        root.register(
+            "kubevirt_hpp_pool_path_shared_with_os",
+            "1 when a pool shares its filesystem with the node's OS disk (the kubevirt CSI driver's name)",
+            kubevirt_pool_path_shared_with_os.clone(),
+        );
+        let waiting_claims = Arc::new(WaitingClaims::default());
+        root.register_collector(Box::new(waiting_claims.clone()));
+        let registry = root.sub_registry_with_prefix("hostpath_provisioner");
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels { version: build_info::VERSION.into(), commit: build_info::COMMIT.into() })
+            .set(1);
+        registry.register("build_info", "Version and git commit of this binary (always 1)", build_info);
+        let ready = Gauge::default();
+        registry.register("ready", "1 while /readyz answers 200, else 0", ready.clone());
+        let pool_shares_os_disk = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "pool_shares_os_disk",
+            "1 when the pool is on the node's OS disk (the kubelet's filesystem), 0 when not; absent when unknown",
+            pool_shares_os_disk.clone(),
+        );
         let provisions = Family::<Outcome, Counter>::default();
         let deletions = Family::<Outcome, Counter>::default();
         let provision_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
@@ -135,7 +302,12 @@ impl Metrics {
             trash_stuck_bytes.clone(),
         );
         Self {
-            registry,
+            registry: root,
+            library,
+            ready,
+            pool_shares_os_disk,
+            kubevirt_pool_path_shared_with_os,
+            waiting_claims,
             provisions,
             deletions,
             provision_seconds,
@@ -162,5 +334,75 @@ impl Metrics {
     /// Counts one outcome.
     pub fn outcome(family: &Family<Outcome, Counter>, result: &str, reason: &str) {
         family.get_or_create(&Outcome { result: result.into(), reason: reason.into() }).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines of the exposition that start with `prefix`.
+    fn lines_starting<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn the_sig_storage_library_names_are_served_with_its_labels_and_buckets() {
+        let metrics = Metrics::new();
+        let claim = ClaimClass { class: "hostpath".into(), source: String::new() };
+        let clone = ClaimClass { class: "hostpath".into(), source: "PersistentVolumeClaim".into() };
+        metrics.library.provisioned(&claim, 0.02);
+        metrics.library.provision_failed(&clone);
+        let volume = VolumeClass { class: "hostpath".into() };
+        metrics.library.deleted(&volume, 3.0);
+        metrics.library.deleted(&volume, 0.001);
+        metrics.library.delete_failed(&volume);
+        let text = metrics.encode();
+        let expected = [
+            "# TYPE controller_persistentvolumeclaim_provision counter",
+            r#"controller_persistentvolumeclaim_provision_total{class="hostpath",source=""} 1"#,
+            r#"controller_persistentvolumeclaim_provision_failed_total{class="hostpath",source="PersistentVolumeClaim"} 1"#,
+            "# TYPE controller_persistentvolumeclaim_provision_duration_seconds histogram",
+            r#"controller_persistentvolumeclaim_provision_duration_seconds_count{class="hostpath",source=""} 1"#,
+            r#"controller_persistentvolume_delete_total{class="hostpath"} 2"#,
+            r#"controller_persistentvolume_delete_failed_total{class="hostpath"} 1"#,
+            r#"controller_persistentvolume_delete_duration_seconds_count{class="hostpath"} 2"#,
+        ];
+        for line in expected {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // client_golang's DefBuckets: 0.005 .. 10, then +Inf.
+        let buckets = lines_starting(&text, "controller_persistentvolume_delete_duration_seconds_bucket");
+        let bounds: Vec<&str> = buckets.iter().filter_map(|l| l.split("le=\"").nth(1)?.split('"').next()).collect();
+        assert_eq!(
+            bounds,
+            ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "+Inf"]
+        );
+        // 0.001 s falls in every bucket, 3 s from 5 s on.
+        assert!(buckets[0].ends_with(" 1") && buckets[9].ends_with(" 2"), "{buckets:#?}");
+    }
+
+    #[test]
+    fn build_info_process_and_readiness_metrics_are_served() {
+        let metrics = Metrics::new();
+        metrics.ready.set(1);
+        let text = metrics.encode();
+        let build_info = format!(
+            r#"hostpath_provisioner_build_info{{version="{}",commit="{}"}} 1"#,
+            build_info::VERSION,
+            build_info::COMMIT
+        );
+        assert!(text.lines().any(|l| l == build_info), "missing {build_info:?} in\n{text}");
+        assert!(!build_info::COMMIT.is_empty());
+        assert!(text.lines().any(|l| l == "hostpath_provisioner_ready 1"), "{text}");
+        for name in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_start_time_seconds ",
+        ] {
+            assert_eq!(lines_starting(&text, name).len(), 1, "{name} in\n{text}");
+        }
     }
 }

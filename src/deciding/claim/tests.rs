@@ -205,7 +205,17 @@ fn unsupported_claims_are_refused_with_the_reason() {
     let cases: Vec<(ClaimBuilder, Check)> = vec![
         (claim("hpp").on_node(NODE).block(), |r| matches!(r, Refusal::Block(_))),
         (claim("hpp").on_node(NODE).selector(), |r| matches!(r, Refusal::Selector)),
-        (claim("hpp").on_node(NODE).data_source(), |r| matches!(r, Refusal::DataSource)),
+        (
+            claim("hpp").on_node(NODE).spec(|s| {
+                s.data_source_ref = Some(k8s_openapi::api::core::v1::TypedObjectReference {
+                    api_group: Some("snapshot.storage.k8s.io".into()),
+                    kind: "VolumeSnapshot".into(),
+                    name: "snap".into(),
+                    namespace: None,
+                })
+            }),
+            |r| matches!(r, Refusal::DataSource(_)),
+        ),
         (
             claim("hpp").on_node(NODE).access_modes(&["ReadWriteMany"]),
             |r| matches!(r, Refusal::AccessMode { mode: m, .. } if m == "ReadWriteMany"),
@@ -223,6 +233,14 @@ fn unsupported_claims_are_refused_with_the_reason() {
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
+}
+
+#[test]
+fn a_claim_cloning_another_claim_is_planned_as_a_clone() {
+    let plan = provisioned(decide(claim("hpp").on_node(NODE).data_source(), Some(&wffc())));
+    assert_eq!(plan.clone_of.as_deref(), Some("src"));
+    let plain = provisioned(decide(claim("hpp").on_node(NODE), Some(&wffc())));
+    assert_eq!(plain.clone_of, None);
 }
 
 #[test]

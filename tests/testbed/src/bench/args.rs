@@ -14,6 +14,7 @@ usage: bench --provisioner PATH [options]
   --idle-secs S    idle CPU window (default 10; --quick: 3)
   --out FILE       JSON results (default target/bench-results.json)
   --quick          small sanity run
+  --clones-only    only the clone measurement (1 GiB, reflink on XFS and bytes on ext4)
   --rust-log SPEC  RUST_LOG of the provisioners (default info)
   --provisioner-env NAME=VALUE
                    extra environment of the provisioners (repeatable), e.g. MALLOC_ARENA_MAX=2";
@@ -30,6 +31,7 @@ pub struct Args {
     pub idle_secs: u64,
     pub out: PathBuf,
     pub quick: bool,
+    pub clones_only: bool,
     pub rust_log: String,
     pub provisioner_env: Vec<(String, String)>,
 }
@@ -38,11 +40,13 @@ impl Args {
     pub fn parse() -> Result<Args> {
         let mut values = std::collections::HashMap::new();
         let mut quick = false;
+        let mut clones_only = false;
         let mut provisioner_env = Vec::new();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--quick" => quick = true,
+                "--clones-only" => clones_only = true,
                 "-h" | "--help" => bail!("help requested"),
                 "--provisioner-env" => {
                     let pair = args.next().context("--provisioner-env needs NAME=VALUE")?;
@@ -77,6 +81,7 @@ impl Args {
             idle_secs: number("idle-secs", 10.0, 3.0)? as u64,
             out: values.get("out").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/bench-results.json")),
             quick,
+            clones_only,
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
             provisioner_env,
         };

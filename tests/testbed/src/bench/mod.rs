@@ -3,6 +3,7 @@
 
 pub mod api_count;
 pub mod args;
+pub mod clones;
 pub mod many_files;
 pub mod observe;
 pub mod procfs;

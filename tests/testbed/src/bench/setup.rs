@@ -99,6 +99,8 @@ pub async fn start(args: &Args) -> Result<Env> {
     let cp = ControlPlane::start_with(options).await?;
     eprintln!("bench: control plane up in {:.1} s ({})", cp.started_in().as_secs_f64(), cp.temp_dir().display());
     let client = cp.admin_client();
+    // The Role and RoleBinding of rbac.yaml live in the deploy namespace.
+    cp.run_kubectl(Path::new("."), &["apply", "-f", &repo_file("deploy/legacy/namespace.yaml").display().to_string()])?;
     cp.run_kubectl(Path::new("."), &["apply", "-f", &repo_file("deploy/legacy/rbac.yaml").display().to_string()])?;
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &fixtures::namespace(SA_NAMESPACE)).await?;
 

@@ -20,6 +20,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use bench::args::{Args, USAGE};
+use bench::clones::{self, Clones};
 use bench::many_files::{self, ManyFiles};
 use bench::procfs::{self, ProcSample, mib};
 use bench::report::{METHOD, Table, opt};
@@ -72,6 +73,7 @@ struct Results {
     scenarios: Vec<(Provisioned, Deleted)>,
     idle: Idle,
     many: ManyFiles,
+    clones: Clones,
     /// Per provisioner, before the first scenario (no claims yet) and at the end.
     at_start: Vec<ProcSample>,
     at_end: Vec<ProcSample>,
@@ -95,6 +97,11 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         if args.quick { " (quick)" } else { "" }
     );
     let env = slot.insert(setup::start(args).await?);
+    if args.clones_only {
+        let clones = clones::run(env).await?;
+        print_clones(&clones);
+        return Ok(());
+    }
     let own_metric = window::provisioner_request_metric(env).await;
     let at_start = samples(env)?;
     let specs = [
@@ -120,8 +127,17 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     }
     eprintln!("bench: deleting a volume holding {} files", args.files);
     let many = many_files::run(env).await?;
-    let results =
-        Results { scenarios, idle: idle.context("idle window")?, many, at_start, at_end: samples(env)?, own_metric };
+    eprintln!("bench: cloning a 1 GiB volume (reflink on XFS, bytes on ext4)");
+    let clones = clones::run(env).await?;
+    let results = Results {
+        scenarios,
+        idle: idle.context("idle window")?,
+        many,
+        clones,
+        at_start,
+        at_end: samples(env)?,
+        own_metric,
+    };
     print_results(env, &results);
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
@@ -145,6 +161,14 @@ fn save_logs(env: &Env, dir: &std::path::Path) -> Result<()> {
         std::fs::copy(source, dir.join(name)).with_context(|| format!("copying {}", source.display()))?;
     }
     Ok(())
+}
+
+fn print_clones(clones: &Clones) {
+    let mut t = Table::new("Cloning a 1 GiB volume (last node)", &["method", "filesystem", "claim created -> Bound"]);
+    for c in &clones.times {
+        t.row(vec![c.method.into(), c.fstype.into(), format!("{:.2} s", c.create_to_bound.as_secs_f64())]);
+    }
+    t.print();
 }
 
 fn per_volume(count: u64, volumes: usize) -> Option<f64> {
@@ -273,6 +297,7 @@ fn print_results(env: &Env, all: &Results) {
     t.row(vec!["Released -> directory gone from its path".into(), format!("{} s", secs(many.released_to_dir_gone))]);
     t.row(vec!["Released -> data gone from the pool".into(), format!("{} s", secs(many.released_to_data_gone))]);
     t.print();
+    print_clones(&all.clones);
 
     let w = &idle.window;
     let wall = w.wall.as_secs_f64();
@@ -407,6 +432,7 @@ fn to_json(env: &Env, all: &Results) -> Value {
         },
         "scenarios": results.iter().map(|(p, d)| json!({ "provisioning": p.json(), "deletion": d.json() })).collect::<Vec<_>>(),
         "many_files_delete": many.json(),
+        "clones": all.clones.json(),
         "idle": {
             "claims_in_cluster": idle.claims_in_cluster,
             "node_1_cpu_s": idle.window.cpu_secs.first(),

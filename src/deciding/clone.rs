@@ -1,0 +1,389 @@
+//! Clones: a claim whose `dataSource` (or `dataSourceRef`) names another claim of the same class
+//! in the same namespace gets a copy of that claim's volume. Pure decisions: is the clone
+//! accepted, may it start yet, which node copies, and how each filesystem copies.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec};
+
+use crate::deciding::capacity::parse_bytes;
+use crate::deciding::claim::{Identity, claim_class_name};
+use crate::deciding::layout::{self, PoolPath};
+use crate::deciding::volume::{self, VolumeShape};
+use crate::keys;
+
+/// The only data source kind we fill (core API group).
+pub const CLAIM_KIND: &str = "PersistentVolumeClaim";
+
+/// Why a claim's data source cannot be filled (the note of the claim's `ProvisioningFailed` event).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CloneRefusal {
+    /// A snapshot: hostPath volumes have none.
+    #[error(
+        "dataSource {kind} {name:?} cannot be restored: this provisioner has no volume snapshots; only a PersistentVolumeClaim in the same namespace can be cloned"
+    )]
+    Snapshot {
+        /// The kind named.
+        kind: String,
+        /// The object named.
+        name: String,
+    },
+    /// A volume populator (any other kind, or a claim of another API group).
+    #[error(
+        "dataSource {kind} {name:?} (apiGroup {group:?}) needs a volume populator, which this provisioner does not run; only a PersistentVolumeClaim in the same namespace can be cloned"
+    )]
+    Populator {
+        /// The kind named.
+        kind: String,
+        /// Its API group.
+        group: String,
+        /// The object named.
+        name: String,
+    },
+    /// `dataSourceRef.namespace` names another namespace.
+    #[error(
+        "dataSourceRef names claim {name:?} in namespace {namespace:?}: cross-namespace clones are not supported; clone a claim of namespace {own:?}"
+    )]
+    OtherNamespace {
+        /// The source's namespace.
+        namespace: String,
+        /// The source claim.
+        name: String,
+        /// The clone's namespace.
+        own: String,
+    },
+    /// `dataSource` and `dataSourceRef` disagree (the API server normally keeps them equal).
+    #[error("dataSource and dataSourceRef name different objects; name one source")]
+    Ambiguous,
+    /// The source claim uses another class.
+    #[error(
+        "source claim {source_claim:?} uses StorageClass {source_class:?} but the clone asks for {class:?}; a clone must use the class of its source"
+    )]
+    OtherClass {
+        /// The source claim.
+        source_claim: String,
+        /// Its class.
+        source_class: String,
+        /// The clone's class.
+        class: String,
+    },
+    /// The source is bound to a PV this provisioner did not make.
+    #[error(
+        "source claim {source_claim:?} is bound to PV {pv:?}, which provisioner {provisioner} did not provision; only volumes of this provisioner can be cloned"
+    )]
+    NotOurs {
+        /// The source claim.
+        source_claim: String,
+        /// Its PV.
+        pv: String,
+        /// Our provisioner name.
+        provisioner: String,
+    },
+    /// The source volume's directory is not one this node can copy from the clone's pool.
+    #[error(
+        "source volume {pv:?} at {path:?} is not a volume directory of pool {pool} (the clone's pool): {why}; a clone is made in the pool of its source"
+    )]
+    OtherPool {
+        /// The source PV.
+        pv: String,
+        /// Its hostPath.
+        path: String,
+        /// The clone's pool.
+        pool: String,
+        /// What the path check said.
+        why: String,
+    },
+    /// The request is smaller than the source.
+    #[error(
+        "the clone requests {requested} but source claim {source_claim:?} requests {source_request}; request at least {source_request}"
+    )]
+    Smaller {
+        /// The clone's request.
+        requested: String,
+        /// The source claim.
+        source_claim: String,
+        /// The source's request.
+        source_request: String,
+    },
+    /// Every-node volumes have one copy per node, none of which is "the" source.
+    #[error("source claim {0:?} is an everyNode volume (one copy per node); cloning it is not supported")]
+    EveryNode(String),
+    /// Pinned by `kubevirt.io/provisionOnNode` to another node than the source's.
+    #[error(
+        "the clone is pinned to node {pinned} (kubevirt.io/provisionOnNode) but its source volume lives on node {source_node}; a clone is made on its source's node: set the annotation to {source_node} or remove it"
+    )]
+    PinnedElsewhere {
+        /// The annotation's node.
+        pinned: String,
+        /// The source's node.
+        source_node: String,
+    },
+}
+
+impl CloneRefusal {
+    /// A short stable label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Snapshot { .. } | Self::Populator { .. } | Self::OtherNamespace { .. } | Self::Ambiguous => {
+                "data_source"
+            }
+            Self::Smaller { .. } => "clone_smaller",
+            Self::OtherClass { .. }
+            | Self::NotOurs { .. }
+            | Self::OtherPool { .. }
+            | Self::EveryNode(_)
+            | Self::PinnedElsewhere { .. } => "clone_source",
+        }
+    }
+}
+
+/// Which claim, if any, a claim asks to be cloned from. `dataSourceRef` wins over `dataSource`
+/// (the API server mirrors one into the other when only one is set).
+pub fn requested_source(spec: &PersistentVolumeClaimSpec, namespace: &str) -> Result<Option<String>, CloneRefusal> {
+    let from_ref = spec
+        .data_source_ref
+        .as_ref()
+        .map(|r| (r.api_group.clone().unwrap_or_default(), r.kind.clone(), r.name.clone(), r.namespace.clone()));
+    let from_source = spec
+        .data_source
+        .as_ref()
+        .map(|s| (s.api_group.clone().unwrap_or_default(), s.kind.clone(), s.name.clone(), None));
+    if let (Some(a), Some(b)) = (&from_ref, &from_source)
+        && (&a.0, &a.1, &a.2) != (&b.0, &b.1, &b.2)
+    {
+        return Err(CloneRefusal::Ambiguous);
+    }
+    let Some((group, kind, name, ns)) = from_ref.or(from_source) else { return Ok(None) };
+    if kind == "VolumeSnapshot" {
+        return Err(CloneRefusal::Snapshot { kind, name });
+    }
+    if kind != CLAIM_KIND || !group.is_empty() {
+        return Err(CloneRefusal::Populator { kind, group, name });
+    }
+    if let Some(ns) = ns.filter(|ns| ns != namespace) {
+        return Err(CloneRefusal::OtherNamespace { namespace: ns, name, own: namespace.to_owned() });
+    }
+    Ok(Some(name))
+}
+
+/// The same, straight from a claim.
+pub fn claim_source(claim: &PersistentVolumeClaim) -> Result<Option<String>, CloneRefusal> {
+    match &claim.spec {
+        Some(spec) => requested_source(spec, claim.metadata.namespace.as_deref().unwrap_or_default()),
+        None => Ok(None),
+    }
+}
+
+/// What the source claim and its PV allow right now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceVerdict {
+    /// Not usable yet (missing, being deleted, not bound): say why and look again.
+    Wait(String),
+    /// Never usable as it is.
+    Refuse(CloneRefusal),
+    /// Held by this node, or on a shared pool (where every node sees the same files): copy from
+    /// `dir_name` in the clone's pool.
+    Ready {
+        /// The source's directory directly under the pool root.
+        dir_name: String,
+    },
+    /// A node-local volume of another node: only that node can copy it.
+    Elsewhere(String),
+}
+
+/// The clone being checked.
+#[derive(Clone, Copy, Debug)]
+pub struct CloneRequest<'a> {
+    /// The source claim's name.
+    pub source_name: &'a str,
+    /// The clone's class.
+    pub class_name: &'a str,
+    /// The clone's storage request, verbatim (for messages).
+    pub request: &'a str,
+    /// The clone's request in bytes.
+    pub request_bytes: u64,
+    /// The pool the clone goes to.
+    pub pool: &'a PoolPath,
+}
+
+fn storage_request(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?.get("storage").map(|q| q.0.as_str())
+}
+
+/// Checks the source claim and its PV (either may be missing).
+pub fn check_source(
+    clone: CloneRequest<'_>,
+    source: Option<&PersistentVolumeClaim>,
+    source_pv: Option<&PersistentVolume>,
+    me: &Identity,
+) -> SourceVerdict {
+    let name = clone.source_name;
+    let Some(source) = source else {
+        return SourceVerdict::Wait(format!(
+            "source claim {name:?} does not exist (yet); the clone is made once it exists and is bound"
+        ));
+    };
+    if source.metadata.deletion_timestamp.is_some() {
+        return SourceVerdict::Wait(format!(
+            "source claim {name:?} is being deleted; the clone waits: if the source goes away, delete this claim or point it at another source"
+        ));
+    }
+    let source_class = claim_class_name(source).unwrap_or_default();
+    if source_class != clone.class_name {
+        return SourceVerdict::Refuse(CloneRefusal::OtherClass {
+            source_claim: name.to_owned(),
+            source_class: source_class.to_owned(),
+            class: clone.class_name.to_owned(),
+        });
+    }
+    // The source's own request is what its user asked for; a PV's capacity may be the whole
+    // filesystem (--pv-capacity=filesystem), so it is no measure of the source.
+    if let Some(source_request) = storage_request(source)
+        && let Ok(source_bytes) = parse_bytes(source_request)
+        && clone.request_bytes < source_bytes
+    {
+        return SourceVerdict::Refuse(CloneRefusal::Smaller {
+            requested: clone.request.to_owned(),
+            source_claim: name.to_owned(),
+            source_request: source_request.to_owned(),
+        });
+    }
+    let bound_pv = source.spec.as_ref().and_then(|s| s.volume_name.as_deref()).filter(|v| !v.is_empty());
+    let phase = source.status.as_ref().and_then(|s| s.phase.as_deref());
+    let (Some(pv_name), Some("Bound")) = (bound_pv, phase) else {
+        return SourceVerdict::Wait(format!(
+            "source claim {name:?} is not bound yet; the clone is made once it is (a WaitForFirstConsumer source is bound when its first pod is scheduled)"
+        ));
+    };
+    let Some(pv) = source_pv.filter(|pv| pv.metadata.name.as_deref() == Some(pv_name)) else {
+        return SourceVerdict::Wait(format!(
+            "source claim {name:?} is bound to PV {pv_name:?}, which is not visible yet"
+        ));
+    };
+    let annotations = pv.metadata.annotations.as_ref();
+    let ours = annotations.and_then(|a| a.get(keys::PROVISIONED_BY)).is_some_and(|p| *p == me.provisioner);
+    if !ours {
+        return SourceVerdict::Refuse(CloneRefusal::NotOurs {
+            source_claim: name.to_owned(),
+            pv: pv_name.to_owned(),
+            provisioner: me.provisioner.clone(),
+        });
+    }
+    let bound_uid = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.as_deref());
+    if bound_uid != source.metadata.uid.as_deref() {
+        return SourceVerdict::Wait(format!("PV {pv_name:?} is not bound to source claim {name:?} (yet)"));
+    }
+    let pools = std::slice::from_ref(clone.pool);
+    let owner = match volume::volume_shape(pv, pools) {
+        VolumeShape::Node => volume::owner_node(pv).map(str::to_owned),
+        VolumeShape::Shared => None,
+        VolumeShape::EveryNode => return SourceVerdict::Refuse(CloneRefusal::EveryNode(name.to_owned())),
+    };
+    // Another node's directory is checked by that node, against its own pools.
+    if let Some(owner) = owner.filter(|owner| *owner != me.node) {
+        return SourceVerdict::Elsewhere(owner);
+    }
+    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.as_str()).unwrap_or_default();
+    let dir_name = match layout::accept_delete_path(path, pv_name, pools) {
+        Ok(accepted) => accepted.dir_name,
+        Err(why) => {
+            return SourceVerdict::Refuse(CloneRefusal::OtherPool {
+                pv: pv_name.to_owned(),
+                path: path.to_owned(),
+                pool: clone.pool.name.clone(),
+                why: why.to_string(),
+            });
+        }
+    };
+    SourceVerdict::Ready { dir_name }
+}
+
+/// Who copies, once the source is ready and the claim decision chose this node (or, for an
+/// Immediate node-shaped claim, chose nobody).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CloneActor {
+    /// This node copies.
+    Me,
+    /// The source's node copies; this node stays silent.
+    Other(String),
+    /// The scheduler placed the claim here, but the source lives on `source_node`: say so and
+    /// give the claim back to the scheduler.
+    WrongNode {
+        /// Where the source lives.
+        source_node: String,
+    },
+    /// Pinned here by annotation while the source lives elsewhere.
+    Refuse(CloneRefusal),
+}
+
+/// How the claim decision placed the clone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Immediate and node-shaped: no node is named; the source's owner acts.
+    Unplaced,
+    /// Placed here by the scheduler (WaitForFirstConsumer).
+    Scheduled,
+    /// Placed here by `kubevirt.io/provisionOnNode`, or chosen among the live nodes (shared).
+    Pinned,
+}
+
+/// The node that holds the source copies it: a node-local directory exists on one node only.
+/// On a shared pool every node sees the same files, so whichever node the claim decision chose
+/// copies.
+pub fn clone_actor(owner: Option<&str>, placement: Placement, me: &Identity) -> CloneActor {
+    let Some(owner) = owner else { return CloneActor::Me };
+    if owner == me.node {
+        return CloneActor::Me;
+    }
+    match placement {
+        Placement::Unplaced => CloneActor::Other(owner.to_owned()),
+        Placement::Scheduled => CloneActor::WrongNode { source_node: owner.to_owned() },
+        Placement::Pinned => {
+            CloneActor::Refuse(CloneRefusal::PinnedElsewhere { pinned: me.node.clone(), source_node: owner.to_owned() })
+        }
+    }
+}
+
+/// The filesystem a pool lives on, as far as copying cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilesystemKind {
+    /// btrfs: subvolume snapshots and reflinks.
+    Btrfs,
+    /// XFS: reflinks (when made with `reflink=1`, the default since xfsprogs 5.1).
+    Xfs,
+    /// Anything else: bytes are copied.
+    Other,
+}
+
+/// How a volume is copied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyMethod {
+    /// One btrfs snapshot of the source subvolume (atomic, instant, shares every extent).
+    Snapshot,
+    /// A walk that shares each file's extents (`FICLONE`), falling back to bytes per file.
+    Reflink,
+    /// A walk that copies bytes (holes kept).
+    Bytes,
+}
+
+impl CopyMethod {
+    /// For logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Snapshot => "snapshot",
+            Self::Reflink => "reflink",
+            Self::Bytes => "bytes",
+        }
+    }
+}
+
+/// btrfs snapshots a source that is a subvolume (quota volumes are) and reflinks otherwise;
+/// XFS reflinks; other filesystems copy bytes.
+pub fn copy_method(kind: FilesystemKind, source_is_subvolume: bool) -> CopyMethod {
+    match kind {
+        FilesystemKind::Btrfs if source_is_subvolume => CopyMethod::Snapshot,
+        FilesystemKind::Btrfs | FilesystemKind::Xfs => CopyMethod::Reflink,
+        FilesystemKind::Other => CopyMethod::Bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,469 @@
+//! The doctor's decisions, pure over plain data: which PVs this node should hold a directory for,
+//! which directories are orphans, when the trash is stuck, what counts as a problem, and the exit
+//! code. The layout rules are the daemon's own ([`crate::deciding::layout`], [`volume_shape`]).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+use crate::deciding::claim::Identity;
+use crate::deciding::layout::{self, AcceptedPath, PoolPath};
+use crate::deciding::volume::{VolumeShape, owner_node, volume_shape};
+use crate::doctor::report::{ApiCheck, Finding, PoolReport, Severity};
+use crate::keys;
+use crate::reconciling::orphans::uid_of_dir;
+
+/// Exit code: nothing wrong (warnings may have been printed).
+pub const EXIT_HEALTHY: i32 = 0;
+/// Exit code: at least one problem found.
+pub const EXIT_PROBLEMS: i32 = 1;
+/// Exit code: the configuration or the command line is invalid (as the daemon's).
+pub const EXIT_CONFIG: i32 = 2;
+/// Exit code: no problem found, but a check could not run (the API was unreachable).
+pub const EXIT_INCOMPLETE: i32 = 3;
+
+/// A trash entry older than this is stuck: the daemon retries its removal every minute, so
+/// anything still there after many attempts will not go without an admin.
+pub const TRASH_STUCK_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// Below this share of its size free (after the reserve), a pool is nearly full.
+const NEARLY_FULL_PERCENT: u64 = 10;
+
+/// Below this many usable bytes (after the reserve) a pool is full: no useful volume fits, and
+/// a filesystem filled to ENOSPC keeps a few blocks it cannot hand out.
+pub const FULL_BELOW_BYTES: u64 = 1 << 20;
+
+/// The SELinux type pods may write to.
+const CONTAINER_FILE_TYPE: &str = "container_file_t";
+
+/// Where this node should hold the directory of `pv`, if anywhere: PVs of this provisioner, not
+/// on their way out, under one of this node's pools, in a layout of the PV's own name, and either
+/// pinned to this node (by annotation, or by hostname affinity for PVs older than it), on a shared
+/// pool, or every-node (a copy on each node).
+pub fn volume_here(
+    pv: &PersistentVolume,
+    me: &Identity,
+    my_hostname: &str,
+    pools: &[PoolPath],
+) -> Option<AcceptedPath> {
+    let annotations = pv.metadata.annotations.as_ref();
+    if annotations.and_then(|a| a.get(keys::PROVISIONED_BY)) != Some(&me.provisioner) {
+        return None;
+    }
+    if pv.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let spec = pv.spec.as_ref()?;
+    let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+    // Released under Delete: the daemon is removing it; the directory may already be in the trash.
+    if phase == Some("Released") && spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete") {
+        return None;
+    }
+    let name = pv.metadata.name.as_deref()?;
+    let accepted = layout::accept_delete_path(&spec.host_path.as_ref()?.path, name, pools).ok()?;
+    let mine = match volume_shape(pv, pools) {
+        VolumeShape::Node => {
+            let by_annotation = annotations.is_some_and(|a| a.contains_key(keys::PROVISION_ON_NODE));
+            owner_node(pv).is_some_and(|owner| owner == me.node || (!by_annotation && owner == my_hostname))
+        }
+        VolumeShape::Shared => pools.iter().any(|p| p.name == accepted.pool && p.shared),
+        VolumeShape::EveryNode => pools.iter().any(|p| p.name == accepted.pool && !p.shared),
+    };
+    mine.then_some(accepted)
+}
+
+/// Directories of `entries` named in one of our layouts whose UID has neither a PV (`pvc-<uid>`)
+/// nor a claim: the daemon's own orphan rule. A claim without its PV is being provisioned right
+/// now (or lost its PV by hand, which the daemon reports itself), so it is not counted here.
+pub fn orphan_directories<'a>(
+    entries: &'a [String],
+    pv_names: &HashSet<String>,
+    claim_uids: &HashSet<String>,
+) -> Vec<&'a str> {
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let uid = uid_of_dir(entry)?;
+            (!pv_names.contains(&layout::pv_name(uid)) && !claim_uids.contains(uid)).then_some(entry.as_str())
+        })
+        .collect()
+}
+
+/// How long ago a trash entry was made, from its name (`<nanoseconds since epoch>-<sequence>`,
+/// as the daemon names them); `None` for a name of another shape.
+pub fn trash_entry_age(name: &str, now_since_epoch: Duration) -> Option<Duration> {
+    let (nanos, sequence) = name.split_once('-')?;
+    if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let made = Duration::from_nanos(nanos.parse::<u64>().ok()?);
+    Some(now_since_epoch.saturating_sub(made))
+}
+
+/// Everything wrong or worth a look, pool by pool.
+pub fn findings(pools: &[PoolReport], api: &ApiCheck, require_mountpoint: bool) -> Vec<Finding> {
+    let mut found = Vec::new();
+    if let ApiCheck::Failed(why) = api {
+        found.push(Finding {
+            severity: Severity::Warning,
+            pool: None,
+            check: "api_unreachable",
+            message: format!("cannot list PVs and claims, so orphans and missing directories were not checked: {why}"),
+        });
+    }
+    for pool in pools {
+        pool_findings(pool, require_mountpoint, &mut found);
+    }
+    found.sort_by_key(|f| f.severity);
+    found
+}
+
+fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Finding>) {
+    let mut add = |severity, check, message: String| {
+        found.push(Finding { severity, pool: Some(pool.name.clone()), check, message });
+    };
+    if let Some(error) = &pool.error {
+        add(Severity::Problem, "pool_unusable", error.clone());
+    }
+    if let Some(fs) = &pool.filesystem {
+        if fs.read_only {
+            add(
+                Severity::Problem,
+                "read_only",
+                format!("{} is mounted read-only: nothing can be provisioned", pool.path),
+            );
+        }
+        if !fs.is_mount_point {
+            let message = format!(
+                "{} is not a mount point: volumes land on the filesystem of {} (mount a dedicated disk there)",
+                pool.path,
+                fs.mount_point.as_deref().unwrap_or("its parent")
+            );
+            let severity = if require_mountpoint { Severity::Problem } else { Severity::Warning };
+            add(severity, "not_mount_point", message);
+        }
+        if fs.shared_with_root == Some(true) {
+            add(
+                Severity::Warning,
+                "shared_with_root",
+                format!("{} is on the same filesystem as the host's /: a full pool fills the OS disk", pool.path),
+            );
+        }
+        let usable = fs.available_bytes.saturating_sub(pool.reserve_bytes);
+        if usable < FULL_BELOW_BYTES {
+            add(
+                Severity::Problem,
+                "pool_full",
+                format!(
+                    "{} available, reserve {}: no new volume fits (free space, or move volumes)",
+                    size(fs.available_bytes),
+                    size(pool.reserve_bytes)
+                ),
+            );
+        } else if usable.saturating_mul(100) < fs.size_bytes.saturating_mul(NEARLY_FULL_PERCENT) {
+            add(Severity::Warning, "pool_nearly_full", format!("{} usable of {}", size(usable), size(fs.size_bytes)));
+        }
+        if fs.inodes_total > 0 && fs.inodes_available == 0 {
+            add(Severity::Problem, "inodes_exhausted", "no inode left: no file or directory can be created".into());
+        }
+        if let Some(selinux) = &fs.selinux
+            && selinux.mode == "enforcing"
+        {
+            let label = selinux.label.as_deref().unwrap_or_default();
+            if crate::doctor::capabilities::selinux_type(label) != Some(CONTAINER_FILE_TYPE) {
+                add(
+                    Severity::Warning,
+                    "selinux_label",
+                    format!(
+                        "root labelled {label:?}, not {CONTAINER_FILE_TYPE}: pods may be denied access to their volumes \
+                         (chcon -t {CONTAINER_FILE_TYPE} {})",
+                        pool.path
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(volumes) = &pool.volumes {
+        for orphan in &volumes.orphan_directories {
+            add(
+                Severity::Problem,
+                "orphan_directory",
+                format!(
+                    "{}/{} ({}) matches no PV and no claim: re-create its PV to use the data, or remove it",
+                    pool.path,
+                    orphan.name,
+                    size(orphan.bytes)
+                ),
+            );
+        }
+        for missing in &volumes.missing_directories {
+            add(
+                Severity::Problem,
+                "missing_directory",
+                format!("PV {} expects {} on this node but it does not exist", missing.pv, missing.path),
+            );
+        }
+    }
+    if let Some(trash) = &pool.trash
+        && trash.stuck > 0
+    {
+        add(
+            Severity::Problem,
+            "trash_stuck",
+            format!(
+                "{} deleted volume{} in {}/{} older than {} minutes: their data cannot be removed (see the node's \
+                 TrashPurgeFailed events)",
+                trash.stuck,
+                if trash.stuck == 1 { "" } else { "s" },
+                pool.path,
+                crate::filesystem::TRASH_DIR,
+                TRASH_STUCK_AFTER.as_secs() / 60
+            ),
+        );
+    }
+}
+
+fn size(bytes: u64) -> String {
+    crate::doctor::report::size(bytes)
+}
+
+/// The exit code: problems first, then whether every check could run.
+pub fn exit_code(findings: &[Finding], api: &ApiCheck) -> i32 {
+    if findings.iter().any(|f| f.severity == Severity::Problem) {
+        EXIT_PROBLEMS
+    } else if matches!(api, ApiCheck::Failed(_)) {
+        EXIT_INCOMPLETE
+    } else {
+        EXIT_HEALTHY
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::{
+        HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeSpec,
+        PersistentVolumeStatus, VolumeNodeAffinity,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    use super::*;
+    use crate::doctor::report::{FilesystemReport, OrphanDirectory, SelinuxReport, TrashReport, VolumesReport};
+    use crate::test_fixtures::{NODE, OTHER_NODE, PROVISIONER, UID, me};
+
+    const OTHER_UID: &str = "11111111-2222-4333-8444-555555555555";
+
+    fn pools() -> Vec<PoolPath> {
+        vec![PoolPath::local("legacy", "/var/hpvolumes"), PoolPath::shared("nfs", "/mnt/nfs")]
+    }
+
+    fn pv(path: &str, owner: Option<&str>) -> PersistentVolume {
+        let mut annotations = BTreeMap::from([(keys::PROVISIONED_BY.to_owned(), PROVISIONER.to_owned())]);
+        if let Some(owner) = owner {
+            annotations.insert(keys::PROVISION_ON_NODE.to_owned(), owner.to_owned());
+        }
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some(format!("pvc-{UID}")),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                host_path: Some(HostPathVolumeSource { path: path.to_owned(), type_: None }),
+                persistent_volume_reclaim_policy: Some("Delete".into()),
+                ..Default::default()
+            }),
+            status: Some(PersistentVolumeStatus { phase: Some("Bound".into()), ..Default::default() }),
+        }
+    }
+
+    fn here(pv: &PersistentVolume) -> Option<(String, String)> {
+        volume_here(pv, &me(), "host-a", &pools()).map(|a| (a.pool, a.dir_name))
+    }
+
+    #[test]
+    fn a_node_pv_is_here_only_on_its_own_node() {
+        let path = format!("/var/hpvolumes/pvc-{UID}");
+        assert_eq!(here(&pv(&path, Some(NODE))), Some(("legacy".into(), format!("pvc-{UID}"))));
+        assert_eq!(here(&pv(&path, Some(OTHER_NODE))), None);
+        let prefixed = format!("/var/hpvolumes/data-pvc-{UID}");
+        assert_eq!(here(&pv(&prefixed, Some(NODE))).map(|h| h.1), Some(format!("data-pvc-{UID}")));
+    }
+
+    #[test]
+    fn an_old_pv_pinned_by_hostname_affinity_is_here_on_that_hostname() {
+        let mut old = pv(&format!("/var/hpvolumes/pvc-{UID}"), None);
+        old.spec.as_mut().unwrap().node_affinity = Some(VolumeNodeAffinity {
+            required: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: keys::HOSTNAME_LABEL.into(),
+                        operator: "In".into(),
+                        values: Some(vec!["host-a".into()]),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
+        });
+        assert!(here(&old).is_some());
+        assert_eq!(volume_here(&old, &me(), "host-b", &pools()), None);
+    }
+
+    #[test]
+    fn shared_and_every_node_pvs_are_here_on_every_node() {
+        let mut shared = pv(&format!("/mnt/nfs/pvc-{UID}"), None);
+        shared.metadata.labels = Some(BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), "shared".to_owned())]));
+        assert_eq!(here(&shared).map(|h| h.0), Some("nfs".into()));
+        let mut every = pv(&format!("/var/hpvolumes/pvc-{UID}"), None);
+        every.metadata.labels = Some(BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), "everyNode".to_owned())]));
+        assert_eq!(here(&every).map(|h| h.0), Some("legacy".into()));
+    }
+
+    #[test]
+    fn pvs_on_their_way_out_or_not_ours_or_outside_the_pools_are_not_expected() {
+        let path = format!("/var/hpvolumes/pvc-{UID}");
+        let mut released = pv(&path, Some(NODE));
+        released.status.as_mut().unwrap().phase = Some("Released".into());
+        assert_eq!(here(&released), None, "being reclaimed");
+        released.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into());
+        assert!(here(&released).is_some(), "retained data must still be there");
+        let mut deleting = pv(&path, Some(NODE));
+        deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert_eq!(here(&deleting), None);
+        let mut foreign = pv(&path, Some(NODE));
+        foreign.metadata.annotations.as_mut().unwrap().insert(keys::PROVISIONED_BY.into(), "other.io/x".into());
+        assert_eq!(here(&foreign), None);
+        assert_eq!(here(&pv(&format!("/srv/pvc-{UID}"), Some(NODE))), None);
+        assert_eq!(here(&pv(&format!("/var/hpvolumes/pvc-{OTHER_UID}"), Some(NODE))), None, "another PV's layout");
+    }
+
+    #[test]
+    fn orphans_are_layout_directories_without_pv_or_claim() {
+        let entries: Vec<String> = vec![
+            format!("pvc-{UID}"),
+            format!("data-pvc-{OTHER_UID}"),
+            "lost+found".into(),
+            ".hpp-trash".into(),
+            "notes".into(),
+        ];
+        let none = HashSet::new();
+        assert_eq!(
+            orphan_directories(&entries, &none, &none),
+            vec![format!("pvc-{UID}"), format!("data-pvc-{OTHER_UID}")]
+        );
+        let pvs = HashSet::from([format!("pvc-{UID}")]);
+        assert_eq!(orphan_directories(&entries, &pvs, &none), vec![format!("data-pvc-{OTHER_UID}")]);
+        let claims = HashSet::from([OTHER_UID.to_owned()]);
+        assert!(orphan_directories(&entries, &pvs, &claims).is_empty(), "a claim being provisioned");
+    }
+
+    #[test]
+    fn trash_age_comes_from_the_entry_name() {
+        let now = Duration::from_secs(2_000_000_000);
+        let made = now - Duration::from_secs(3600);
+        assert_eq!(trash_entry_age(&format!("{}-7", made.as_nanos()), now), Some(Duration::from_secs(3600)));
+        assert_eq!(trash_entry_age(&format!("{}-0", now.as_nanos() + 5), now), Some(Duration::ZERO));
+        for bad in ["pvc-x", "123", "abc-1", "123-", "123-x"] {
+            assert_eq!(trash_entry_age(bad, now), None, "{bad}");
+        }
+    }
+
+    fn healthy_pool() -> PoolReport {
+        PoolReport {
+            name: "legacy".into(),
+            path: "/var/hpvolumes".into(),
+            filesystem: Some(FilesystemReport {
+                fs_type: "xfs".into(),
+                is_mount_point: true,
+                shared_with_root: Some(false),
+                size_bytes: 100 << 30,
+                available_bytes: 50 << 30,
+                inodes_total: 1000,
+                inodes_available: 900,
+                ..Default::default()
+            }),
+            trash: Some(TrashReport::default()),
+            volumes: Some(VolumesReport::default()),
+            ..Default::default()
+        }
+    }
+
+    fn checks(pool: PoolReport, require_mountpoint: bool) -> Vec<(Severity, &'static str)> {
+        findings(&[pool], &ApiCheck::Checked, require_mountpoint).iter().map(|f| (f.severity, f.check)).collect()
+    }
+
+    #[test]
+    fn a_healthy_pool_has_no_findings_and_exits_0() {
+        let found = findings(&[healthy_pool()], &ApiCheck::Checked, true);
+        assert!(found.is_empty(), "{found:?}");
+        assert_eq!(exit_code(&found, &ApiCheck::Checked), EXIT_HEALTHY);
+    }
+
+    #[test]
+    fn each_fault_is_its_own_finding() {
+        let mut pool = healthy_pool();
+        let fs = pool.filesystem.as_mut().unwrap();
+        fs.available_bytes = 3 << 20;
+        pool.reserve_bytes = (2 << 20) + 1;
+        assert_eq!(checks(pool.clone(), false), vec![(Severity::Problem, "pool_full")], "under 1 MiB usable");
+        pool.reserve_bytes = 2 << 20;
+        assert_eq!(checks(pool.clone(), false), vec![(Severity::Warning, "pool_nearly_full")], "1 MiB usable");
+        pool.reserve_bytes = 0;
+        assert_eq!(checks(pool.clone(), false), vec![(Severity::Warning, "pool_nearly_full")]);
+        pool.filesystem.as_mut().unwrap().available_bytes = 0;
+        assert_eq!(checks(pool.clone(), false), vec![(Severity::Problem, "pool_full")]);
+        let mut pool = healthy_pool();
+        pool.filesystem.as_mut().unwrap().inodes_available = 0;
+        assert_eq!(checks(pool, false), vec![(Severity::Problem, "inodes_exhausted")]);
+        let mut pool = healthy_pool();
+        pool.filesystem.as_mut().unwrap().is_mount_point = false;
+        assert_eq!(checks(pool.clone(), false), vec![(Severity::Warning, "not_mount_point")]);
+        assert_eq!(checks(pool, true), vec![(Severity::Problem, "not_mount_point")], "REQUIRE_MOUNTPOINT");
+        let mut pool = healthy_pool();
+        pool.filesystem.as_mut().unwrap().shared_with_root = Some(true);
+        assert_eq!(checks(pool, false), vec![(Severity::Warning, "shared_with_root")]);
+        let mut pool = healthy_pool();
+        pool.filesystem.as_mut().unwrap().read_only = true;
+        assert_eq!(checks(pool, false), vec![(Severity::Problem, "read_only")]);
+        let mut pool = healthy_pool();
+        pool.trash = Some(TrashReport { entries: 3, bytes: 10, stuck: 1 });
+        assert_eq!(checks(pool, false), vec![(Severity::Problem, "trash_stuck")]);
+        let mut pool = healthy_pool();
+        pool.trash = Some(TrashReport { entries: 3, bytes: 10, stuck: 0 });
+        assert!(checks(pool, false).is_empty(), "a trash being emptied is normal");
+        let mut pool = healthy_pool();
+        pool.volumes.as_mut().unwrap().orphan_directories.push(OrphanDirectory { name: "pvc-x".into(), bytes: 1 });
+        assert_eq!(checks(pool, false), vec![(Severity::Problem, "orphan_directory")]);
+        let pool = PoolReport { error: Some("missing".into()), ..PoolReport::default() };
+        assert_eq!(checks(pool, false), vec![(Severity::Problem, "pool_unusable")]);
+    }
+
+    #[test]
+    fn selinux_warns_only_when_enforcing_with_another_type() {
+        let with = |mode: &str, label: Option<&str>| {
+            let mut pool = healthy_pool();
+            pool.filesystem.as_mut().unwrap().selinux =
+                Some(SelinuxReport { mode: mode.into(), label: label.map(str::to_owned) });
+            checks(pool, false)
+        };
+        assert!(with("enforcing", Some("system_u:object_r:container_file_t:s0")).is_empty());
+        assert!(with("permissive", Some("system_u:object_r:var_t:s0")).is_empty());
+        assert_eq!(with("enforcing", Some("system_u:object_r:var_t:s0")), vec![(Severity::Warning, "selinux_label")]);
+        assert_eq!(with("enforcing", None), vec![(Severity::Warning, "selinux_label")]);
+    }
+
+    #[test]
+    fn exit_codes_tell_problems_from_an_incomplete_run() {
+        let failed = ApiCheck::Failed("connection refused".into());
+        let found = findings(&[healthy_pool()], &failed, false);
+        assert_eq!(found.iter().map(|f| f.check).collect::<Vec<_>>(), vec!["api_unreachable"]);
+        assert_eq!(exit_code(&found, &failed), EXIT_INCOMPLETE);
+        let mut broken = healthy_pool();
+        broken.filesystem.as_mut().unwrap().read_only = true;
+        let found = findings(&[broken], &failed, false);
+        assert_eq!(exit_code(&found, &failed), EXIT_PROBLEMS, "problems come first");
+        assert_eq!(found[0].severity, Severity::Problem, "problems are listed first");
+    }
+}

@@ -1,0 +1,220 @@
+//! The doctor's I/O edge: what the pools' filesystems and the API server say. Every decision on
+//! these facts is in [`crate::doctor::assess`].
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, ListParams};
+use kube::config::KubeConfigOptions;
+
+use crate::config::Config;
+use crate::deciding::claim::Identity;
+use crate::deciding::layout::PoolPath;
+use crate::doctor::capabilities::{self, Reflink};
+use crate::doctor::report::{
+    FilesystemReport, MissingDirectory, OrphanDirectory, PoolReport, SelinuxReport, TrashReport, VolumesReport,
+};
+use crate::doctor::{DoctorError, assess};
+use crate::filesystem::{PoolRoot, TRASH_DIR};
+
+/// How long the doctor waits for the API server before reporting it unreachable.
+const API_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the API server says about this node's volumes.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterFacts {
+    /// Every PV.
+    pub pvs: Vec<PersistentVolume>,
+    /// UIDs of every claim.
+    pub claim_uids: HashSet<String>,
+    /// This node's `kubernetes.io/hostname` label (the node name when absent).
+    pub hostname: String,
+}
+
+/// The API check: `Ok(None)` when there is no API access to ask (no kubeconfig, not in a pod).
+pub async fn cluster_facts(config: &Config) -> Result<Option<ClusterFacts>, DoctorError> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    if config.kubeconfig.is_empty() && !in_cluster {
+        return Ok(None);
+    }
+    match tokio::time::timeout(API_TIMEOUT, list(config)).await {
+        Ok(result) => result.map(Some),
+        Err(_) => Err(DoctorError::ApiTimeout(API_TIMEOUT.as_secs())),
+    }
+}
+
+async fn list(config: &Config) -> Result<ClusterFacts, DoctorError> {
+    let client_error = |e: &dyn std::fmt::Display| DoctorError::Client(e.to_string());
+    let kube_config = if config.kubeconfig.is_empty() {
+        kube::Config::incluster().map_err(|e| client_error(&e))?
+    } else {
+        let kubeconfig = crate::config::read_kubeconfigs(&config.kubeconfig)?;
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| client_error(&e))?
+    };
+    let client = kube::Client::try_from(kube_config).map_err(|e| client_error(&e))?;
+    let api = |op| move |source| DoctorError::Api { op, source };
+    let pvs = list_all(Api::<PersistentVolume>::all(client.clone())).await.map_err(api("list PersistentVolumes"))?;
+    let claims = list_all(Api::<PersistentVolumeClaim>::all(client.clone()))
+        .await
+        .map_err(api("list PersistentVolumeClaims"))?;
+    let node = Api::<Node>::all(client).get_opt(&config.node_name).await.map_err(api("get this node's Node"))?;
+    let hostname = node
+        .and_then(|n| n.metadata.labels?.get(crate::keys::HOSTNAME_LABEL).cloned())
+        .unwrap_or_else(|| config.node_name.clone());
+    let claim_uids = claims.into_iter().filter_map(|c| c.metadata.uid).collect();
+    Ok(ClusterFacts { pvs, claim_uids, hostname })
+}
+
+/// Lists every object in pages, so a large cluster is not one huge response.
+async fn list_all<K>(api: Api<K>) -> Result<Vec<K>, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut all = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        all.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(all),
+        }
+    }
+}
+
+/// Everything the doctor reports about one pool. `host_root` is the host's `/` as seen from here.
+pub fn pool_report(pool: &PoolPath, config: &Config, host_root: &Path, cluster: Option<&ClusterFacts>) -> PoolReport {
+    let mut report = PoolReport {
+        name: pool.name.clone(),
+        path: pool.root.display().to_string(),
+        shared_pool: pool.shared,
+        reserve_bytes: pool.reserve.unwrap_or(config.reserved_bytes),
+        ..Default::default()
+    };
+    let root = match PoolRoot::open(&pool.name, &pool.root) {
+        Ok(root) => root,
+        Err(error) => {
+            report.error = Some(error.to_string());
+            return report;
+        }
+    };
+    match filesystem_report(&root, host_root) {
+        Ok(fs) => report.filesystem = Some(fs),
+        Err(error) => report.error = Some(error.to_string()),
+    }
+    report.trash = Some(trash_report(&root));
+    if let Some(cluster) = cluster {
+        match root.list_entries() {
+            Ok(entries) => report.volumes = Some(volumes_report(&root, pool, config, cluster, &entries)),
+            Err(error) => report.error = Some(error.to_string()),
+        }
+    }
+    report
+}
+
+fn filesystem_report(root: &PoolRoot, host_root: &Path) -> Result<FilesystemReport, DoctorError> {
+    let path = root.path();
+    let st = rustix::fs::statvfs(path).map_err(|e| DoctorError::fs("statvfs", path, e))?;
+    let magic = capabilities::fs_magic(path)?;
+    let mount = capabilities::read_mount_of(path)?;
+    let is_mount_point = root.is_mountpoint()?;
+    let pool_dev = std::fs::metadata(path)
+        .map_err(|source| DoctorError::Filesystem { op: "stat", path: path.to_owned(), source })?
+        .dev();
+    let shared_with_root = match (std::fs::metadata(host_root), capabilities::fs_magic(host_root)) {
+        (Ok(meta), Ok(root_magic)) => capabilities::shares_root_filesystem(
+            pool_dev,
+            meta.dev(),
+            capabilities::is_container_layer(root_magic),
+            path,
+            mount.as_ref(),
+        ),
+        _ => None,
+    };
+    let read_only = st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY);
+    let reflink = if read_only { Reflink::Unknown("read-only".into()) } else { capabilities::probe_reflink(path) };
+    let options = mount.as_ref().map(|m| m.options.clone()).unwrap_or_default();
+    let quota_options = capabilities::quota_options(&options);
+    let fs_type = mount
+        .as_ref()
+        .map(|m| m.fs_type.clone())
+        .or_else(|| capabilities::fs_type_name(magic).map(str::to_owned))
+        .unwrap_or_else(|| format!("unknown (magic {magic:#x})"));
+    let selinux =
+        capabilities::selinux_of(path).map(|(mode, label)| SelinuxReport { mode: mode.to_owned(), label: label.ok() });
+    Ok(FilesystemReport {
+        fs_type,
+        source: mount.as_ref().map(|m| m.source.clone()),
+        mount_point: mount.as_ref().map(|m| m.mount_point.display().to_string()),
+        mount_root: mount.as_ref().map(|m| m.fs_root.display().to_string()),
+        is_mount_point,
+        shared_with_root,
+        read_only,
+        size_bytes: st.f_blocks.saturating_mul(st.f_frsize),
+        available_bytes: st.f_bavail.saturating_mul(st.f_frsize),
+        inodes_total: st.f_files,
+        inodes_available: st.f_favail,
+        reflink: reflink.to_string(),
+        project_quota: capabilities::has_project_quota(&quota_options),
+        quota_options,
+        selinux,
+    })
+}
+
+/// Counts the trash: entries, bytes, and entries older than [`assess::TRASH_STUCK_AFTER`] (by the
+/// time in their name, else by their change time).
+fn trash_report(root: &PoolRoot) -> TrashReport {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let trash = root.path().join(TRASH_DIR);
+    let Ok(entries) = std::fs::read_dir(&trash) else { return TrashReport::default() };
+    let mut report = TrashReport { bytes: root.trash_bytes().unwrap_or(0), ..Default::default() };
+    for entry in entries.flatten() {
+        report.entries += 1;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let age = assess::trash_entry_age(&name, now).or_else(|| {
+            let changed = entry.metadata().ok()?.ctime();
+            Some(now.saturating_sub(Duration::from_secs(u64::try_from(changed).ok()?)))
+        });
+        if age.is_some_and(|age| age >= assess::TRASH_STUCK_AFTER) {
+            report.stuck += 1;
+        }
+    }
+    report
+}
+
+fn volumes_report(
+    root: &PoolRoot,
+    pool: &PoolPath,
+    config: &Config,
+    cluster: &ClusterFacts,
+    entries: &[String],
+) -> VolumesReport {
+    let me = Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone() };
+    let pv_names: HashSet<String> = cluster.pvs.iter().filter_map(|pv| pv.metadata.name.clone()).collect();
+    let present: HashSet<&str> = entries.iter().map(String::as_str).collect();
+    let mut report = VolumesReport::default();
+    for pv in &cluster.pvs {
+        let Some(accepted) = assess::volume_here(pv, &me, &cluster.hostname, &config.pools) else { continue };
+        if accepted.pool != pool.name {
+            continue;
+        }
+        report.expected += 1;
+        if !present.contains(accepted.dir_name.as_str()) {
+            report.missing_directories.push(MissingDirectory {
+                pv: pv.metadata.name.clone().unwrap_or_default(),
+                path: pool.root.join(&accepted.dir_name).display().to_string(),
+            });
+        }
+    }
+    for name in assess::orphan_directories(entries, &pv_names, &cluster.claim_uids) {
+        report
+            .orphan_directories
+            .push(OrphanDirectory { name: name.to_owned(), bytes: root.bytes_under(name).unwrap_or(0) });
+    }
+    report
+}

@@ -1,0 +1,215 @@
+//! `hostpath-provisioner doctor`: is this node's storage healthy, and is every directory on it
+//! accounted for? Run on a node or in the provisioner's pod (`kubectl exec <pod> -- /hostpath-provisioner
+//! doctor`); it reads the daemon's own configuration (flags and env vars) and changes nothing,
+//! except for a reflink probe that makes and removes two small files in a hidden directory
+//! ([`capabilities::PROBE_DIR`]) under each writable pool root.
+//!
+//! For each pool it reports the filesystem type, whether the root is a mount point, whether it
+//! shares the host's `/` filesystem, space and reserve, reflink and quota support, the SELinux
+//! label where SELinux is on, the trash, and, with API access (`--kubeconfig`/`KUBECONFIG`, or in
+//! a pod), directories that match no PV and this node's PVs whose directory is missing.
+//!
+//! "Shared with `/`" ([`capabilities::shares_root_filesystem`]): on the node, the pool root is on
+//! the same filesystem (`st_dev`) as `--host-root` (default `/`); in a pod, where `/` is the
+//! container's overlay, the pool's hostPath mount is read from the mount table instead.
+//!
+//! Exit codes: [`assess::EXIT_HEALTHY`] (0) nothing wrong, warnings allowed;
+//! [`assess::EXIT_PROBLEMS`] (1) a problem found; [`assess::EXIT_CONFIG`] (2) invalid
+//! configuration, as the daemon; [`assess::EXIT_INCOMPLETE`] (3) no problem found but the API could
+//! not be asked.
+
+pub mod assess;
+pub mod capabilities;
+pub mod inspect;
+pub mod report;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::config::Args;
+use crate::doctor::report::{ApiCheck, Report};
+
+/// The subcommand's name, the first argument.
+pub const SUBCOMMAND: &str = "doctor";
+
+/// `hostpath-provisioner doctor` arguments: the daemon's, plus how to report.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "hostpath-provisioner doctor",
+    bin_name = "hostpath-provisioner doctor",
+    version,
+    about = "Checks this node's pools: filesystem, mount, space, capabilities, orphan and missing volume directories, trash",
+    after_help = "Exit codes: 0 healthy (warnings allowed), 1 problems found, 2 invalid configuration, 3 a check could not run (API unreachable)."
+)]
+pub struct DoctorArgs {
+    /// The daemon's settings (same flags and env vars).
+    #[command(flatten)]
+    pub daemon: Args,
+
+    /// Output: table (for people) or json (for scripts; field names are stable).
+    #[arg(long, short = 'o', default_value = "table")]
+    pub output: String,
+
+    /// The host's root directory as seen from here, to tell whether a pool shares its filesystem.
+    #[arg(long, env = "HOST_ROOT", default_value = "/")]
+    pub host_root: PathBuf,
+}
+
+/// Why a fact could not be gathered. The doctor reports it (a pool it cannot examine is a
+/// problem; an API it cannot ask makes the run incomplete) rather than retrying.
+#[derive(Debug, thiserror::Error)]
+pub enum DoctorError {
+    /// A filesystem call on a pool failed.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Filesystem {
+        /// What was attempted.
+        op: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+    /// The pool root cannot be opened or checked.
+    #[error(transparent)]
+    Pool(#[from] crate::filesystem::PoolError),
+    /// The kubeconfig could not be read.
+    #[error(transparent)]
+    Kubeconfig(#[from] crate::config::KubeconfigListError),
+    /// The client could not be configured from the kubeconfig or the pod's service account.
+    #[error("cannot configure the Kubernetes client: {0}")]
+    Client(String),
+    /// An API call failed.
+    #[error("cannot {op}: {source}")]
+    Api {
+        /// What was asked.
+        op: &'static str,
+        /// The client's error.
+        source: kube::Error,
+    },
+    /// The API server did not answer in time.
+    #[error("no answer from the API server within {0} s")]
+    ApiTimeout(u64),
+}
+
+impl DoctorError {
+    /// A filesystem error from a rustix call.
+    pub fn fs(op: &'static str, path: &std::path::Path, errno: rustix::io::Errno) -> DoctorError {
+        DoctorError::Filesystem { op, path: path.to_owned(), source: errno.into() }
+    }
+}
+
+/// How the report is printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Table,
+    Json,
+}
+
+/// Runs the doctor with `argv` (starting at `doctor`) and returns the exit code.
+pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
+    let args = DoctorArgs::parse_from(argv);
+    let output = match args.output.trim().to_ascii_lowercase().as_str() {
+        "table" => Output::Table,
+        "json" => Output::Json,
+        other => {
+            eprintln!(
+                "hostpath-provisioner doctor: configuration error: --output: invalid value {other:?}: table or json"
+            );
+            return assess::EXIT_CONFIG;
+        }
+    };
+    let config = match args.daemon.validate() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("hostpath-provisioner doctor: configuration error: {error}");
+            return assess::EXIT_CONFIG;
+        }
+    };
+    let (api, cluster) = match inspect::cluster_facts(&config).await {
+        Ok(Some(cluster)) => (ApiCheck::Checked, Some(cluster)),
+        Ok(None) => (ApiCheck::Skipped, None),
+        Err(why) => (ApiCheck::Failed(with_causes(&why)), None),
+    };
+    let (node, provisioner, require_mountpoint) =
+        (config.node_name.clone(), config.provisioner_name.clone(), config.require_mountpoint);
+    let host_root = args.host_root;
+    let pools = tokio::task::spawn_blocking(move || {
+        config.pools.iter().map(|pool| inspect::pool_report(pool, &config, &host_root, cluster.as_ref())).collect()
+    });
+    let pools: Vec<_> = match pools.await {
+        Ok(pools) => pools,
+        Err(error) => {
+            eprintln!("hostpath-provisioner doctor: inspecting the pools failed: {error}");
+            return assess::EXIT_INCOMPLETE;
+        }
+    };
+    let findings = assess::findings(&pools, &api, require_mountpoint);
+    let exit_code = assess::exit_code(&findings, &api);
+    let report = Report { node, provisioner, api, pools, findings, exit_code };
+    match output {
+        Output::Table => print!("{}", report::render_table(&report)),
+        Output::Json => match serde_json::to_string_pretty(&report) {
+            Ok(json) => println!("{json}"),
+            Err(error) => {
+                eprintln!("hostpath-provisioner doctor: cannot write the report: {error}");
+                return assess::EXIT_INCOMPLETE;
+            }
+        },
+    }
+    exit_code
+}
+
+/// An error and its causes on one line (a connection error's cause says refused, timed out, ...).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let next_text = next.to_string();
+        if !text.contains(&next_text) {
+            text = format!("{text}: {next_text}");
+        }
+        cause = next.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_doctor_takes_the_daemons_settings_and_its_own() {
+        let args = DoctorArgs::try_parse_from([
+            "doctor",
+            "--node-name",
+            "node-a",
+            "--pv-dir",
+            "/var/hpvolumes",
+            "--pool",
+            "ssd=/mnt/ssd,reserve=1Gi",
+            "--require-mountpoint",
+            "-o",
+            "json",
+            "--host-root",
+            "/host",
+        ])
+        .expect("doctor arguments");
+        assert_eq!((args.output.as_str(), args.host_root.as_path()), ("json", std::path::Path::new("/host")));
+        let config = args.daemon.validate().expect("the daemon's validation");
+        assert_eq!(config.node_name, "node-a");
+        assert_eq!(config.pools.len(), 2);
+        assert!(config.require_mountpoint);
+        let defaults = DoctorArgs::try_parse_from(["doctor"]).expect("defaults");
+        assert_eq!((defaults.output.as_str(), defaults.host_root.as_path()), ("table", std::path::Path::new("/")));
+    }
+
+    #[test]
+    fn the_daemon_never_accepted_a_first_argument_named_doctor() {
+        // So dispatching on it cannot change what an existing daemon command line does.
+        let daemon = Args::try_parse_from(["hostpath-provisioner", SUBCOMMAND, "--node-name", "n", "--pv-dir", "/p"]);
+        assert!(daemon.is_err());
+        assert!(Args::try_parse_from(["hostpath-provisioner", "--node-name", "n", "--pv-dir", "/p"]).is_ok());
+    }
+}

@@ -1,0 +1,384 @@
+//! What the doctor found, as plain data: serialised as is for `--output json` (the field names
+//! are the stable interface, documented in the README), and rendered as a table for people.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::deciding::capacity::format_size;
+
+/// The whole report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// `NODE_NAME`.
+    pub node: String,
+    /// `PROVISIONER_NAME`.
+    pub provisioner: String,
+    /// Whether the API was asked about PVs and claims.
+    pub api: ApiCheck,
+    /// One entry per configured pool, in configuration order.
+    pub pools: Vec<PoolReport>,
+    /// Problems and warnings, pool by pool.
+    pub findings: Vec<Finding>,
+    /// The process's exit code (see the module documentation).
+    pub exit_code: i32,
+}
+
+/// Whether the API-backed checks (orphans, missing directories) ran.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "status", content = "detail")]
+pub enum ApiCheck {
+    /// PVs and claims were listed.
+    Checked,
+    /// No `--kubeconfig` and not in a pod: those checks were skipped, on purpose.
+    Skipped,
+    /// Asked for but failed (unreachable, forbidden): the reason.
+    Failed(String),
+}
+
+/// One pool.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PoolReport {
+    /// Pool name.
+    pub name: String,
+    /// Pool root.
+    pub path: String,
+    /// Declared `shared` (a network filesystem mounted on every node).
+    pub shared_pool: bool,
+    /// Bytes kept free (`reserve=` of the pool, else `RESERVED_SPACE`).
+    pub reserve_bytes: u64,
+    /// Why the root could not be opened or examined; the other fields are then absent.
+    pub error: Option<String>,
+    /// The filesystem under the root.
+    pub filesystem: Option<FilesystemReport>,
+    /// The trash of deleted volumes awaiting removal.
+    pub trash: Option<TrashReport>,
+    /// Volume directories against PVs; absent when the API was not asked.
+    pub volumes: Option<VolumesReport>,
+}
+
+/// Filesystem facts of a pool root.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FilesystemReport {
+    /// Filesystem type, from the mount table (from the `statfs` magic number when not listed).
+    #[serde(rename = "type")]
+    pub fs_type: String,
+    /// Mount source (device or export).
+    pub source: Option<String>,
+    /// The mount the root lies on.
+    pub mount_point: Option<String>,
+    /// Which directory of the filesystem is mounted there (`/`: the filesystem's own root; a
+    /// path: a bind mount of that directory, as a hostPath volume is in a pod).
+    pub mount_root: Option<String>,
+    /// The root itself is a mount point (a bind mount included, as the daemon's check counts it).
+    pub is_mount_point: bool,
+    /// Same filesystem as the host's `/` (null: cannot tell from inside a container).
+    pub shared_with_root: Option<bool>,
+    /// Mounted read-only.
+    pub read_only: bool,
+    /// Size of the filesystem.
+    pub size_bytes: u64,
+    /// Space available to new volumes before the reserve is taken off.
+    pub available_bytes: u64,
+    /// Inodes of the filesystem (0 when it does not count them).
+    pub inodes_total: u64,
+    /// Inodes available.
+    pub inodes_available: u64,
+    /// `supported`, `unsupported` or `unknown (why)`.
+    pub reflink: String,
+    /// Quota mount options the kernel reports (`prjquota`, `usrquota`, ...).
+    pub quota_options: Vec<String>,
+    /// Enforced project quotas, the kind a per-volume limit needs.
+    pub project_quota: bool,
+    /// Present only where SELinux is on.
+    pub selinux: Option<SelinuxReport>,
+}
+
+/// SELinux mode and the pool root's label.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SelinuxReport {
+    /// `enforcing` or `permissive`.
+    pub mode: String,
+    /// The label, or null when it could not be read.
+    pub label: Option<String>,
+}
+
+/// The trash directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TrashReport {
+    /// Entries (deleted volumes) waiting.
+    pub entries: usize,
+    /// Bytes they hold.
+    pub bytes: u64,
+    /// Entries older than the doctor's stuck threshold.
+    pub stuck: usize,
+}
+
+/// Volume directories against this node's PVs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct VolumesReport {
+    /// PVs whose directory this node should hold in this pool.
+    pub expected: usize,
+    /// Directories in our layout that match no PV and no claim.
+    pub orphan_directories: Vec<OrphanDirectory>,
+    /// PVs of this node and pool whose directory is not there.
+    pub missing_directories: Vec<MissingDirectory>,
+}
+
+/// A directory that matches no PV.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OrphanDirectory {
+    /// Directory name under the pool root.
+    pub name: String,
+    /// Bytes it holds.
+    pub bytes: u64,
+}
+
+/// A PV whose directory is missing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MissingDirectory {
+    /// PV name.
+    pub pv: String,
+    /// Its `hostPath.path`.
+    pub path: String,
+}
+
+/// How bad a finding is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// Something is wrong: the exit code is 1.
+    Problem,
+    /// Worth a look; the exit code stays 0.
+    Warning,
+}
+
+/// One thing found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Problem or warning.
+    pub severity: Severity,
+    /// The pool, or null for the node as a whole.
+    pub pool: Option<String>,
+    /// Stable identifier of the check (`pool_full`, `orphan_directory`, ...).
+    pub check: &'static str,
+    /// What was found and what to do.
+    pub message: String,
+}
+
+/// The report as a table, one block per pool, then the findings.
+pub fn render_table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "hostpath-provisioner doctor: node {}, provisioner {}", report.node, report.provisioner);
+    let api = match &report.api {
+        ApiCheck::Checked => "checked".to_owned(),
+        ApiCheck::Skipped => {
+            "not asked (no --kubeconfig and not in a pod): orphans and missing directories not checked".to_owned()
+        }
+        ApiCheck::Failed(why) => format!("FAILED: {why}"),
+    };
+    let _ = writeln!(out, "API: {api}");
+    for pool in &report.pools {
+        out.push('\n');
+        let mut rows: Vec<(&str, String)> = Vec::new();
+        let shared = if pool.shared_pool { " (shared pool)" } else { "" };
+        rows.push(("pool", format!("{} {}{shared}", pool.name, pool.path)));
+        if let Some(error) = &pool.error {
+            rows.push(("error", error.clone()));
+        }
+        if let Some(fs) = &pool.filesystem {
+            let source = fs.source.as_deref().map(|s| format!(" on {s}")).unwrap_or_default();
+            let ro = if fs.read_only { ", read-only" } else { "" };
+            rows.push(("filesystem", format!("{}{source}{ro}", fs.fs_type)));
+            let mount = match (&fs.mount_point, fs.is_mount_point) {
+                (_, true) => match fs.mount_root.as_deref() {
+                    Some(root) if root != "/" => {
+                        format!("yes (a bind mount of {root} of {})", fs.source.as_deref().unwrap_or("its filesystem"))
+                    }
+                    _ => "yes".to_owned(),
+                },
+                (Some(on), false) => format!("no (a directory of the mount at {on})"),
+                (None, false) => "no".to_owned(),
+            };
+            rows.push(("mount point", mount));
+            let shared = match fs.shared_with_root {
+                Some(true) => "yes (same filesystem as the host's /)".to_owned(),
+                Some(false) => "no".to_owned(),
+                None => "unknown (in a container, and the pool's mount is not listed: pass --host-root)".to_owned(),
+            };
+            rows.push(("shared with /", shared));
+            rows.push((
+                "space",
+                format!(
+                    "{} available of {}, reserve {}",
+                    size(fs.available_bytes),
+                    size(fs.size_bytes),
+                    size(pool.reserve_bytes)
+                ),
+            ));
+            if fs.inodes_total > 0 {
+                rows.push(("inodes", format!("{} available of {}", fs.inodes_available, fs.inodes_total)));
+            }
+            rows.push(("reflink", fs.reflink.clone()));
+            let quota = if fs.quota_options.is_empty() { "none".to_owned() } else { fs.quota_options.join(",") };
+            let project = if fs.project_quota { "project quotas enforced" } else { "no project quota" };
+            rows.push(("quota", format!("{quota} ({project})")));
+            let selinux = match &fs.selinux {
+                None => "off".to_owned(),
+                Some(s) => format!("{}, root labelled {}", s.mode, s.label.as_deref().unwrap_or("(unreadable)")),
+            };
+            rows.push(("selinux", selinux));
+        }
+        match &pool.volumes {
+            Some(v) => {
+                rows.push(("volumes", format!("{} of this node's PVs here", v.expected)));
+                rows.push((
+                    "missing",
+                    list_or_none(v.missing_directories.iter().map(|m| format!("{} ({})", m.pv, m.path))),
+                ));
+                rows.push((
+                    "orphans",
+                    list_or_none(v.orphan_directories.iter().map(|o| format!("{} ({})", o.name, size(o.bytes)))),
+                ));
+            }
+            None if pool.error.is_none() => rows.push(("volumes", "not checked (no API access)".to_owned())),
+            None => {}
+        }
+        if let Some(t) = &pool.trash {
+            let entries = if t.entries == 1 { "entry" } else { "entries" };
+            rows.push(("trash", format!("{} {entries}, {}, {} stuck", t.entries, size(t.bytes), t.stuck)));
+        }
+        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        for (key, value) in rows {
+            let _ = writeln!(out, "  {key:<width$}  {value}");
+        }
+    }
+    out.push('\n');
+    if report.findings.is_empty() {
+        out.push_str("No problems found.\n");
+    }
+    for finding in &report.findings {
+        let tag = match finding.severity {
+            Severity::Problem => "PROBLEM",
+            Severity::Warning => "warning",
+        };
+        let pool = finding.pool.as_deref().map(|p| format!(" [{p}]")).unwrap_or_default();
+        let _ = writeln!(out, "{tag}{pool} {}: {}", finding.check, finding.message);
+    }
+    let _ = writeln!(out, "exit code {}", report.exit_code);
+    out
+}
+
+/// A byte count for people, `0 B` included.
+pub fn size(bytes: u64) -> String {
+    if bytes == 0 { "0 B".to_owned() } else { format_size(bytes) }
+}
+
+fn list_or_none(items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.collect();
+    if items.is_empty() { "none".to_owned() } else { items.join(", ") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        Report {
+            node: "node-a".into(),
+            provisioner: "kubevirt.io/hostpath-provisioner".into(),
+            api: ApiCheck::Checked,
+            pools: vec![PoolReport {
+                name: "legacy".into(),
+                path: "/var/hpvolumes".into(),
+                reserve_bytes: 1 << 30,
+                filesystem: Some(FilesystemReport {
+                    fs_type: "xfs".into(),
+                    source: Some("/dev/sdb".into()),
+                    mount_point: Some("/var/hpvolumes".into()),
+                    is_mount_point: true,
+                    shared_with_root: Some(false),
+                    size_bytes: 100 << 30,
+                    available_bytes: 40 << 30,
+                    reflink: "supported".into(),
+                    quota_options: vec!["prjquota".into()],
+                    project_quota: true,
+                    selinux: Some(SelinuxReport {
+                        mode: "enforcing".into(),
+                        label: Some("system_u:object_r:container_file_t:s0".into()),
+                    }),
+                    ..Default::default()
+                }),
+                trash: Some(TrashReport { entries: 2, bytes: 4096, stuck: 1 }),
+                volumes: Some(VolumesReport {
+                    expected: 3,
+                    orphan_directories: vec![OrphanDirectory { name: "pvc-1".into(), bytes: 8192 }],
+                    missing_directories: vec![],
+                }),
+                ..Default::default()
+            }],
+            findings: vec![Finding {
+                severity: Severity::Problem,
+                pool: Some("legacy".into()),
+                check: "orphan_directory",
+                message: "pvc-1 holds 8 KiB".into(),
+            }],
+            exit_code: 1,
+        }
+    }
+
+    #[test]
+    fn the_table_shows_every_fact_and_finding() {
+        let table = render_table(&report());
+        for expected in [
+            "node node-a",
+            "API: checked",
+            "pool           legacy /var/hpvolumes",
+            "filesystem     xfs on /dev/sdb",
+            "mount point    yes",
+            "shared with /  no",
+            "space          40 GiB available of 100 GiB, reserve 1 GiB",
+            "reflink        supported",
+            "quota          prjquota (project quotas enforced)",
+            "selinux        enforcing, root labelled system_u:object_r:container_file_t:s0",
+            "orphans        pvc-1 (8 KiB)",
+            "missing        none",
+            "trash          2 entries, 4 KiB, 1 stuck",
+            "volumes        3 of this node's PVs here",
+            "PROBLEM [legacy] orphan_directory: pvc-1 holds 8 KiB",
+            "exit code 1",
+        ] {
+            assert!(table.contains(expected), "{expected:?} missing from:\n{table}");
+        }
+    }
+
+    #[test]
+    fn a_bind_mounted_pool_says_which_directory_of_which_disk_it_is() {
+        let mut report = report();
+        let fs = report.pools[0].filesystem.as_mut().unwrap();
+        fs.mount_root = Some("/var/hpvolumes".into());
+        fs.source = Some("/dev/sda1".into());
+        fs.shared_with_root = None;
+        let table = render_table(&report);
+        assert!(table.contains("mount point    yes (a bind mount of /var/hpvolumes of /dev/sda1)"), "{table}");
+        assert!(table.contains("shared with /  unknown"), "{table}");
+    }
+
+    #[test]
+    fn json_field_names_are_the_documented_ones() {
+        let json = serde_json::to_value(report()).unwrap();
+        assert_eq!(json["api"]["status"], "checked");
+        let pool = &json["pools"][0];
+        assert_eq!(pool["filesystem"]["type"], "xfs");
+        assert_eq!(pool["filesystem"]["shared_with_root"], false);
+        assert_eq!(pool["filesystem"]["mount_root"], serde_json::Value::Null);
+        assert_eq!(pool["filesystem"]["selinux"]["mode"], "enforcing");
+        assert_eq!(pool["volumes"]["orphan_directories"][0]["name"], "pvc-1");
+        assert_eq!(pool["trash"]["stuck"], 1);
+        assert_eq!(json["findings"][0]["severity"], "problem");
+        assert_eq!(json["findings"][0]["check"], "orphan_directory");
+        assert_eq!(json["exit_code"], 1);
+        let failed = serde_json::to_value(ApiCheck::Failed("forbidden".into())).unwrap();
+        assert_eq!(failed, serde_json::json!({"status": "failed", "detail": "forbidden"}));
+    }
+}
