@@ -256,6 +256,15 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
     assert!(max.contains("storageclass.kubernetes.io/is-default-class: \"true\""));
     assert!(max.contains("provisioner: hostpath.example.com"));
 
+    // Every setting the binary reads from its environment (src/config.rs) is a value of the
+    // chart; only KUBECONFIG is not, since in a pod the ServiceAccount is used.
+    let config = read("src/config.rs");
+    let variables: Vec<&str> = config.split("env = \"").skip(1).filter_map(|rest| rest.split('"').next()).collect();
+    assert!(variables.len() >= 15, "settings found in src/config.rs: {variables:?}");
+    for variable in variables.into_iter().filter(|v| *v != "KUBECONFIG") {
+        assert!(max.contains(&format!("- name: {variable}\n")), "the chart does not set {variable}");
+    }
+
     // Values the binary would refuse, or that are misspelt, are refused at render time with
     // the reason, rather than starting pods that exit or silently ignoring a setting.
     for (set, reason) in [
