@@ -6,7 +6,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build release control-plane promtool image test lint unit e2e demo bench fmt clean-cache
+.PHONY: all build release control-plane promtool deploy-tools manifests image test lint unit e2e demo bench fmt clean-cache
 
 all: build
 
@@ -24,8 +24,19 @@ control-plane:
 promtool:
 	bash hack/build-promtool.sh
 
+# helm and kube-score, and the CRDs of the chart's optional kinds (ServiceMonitor, PrometheusRule,
+# SecurityContextConstraints), from the Go module proxy, cached next to the control plane
+# (first run: several minutes). tests/e2e_install.rs uses them.
+deploy-tools:
+	bash hack/build-deploy-tools.sh >/dev/null
+
+# Regenerates the checked-in rendered manifests: deploy/install.yaml from deploy/legacy and
+# deploy/monitoring/ from the Helm chart. A test fails when they are stale.
+manifests: control-plane deploy-tools
+	bash hack/render-manifests.sh
+
 # The provisioner's image as an OCI archive, without any registry: a static binary (installed
-# toolchain, +crt-static, profile `image`) under the name deploy/legacy uses, written to
+# toolchain, +crt-static, profile `image`) named hostpath-provisioner:<deploy/legacy's tag>, written to
 # target/image/hostpath-provisioner.oci.tar. Load it with `ctr -n k8s.io images import`.
 # The Dockerfile remains the way to build the image for a registry (see README).
 image:
@@ -40,10 +51,10 @@ unit:
 
 # End-to-end suite against the real control plane, including the real-node lane
 # (tests/e2e_real_nodes.rs: containerd + kubelet, needs root). With CI=true nothing skips.
-e2e: control-plane image
+e2e: control-plane deploy-tools image
 	$(CARGO) test --workspace --tests -- --test-threads=$${E2E_THREADS:-4}
 
-test: control-plane promtool lint image
+test: control-plane promtool deploy-tools lint image
 	$(CARGO) test --workspace --all-targets -- --test-threads=$${E2E_THREADS:-4}
 
 # A local control plane and the provisioner: a claim provisioned for a pod and deleted. As root

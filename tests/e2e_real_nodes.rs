@@ -189,7 +189,7 @@ fn keep_logs(lane: &Lane, out: &Path) -> PathBuf {
 fn build_image(repo: &Path) -> Result<PathBuf> {
     let binary = images::build_static_provisioner(repo)?;
     let archive = images::image_dir(repo).join("hostpath-provisioner.oci.tar");
-    images::provisioner_image(&binary, &images::manifest_image(repo)?).write(&archive)?;
+    images::provisioner_image(&binary, &images::local_image(repo)?).write(&archive)?;
     Ok(archive)
 }
 

@@ -52,6 +52,7 @@
 mod binaries;
 mod cluster;
 mod control_plane;
+mod deploy_tools;
 pub mod fixtures;
 mod kubeconfig;
 mod pki;
@@ -67,6 +68,7 @@ pub use anyhow::Result;
 pub use binaries::BIN_DIR_ENV;
 pub use cluster::{Cluster, ClusterSpec, PROVISIONER_READY_TIMEOUT, SimNode, per_node_pool_dir, pool_root_for};
 pub use control_plane::{ControlPlane, Options, RealNodeAccess};
+pub use deploy_tools::{DeployTool, deploy_tool};
 pub use kubeconfig::Connection;
 pub use process::free_port;
 pub use provisioner::{DEFAULT_RUST_LOG, Provisioner, ProvisionerSpec};

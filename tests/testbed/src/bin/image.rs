@@ -2,7 +2,7 @@
 //! registry. Usage: `image [--binary PATH] [--name IMAGE] [--out FILE]`.
 //!
 //! By default it builds the static binary (see `testbed::real_nodes::images::
-//! build_static_provisioner`), names the image as `deploy/legacy` references it, and writes
+//! build_static_provisioner`), names it `hostpath-provisioner:<tag of deploy/legacy>`, and writes
 //! `target/image/hostpath-provisioner.oci.tar`; load it with `ctr -n k8s.io images import`,
 //! `podman load` or `docker load` (OCI layout archives).
 
@@ -43,7 +43,7 @@ fn run() -> Result<()> {
     let built_in = started.elapsed();
     let name = match name {
         Some(name) => name,
-        None => images::manifest_image(&repo)?,
+        None => images::local_image(&repo)?,
     };
     let image = images::provisioner_image(&binary, &name);
     let digest = image.write(&out)?;

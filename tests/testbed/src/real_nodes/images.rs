@@ -296,10 +296,35 @@ pub fn build_static_provisioner(repo: &Path) -> Result<PathBuf> {
     Ok(binary)
 }
 
-/// The image the deploy manifests run, as `deploy/legacy` sets it: the DaemonSet's `image:`
-/// with the kustomization's `images:` override (`newName`, `newTag`) applied. A small reader
-/// for those two fields only; the lane itself asks kubectl for the rendered name.
+/// The image the deploy manifests run, as `deploy/legacy` renders it: the DaemonSet's `image:`
+/// with the kustomization's `images:` override (`newName`, `newTag`) applied. That is the
+/// registry placeholder an admin replaces (README, "Install"), so nothing pulls it here.
 pub fn manifest_image(repo: &Path) -> Result<String> {
+    let image = read_manifest_image(repo)?;
+    Ok(with_tag(image.new_name.as_deref().unwrap_or(&image.written), image.tag.as_deref()))
+}
+
+/// The image `make image` writes and the real-node lane deploys: the DaemonSet's own unqualified
+/// name with the manifests' tag (`hostpath-provisioner:0.1.0`). It is imported into the node's
+/// containerd, never pulled, and the lane points the deploy at it explicitly with an `images:`
+/// override of the placeholder [`manifest_image`].
+pub fn local_image(repo: &Path) -> Result<String> {
+    let image = read_manifest_image(repo)?;
+    Ok(with_tag(&image.written, image.tag.as_deref()))
+}
+
+/// What `deploy/legacy` says about its image; a small reader for these fields only (the lane
+/// itself asks kubectl for the rendered name).
+struct ManifestImage {
+    /// The DaemonSet's `image:`, without tag.
+    written: String,
+    /// The kustomization's `newName` for it.
+    new_name: Option<String>,
+    /// The kustomization's `newTag`, else the DaemonSet's tag.
+    tag: Option<String>,
+}
+
+fn read_manifest_image(repo: &Path) -> Result<ManifestImage> {
     let daemonset = fs::read_to_string(repo.join("deploy/legacy/daemonset.yaml"))?;
     let image = daemonset
         .lines()
@@ -307,7 +332,8 @@ pub fn manifest_image(repo: &Path) -> Result<String> {
         .map(|value| value.trim().trim_matches('"').to_string())
         .next()
         .context("no image: line in deploy/legacy/daemonset.yaml")?;
-    let (mut name, mut tag) = split_tag(&image);
+    let (written, mut tag) = split_tag(&image);
+    let mut new_name = None;
     let kustomization = fs::read_to_string(repo.join("deploy/legacy/kustomization.yaml"))?;
     let mut in_images = false;
     let mut matches = false;
@@ -324,16 +350,20 @@ pub fn manifest_image(repo: &Path) -> Result<String> {
         let Some((key, value)) = field.split_once(':') else { continue };
         let value = value.trim().trim_matches('"').to_string();
         match key.trim() {
-            "name" => matches = value == name,
-            "newName" if matches => name = value,
+            "name" => matches = value == written,
+            "newName" if matches => new_name = Some(value),
             "newTag" if matches => tag = Some(value),
             _ => {}
         }
     }
-    Ok(match tag {
+    Ok(ManifestImage { written, new_name, tag })
+}
+
+fn with_tag(name: &str, tag: Option<&str>) -> String {
+    match tag {
         Some(tag) => format!("{name}:{tag}"),
-        None => name,
-    })
+        None => name.to_string(),
+    }
 }
 
 fn split_tag(image: &str) -> (String, Option<String>) {
@@ -362,6 +392,13 @@ mod tests {
         let image = manifest_image(&repo).expect("image");
         assert!(image.contains("hostpath-provisioner"), "{image}");
         assert!(image.contains(':'), "{image}");
+        // The deploy names a fully qualified placeholder; the local image is the unqualified
+        // name with the same tag.
+        let (registry, _) = image.split_once('/').expect("a registry host in the deploy's image");
+        assert!(registry.ends_with(".invalid"), "{image}");
+        let local = local_image(&repo).expect("local image");
+        assert!(!local.contains('/'), "{local}");
+        assert_eq!(local.rsplit_once(':').map(|(_, tag)| tag), image.rsplit_once(':').map(|(_, tag)| tag));
     }
 
     #[test]

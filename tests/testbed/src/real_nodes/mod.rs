@@ -292,7 +292,7 @@ impl Lane {
     }
 
     /// Deploys `deploy/legacy` from `repo` with `kubectl apply -k`, through an overlay that
-    /// moves the pool root to [`Lane::pool_root`] and adds two pools as the README says an admin
+    /// points the image at the local one ([`images::local_image`]), moves the pool root to [`Lane::pool_root`] and adds two pools as the README says an admin
     /// would (`STORAGE_POOLS`, a hostPath volume and a mount each): `nfs` declared shared and
     /// `edge` local, after importing `image_archive` under
     /// the name the rendered DaemonSet uses. Waits until the DaemonSet is rolled out and
@@ -325,6 +325,12 @@ impl Lane {
         let up = "../".repeat(dir.canonicalize()?.components().count() - 1);
         let base = PathBuf::from(up).join(base.strip_prefix("/")?);
         let pool = self.pool.display();
+        // The deploy names a registry placeholder (never pulled); point it at the image imported
+        // into this node's containerd, as an admin of a cluster without a registry would.
+        let placeholder = images::manifest_image(repo)?;
+        let (placeholder_name, _) = placeholder.rsplit_once(':').context("a tag in the deploy's image")?;
+        let local = images::local_image(repo)?;
+        let (local_name, local_tag) = local.rsplit_once(':').context("a tag in the local image")?;
         // Strategic merge for the env entry and the volume (merged by name); a JSON patch for
         // the mount, because volumeMounts merge on mountPath (a merge would add a second one).
         let kustomization = format!(
@@ -333,6 +339,10 @@ apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - {base}
+images:
+  - name: {placeholder_name}
+    newName: {local_name}
+    newTag: "{local_tag}"
 patches:
   - target: {{kind: DaemonSet, name: {DEPLOY_DAEMONSET}}}
     patch: |-

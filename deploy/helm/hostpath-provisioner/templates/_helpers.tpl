@@ -1,0 +1,79 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "hpp.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* <release>-<chart> (just the release when it already contains the chart's name), or fullnameOverride. */}}
+{{- define "hpp.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "hpp.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Pod selector: fixed for the life of a release (a DaemonSet's selector cannot change). */}}
+{{- define "hpp.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hpp.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The recommended labels, on every object. */}}
+{{- define "hpp.labels" -}}
+{{ include "hpp.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: hostpath-provisioner
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "hpp.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "hpp.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* registry/repository:tag or registry/repository@digest. */}}
+{{- define "hpp.image" -}}
+{{- $repository := .Values.image.repository }}
+{{- with .Values.image.registry }}{{ $repository = printf "%s/%s" . $repository }}{{ end }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* The volume of a pool: `pv-volume` for legacy (the Go build's name), pool-<name> for the others. */}}
+{{- define "hpp.poolVolume" -}}
+{{- if eq .name "legacy" }}pv-volume{{ else }}pool-{{ .name }}{{ end }}
+{{- end }}
+
+{{/* STORAGE_POOLS: every pool but legacy, as NAME=PATH[,shared][,reserve=SIZE], comma-separated. */}}
+{{- define "hpp.storagePools" -}}
+{{- $entries := list }}
+{{- range .Values.pools }}
+{{- if ne .name "legacy" }}
+{{- $entry := printf "%s=%s" .name .path }}
+{{- if .shared }}{{ $entry = printf "%s,shared" $entry }}{{ end }}
+{{- if .reserve }}{{ $entry = printf "%s,reserve=%s" $entry (toString .reserve) }}{{ end }}
+{{- $entries = append $entries $entry }}
+{{- end }}
+{{- end }}
+{{- join "," $entries }}
+{{- end }}
+
+{{/* The legacy pool, or an empty dict. */}}
+{{- define "hpp.legacyPool" -}}
+{{- range .Values.pools }}{{ if eq .name "legacy" }}{{ toYaml . }}{{ end }}{{ end }}
+{{- end }}
