@@ -33,7 +33,9 @@ const LEGACY_SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-admin";
 const PLACEHOLDER_REGISTRY: &str = "your-registry.invalid";
 
 /// The installs create the same cluster-wide objects (StorageClass `hostpath-provisioner`), so
-/// the tests that create them take turns; each removes what it created.
+/// the tests that create them take turns; each removes what it created. The server-side dry run
+/// takes its turn too: it reads those objects and then patches them, and one deleted in between
+/// by an install test's cleanup fails it with NotFound.
 static CLUSTER_OBJECTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn repo() -> PathBuf {
@@ -289,6 +291,7 @@ fn helm_refusal(args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_rendered_variant_passes_server_side_dry_run() {
     let env = TestEnv::start("dry-run", 0).await;
+    let _turn = CLUSTER_OBJECTS.lock().await;
     install_crds(&env).await;
     ensure_namespace(&env, "hpp-chart").await;
     ensure_namespace(&env, LEGACY_NAMESPACE).await;
