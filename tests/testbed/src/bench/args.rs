@@ -15,6 +15,9 @@ usage: bench --provisioner PATH [options]
   --out FILE       JSON results (default target/bench-results.json)
   --quick          small sanity run
   --clones-only    only the clone measurement (1 GiB, reflink on XFS and bytes on ext4)
+  --scale-curve N1,N2,...
+                   only the scale curve: provisioners grown to N1, N2, ... (e.g. 1,10,50,100)
+                   against --claims claims; --nodes is N1
   --rust-log SPEC  RUST_LOG of the provisioners (default info)
   --provisioner-env NAME=VALUE
                    extra environment of the provisioners (repeatable), e.g. MALLOC_ARENA_MAX=2";
@@ -32,6 +35,8 @@ pub struct Args {
     pub out: PathBuf,
     pub quick: bool,
     pub clones_only: bool,
+    /// Node counts of the scale curve, ascending; empty: the usual scenarios.
+    pub scale_curve: Vec<usize>,
     pub rust_log: String,
     pub provisioner_env: Vec<(String, String)>,
 }
@@ -54,7 +59,7 @@ impl Args {
                     provisioner_env.push((name.to_string(), value.to_string()));
                 }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
-                | "--idle-secs" | "--out" | "--rust-log") => {
+                | "--idle-secs" | "--out" | "--rust-log" | "--scale-curve") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
                     values.insert(flag.trim_start_matches("--").to_string(), value);
                 }
@@ -71,9 +76,16 @@ impl Args {
         let provisioner = provisioner.canonicalize().with_context(|| {
             format!("{} not found (cargo build --release -p hostpath-provisioner)", provisioner.display())
         })?;
+        let scale_curve = match values.get("scale-curve") {
+            Some(list) => parse_steps(list)?,
+            None => Vec::new(),
+        };
         let parsed = Args {
             provisioner,
-            nodes: number("nodes", 10.0, 3.0)? as usize,
+            nodes: match scale_curve.first() {
+                Some(first) => *first,
+                None => number("nodes", 10.0, 3.0)? as usize,
+            },
             claims: number("claims", 1000.0, 100.0)? as usize,
             rate: number("rate", 50.0, 50.0)?,
             clients: number("clients", 4.0, 4.0)? as usize,
@@ -82,6 +94,7 @@ impl Args {
             out: values.get("out").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/bench-results.json")),
             quick,
             clones_only,
+            scale_curve,
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
             provisioner_env,
         };
@@ -89,5 +102,28 @@ impl Args {
             bail!("--nodes, --claims, --clients and --rate must be positive");
         }
         Ok(parsed)
+    }
+}
+
+/// `1,10,50` as ascending positive node counts.
+fn parse_steps(list: &str) -> Result<Vec<usize>> {
+    let steps = list
+        .split(',')
+        .map(|s| s.trim().parse::<usize>().with_context(|| format!("--scale-curve: {s:?} is not a node count")))
+        .collect::<Result<Vec<_>>>()?;
+    if steps.is_empty() || steps[0] == 0 || steps.windows(2).any(|w| w[0] >= w[1]) {
+        bail!("--scale-curve needs ascending positive node counts, e.g. 1,10,50,100");
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn scale_curve_steps_ascend() {
+        assert_eq!(super::parse_steps("1, 10,50").unwrap(), vec![1, 10, 50]);
+        assert!(super::parse_steps("10,1").is_err());
+        assert!(super::parse_steps("0,2").is_err());
+        assert!(super::parse_steps("1,x").is_err());
     }
 }

@@ -17,6 +17,7 @@ use testbed::{ControlPlane, Options, ProvisionerSpec, SimNode, fixtures};
 use super::api_count::{AuditLog, BenchCalls, audit_policy};
 use super::args::Args;
 use super::observe::Observer;
+use super::reference::{REFERENCE_CLASS, REFERENCE_PROVISIONER};
 
 pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
 /// Namespace of the provisioners' ServiceAccounts (`node-1`, ...).
@@ -104,19 +105,10 @@ pub async fn start(args: &Args) -> Result<Env> {
     cp.run_kubectl(Path::new("."), &["apply", "-f", &repo_file("deploy/legacy/rbac.yaml").display().to_string()])?;
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &fixtures::namespace(SA_NAMESPACE)).await?;
 
-    let names: Vec<String> = (1..=args.nodes).map(|i| format!("node-{i}")).collect();
-    bind_service_accounts(&client, &names).await?;
+    bind_service_accounts(&client).await?;
     let mut nodes = Vec::new();
-    for name in &names {
-        let kubeconfig = cp.temp_dir().join(format!("{name}.kubeconfig"));
-        cp.write_kubeconfig_for_token(&token_for(&client, name).await?, &kubeconfig)?;
-        let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(&cp, name), &kubeconfig)
-            .env("RUST_LOG", &args.rust_log);
-        for (key, value) in &args.provisioner_env {
-            spec = spec.env(key, value);
-        }
-        nodes.push(SimNode::start_with(&cp, name, &[], spec).await?);
-        raise_pod_capacity(&client, name, args.claims * 2 + 100).await?;
+    for i in 1..=args.nodes {
+        nodes.push(add_node(&cp, &client, args, &node_name(i)).await?);
     }
     eprintln!("bench: {} provisioners ready", nodes.len());
 
@@ -124,6 +116,7 @@ pub async fn start(args: &Args) -> Result<Env> {
     for class in [
         fixtures::storage_class(IMMEDIATE_CLASS, PROVISIONER).immediate().build(),
         fixtures::storage_class(WFFC_CLASS, PROVISIONER).build(),
+        fixtures::storage_class(REFERENCE_CLASS, REFERENCE_PROVISIONER).immediate().reclaim_policy("Retain").build(),
     ] {
         classes.create(&PostParams::default(), &class).await?;
     }
@@ -139,16 +132,34 @@ pub fn repo_file(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative)
 }
 
-/// One ServiceAccount per node, all bound to the deploy ClusterRole.
-async fn bind_service_accounts(client: &Client, nodes: &[String]) -> Result<()> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), SA_NAMESPACE);
-    for node in nodes {
-        let account = ServiceAccount {
-            metadata: ObjectMeta { name: Some(node.clone()), ..ObjectMeta::default() },
-            ..ServiceAccount::default()
-        };
-        accounts.create(&PostParams::default(), &account).await?;
+/// Name of the `i`th node (from 1).
+pub fn node_name(i: usize) -> String {
+    format!("node-{i}")
+}
+
+/// A node and its provisioner, running as ServiceAccount `name` (bound to the deploy ClusterRole
+/// through its group, see [`bind_service_accounts`]); waits until the provisioner is ready.
+pub async fn add_node(cp: &ControlPlane, client: &Client, args: &Args, name: &str) -> Result<SimNode> {
+    let account = ServiceAccount {
+        metadata: ObjectMeta { name: Some(name.to_string()), ..ObjectMeta::default() },
+        ..ServiceAccount::default()
+    };
+    Api::<ServiceAccount>::namespaced(client.clone(), SA_NAMESPACE).create(&PostParams::default(), &account).await?;
+    let kubeconfig = cp.temp_dir().join(format!("{name}.kubeconfig"));
+    cp.write_kubeconfig_for_token(&token_for(client, name).await?, &kubeconfig)?;
+    let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(cp, name), &kubeconfig)
+        .env("RUST_LOG", &args.rust_log);
+    for (key, value) in &args.provisioner_env {
+        spec = spec.env(key, value);
     }
+    let node = SimNode::start_with(cp, name, &[], spec).await?;
+    raise_pod_capacity(client, name, args.claims * 2 + 100).await?;
+    Ok(node)
+}
+
+/// Binds the deploy ClusterRole to the group of all ServiceAccounts in [`SA_NAMESPACE`], so a
+/// node added later needs only its ServiceAccount.
+async fn bind_service_accounts(client: &Client) -> Result<()> {
     let binding = ClusterRoleBinding {
         metadata: ObjectMeta { name: Some("hpp-bench-provisioners".into()), ..ObjectMeta::default() },
         role_ref: RoleRef {
@@ -156,17 +167,12 @@ async fn bind_service_accounts(client: &Client, nodes: &[String]) -> Result<()> 
             kind: "ClusterRole".into(),
             name: CLUSTER_ROLE.into(),
         },
-        subjects: Some(
-            nodes
-                .iter()
-                .map(|node| Subject {
-                    kind: "ServiceAccount".into(),
-                    name: node.clone(),
-                    namespace: Some(SA_NAMESPACE.into()),
-                    ..Subject::default()
-                })
-                .collect(),
-        ),
+        subjects: Some(vec![Subject {
+            kind: "Group".into(),
+            name: format!("system:serviceaccounts:{SA_NAMESPACE}"),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Subject::default()
+        }]),
     };
     Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await?;
     Ok(())

@@ -4,7 +4,11 @@
 //! Scenarios, each with `--claims` claims, deleted again before the next:
 //! a. Immediate class, claims pinned with `kubevirt.io/provisionOnNode` round-robin, `--rate`/s;
 //! b. WaitForFirstConsumer, one pod per claim pinned round-robin by nodeSelector, `--rate`/s;
-//! c. as a, created as fast as `--clients` clients can (throughput).
+//! r. as c (below), provisioned by the reference: a minimal provisioner inside the bench that
+//!    only creates PVs (`bench/reference.rs`), the limit of this machine's pipeline;
+//! c. as a, created as fast as `--clients` clients can (throughput), right after r.
+//!
+//! `--scale-curve 1,10,...` instead grows the number of provisioners (`bench/scale_curve.rs`).
 //!
 //! Then a volume holding `--files` files is deleted, timed from Released to PV gone, directory
 //! gone from its path, and data gone from the pool.
@@ -22,10 +26,13 @@ use serde_json::{Value, json};
 use bench::args::{Args, USAGE};
 use bench::clones::{self, Clones};
 use bench::many_files::{self, ManyFiles};
+use bench::plot::{self, Series};
 use bench::procfs::{self, ProcSample, mib};
+use bench::reference::{REFERENCE_CLASS, Reference};
 use bench::report::{METHOD, Table, opt};
+use bench::scale_curve;
 use bench::scenario::{self, Deleted, Mode, Provisioned, Spec};
-use bench::setup::{self, Env};
+use bench::setup::{self, Env, IMMEDIATE_CLASS, WFFC_CLASS};
 use bench::window::{self, Closed};
 
 #[tokio::main]
@@ -79,6 +86,8 @@ struct Results {
     at_end: Vec<ProcSample>,
     /// A provisioner metric that looks like an API request counter, if any.
     own_metric: Option<String>,
+    /// Failed PV creations and watch errors of the reference provisioner.
+    reference_errors: Vec<String>,
 }
 
 /// What the idle window measured.
@@ -102,18 +111,28 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         print_clones(&clones);
         return Ok(());
     }
+    if !args.scale_curve.is_empty() {
+        let steps = scale_curve::run(env, &args.scale_curve).await?;
+        scale_curve::print(&steps);
+        write_json(&args.out, &json!({ "config": config_json(args), "scale_curve": scale_curve::json(&steps) }))?;
+        return Ok(());
+    }
     let own_metric = window::provisioner_request_metric(env).await;
     let at_start = samples(env)?;
     let specs = [
-        ("a", "provisionOnNode, Immediate", Mode::PinnedImmediate, Some(args.rate)),
-        ("b", "WaitForFirstConsumer, pods pinned", Mode::WaitForFirstConsumer, Some(args.rate)),
-        ("c", "provisionOnNode, burst", Mode::PinnedImmediate, None),
+        ("a", "provisionOnNode, Immediate", Mode::PinnedImmediate, IMMEDIATE_CLASS, Some(args.rate)),
+        ("b", "WaitForFirstConsumer, pods pinned", Mode::WaitForFirstConsumer, WFFC_CLASS, Some(args.rate)),
+        ("r", "as c, reference provisioner (the limit)", Mode::PinnedImmediate, REFERENCE_CLASS, None),
+        ("c", "provisionOnNode, burst", Mode::PinnedImmediate, IMMEDIATE_CLASS, None),
     ];
     let mut scenarios: Vec<(Provisioned, Deleted)> = Vec::new();
     let mut idle = None;
-    for (id, title, mode, rate) in specs {
-        let spec = Spec { id, title: title.to_string(), namespace: format!("bench-{id}"), mode, rate };
+    let mut reference_errors = Vec::new();
+    for (id, title, mode, class, rate) in specs {
+        let spec = Spec { id, title: title.to_string(), namespace: format!("bench-{id}"), mode, class, rate };
         eprintln!("bench: scenario {id}: {title}");
+        // Runs only during its own scenario, so it adds no watch to the others.
+        let reference = (class == REFERENCE_CLASS).then(|| Reference::start(env.client.clone()));
         let provisioned = scenario::provision(env, spec).await?;
         if idle.is_none() {
             eprintln!("bench: idle window of {} s", args.idle_secs);
@@ -123,6 +142,9 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         }
         eprintln!("bench: scenario {id}: deleting");
         let deleted = scenario::delete(env, &provisioned).await?;
+        if let Some(reference) = reference {
+            reference_errors = reference.errors();
+        }
         scenarios.push((provisioned, deleted));
     }
     eprintln!("bench: deleting a volume holding {} files", args.files);
@@ -137,15 +159,50 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         at_start,
         at_end: samples(env)?,
         own_metric,
+        reference_errors,
     };
     print_results(env, &results);
-    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+    write_json(&args.out, &to_json(env, &results))?;
+    let svg = args.out.with_extension("svg");
+    std::fs::write(&svg, plot_of(args, &results.scenarios)).with_context(|| format!("writing {}", svg.display()))?;
+    println!("SVG: {}", svg.display());
+    Ok(())
+}
+
+fn write_json(out: &std::path::Path, value: &Value) -> Result<()> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&to_json(env, &results))?)
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    println!("\nJSON: {}", args.out.display());
+    std::fs::write(out, serde_json::to_string_pretty(value)?).with_context(|| format!("writing {}", out.display()))?;
+    println!("\nJSON: {}", out.display());
     Ok(())
+}
+
+/// Latency distribution and PVs over time of every scenario.
+fn plot_of(args: &Args, scenarios: &[(Provisioned, Deleted)]) -> String {
+    let series: Vec<Series> = scenarios
+        .iter()
+        .map(|(p, _)| Series {
+            label: format!("{}: {}", p.spec.id, p.spec.rate.map_or("burst".to_string(), |r| format!("{r}/s"))),
+            latency_ms: p.latency_samples_ms.clone(),
+            pv_seen_secs: p.pv_seen_secs.clone(),
+        })
+        .collect();
+    let title = format!(
+        "hostpath-provisioner bench: {} nodes, {} claims per scenario (a, b: paced; r: reference; c: ours, burst)",
+        args.nodes, args.claims
+    );
+    plot::render(&title, &series)
+}
+
+/// PVs/s of scenario `id`.
+fn pvs_per_sec(results: &[(Provisioned, Deleted)], id: &str) -> Option<f64> {
+    results.iter().find(|(p, _)| p.spec.id == id).and_then(|(p, _)| p.pvs_per_sec)
+}
+
+/// Ours (c) as a fraction of the reference (r), the pipeline's limit on this machine.
+fn reference_fraction(results: &[(Provisioned, Deleted)]) -> Option<f64> {
+    Some(pvs_per_sec(results, "c")? / pvs_per_sec(results, "r").filter(|r| *r > 0.0)?)
 }
 
 fn samples(env: &Env) -> Result<Vec<ProcSample>> {
@@ -252,6 +309,13 @@ fn print_results(env: &Env, all: &Results) {
     });
     add("deletion: PVs left at timeout", &|_, d| d.remaining.to_string());
     table.print();
+    println!(
+        "\n  Limit: ours (c) = {} of the reference (r), the pipeline's limit on this machine (goal >= 90% at 10 nodes)",
+        reference_fraction(results).map_or("-".to_string(), |f| format!("{:.0}%", f * 100.0))
+    );
+    if !all.reference_errors.is_empty() {
+        println!("  reference provisioner errors ({}): {:?}", all.reference_errors.len(), all.reference_errors.first());
+    }
 
     let mut header = vec!["provisioner requests (audit)".to_string()];
     for (p, _) in results {
@@ -375,11 +439,23 @@ fn targets(env: &Env, results: &[(Provisioned, Deleted)], many: &ManyFiles) -> V
             .join(", "),
         verdict(worst_p99 < 100.0, (args.rate - 50.0).abs() < f64::EPSILON),
     ));
-    let burst = results.iter().find(|(p, _)| p.spec.rate.is_none()).and_then(|(p, _)| p.pvs_per_sec);
+    let burst = pvs_per_sec(results, "c");
     rows.push((
         ">= 100 PVs/s sustained, 1000 claims over 10 nodes".to_string(),
         format!("c: {} PVs/s ({} claims, {} nodes)", opt(burst, 1), args.claims, args.nodes),
         verdict(burst.unwrap_or(0.0) >= 100.0, args.claims >= 1000 && args.nodes == 10),
+    ));
+    let fraction = reference_fraction(results);
+    rows.push((
+        "ours >= 90% of the reference in c at 10 nodes".to_string(),
+        format!(
+            "{} (c {} / r {} PVs/s, {} nodes)",
+            fraction.map_or("-".to_string(), |f| format!("{:.0}%", f * 100.0)),
+            opt(burst, 1),
+            opt(pvs_per_sec(results, "r"), 1),
+            args.nodes
+        ),
+        verdict(fraction.unwrap_or(0.0) >= 0.9, args.nodes == 10),
     ));
     let rss = results.first().map(|(p, _)| p.window.procs_end.iter().map(|s| s.rss_kib).max().unwrap_or(0));
     rows.push((
@@ -424,11 +500,13 @@ fn to_json(env: &Env, all: &Results) -> Value {
         })
         .collect();
     json!({
-        "config": {
-            "nodes": args.nodes, "claims": args.claims, "rate_per_s": args.rate, "clients": args.clients,
-            "files": args.files, "idle_s": args.idle_secs, "quick": args.quick, "rust_log": args.rust_log,
-            "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
-            "provisioner": args.provisioner,
+        "config": config_json(args),
+        "reference": {
+            "reference_pvs_per_s": pvs_per_sec(results, "r"),
+            "ours_pvs_per_s": pvs_per_sec(results, "c"),
+            "ours_fraction_of_reference": reference_fraction(results),
+            "goal_fraction_at_10_nodes": 0.9,
+            "reference_errors": all.reference_errors,
         },
         "scenarios": results.iter().map(|(p, d)| json!({ "provisioning": p.json(), "deletion": d.json() })).collect::<Vec<_>>(),
         "many_files_delete": many.json(),
@@ -443,5 +521,15 @@ fn to_json(env: &Env, all: &Results) -> Value {
         "provisioner_own_api_request_metric": all.own_metric,
         "targets": targets(env, results, many).into_iter().map(|(t, m, v)| json!({"target": t, "measured": m, "met": v})).collect::<Vec<_>>(),
         "method": METHOD,
+    })
+}
+
+fn config_json(args: &Args) -> Value {
+    json!({
+        "nodes": args.nodes, "claims": args.claims, "rate_per_s": args.rate, "clients": args.clients,
+        "files": args.files, "idle_s": args.idle_secs, "quick": args.quick, "rust_log": args.rust_log,
+        "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        "provisioner": args.provisioner,
+        "scale_curve": args.scale_curve,
     })
 }
