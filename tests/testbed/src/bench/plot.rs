@@ -172,7 +172,8 @@ fn nice_ceil(v: f64) -> f64 {
 }
 
 fn tick_label(v: f64) -> String {
-    if v.fract().abs() < 1e-9 { format!("{v:.0}") } else { format!("{v:.2}") }
+    let text = format!("{v:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 fn escape(text: &str) -> String {
@@ -213,5 +214,9 @@ mod tests {
         let kept: Vec<usize> = thin(&vec![0.0; 1001]).map(|(i, _)| i).collect();
         assert!(kept.len() <= MAX_POINTS + 1 && kept.last() == Some(&1000));
         assert_eq!((nice_ceil(3.2), nice_ceil(70.0), nice_ceil(100.0)), (5.0, 100.0, 100.0));
+        assert_eq!(
+            (tick_label(37.5), tick_label(100.0), tick_label(0.25)),
+            ("37.5".into(), "100".into(), "0.25".into())
+        );
     }
 }

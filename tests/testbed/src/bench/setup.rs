@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -22,8 +22,10 @@ use super::reference::{REFERENCE_CLASS, REFERENCE_PROVISIONER};
 pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
 /// Namespace of the provisioners' ServiceAccounts (`node-1`, ...).
 pub const SA_NAMESPACE: &str = "hpp-bench";
-/// ClusterRole from deploy/legacy/rbac.yaml.
+/// ClusterRole, and Role in [`DEPLOY_NAMESPACE`] (node leases), from deploy/legacy/rbac.yaml.
 const CLUSTER_ROLE: &str = "kubevirt-hostpath-provisioner";
+/// The deploy namespace (deploy/legacy/namespace.yaml), the provisioners' POD_NAMESPACE.
+const DEPLOY_NAMESPACE: &str = "kubevirt-hostpath-provisioner";
 pub const IMMEDIATE_CLASS: &str = "bench-immediate";
 pub const WFFC_CLASS: &str = "bench-wffc";
 
@@ -148,7 +150,8 @@ pub async fn add_node(cp: &ControlPlane, client: &Client, args: &Args, name: &st
     let kubeconfig = cp.temp_dir().join(format!("{name}.kubeconfig"));
     cp.write_kubeconfig_for_token(&token_for(client, name).await?, &kubeconfig)?;
     let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(cp, name), &kubeconfig)
-        .env("RUST_LOG", &args.rust_log);
+        .env("RUST_LOG", &args.rust_log)
+        .env("POD_NAMESPACE", DEPLOY_NAMESPACE);
     for (key, value) in &args.provisioner_env {
         spec = spec.env(key, value);
     }
@@ -157,24 +160,29 @@ pub async fn add_node(cp: &ControlPlane, client: &Client, args: &Args, name: &st
     Ok(node)
 }
 
-/// Binds the deploy ClusterRole to the group of all ServiceAccounts in [`SA_NAMESPACE`], so a
-/// node added later needs only its ServiceAccount.
+/// Binds the deploy ClusterRole, and the deploy Role of the node leases, to the group of all
+/// ServiceAccounts in [`SA_NAMESPACE`], so a node added later needs only its ServiceAccount.
 async fn bind_service_accounts(client: &Client) -> Result<()> {
+    let role_ref = |kind: &str| RoleRef {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: kind.into(),
+        name: CLUSTER_ROLE.into(),
+    };
+    let subjects = Some(vec![Subject {
+        kind: "Group".into(),
+        name: format!("system:serviceaccounts:{SA_NAMESPACE}"),
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        ..Subject::default()
+    }]);
+    let metadata = ObjectMeta { name: Some("hpp-bench-provisioners".into()), ..ObjectMeta::default() };
     let binding = ClusterRoleBinding {
-        metadata: ObjectMeta { name: Some("hpp-bench-provisioners".into()), ..ObjectMeta::default() },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: CLUSTER_ROLE.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "Group".into(),
-            name: format!("system:serviceaccounts:{SA_NAMESPACE}"),
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            ..Subject::default()
-        }]),
+        metadata: metadata.clone(),
+        role_ref: role_ref("ClusterRole"),
+        subjects: subjects.clone(),
     };
     Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await?;
+    let binding = RoleBinding { metadata, role_ref: role_ref("Role"), subjects };
+    Api::<RoleBinding>::namespaced(client.clone(), DEPLOY_NAMESPACE).create(&PostParams::default(), &binding).await?;
     Ok(())
 }
 

@@ -183,7 +183,12 @@ fn plot_of(args: &Args, scenarios: &[(Provisioned, Deleted)]) -> String {
     let series: Vec<Series> = scenarios
         .iter()
         .map(|(p, _)| Series {
-            label: format!("{}: {}", p.spec.id, p.spec.rate.map_or("burst".to_string(), |r| format!("{r}/s"))),
+            label: format!(
+                "{}: {}{}",
+                p.spec.id,
+                if p.spec.class == REFERENCE_CLASS { "reference, " } else { "" },
+                p.spec.rate.map_or("burst".to_string(), |r| format!("{r}/s"))
+            ),
             latency_ms: p.latency_samples_ms.clone(),
             pv_seen_secs: p.pv_seen_secs.clone(),
         })
