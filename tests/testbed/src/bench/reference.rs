@@ -50,7 +50,7 @@ impl Drop for Reference {
 }
 
 impl Reference {
-    /// Starts watching all claims with `client` (the bench's own, admin).
+    /// Starts watching all claims with `client` (admin).
     pub fn start(client: Client) -> Reference {
         let errors = Arc::new(Mutex::new(Vec::new()));
         let done = Arc::new(Mutex::new(HashSet::new()));

@@ -131,8 +131,9 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     for (id, title, mode, class, rate) in specs {
         let spec = Spec { id, title: title.to_string(), namespace: format!("bench-{id}"), mode, class, rate };
         eprintln!("bench: scenario {id}: {title}");
-        // Runs only during its own scenario, so it adds no watch to the others.
-        let reference = (class == REFERENCE_CLASS).then(|| Reference::start(env.client.clone()));
+        // Runs only during its own scenario, so it adds no watch to the others; a client of its
+        // own, so it shares no connection with the bench's watches.
+        let reference = (class == REFERENCE_CLASS).then(|| Reference::start(env.cp.admin_client()));
         let provisioned = scenario::provision(env, spec).await?;
         if idle.is_none() {
             eprintln!("bench: idle window of {} s", args.idle_secs);
