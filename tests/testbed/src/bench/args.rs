@@ -12,6 +12,9 @@ usage: bench --provisioner PATH [options]
   --clients C      concurrent API clients creating claims (default 4)
   --files F        files in the volume of the deletion test (default 100000; --quick: 10000)
   --idle-secs S    idle CPU window (default 10; --quick: 3)
+  --reference-rounds K
+                   pairs of reference (r) and ours (c) run alternately (default 1); each pair
+                   gives a fraction, the report prints each and their median
   --out FILE       JSON results (default target/bench-results.json)
   --quick          small sanity run
   --clones-only    only the clone measurement (1 GiB, reflink on XFS and bytes on ext4)
@@ -32,6 +35,7 @@ pub struct Args {
     pub clients: usize,
     pub files: usize,
     pub idle_secs: u64,
+    pub reference_rounds: usize,
     pub out: PathBuf,
     pub quick: bool,
     pub clones_only: bool,
@@ -59,7 +63,7 @@ impl Args {
                     provisioner_env.push((name.to_string(), value.to_string()));
                 }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
-                | "--idle-secs" | "--out" | "--rust-log" | "--scale-curve") => {
+                | "--idle-secs" | "--reference-rounds" | "--out" | "--rust-log" | "--scale-curve") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
                     values.insert(flag.trim_start_matches("--").to_string(), value);
                 }
@@ -91,6 +95,7 @@ impl Args {
             clients: number("clients", 4.0, 4.0)? as usize,
             files: number("files", 100_000.0, 10_000.0)? as usize,
             idle_secs: number("idle-secs", 10.0, 3.0)? as u64,
+            reference_rounds: number("reference-rounds", 1.0, 1.0)? as usize,
             out: values.get("out").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/bench-results.json")),
             quick,
             clones_only,
@@ -98,8 +103,13 @@ impl Args {
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
             provisioner_env,
         };
-        if parsed.nodes == 0 || parsed.claims == 0 || parsed.clients == 0 || parsed.rate <= 0.0 {
-            bail!("--nodes, --claims, --clients and --rate must be positive");
+        if parsed.nodes == 0
+            || parsed.claims == 0
+            || parsed.clients == 0
+            || parsed.rate <= 0.0
+            || parsed.reference_rounds == 0
+        {
+            bail!("--nodes, --claims, --clients, --rate and --reference-rounds must be positive");
         }
         Ok(parsed)
     }

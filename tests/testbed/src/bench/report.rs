@@ -52,7 +52,8 @@ pub const METHOD: &[&str] = &[
      and creates the PV of each claim of its class, nothing else: no directory, no event. Same \
      control plane, same nodes and load as c (Immediate, provisionOnNode round-robin, burst), \
      run right before c in the same sitting; it runs only during r. Ours as a fraction of it = \
-     c PVs/s / r PVs/s. r's deletion figures time the bench's own deletecollection of its PVs.",
+     c PVs/s / r PVs/s; with --reference-rounds K, K pairs (r then c) alternate and the median \
+     of their fractions is reported. r's deletion figures time the bench's own deletecollection of its PVs.",
     "plot: the SVG next to the JSON shows each scenario's latency distribution (share of claims \
      against latency, log scale) and PVs seen against seconds since its first create request.",
     "API requests of the provisioners: EXACT, from the API server's audit log. Each provisioner \
