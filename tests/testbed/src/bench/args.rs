@@ -20,7 +20,7 @@ usage: bench --provisioner PATH [options]
   --clones-only    only the clone measurement (1 GiB, reflink on XFS and bytes on ext4)
   --scale-curve N1,N2,...
                    only the scale curve: provisioners grown to N1, N2, ... (e.g. 1,10,50,100)
-                   against --claims claims; --nodes is N1
+                   against --claims claims (--nodes is ignored)
   --rust-log SPEC  RUST_LOG of the provisioners (default info)
   --provisioner-env NAME=VALUE
                    extra environment of the provisioners (repeatable), e.g. MALLOC_ARENA_MAX=2";
@@ -86,10 +86,8 @@ impl Args {
         };
         let parsed = Args {
             provisioner,
-            nodes: match scale_curve.first() {
-                Some(first) => *first,
-                None => number("nodes", 10.0, 3.0)? as usize,
-            },
+            // The scale curve adds every node itself, the first step's too.
+            nodes: if scale_curve.is_empty() { number("nodes", 10.0, 3.0)? as usize } else { 0 },
             claims: number("claims", 1000.0, 100.0)? as usize,
             rate: number("rate", 50.0, 50.0)?,
             clients: number("clients", 4.0, 4.0)? as usize,
@@ -103,7 +101,7 @@ impl Args {
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
             provisioner_env,
         };
-        if parsed.nodes == 0
+        if (parsed.nodes == 0 && parsed.scale_curve.is_empty())
             || parsed.claims == 0
             || parsed.clients == 0
             || parsed.rate <= 0.0

@@ -12,8 +12,9 @@
 //! - watch events delivered per claim change: the bench changes a label on a few claims and
 //!   reads how many claim watch events the API server sent (`apiserver_watch_events_total`).
 //!
-//! The claims (`--claims`, scenario "s") are created once on the first step's nodes, Bound, and
-//! deleted after the last step.
+//! The bench starts without provisioners, so the first step's figures are per node added too.
+//! The claims (`--claims`, scenario "s") are created once on the first step's nodes, after its
+//! CPU and RSS were taken, Bound, and deleted after the last step.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -54,13 +55,15 @@ pub struct Step {
     pub idle_requests: u64,
     /// The provisioners' requests in the idle window (audit log, exact).
     pub idle_provisioner_requests: u64,
-    /// Open watches by resource.
+    /// Open watches by resource, at the end of the step.
     pub watches: BTreeMap<String, f64>,
+    /// Watches opened while the step's nodes were added, by resource.
+    pub watches_added: BTreeMap<String, f64>,
     /// Claim watch events the API server sent per claim change.
     pub watch_events_per_change: f64,
 }
 
-/// Runs the curve; `env` starts with the first step's nodes.
+/// Runs the curve; `env` starts without nodes.
 pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
     let apiserver = env
         .cp
@@ -69,7 +72,6 @@ pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
         .find(|(name, _)| *name == "kube-apiserver")
         .map(|(_, pid)| pid)
         .context("kube-apiserver PID")?;
-    eprintln!("bench: scale curve: {} claims on {} nodes", env.args.claims, env.nodes.len());
     let spec = Spec {
         id: "s",
         title: "scale curve claims".into(),
@@ -78,14 +80,10 @@ pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
         class: IMMEDIATE_CLASS,
         rate: None,
     };
-    let provisioned = scenario::provision(env, spec).await?;
-    let names: Vec<String> = {
-        let mut all: Vec<String> = (0..provisioned.sent.len()).map(|i| format!("claim-{i:05}")).collect();
-        all.truncate(CHANGED_CLAIMS);
-        all
-    };
+    let mut provisioned = None;
     let mut previous_rss = procfs::sample(apiserver)?.rss_kib;
-    let mut result = Vec::new();
+    let mut previous_watches = open_watches(&api_count::apiserver_metrics(&env.client).await?);
+    let mut result: Vec<Step> = Vec::new();
     for (index, &target) in steps.iter().enumerate() {
         let before = procfs::sample(apiserver)?;
         let added = target.saturating_sub(env.nodes.len());
@@ -97,6 +95,16 @@ pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
         }
         tokio::time::sleep(SETTLE).await;
         let after = procfs::sample(apiserver)?;
+        let watches_after_adding = open_watches(&api_count::apiserver_metrics(&env.client).await?);
+        let provisioned = match &mut provisioned {
+            Some(provisioned) => &*provisioned,
+            None => {
+                eprintln!("bench: scale curve: {} claims on {} nodes", env.args.claims, env.nodes.len());
+                &*provisioned.insert(scenario::provision(env, spec.clone()).await?)
+            }
+        };
+        let names: Vec<String> =
+            (0..provisioned.sent.len().min(CHANGED_CLAIMS)).map(|i| format!("claim-{i:05}")).collect();
 
         let opened = window::open(env).await?;
         let idle_started = Instant::now();
@@ -108,10 +116,7 @@ pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
         let idle_apiserver_cpu_s = idle.others_cpu.iter().find(|(n, _)| n == "kube-apiserver").map_or(0.0, |(_, c)| *c);
 
         let metrics = api_count::apiserver_metrics(&env.client).await?;
-        let watches = WATCHED
-            .iter()
-            .map(|r| (r.to_string(), metric_sum(&metrics, "apiserver_longrunning_requests", |l| is_watch_of(l, r))))
-            .collect();
+        let watches = open_watches(&metrics);
         let events_before = claim_watch_events(&metrics);
         change_labels(env, &provisioned.spec.namespace, &names, index).await?;
         tokio::time::sleep(DELIVERY).await;
@@ -122,6 +127,10 @@ pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
             apiserver_cpu_adding_s: after.cpu_secs - before.cpu_secs,
             apiserver_rss_mib: mib(after.rss_kib),
             apiserver_rss_delta_mib: (after.rss_kib as f64 - previous_rss as f64) / 1024.0,
+            watches_added: watches_after_adding
+                .iter()
+                .map(|(r, w)| (r.clone(), w - previous_watches.get(r).copied().unwrap_or(0.0)))
+                .collect(),
             idle_secs,
             idle_apiserver_cpu_s,
             idle_requests,
@@ -129,11 +138,23 @@ pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
             watches,
             watch_events_per_change: (events_after - events_before) / names.len().max(1) as f64,
         });
-        previous_rss = after.rss_kib;
+        // The claims' share of the API server's memory stays out of the next step's delta.
+        previous_rss = procfs::sample(apiserver)?.rss_kib;
+        previous_watches = watches_after_adding;
     }
     eprintln!("bench: scale curve: deleting the claims");
-    scenario::delete(env, &provisioned).await?;
+    if let Some(provisioned) = &provisioned {
+        scenario::delete(env, provisioned).await?;
+    }
     Ok(result)
+}
+
+/// Open watches by resource (`apiserver_longrunning_requests`, verb WATCH).
+fn open_watches(metrics: &str) -> BTreeMap<String, f64> {
+    WATCHED
+        .iter()
+        .map(|r| (r.to_string(), metric_sum(metrics, "apiserver_longrunning_requests", |l| is_watch_of(l, r))))
+        .collect()
 }
 
 fn is_watch_of(labels: &BTreeMap<String, String>, resource: &str) -> bool {
@@ -168,14 +189,7 @@ fn per_added_node(steps: &[Step], i: usize) -> Option<(f64, f64, BTreeMap<String
         return None;
     }
     let n = step.added as f64;
-    let watches = step
-        .watches
-        .iter()
-        .map(|(r, w)| {
-            let before = i.checked_sub(1).and_then(|p| steps[p].watches.get(r).copied());
-            (r.clone(), before.map_or(f64::NAN, |b| (w - b) / n))
-        })
-        .collect();
+    let watches = step.watches_added.iter().map(|(r, w)| (r.clone(), w / n)).collect();
     let events =
         i.checked_sub(1).map_or(f64::NAN, |p| (step.watch_events_per_change - steps[p].watch_events_per_change) / n);
     Some((step.apiserver_cpu_adding_s / n, step.apiserver_rss_delta_mib / n, watches, events))
@@ -264,6 +278,7 @@ mod tests {
             idle_requests: 0,
             idle_provisioner_requests: 0,
             watches: BTreeMap::from([("persistentvolumeclaims".to_string(), claim_watches)]),
+            watches_added: BTreeMap::from([("persistentvolumeclaims".to_string(), 2.0 * added as f64)]),
             watch_events_per_change: events,
         }
     }
