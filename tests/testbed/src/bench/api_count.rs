@@ -82,9 +82,24 @@ fn k8s_verb(metric_verb: &str) -> String {
 /// Resource requests counted by the API server so far (`apiserver_request_total`, all codes),
 /// non-resource requests (health, metrics) left out. Watches are counted when they end.
 pub async fn scrape_apiserver(client: &Client) -> Result<Counts> {
+    Ok(parse_request_total(&apiserver_metrics(client).await?))
+}
+
+/// kube-apiserver's `/metrics` text.
+pub async fn apiserver_metrics(client: &Client) -> Result<String> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(request).await.context("GET /metrics from kube-apiserver")?;
-    Ok(parse_request_total(&text))
+    client.request_text(request).await.context("GET /metrics from kube-apiserver")
+}
+
+/// Sum of the samples of metric `name` whose labels `pick` accepts.
+pub fn metric_sum(text: &str, name: &str, pick: impl Fn(&BTreeMap<String, String>) -> bool) -> f64 {
+    let prefix = format!("{name}{{");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| rest.rsplit_once("} "))
+        .filter(|(labels, _)| pick(&parse_labels(labels)))
+        .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+        .sum()
 }
 
 fn parse_request_total(text: &str) -> Counts {
@@ -257,5 +272,7 @@ mod tests {
         assert_eq!(counts[&ApiKey::new("create", "persistentvolumes")], 7);
         assert_eq!(counts[&ApiKey::new("create", "events.events.k8s.io")], 3);
         assert_eq!(counts.len(), 2);
+        let created = metric_sum(text, "apiserver_request_total", |l| l.get("verb").is_some_and(|v| v == "POST"));
+        assert_eq!(created, 10.0);
     }
 }

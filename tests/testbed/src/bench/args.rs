@@ -12,9 +12,15 @@ usage: bench --provisioner PATH [options]
   --clients C      concurrent API clients creating claims (default 4)
   --files F        files in the volume of the deletion test (default 100000; --quick: 10000)
   --idle-secs S    idle CPU window (default 10; --quick: 3)
+  --reference-rounds K
+                   pairs of reference (r) and ours (c) run alternately (default 1); each pair
+                   gives a fraction, the report prints each and their median
   --out FILE       JSON results (default target/bench-results.json)
   --quick          small sanity run
   --clones-only    only the clone measurement (1 GiB, reflink on XFS and bytes on ext4)
+  --scale-curve N1,N2,...
+                   only the scale curve: provisioners grown to N1, N2, ... (e.g. 1,10,50,100)
+                   against --claims claims (--nodes is ignored)
   --rust-log SPEC  RUST_LOG of the provisioners (default info)
   --provisioner-env NAME=VALUE
                    extra environment of the provisioners (repeatable), e.g. MALLOC_ARENA_MAX=2";
@@ -29,9 +35,12 @@ pub struct Args {
     pub clients: usize,
     pub files: usize,
     pub idle_secs: u64,
+    pub reference_rounds: usize,
     pub out: PathBuf,
     pub quick: bool,
     pub clones_only: bool,
+    /// Node counts of the scale curve, ascending; empty: the usual scenarios.
+    pub scale_curve: Vec<usize>,
     pub rust_log: String,
     pub provisioner_env: Vec<(String, String)>,
 }
@@ -54,7 +63,7 @@ impl Args {
                     provisioner_env.push((name.to_string(), value.to_string()));
                 }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
-                | "--idle-secs" | "--out" | "--rust-log") => {
+                | "--idle-secs" | "--reference-rounds" | "--out" | "--rust-log" | "--scale-curve") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
                     values.insert(flag.trim_start_matches("--").to_string(), value);
                 }
@@ -71,23 +80,58 @@ impl Args {
         let provisioner = provisioner.canonicalize().with_context(|| {
             format!("{} not found (cargo build --release -p hostpath-provisioner)", provisioner.display())
         })?;
+        let scale_curve = match values.get("scale-curve") {
+            Some(list) => parse_steps(list)?,
+            None => Vec::new(),
+        };
         let parsed = Args {
             provisioner,
-            nodes: number("nodes", 10.0, 3.0)? as usize,
+            // The scale curve adds every node itself, the first step's too.
+            nodes: if scale_curve.is_empty() { number("nodes", 10.0, 3.0)? as usize } else { 0 },
             claims: number("claims", 1000.0, 100.0)? as usize,
             rate: number("rate", 50.0, 50.0)?,
             clients: number("clients", 4.0, 4.0)? as usize,
             files: number("files", 100_000.0, 10_000.0)? as usize,
             idle_secs: number("idle-secs", 10.0, 3.0)? as u64,
+            reference_rounds: number("reference-rounds", 1.0, 1.0)? as usize,
             out: values.get("out").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/bench-results.json")),
             quick,
             clones_only,
+            scale_curve,
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
             provisioner_env,
         };
-        if parsed.nodes == 0 || parsed.claims == 0 || parsed.clients == 0 || parsed.rate <= 0.0 {
-            bail!("--nodes, --claims, --clients and --rate must be positive");
+        if (parsed.nodes == 0 && parsed.scale_curve.is_empty())
+            || parsed.claims == 0
+            || parsed.clients == 0
+            || parsed.rate <= 0.0
+            || parsed.reference_rounds == 0
+        {
+            bail!("--nodes, --claims, --clients, --rate and --reference-rounds must be positive");
         }
         Ok(parsed)
+    }
+}
+
+/// `1,10,50` as ascending positive node counts.
+fn parse_steps(list: &str) -> Result<Vec<usize>> {
+    let steps = list
+        .split(',')
+        .map(|s| s.trim().parse::<usize>().with_context(|| format!("--scale-curve: {s:?} is not a node count")))
+        .collect::<Result<Vec<_>>>()?;
+    if steps.is_empty() || steps[0] == 0 || steps.windows(2).any(|w| w[0] >= w[1]) {
+        bail!("--scale-curve needs ascending positive node counts, e.g. 1,10,50,100");
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn scale_curve_steps_ascend() {
+        assert_eq!(super::parse_steps("1, 10,50").unwrap(), vec![1, 10, 50]);
+        assert!(super::parse_steps("10,1").is_err());
+        assert!(super::parse_steps("0,2").is_err());
+        assert!(super::parse_steps("1,x").is_err());
     }
 }

@@ -48,6 +48,14 @@ pub const METHOD: &[&str] = &[
      a PV seen before its claim event counts as 0 (reported in the JSON).",
     "PVs/s: (n-1) / (last PV seen - first PV seen). Scenarios a and b are capped by the arrival \
      rate; c creates claims as fast as --clients clients can, which is the capacity figure.",
+    "reference (r): a minimal provisioner inside the bench (bench/reference.rs) watches claims \
+     and creates the PV of each claim of its class, nothing else: no directory, no event. Same \
+     control plane, same nodes and load as c (Immediate, provisionOnNode round-robin, burst), \
+     run right before c in the same sitting; it runs only during r. Ours as a fraction of it = \
+     c PVs/s / r PVs/s; with --reference-rounds K, K pairs (r then c) alternate and the median \
+     of their fractions is reported. r's deletion figures time the bench's own deletecollection of its PVs.",
+    "plot: the SVG next to the JSON shows each scenario's latency distribution (share of claims \
+     against latency, log scale) and PVs seen against seconds since its first create request.",
     "API requests of the provisioners: EXACT, from the API server's audit log. Each provisioner \
      runs as its own ServiceAccount (bound to the ClusterRole of deploy/legacy/rbac.yaml) and the \
      audit policy logs only those users (Metadata level). A watch counts once when it starts.",

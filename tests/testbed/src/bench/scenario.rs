@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use testbed::fixtures;
 
 use super::api_count::BenchCalls;
-use super::setup::{Env, IMMEDIATE_CLASS, PROVISIONER, WFFC_CLASS};
+use super::reference::{self, REFERENCE_CLASS};
+use super::setup::{Env, PROVISIONER, WFFC_CLASS};
 use super::stats::{self, Summary};
 use super::window::{self, Closed};
 
@@ -36,6 +37,8 @@ pub struct Spec {
     pub title: String,
     pub namespace: String,
     pub mode: Mode,
+    /// StorageClass of the claims in mode `PinnedImmediate` (ours, or the reference's).
+    pub class: &'static str,
     /// Claims per second; `None`: as fast as the clients can create them.
     pub rate: Option<f64>,
 }
@@ -50,6 +53,10 @@ pub struct Provisioned {
     pub create_rate: Option<f64>,
     /// From the claim becoming a node's to its PV (see `observe.rs` for the method).
     pub latency: Summary,
+    /// The samples behind `latency`, milliseconds, sorted (for the plot).
+    pub latency_samples_ms: Vec<f64>,
+    /// When each PV was first seen, seconds after the first create request, sorted (for the plot).
+    pub pv_seen_secs: Vec<f64>,
     /// Samples where the PV arrived on the bench's watch before the claim event that made it
     /// a node's (the two watches are separate streams); counted as zero.
     pub negative_latencies: usize,
@@ -138,7 +145,13 @@ pub async fn provision(env: &Env, spec: Spec) -> Result<Provisioned> {
         }
     });
     let first_sent = sent.values().min().copied().unwrap_or_else(Instant::now);
+    let mut latency_samples_ms: Vec<f64> = latency.iter().map(|s| s * 1000.0).collect();
+    latency_samples_ms.sort_by(f64::total_cmp);
+    let mut pv_seen_secs: Vec<f64> = pv_times.iter().map(|t| t - secs(env, first_sent)).collect();
+    pv_seen_secs.sort_by(f64::total_cmp);
     Ok(Provisioned {
+        latency_samples_ms,
+        pv_seen_secs,
         create_rate,
         latency: Summary::of_seconds(&latency),
         negative_latencies,
@@ -174,6 +187,10 @@ pub async fn delete(env: &Env, provisioned: &Provisioned) -> Result<Deleted> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), &spec.namespace);
     claims.delete_collection(&DeleteParams::default(), &everything).await?;
     env.calls.add("deletecollection", "persistentvolumeclaims");
+    if spec.class == REFERENCE_CLASS {
+        // The reference provisioner deletes nothing; its PVs (Retain) go here.
+        reference::delete_volumes(env).await?;
+    }
     let pv_names: Vec<String> = provisioned.sent.keys().map(|uid| format!("pvc-{uid}")).collect();
     let timeout = Duration::from_secs(60 + pv_names.len() as u64 / 5);
     let remaining = wait_progress(env, spec, timeout, |o| {
@@ -269,7 +286,7 @@ async fn create_one(
     let name = format!("claim-{i:05}");
     let claim = match spec.mode {
         Mode::PinnedImmediate => {
-            fixtures::claim(&spec.namespace, &name, IMMEDIATE_CLASS, "1Gi").provision_on_node(node).build()
+            fixtures::claim(&spec.namespace, &name, spec.class, "1Gi").provision_on_node(node).build()
         }
         Mode::WaitForFirstConsumer => fixtures::claim(&spec.namespace, &name, WFFC_CLASS, "1Gi").build(),
     };

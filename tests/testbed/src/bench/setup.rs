@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -17,12 +17,15 @@ use testbed::{ControlPlane, Options, ProvisionerSpec, SimNode, fixtures};
 use super::api_count::{AuditLog, BenchCalls, audit_policy};
 use super::args::Args;
 use super::observe::Observer;
+use super::reference::{REFERENCE_CLASS, REFERENCE_PROVISIONER};
 
 pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
 /// Namespace of the provisioners' ServiceAccounts (`node-1`, ...).
 pub const SA_NAMESPACE: &str = "hpp-bench";
-/// ClusterRole from deploy/legacy/rbac.yaml.
+/// ClusterRole, and Role in [`DEPLOY_NAMESPACE`] (node leases), from deploy/legacy/rbac.yaml.
 const CLUSTER_ROLE: &str = "kubevirt-hostpath-provisioner";
+/// The deploy namespace (deploy/legacy/namespace.yaml), the provisioners' POD_NAMESPACE.
+const DEPLOY_NAMESPACE: &str = "kubevirt-hostpath-provisioner";
 pub const IMMEDIATE_CLASS: &str = "bench-immediate";
 pub const WFFC_CLASS: &str = "bench-wffc";
 
@@ -104,19 +107,10 @@ pub async fn start(args: &Args) -> Result<Env> {
     cp.run_kubectl(Path::new("."), &["apply", "-f", &repo_file("deploy/legacy/rbac.yaml").display().to_string()])?;
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &fixtures::namespace(SA_NAMESPACE)).await?;
 
-    let names: Vec<String> = (1..=args.nodes).map(|i| format!("node-{i}")).collect();
-    bind_service_accounts(&client, &names).await?;
+    bind_service_accounts(&client).await?;
     let mut nodes = Vec::new();
-    for name in &names {
-        let kubeconfig = cp.temp_dir().join(format!("{name}.kubeconfig"));
-        cp.write_kubeconfig_for_token(&token_for(&client, name).await?, &kubeconfig)?;
-        let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(&cp, name), &kubeconfig)
-            .env("RUST_LOG", &args.rust_log);
-        for (key, value) in &args.provisioner_env {
-            spec = spec.env(key, value);
-        }
-        nodes.push(SimNode::start_with(&cp, name, &[], spec).await?);
-        raise_pod_capacity(&client, name, args.claims * 2 + 100).await?;
+    for i in 1..=args.nodes {
+        nodes.push(add_node(&cp, &client, args, &node_name(i)).await?);
     }
     eprintln!("bench: {} provisioners ready", nodes.len());
 
@@ -124,6 +118,7 @@ pub async fn start(args: &Args) -> Result<Env> {
     for class in [
         fixtures::storage_class(IMMEDIATE_CLASS, PROVISIONER).immediate().build(),
         fixtures::storage_class(WFFC_CLASS, PROVISIONER).build(),
+        fixtures::storage_class(REFERENCE_CLASS, REFERENCE_PROVISIONER).immediate().reclaim_policy("Retain").build(),
     ] {
         classes.create(&PostParams::default(), &class).await?;
     }
@@ -139,36 +134,55 @@ pub fn repo_file(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative)
 }
 
-/// One ServiceAccount per node, all bound to the deploy ClusterRole.
-async fn bind_service_accounts(client: &Client, nodes: &[String]) -> Result<()> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), SA_NAMESPACE);
-    for node in nodes {
-        let account = ServiceAccount {
-            metadata: ObjectMeta { name: Some(node.clone()), ..ObjectMeta::default() },
-            ..ServiceAccount::default()
-        };
-        accounts.create(&PostParams::default(), &account).await?;
+/// Name of the `i`th node (from 1).
+pub fn node_name(i: usize) -> String {
+    format!("node-{i}")
+}
+
+/// A node and its provisioner, running as ServiceAccount `name` (bound to the deploy ClusterRole
+/// through its group, see [`bind_service_accounts`]); waits until the provisioner is ready.
+pub async fn add_node(cp: &ControlPlane, client: &Client, args: &Args, name: &str) -> Result<SimNode> {
+    let account = ServiceAccount {
+        metadata: ObjectMeta { name: Some(name.to_string()), ..ObjectMeta::default() },
+        ..ServiceAccount::default()
+    };
+    Api::<ServiceAccount>::namespaced(client.clone(), SA_NAMESPACE).create(&PostParams::default(), &account).await?;
+    let kubeconfig = cp.temp_dir().join(format!("{name}.kubeconfig"));
+    cp.write_kubeconfig_for_token(&token_for(client, name).await?, &kubeconfig)?;
+    let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(cp, name), &kubeconfig)
+        .env("RUST_LOG", &args.rust_log)
+        .env("POD_NAMESPACE", DEPLOY_NAMESPACE);
+    for (key, value) in &args.provisioner_env {
+        spec = spec.env(key, value);
     }
+    let node = SimNode::start_with(cp, name, &[], spec).await?;
+    raise_pod_capacity(client, name, args.claims * 2 + 100).await?;
+    Ok(node)
+}
+
+/// Binds the deploy ClusterRole, and the deploy Role of the node leases, to the group of all
+/// ServiceAccounts in [`SA_NAMESPACE`], so a node added later needs only its ServiceAccount.
+async fn bind_service_accounts(client: &Client) -> Result<()> {
+    let role_ref = |kind: &str| RoleRef {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: kind.into(),
+        name: CLUSTER_ROLE.into(),
+    };
+    let subjects = Some(vec![Subject {
+        kind: "Group".into(),
+        name: format!("system:serviceaccounts:{SA_NAMESPACE}"),
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        ..Subject::default()
+    }]);
+    let metadata = ObjectMeta { name: Some("hpp-bench-provisioners".into()), ..ObjectMeta::default() };
     let binding = ClusterRoleBinding {
-        metadata: ObjectMeta { name: Some("hpp-bench-provisioners".into()), ..ObjectMeta::default() },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: CLUSTER_ROLE.into(),
-        },
-        subjects: Some(
-            nodes
-                .iter()
-                .map(|node| Subject {
-                    kind: "ServiceAccount".into(),
-                    name: node.clone(),
-                    namespace: Some(SA_NAMESPACE.into()),
-                    ..Subject::default()
-                })
-                .collect(),
-        ),
+        metadata: metadata.clone(),
+        role_ref: role_ref("ClusterRole"),
+        subjects: subjects.clone(),
     };
     Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await?;
+    let binding = RoleBinding { metadata, role_ref: role_ref("Role"), subjects };
+    Api::<RoleBinding>::namespaced(client.clone(), DEPLOY_NAMESPACE).create(&PostParams::default(), &binding).await?;
     Ok(())
 }
 

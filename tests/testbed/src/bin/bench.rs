@@ -4,7 +4,11 @@
 //! Scenarios, each with `--claims` claims, deleted again before the next:
 //! a. Immediate class, claims pinned with `kubevirt.io/provisionOnNode` round-robin, `--rate`/s;
 //! b. WaitForFirstConsumer, one pod per claim pinned round-robin by nodeSelector, `--rate`/s;
-//! c. as a, created as fast as `--clients` clients can (throughput).
+//! r. as c (below), provisioned by the reference: a minimal provisioner inside the bench that
+//!    only creates PVs (`bench/reference.rs`), the limit of this machine's pipeline;
+//! c. as a, created as fast as `--clients` clients can (throughput), right after r.
+//!
+//! `--scale-curve 1,10,...` instead grows the number of provisioners (`bench/scale_curve.rs`).
 //!
 //! Then a volume holding `--files` files is deleted, timed from Released to PV gone, directory
 //! gone from its path, and data gone from the pool.
@@ -22,10 +26,13 @@ use serde_json::{Value, json};
 use bench::args::{Args, USAGE};
 use bench::clones::{self, Clones};
 use bench::many_files::{self, ManyFiles};
+use bench::plot::{self, Series};
 use bench::procfs::{self, ProcSample, mib};
+use bench::reference::{REFERENCE_CLASS, Reference};
 use bench::report::{METHOD, Table, opt};
+use bench::scale_curve;
 use bench::scenario::{self, Deleted, Mode, Provisioned, Spec};
-use bench::setup::{self, Env};
+use bench::setup::{self, Env, IMMEDIATE_CLASS, WFFC_CLASS};
 use bench::window::{self, Closed};
 
 #[tokio::main]
@@ -79,6 +86,10 @@ struct Results {
     at_end: Vec<ProcSample>,
     /// A provisioner metric that looks like an API request counter, if any.
     own_metric: Option<String>,
+    /// Failed PV creations and watch errors of the reference provisioner.
+    reference_errors: Vec<String>,
+    /// PVs/s of (r, c) in the rounds after the first (`--reference-rounds`).
+    later_rounds: Vec<(Option<f64>, Option<f64>)>,
 }
 
 /// What the idle window measured.
@@ -102,18 +113,29 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         print_clones(&clones);
         return Ok(());
     }
+    if !args.scale_curve.is_empty() {
+        let steps = scale_curve::run(env, &args.scale_curve).await?;
+        scale_curve::print(&steps);
+        write_json(&args.out, &json!({ "config": config_json(args), "scale_curve": scale_curve::json(&steps) }))?;
+        return Ok(());
+    }
     let own_metric = window::provisioner_request_metric(env).await;
     let at_start = samples(env)?;
     let specs = [
-        ("a", "provisionOnNode, Immediate", Mode::PinnedImmediate, Some(args.rate)),
-        ("b", "WaitForFirstConsumer, pods pinned", Mode::WaitForFirstConsumer, Some(args.rate)),
-        ("c", "provisionOnNode, burst", Mode::PinnedImmediate, None),
+        ("a", "provisionOnNode, Immediate", Mode::PinnedImmediate, IMMEDIATE_CLASS, Some(args.rate)),
+        ("b", "WaitForFirstConsumer, pods pinned", Mode::WaitForFirstConsumer, WFFC_CLASS, Some(args.rate)),
+        ("r", "as c, reference provisioner (the limit)", Mode::PinnedImmediate, REFERENCE_CLASS, None),
+        ("c", "provisionOnNode, burst", Mode::PinnedImmediate, IMMEDIATE_CLASS, None),
     ];
     let mut scenarios: Vec<(Provisioned, Deleted)> = Vec::new();
     let mut idle = None;
-    for (id, title, mode, rate) in specs {
-        let spec = Spec { id, title: title.to_string(), namespace: format!("bench-{id}"), mode, rate };
+    let mut reference_errors = Vec::new();
+    for (id, title, mode, class, rate) in specs {
+        let spec = Spec { id, title: title.to_string(), namespace: format!("bench-{id}"), mode, class, rate };
         eprintln!("bench: scenario {id}: {title}");
+        // Runs only during its own scenario, so it adds no watch to the others; a client of its
+        // own, so it shares no connection with the bench's watches.
+        let reference = (class == REFERENCE_CLASS).then(|| Reference::start(env.cp.admin_client()));
         let provisioned = scenario::provision(env, spec).await?;
         if idle.is_none() {
             eprintln!("bench: idle window of {} s", args.idle_secs);
@@ -123,7 +145,28 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         }
         eprintln!("bench: scenario {id}: deleting");
         let deleted = scenario::delete(env, &provisioned).await?;
+        if let Some(reference) = reference {
+            reference_errors = reference.errors();
+        }
         scenarios.push((provisioned, deleted));
+    }
+    let mut later_rounds = Vec::new();
+    for round in 2..=args.reference_rounds {
+        let mut rates = [None, None];
+        for (slot, (id, class)) in [("r", REFERENCE_CLASS), ("c", IMMEDIATE_CLASS)].into_iter().enumerate() {
+            eprintln!("bench: reference round {round}: scenario {id}");
+            let reference = (class == REFERENCE_CLASS).then(|| Reference::start(env.cp.admin_client()));
+            let title = format!("round {round} of {id}");
+            let namespace = format!("bench-{id}{round}");
+            let spec = Spec { id, title, namespace, mode: Mode::PinnedImmediate, class, rate: None };
+            let provisioned = scenario::provision(env, spec).await?;
+            scenario::delete(env, &provisioned).await?;
+            if let Some(reference) = reference {
+                reference_errors.extend(reference.errors());
+            }
+            rates[slot] = provisioned.pvs_per_sec;
+        }
+        later_rounds.push((rates[0], rates[1]));
     }
     eprintln!("bench: deleting a volume holding {} files", args.files);
     let many = many_files::run(env).await?;
@@ -137,15 +180,72 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         at_start,
         at_end: samples(env)?,
         own_metric,
+        reference_errors,
+        later_rounds,
     };
     print_results(env, &results);
-    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+    write_json(&args.out, &to_json(env, &results))?;
+    let svg = args.out.with_extension("svg");
+    std::fs::write(&svg, plot_of(args, &results.scenarios)).with_context(|| format!("writing {}", svg.display()))?;
+    println!("SVG: {}", svg.display());
+    Ok(())
+}
+
+fn write_json(out: &std::path::Path, value: &Value) -> Result<()> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&to_json(env, &results))?)
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    println!("\nJSON: {}", args.out.display());
+    std::fs::write(out, serde_json::to_string_pretty(value)?).with_context(|| format!("writing {}", out.display()))?;
+    println!("\nJSON: {}", out.display());
     Ok(())
+}
+
+/// Latency distribution and PVs over time of every scenario.
+fn plot_of(args: &Args, scenarios: &[(Provisioned, Deleted)]) -> String {
+    let series: Vec<Series> = scenarios
+        .iter()
+        .map(|(p, _)| Series {
+            label: format!(
+                "{}: {}{}",
+                p.spec.id,
+                if p.spec.class == REFERENCE_CLASS { "reference, " } else { "" },
+                p.spec.rate.map_or("burst".to_string(), |r| format!("{r}/s"))
+            ),
+            latency_ms: p.latency_samples_ms.clone(),
+            pv_seen_secs: p.pv_seen_secs.clone(),
+        })
+        .collect();
+    let title = format!(
+        "hostpath-provisioner bench: {} nodes, {} claims per scenario (a, b: paced; r: reference; c: ours, burst)",
+        args.nodes, args.claims
+    );
+    plot::render(&title, &series)
+}
+
+/// PVs/s of scenario `id`.
+fn pvs_per_sec(results: &[(Provisioned, Deleted)], id: &str) -> Option<f64> {
+    results.iter().find(|(p, _)| p.spec.id == id).and_then(|(p, _)| p.pvs_per_sec)
+}
+
+/// Ours (c) as a fraction of the reference (r), the pipeline's limit on this machine, per
+/// round (r then c), and their median.
+fn reference_fractions(all: &Results) -> (Vec<Option<f64>>, Option<f64>) {
+    let first = (pvs_per_sec(&all.scenarios, "r"), pvs_per_sec(&all.scenarios, "c"));
+    let rounds: Vec<Option<f64>> = std::iter::once(first)
+        .chain(all.later_rounds.iter().copied())
+        .map(|(r, c)| Some(c? / r.filter(|r| *r > 0.0)?))
+        .collect();
+    let mut known: Vec<f64> = rounds.iter().flatten().copied().collect();
+    known.sort_by(f64::total_cmp);
+    let median = (!known.is_empty()).then(|| {
+        let mid = known.len() / 2;
+        if known.len() % 2 == 1 { known[mid] } else { (known[mid - 1] + known[mid]) / 2.0 }
+    });
+    (rounds, median)
+}
+
+fn percent(fraction: Option<f64>) -> String {
+    fraction.map_or("-".to_string(), |f| format!("{:.0}%", f * 100.0))
 }
 
 fn samples(env: &Env) -> Result<Vec<ProcSample>> {
@@ -252,6 +352,18 @@ fn print_results(env: &Env, all: &Results) {
     });
     add("deletion: PVs left at timeout", &|_, d| d.remaining.to_string());
     table.print();
+    let (rounds, median) = reference_fractions(all);
+    println!(
+        "\n  Limit: ours (c) = {} of the reference (r), the pipeline's limit on this machine (goal >= 90% at 10 nodes)",
+        percent(median)
+    );
+    if rounds.len() > 1 {
+        let each: Vec<String> = rounds.iter().map(|f| percent(*f)).collect();
+        println!("  median of {} alternating rounds (r then c): {}", rounds.len(), each.join(", "));
+    }
+    if !all.reference_errors.is_empty() {
+        println!("  reference provisioner errors ({}): {:?}", all.reference_errors.len(), all.reference_errors.first());
+    }
 
     let mut header = vec!["provisioner requests (audit)".to_string()];
     for (p, _) in results {
@@ -336,7 +448,7 @@ fn print_results(env: &Env, all: &Results) {
     );
 
     let mut t = Table::new("Targets (issue 5; reported, not asserted)", &["target", "measured", "met"]);
-    for (target, measured, met) in targets(env, results, many) {
+    for (target, measured, met) in targets(env, all) {
         t.row(vec![target, measured, met]);
     }
     t.print();
@@ -351,7 +463,8 @@ fn rss_line(samples: &[ProcSample]) -> String {
 }
 
 /// (target, measured, verdict) rows. A verdict notes when the load differs from the target's.
-fn targets(env: &Env, results: &[(Provisioned, Deleted)], many: &ManyFiles) -> Vec<(String, String, String)> {
+fn targets(env: &Env, all: &Results) -> Vec<(String, String, String)> {
+    let (results, many) = (&all.scenarios, &all.many);
     let args = &env.args;
     let verdict = |ok: bool, same_load: bool| {
         let v = if ok { "yes" } else { "NO" };
@@ -375,11 +488,24 @@ fn targets(env: &Env, results: &[(Provisioned, Deleted)], many: &ManyFiles) -> V
             .join(", "),
         verdict(worst_p99 < 100.0, (args.rate - 50.0).abs() < f64::EPSILON),
     ));
-    let burst = results.iter().find(|(p, _)| p.spec.rate.is_none()).and_then(|(p, _)| p.pvs_per_sec);
+    let burst = pvs_per_sec(results, "c");
     rows.push((
         ">= 100 PVs/s sustained, 1000 claims over 10 nodes".to_string(),
         format!("c: {} PVs/s ({} claims, {} nodes)", opt(burst, 1), args.claims, args.nodes),
         verdict(burst.unwrap_or(0.0) >= 100.0, args.claims >= 1000 && args.nodes == 10),
+    ));
+    let (rounds, fraction) = reference_fractions(all);
+    rows.push((
+        "ours >= 90% of the reference in c at 10 nodes".to_string(),
+        format!(
+            "{} (round 1: c {} / r {} PVs/s; median of {} rounds; {} nodes)",
+            percent(fraction),
+            opt(burst, 1),
+            opt(pvs_per_sec(results, "r"), 1),
+            rounds.len(),
+            args.nodes
+        ),
+        verdict(fraction.unwrap_or(0.0) >= 0.9, args.nodes == 10),
     ));
     let rss = results.first().map(|(p, _)| p.window.procs_end.iter().map(|s| s.rss_kib).max().unwrap_or(0));
     rows.push((
@@ -424,11 +550,15 @@ fn to_json(env: &Env, all: &Results) -> Value {
         })
         .collect();
     json!({
-        "config": {
-            "nodes": args.nodes, "claims": args.claims, "rate_per_s": args.rate, "clients": args.clients,
-            "files": args.files, "idle_s": args.idle_secs, "quick": args.quick, "rust_log": args.rust_log,
-            "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
-            "provisioner": args.provisioner,
+        "config": config_json(args),
+        "reference": {
+            "reference_pvs_per_s": pvs_per_sec(results, "r"),
+            "ours_pvs_per_s": pvs_per_sec(results, "c"),
+            "ours_fraction_of_reference_median": reference_fractions(all).1,
+            "ours_fraction_of_reference_per_round": reference_fractions(all).0,
+            "later_rounds_pvs_per_s": all.later_rounds.iter().map(|(r, c)| json!({"reference": r, "ours": c})).collect::<Vec<_>>(),
+            "goal_fraction_at_10_nodes": 0.9,
+            "reference_errors": all.reference_errors,
         },
         "scenarios": results.iter().map(|(p, d)| json!({ "provisioning": p.json(), "deletion": d.json() })).collect::<Vec<_>>(),
         "many_files_delete": many.json(),
@@ -441,7 +571,17 @@ fn to_json(env: &Env, all: &Results) -> Value {
         "rss_after_scenario_a_mib": results.first().map(|(p, _)| p.window.procs_end.iter().map(|s| mib(s.rss_kib)).collect::<Vec<_>>()),
         "provisioners": provisioners,
         "provisioner_own_api_request_metric": all.own_metric,
-        "targets": targets(env, results, many).into_iter().map(|(t, m, v)| json!({"target": t, "measured": m, "met": v})).collect::<Vec<_>>(),
+        "targets": targets(env, all).into_iter().map(|(t, m, v)| json!({"target": t, "measured": m, "met": v})).collect::<Vec<_>>(),
         "method": METHOD,
+    })
+}
+
+fn config_json(args: &Args) -> Value {
+    json!({
+        "nodes": args.nodes, "claims": args.claims, "rate_per_s": args.rate, "clients": args.clients,
+        "files": args.files, "idle_s": args.idle_secs, "quick": args.quick, "rust_log": args.rust_log,
+        "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        "provisioner": args.provisioner,
+        "scale_curve": args.scale_curve,
     })
 }

@@ -1,0 +1,307 @@
+//! Scale curve (`--scale-curve 1,10,50,100`): grows the number of provisioner processes against
+//! a fixed set of claims and reports, per step, what each added node costs the API server.
+//!
+//! Per step: nodes are added until the step's count is reached, each waited for until ready,
+//! then the bench lets them settle for a few seconds. Then it measures
+//! - kube-apiserver CPU seconds from before the first node of the step was added to the end of
+//!   the settling, and its RSS after (both from /proc of the PID the testbed started);
+//! - an idle window of `--idle-secs`: every request the API server counted (its
+//!   `apiserver_request_total`, the bench's own requests taken out) and the provisioners' own
+//!   requests (audit log, exact), per second;
+//! - the watches open per resource (`apiserver_longrunning_requests`, verb WATCH);
+//! - watch events delivered per claim change: the bench changes a label on a few claims and
+//!   reads how many claim watch events the API server sent (`apiserver_watch_events_total`).
+//!
+//! The bench starts without provisioners, so the first step's figures are per node added too.
+//! The claims (`--claims`, scenario "s") are created once on the first step's nodes, after its
+//! CPU and RSS were taken, Bound, and deleted after the last step.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use super::api_count::{self, metric_sum};
+use super::procfs::{self, mib};
+use super::report::{Table, opt};
+use super::scenario::{self, Mode, Spec};
+use super::setup::{self, Env, IMMEDIATE_CLASS};
+use super::window;
+
+/// Claims whose label the bench changes to count watch events per change.
+const CHANGED_CLAIMS: usize = 20;
+/// After the last node of a step is ready, before measuring.
+const SETTLE: Duration = Duration::from_secs(3);
+/// After the label changes, for the watch events to be sent.
+const DELIVERY: Duration = Duration::from_secs(3);
+/// Resources whose watches are reported.
+const WATCHED: [&str; 3] = ["persistentvolumeclaims", "persistentvolumes", "storageclasses"];
+
+/// What one step measured.
+pub struct Step {
+    pub nodes: usize,
+    pub added: usize,
+    /// kube-apiserver CPU seconds spent while the step's nodes were added and settled.
+    pub apiserver_cpu_adding_s: f64,
+    pub apiserver_rss_mib: f64,
+    /// Change of the API server's RSS since the previous step (or since before the first node).
+    pub apiserver_rss_delta_mib: f64,
+    pub idle_secs: f64,
+    pub idle_apiserver_cpu_s: f64,
+    /// Requests counted by the API server in the idle window, the bench's own taken out.
+    pub idle_requests: u64,
+    /// The provisioners' requests in the idle window (audit log, exact).
+    pub idle_provisioner_requests: u64,
+    /// Open watches by resource, at the end of the step.
+    pub watches: BTreeMap<String, f64>,
+    /// Watches opened while the step's nodes were added, by resource.
+    pub watches_added: BTreeMap<String, f64>,
+    /// Claim watch events the API server sent per claim change.
+    pub watch_events_per_change: f64,
+}
+
+/// Runs the curve; `env` starts without nodes.
+pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
+    let apiserver = env
+        .cp
+        .pids()
+        .into_iter()
+        .find(|(name, _)| *name == "kube-apiserver")
+        .map(|(_, pid)| pid)
+        .context("kube-apiserver PID")?;
+    let spec = Spec {
+        id: "s",
+        title: "scale curve claims".into(),
+        namespace: "bench-s".into(),
+        mode: Mode::PinnedImmediate,
+        class: IMMEDIATE_CLASS,
+        rate: None,
+    };
+    let mut provisioned = None;
+    let mut previous_rss = procfs::sample(apiserver)?.rss_kib;
+    let mut previous_watches = open_watches(&api_count::apiserver_metrics(&env.client).await?);
+    let mut result: Vec<Step> = Vec::new();
+    for (index, &target) in steps.iter().enumerate() {
+        let before = procfs::sample(apiserver)?;
+        let added = target.saturating_sub(env.nodes.len());
+        eprintln!("bench: scale curve: {} -> {target} nodes", env.nodes.len());
+        while env.nodes.len() < target {
+            let name = setup::node_name(env.nodes.len() + 1);
+            let node = setup::add_node(&env.cp, &env.client, &env.args, &name).await?;
+            env.nodes.push(node);
+        }
+        tokio::time::sleep(SETTLE).await;
+        let after = procfs::sample(apiserver)?;
+        let watches_after_adding = open_watches(&api_count::apiserver_metrics(&env.client).await?);
+        let provisioned = match &mut provisioned {
+            Some(provisioned) => &*provisioned,
+            None => {
+                eprintln!("bench: scale curve: {} claims on {} nodes", env.args.claims, env.nodes.len());
+                &*provisioned.insert(scenario::provision(env, spec.clone()).await?)
+            }
+        };
+        let names: Vec<String> =
+            (0..provisioned.sent.len().min(CHANGED_CLAIMS)).map(|i| format!("claim-{i:05}")).collect();
+
+        let opened = window::open(env).await?;
+        let idle_started = Instant::now();
+        tokio::time::sleep(Duration::from_secs(env.args.idle_secs)).await;
+        let idle = window::close(env, opened).await?;
+        let idle_secs = idle_started.elapsed().as_secs_f64();
+        let idle_requests = api_count::minus(&idle.apiserver, &idle.bench).values().sum();
+        let idle_provisioner_requests = idle.audit.total().values().sum();
+        let idle_apiserver_cpu_s = idle.others_cpu.iter().find(|(n, _)| n == "kube-apiserver").map_or(0.0, |(_, c)| *c);
+
+        let metrics = api_count::apiserver_metrics(&env.client).await?;
+        let watches = open_watches(&metrics);
+        let events_before = claim_watch_events(&metrics);
+        change_labels(env, &provisioned.spec.namespace, &names, index).await?;
+        tokio::time::sleep(DELIVERY).await;
+        let events_after = claim_watch_events(&api_count::apiserver_metrics(&env.client).await?);
+        result.push(Step {
+            nodes: env.nodes.len(),
+            added,
+            apiserver_cpu_adding_s: after.cpu_secs - before.cpu_secs,
+            apiserver_rss_mib: mib(after.rss_kib),
+            apiserver_rss_delta_mib: (after.rss_kib as f64 - previous_rss as f64) / 1024.0,
+            watches_added: watches_after_adding
+                .iter()
+                .map(|(r, w)| (r.clone(), w - previous_watches.get(r).copied().unwrap_or(0.0)))
+                .collect(),
+            idle_secs,
+            idle_apiserver_cpu_s,
+            idle_requests,
+            idle_provisioner_requests,
+            watches,
+            watch_events_per_change: (events_after - events_before) / names.len().max(1) as f64,
+        });
+        // The claims' share of the API server's memory stays out of the next step's delta.
+        previous_rss = procfs::sample(apiserver)?.rss_kib;
+        previous_watches = watches_after_adding;
+    }
+    eprintln!("bench: scale curve: deleting the claims");
+    if let Some(provisioned) = &provisioned {
+        scenario::delete(env, provisioned).await?;
+    }
+    Ok(result)
+}
+
+/// Open watches by resource (`apiserver_longrunning_requests`, verb WATCH).
+fn open_watches(metrics: &str) -> BTreeMap<String, f64> {
+    WATCHED
+        .iter()
+        .map(|r| (r.to_string(), metric_sum(metrics, "apiserver_longrunning_requests", |l| is_watch_of(l, r))))
+        .collect()
+}
+
+fn is_watch_of(labels: &BTreeMap<String, String>, resource: &str) -> bool {
+    let get = |k: &str| labels.get(k).map(String::as_str);
+    matches!(get("verb"), Some("WATCH" | "WATCHLIST")) && get("resource") == Some(resource)
+}
+
+/// `apiserver_watch_events_total` for claims (labelled by resource or, in older releases, kind).
+fn claim_watch_events(metrics: &str) -> f64 {
+    metric_sum(metrics, "apiserver_watch_events_total", |l| {
+        l.get("resource").is_some_and(|r| r == "persistentvolumeclaims")
+            || l.get("kind").is_some_and(|k| k == "PersistentVolumeClaim")
+    })
+}
+
+/// A label change on each of `names`: a claim change no provisioner has to act on.
+async fn change_labels(env: &Env, namespace: &str, names: &[String], step: usize) -> Result<()> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), namespace);
+    let patch = json!({ "metadata": { "labels": { "hpp-bench.example/step": step.to_string() } } });
+    for name in names {
+        claims.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        env.calls.add("patch", "persistentvolumeclaims");
+    }
+    Ok(())
+}
+
+/// Per added node: (CPU s, RSS MiB, watches of each resource, watch events per change) against
+/// the previous step; `None` for a step that added no node.
+fn per_added_node(steps: &[Step], i: usize) -> Option<(f64, f64, BTreeMap<String, f64>, f64)> {
+    let step = &steps[i];
+    if step.added == 0 {
+        return None;
+    }
+    let n = step.added as f64;
+    let watches = step.watches_added.iter().map(|(r, w)| (r.clone(), w / n)).collect();
+    let events =
+        i.checked_sub(1).map_or(f64::NAN, |p| (step.watch_events_per_change - steps[p].watch_events_per_change) / n);
+    Some((step.apiserver_cpu_adding_s / n, step.apiserver_rss_delta_mib / n, watches, events))
+}
+
+pub fn print(steps: &[Step]) {
+    let mut header = vec!["nodes", "added", "apiserver CPU s/added node", "apiserver RSS MiB (Δ/added node)"];
+    header.extend(["idle req/s all (provisioners)", "claim watches (Δ/added node)", "PV watches (Δ/added node)"]);
+    header.push("watch events per claim change (Δ/added node)");
+    let mut t = Table::new("Scale curve: kube-apiserver cost per provisioner (node) added", &header);
+    for (i, step) in steps.iter().enumerate() {
+        let per = per_added_node(steps, i);
+        let fmt = |v: f64| if v.is_nan() { "-".to_string() } else { format!("{v:.2}") };
+        let watch = |r: &str| {
+            let total = step.watches.get(r).copied().unwrap_or(0.0);
+            let delta = per.as_ref().and_then(|p| p.2.get(r).copied()).map_or("-".into(), fmt);
+            format!("{total:.0} ({delta})")
+        };
+        t.row(vec![
+            step.nodes.to_string(),
+            step.added.to_string(),
+            opt(per.as_ref().map(|p| p.0), 2),
+            format!("{:.1} ({})", step.apiserver_rss_mib, per.as_ref().map_or("-".into(), |p| fmt(p.1))),
+            format!(
+                "{:.2} ({:.2})",
+                step.idle_requests as f64 / step.idle_secs,
+                step.idle_provisioner_requests as f64 / step.idle_secs
+            ),
+            watch("persistentvolumeclaims"),
+            watch("persistentvolumes"),
+            format!("{:.2} ({})", step.watch_events_per_change, per.as_ref().map_or("-".into(), |p| fmt(p.3))),
+        ]);
+    }
+    t.print();
+    println!("  goals: provisioners' idle requests/s 0; per added node at most one watch per resource");
+    println!("  (claim and PV watches Δ <= 1, watch events per claim change Δ <= 1), so the API server's");
+    println!("  CPU and RSS per added node are those of one watcher per resource.");
+}
+
+pub fn json(steps: &[Step]) -> Value {
+    let rows: Vec<Value> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let per = per_added_node(steps, i);
+            let finite = |v: f64| v.is_finite().then_some(v);
+            json!({
+                "nodes": s.nodes, "added": s.added,
+                "apiserver_cpu_s_while_adding": s.apiserver_cpu_adding_s,
+                "apiserver_rss_mib": s.apiserver_rss_mib,
+                "apiserver_rss_delta_mib": s.apiserver_rss_delta_mib,
+                "idle_s": s.idle_secs,
+                "idle_apiserver_cpu_s": s.idle_apiserver_cpu_s,
+                "idle_requests_all_but_bench": s.idle_requests,
+                "idle_requests_provisioners_audit": s.idle_provisioner_requests,
+                "open_watches": s.watches,
+                "claim_watch_events_per_claim_change": s.watch_events_per_change,
+                "per_added_node": per.map(|(cpu, rss, watches, events)| json!({
+                    "apiserver_cpu_s": cpu, "apiserver_rss_mib": rss,
+                    "watches": watches.into_iter().map(|(r, w)| (r, json!(finite(w)))).collect::<serde_json::Map<_, _>>(),
+                    "claim_watch_events_per_change": finite(events),
+                })),
+            })
+        })
+        .collect();
+    json!({
+        "steps": rows,
+        "goals": { "idle_requests_provisioners_per_s": 0, "watches_per_added_node_per_resource_max": 1,
+                   "claim_watch_events_per_change_per_added_node_max": 1 },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(nodes: usize, added: usize, claim_watches: f64, events: f64) -> Step {
+        Step {
+            nodes,
+            added,
+            apiserver_cpu_adding_s: 2.0 * added as f64,
+            apiserver_rss_mib: 100.0,
+            apiserver_rss_delta_mib: 3.0 * added as f64,
+            idle_secs: 5.0,
+            idle_apiserver_cpu_s: 0.1,
+            idle_requests: 0,
+            idle_provisioner_requests: 0,
+            watches: BTreeMap::from([("persistentvolumeclaims".to_string(), claim_watches)]),
+            watches_added: BTreeMap::from([("persistentvolumeclaims".to_string(), 2.0 * added as f64)]),
+            watch_events_per_change: events,
+        }
+    }
+
+    #[test]
+    fn costs_are_divided_by_the_nodes_the_step_added() {
+        let steps = [step(1, 1, 3.0, 3.0), step(5, 4, 11.0, 7.0), step(5, 0, 11.0, 7.0)];
+        let (cpu, rss, watches, events) = per_added_node(&steps, 1).unwrap();
+        assert_eq!((cpu, rss, events), (2.0, 3.0, 1.0));
+        assert_eq!(watches["persistentvolumeclaims"], 2.0);
+        assert!(per_added_node(&steps, 0).unwrap().3.is_nan(), "no previous step to compare with");
+        assert!(per_added_node(&steps, 2).is_none());
+    }
+
+    #[test]
+    fn counts_only_watches_of_the_resource() {
+        let text = "apiserver_longrunning_requests{component=\"apiserver\",group=\"\",resource=\"persistentvolumeclaims\",scope=\"cluster\",subresource=\"\",verb=\"WATCH\",version=\"v1\"} 4\n\
+            apiserver_longrunning_requests{component=\"apiserver\",group=\"\",resource=\"persistentvolumes\",scope=\"cluster\",subresource=\"\",verb=\"WATCH\",version=\"v1\"} 2\n\
+            apiserver_watch_events_total{group=\"\",resource=\"persistentvolumeclaims\",version=\"v1\"} 17\n";
+        assert_eq!(
+            metric_sum(text, "apiserver_longrunning_requests", |l| is_watch_of(l, "persistentvolumeclaims")),
+            4.0
+        );
+        assert_eq!(claim_watch_events(text), 17.0);
+    }
+}
