@@ -89,6 +89,9 @@ pub enum ClaimError {
     /// The pool named in a plan is not open on this node.
     #[error("pool {0} is not configured on this node")]
     UnknownPool(String),
+    /// The class enforces quota and the pool cannot.
+    #[error("{0}")]
+    QuotaUnsupported(#[from] crate::deciding::quota::QuotaRefusal),
 }
 
 impl ClaimError {
@@ -105,7 +108,9 @@ impl ClaimError {
         match self {
             Self::Api(_) | Self::InsufficientSpace { .. } | Self::Cleanup { .. } => Retry::Backoff,
             Self::Pool(e) if e.is_retryable() => Retry::Backoff,
-            Self::Pool(_) | Self::PvConflict { .. } | Self::UnknownPool(_) => Retry::AfterChange,
+            Self::Pool(_) | Self::PvConflict { .. } | Self::UnknownPool(_) | Self::QuotaUnsupported(_) => {
+                Retry::AfterChange
+            }
         }
     }
 
@@ -118,6 +123,7 @@ impl ClaimError {
             Self::InsufficientSpace { .. } => "insufficient_space",
             Self::Cleanup { .. } => "cleanup",
             Self::UnknownPool(_) => "unknown_pool",
+            Self::QuotaUnsupported(_) => "quota_unsupported",
         }
     }
 }

@@ -15,6 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::config::PvCapacity;
 use crate::deciding::capacity::{format_binary_si, round_down_pretty};
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
+use crate::deciding::quota::{self, VolumeQuota};
 use crate::deciding::topology::{self, Acting, Topology};
 use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, Retry, reason};
@@ -160,6 +161,8 @@ async fn provision(
     let available = stats.available_bytes.saturating_sub(reserved);
     let dir = VolumeDirName::new(&plan.dir_name).map_err(|e| ClaimError::Pool(e.into()))?;
     let regarding = claim_ref(claim);
+    let root = pool.path().display().to_string();
+    let volume_quota = quota::decide(plan.quota, plan.request_bytes, &plan.pool.name, &root, &pool.quota_facts()?)?;
     if plan.request_bytes > available && !pool.volume_dir_exists(&dir)? {
         let error = ClaimError::InsufficientSpace {
             pool: plan.pool.name.clone(),
@@ -188,7 +191,10 @@ async fn provision(
     let (events_ctx, provisioning_ref) = (ctx.clone(), regarding.clone());
     tokio::spawn(async move { events_ctx.normal(&provisioning_ref, reason::PROVISIONING, "Provision", note).await });
     let node = ctx.node_facts().await?;
-    let created = pool.create_volume_dir(&dir, ctx.config.dir_mode)?;
+    let created = match volume_quota {
+        VolumeQuota::Unlimited => pool.create_volume_dir(&dir, ctx.config.dir_mode)?,
+        VolumeQuota::BtrfsQgroup { limit_bytes } => pool.create_quota_volume(&dir, ctx.config.dir_mode, limit_bytes)?,
+    };
     let capacity = match ctx.config.pv_capacity {
         PvCapacity::Request => Quantity(plan.request.clone()),
         PvCapacity::Filesystem => Quantity(format_binary_si(round_down_pretty(stats.go_total_bytes))),
