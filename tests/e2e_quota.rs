@@ -174,6 +174,28 @@ async fn an_enforce_class_on_btrfs_limits_the_volume_to_its_request_and_deletion
     assert!(written <= 10 * MIB, "stopped at the 10Mi request: {written}");
     assert_eq!(pool.subvolume_qgroups().unwrap().len(), 1);
 
+    // The capability shows in /readyz and the metrics, and the volume's usage is exported.
+    let provisioner = &env.nodes[0].provisioner;
+    let (_, ready) = testbed::http_get(provisioner.health_addr(), "/readyz").await.unwrap();
+    assert!(ready.contains("(btrfs at ") && ready.contains("): quota btrfs-qgroup"), "{ready}");
+    let dir = path.file_name().unwrap().to_str().unwrap().to_owned();
+    let used = testbed::wait_for("volume usage exported", TIMEOUT, || async {
+        let metrics = provisioner.metrics().await?;
+        let capable = metrics.lines().any(|l| {
+            l.starts_with("hostpath_provisioner_pool_quota_capability{")
+                && l.contains("mechanism=\"btrfs-qgroup\"")
+                && l.ends_with(" 1")
+        });
+        let used = metrics
+            .lines()
+            .find(|l| l.starts_with("hostpath_provisioner_volume_used_bytes{") && l.contains(&dir))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+        anyhow::Ok(used.filter(|_| capable))
+    })
+    .await
+    .expect("usage metric");
+    assert!((5 * MIB..=10 * MIB).contains(&used), "exported usage {used}");
+
     env.delete_claim("limited").await;
     env.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
     wait_trash_empty(&disk.dir).await;
@@ -200,5 +222,7 @@ async fn an_enforce_class_on_a_pool_that_cannot_enforce_is_refused_with_the_reas
     );
     let left: Vec<String> = entries(&disk.dir).into_iter().filter(|e| e != "lost+found").collect();
     assert!(left.is_empty(), "nothing created: {left:?}");
+    let (_, ready) = testbed::http_get(env.nodes[0].provisioner.health_addr(), "/readyz").await.unwrap();
+    assert!(ready.contains("(ext4 at ") && ready.contains("): quota none (it is mounted without prjquota"), "{ready}");
     env.nodes[0].provisioner.terminate();
 }

@@ -27,6 +27,8 @@ pub struct Health {
     api_reachable: AtomicBool,
     /// One line per unusable pool: which and why (empty when all are usable).
     pool_problems: Mutex<Vec<String>>,
+    /// One line per pool saying how it enforces quotas (`pool <name>: quota <mechanism>`).
+    quota_capabilities: Mutex<Vec<String>>,
 }
 
 /// Which initial list arrived.
@@ -62,6 +64,17 @@ impl Health {
     /// Records which pools are unusable and why (`pool <name> at <path>: <reason>`).
     pub fn set_pool_problems(&self, problems: Vec<String>) {
         *self.pool_problems.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+    }
+
+    /// Records each pool's quota capability line, shown in the `/readyz` body.
+    pub fn set_quota_capabilities(&self, lines: Vec<String>) {
+        *self.quota_capabilities.lock().unwrap_or_else(|e| e.into_inner()) = lines;
+    }
+
+    /// The `/readyz` detail lines after the verdict: each pool's quota capability.
+    pub fn detail(&self) -> String {
+        let lines = self.quota_capabilities.lock().unwrap_or_else(|e| e.into_inner());
+        lines.iter().map(|line| format!("{line}\n")).collect()
     }
 
     /// Whether every watch delivered its initial list.
@@ -168,8 +181,10 @@ fn respond(path: &str, health: &Health, metrics: &Metrics) -> Response<Full<Byte
     let (status, content_type, body) = match path {
         "/healthz" | "/livez" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
         "/readyz" => match health.not_ready_reason() {
-            None => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
-            Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {reason}\n")),
+            None => (StatusCode::OK, "text/plain", format!("ok\n{}", health.detail())),
+            Some(reason) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {reason}\n{}", health.detail()))
+            }
         },
         "/metrics" => (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode()),
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),

@@ -39,6 +39,24 @@ pub struct StuckLabel {
     pub reason: String,
 }
 
+/// Labels of a pool's quota capability (quota: engineer D's block).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaCapabilityLabel {
+    /// Pool name.
+    pub pool: String,
+    /// `btrfs-qgroup`, or `none` when the pool cannot enforce.
+    pub mechanism: String,
+}
+
+/// Labels of one quota volume.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolumeLabel {
+    /// Pool name.
+    pub pool: String,
+    /// Volume directory name (`pvc-<uid>` or the naming-prefix form).
+    pub volume: String,
+}
+
 /// All metrics of one process.
 pub struct Metrics {
     registry: Registry,
@@ -66,6 +84,10 @@ pub struct Metrics {
     pub orphaned_volume_bytes: Family<PoolLabel, Gauge>,
     /// Bytes of deleted volumes the background removal cannot remove, by pool and reason.
     pub trash_stuck_bytes: Family<StuckLabel, Gauge>,
+    /// Quotas: 1 for the mechanism a pool enforces quotas with (`none` when it cannot).
+    pub pool_quota_capability: Family<QuotaCapabilityLabel, Gauge>,
+    /// Quotas: bytes each quota volume references, from the filesystem's quota accounting.
+    pub volume_used_bytes: Family<VolumeLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -134,8 +156,23 @@ impl Metrics {
             "Bytes of deleted volumes that the background removal cannot remove, by pool and reason",
             trash_stuck_bytes.clone(),
         );
+        // Quotas (engineer D): capability per pool and usage per quota volume.
+        let pool_quota_capability = Family::<QuotaCapabilityLabel, Gauge>::default();
+        let volume_used_bytes = Family::<VolumeLabel, Gauge>::default();
+        registry.register(
+            "pool_quota_capability",
+            "1 for the mechanism each pool enforces quotas with (mechanism=none: it cannot enforce)",
+            pool_quota_capability.clone(),
+        );
+        registry.register(
+            "volume_used_bytes",
+            "Bytes each quota volume references, from the filesystem's quota accounting (quota volumes only)",
+            volume_used_bytes.clone(),
+        );
         Self {
             registry,
+            pool_quota_capability,
+            volume_used_bytes,
             provisions,
             deletions,
             provision_seconds,
