@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use common::*;
 use hostpath_provisioner::filesystem::{PoolRoot, VolumeDirName};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Patch, PatchParams};
 use testbed::fixtures;
 
 const MIB: u64 = 1 << 20;
@@ -224,5 +226,85 @@ async fn an_enforce_class_on_a_pool_that_cannot_enforce_is_refused_with_the_reas
     assert!(left.is_empty(), "nothing created: {left:?}");
     let (_, ready) = testbed::http_get(env.nodes[0].provisioner.health_addr(), "/readyz").await.unwrap();
     assert!(ready.contains("(ext4 at ") && ready.contains("): quota none (it is mounted without prjquota"), "{ready}");
+    env.nodes[0].provisioner.terminate();
+}
+
+/// Sets the claim's storage request (a merge patch, as `kubectl edit` would).
+async fn request(env: &TestEnv, claim: &str, size: &str) -> Result<PersistentVolumeClaim, kube::Error> {
+    let patch = serde_json::json!({ "spec": { "resources": { "requests": { "storage": size } } } });
+    env.claims().patch(claim, &PatchParams::default(), &Patch::Merge(patch)).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expansion_grows_the_quota_online_and_refuses_an_oversize_grow_and_a_shrink() {
+    let mut env = TestEnv::start("quota-grow", 0).await;
+    let node = format!("{}-1", env.group);
+    let disk = LoopFs::mount_btrfs(&testbed::pool_root_for(env.cp, &node), 256);
+    PoolRoot::open("check", &disk.dir).unwrap().enable_btrfs_quota().unwrap();
+    env.add_node(&node, &|spec| spec).await;
+    let class = env.class("grow", |c| c.immediate().allow_expansion().parameter("quota", "enforce")).await;
+    let claim = env.create_claim(fixtures::claim(&env.ns, "growing", &class, "10Mi").provision_on_node(&node)).await;
+    let pv = env.wait_bound("growing").await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    let path = std::path::PathBuf::from(pv.spec.as_ref().unwrap().host_path.as_ref().unwrap().path.clone());
+    let (first, errno) = write_until_refused(&path.join("first"), 200 * MIB);
+    assert!(quota_errno(errno) && first <= 10 * MIB, "stopped at 10Mi: {first} bytes, {errno:?}");
+
+    // Grow to 20Mi: the PV and the claim show it, and the same writer may go on (no restart).
+    request(&env, "growing", "20Mi").await.expect("expansion accepted by the API");
+    let pvs = env.pvs();
+    let claims = env.claims();
+    testbed::wait_for("PV and claim at 20Mi", TIMEOUT, || async {
+        let pv = pvs.get(&pv_name).await?;
+        let claim = claims.get("growing").await?;
+        let pv_size = pv.spec.and_then(|s| s.capacity).and_then(|c| c.get("storage").cloned());
+        let claim_size = claim.status.and_then(|s| s.capacity).and_then(|c| c.get("storage").cloned());
+        anyhow::Ok(
+            (pv_size.as_ref().map(|q| q.0.as_str()) == Some("20Mi")
+                && claim_size.as_ref().map(|q| q.0.as_str()) == Some("20Mi"))
+            .then_some(()),
+        )
+    })
+    .await
+    .expect("expanded");
+    let (more, errno) = write_until_refused(&path.join("second"), 200 * MIB);
+    assert!(quota_errno(errno), "refused at the new limit: {errno:?}");
+    assert!(more >= 5 * MIB && first + more <= 20 * MIB, "about 10Mi more fit: {first} + {more}");
+    env.wait_event(&env.ns, &uid(&claim), "VolumeResizeSuccessful").await;
+
+    // Past the free space of the pool: refused, recorded on the claim, nothing changed.
+    request(&env, "growing", "10Gi").await.expect("the API accepts any growth");
+    let note = env.wait_event(&env.ns, &uid(&claim), "VolumeResizeFailed").await;
+    assert!(note.contains("cannot grow volume by") && note.contains("available in the pool"), "{note}");
+    let status = testbed::wait_for("claim status records the failure", TIMEOUT, || async {
+        let status = claims.get("growing").await?.status.unwrap_or_default();
+        let failed = status.allocated_resource_statuses.as_ref().and_then(|s| s.get("storage")).map(String::as_str)
+            == Some("ControllerResizeInfeasible");
+        anyhow::Ok(failed.then_some(status))
+    })
+    .await
+    .expect("failure on the claim");
+    let condition = status.conditions.unwrap_or_default().into_iter().find(|c| c.type_ == "ControllerResizeError");
+    assert!(condition.is_some_and(|c| c.message.unwrap_or_default().contains("cannot grow volume")));
+    assert_eq!(status.capacity.unwrap()["storage"].0, "20Mi");
+    let pv = pvs.get(&pv_name).await.unwrap();
+    assert_eq!(pv.spec.unwrap().capacity.unwrap()["storage"].0, "20Mi");
+
+    // Recovery from the failure (RecoverVolumeExpansionFailure): a smaller growth that fits.
+    request(&env, "growing", "30Mi").await.expect("lowering a failed expansion above the capacity is allowed");
+    testbed::wait_for("PV and claim at 30Mi", TIMEOUT, || async {
+        let pv = pvs.get(&pv_name).await?.spec.and_then(|s| s.capacity).and_then(|c| c.get("storage").cloned());
+        let claim = claims.get("growing").await?.status.unwrap_or_default();
+        let done = claim.capacity.and_then(|c| c.get("storage").cloned()).map(|q| q.0) == Some("30Mi".into())
+            && claim.allocated_resource_statuses.is_none()
+            && pv.map(|q| q.0) == Some("30Mi".into());
+        anyhow::Ok(done.then_some(()))
+    })
+    .await
+    .expect("recovered");
+
+    // A shrink below the volume's size: the API server refuses it before any controller sees it.
+    let shrink = request(&env, "growing", "5Mi").await;
+    assert!(matches!(&shrink, Err(kube::Error::Api(s)) if s.code == 422), "{shrink:?}");
     env.nodes[0].provisioner.terminate();
 }

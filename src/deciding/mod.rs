@@ -5,6 +5,7 @@ pub mod capacity;
 pub mod claim;
 pub mod layout;
 pub mod quota;
+pub mod resize;
 pub mod topology;
 pub mod volume;
 pub mod volume_spec;

@@ -22,6 +22,7 @@ use crate::error::{ClaimError, Retry, reason};
 use crate::filesystem::{Created, VolumeDirName};
 use crate::keys;
 use crate::reconciling::context::{Context, MAX_RETRY};
+use crate::reconciling::resize;
 use crate::serving::metrics::Metrics;
 
 /// How long to wait before looking again at a claim whose class does not exist yet.
@@ -40,6 +41,14 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         Interest::Ignore => {
             ctx.reset_retry(&key);
             ctx.forget_stranded(&meta.metadata);
+            // A bound claim of one of this node's PVs may ask for more room (expansion).
+            if meta.metadata.deletion_timestamp.is_none()
+                && let (Some(uid), Some(namespace), Some(name)) =
+                    (meta.metadata.uid.as_deref(), meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref())
+                && let Some(pv) = resize::bound_volume(&ctx, uid)
+            {
+                resize::reconcile(&ctx, namespace, name, &pv).await;
+            }
             return Ok(Action::await_change());
         }
         Interest::Elsewhere(node) => return watch_for_no_provisioner(&ctx, &meta, &node).await,

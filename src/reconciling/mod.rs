@@ -6,5 +6,6 @@ pub mod context;
 pub mod controller;
 pub mod membership;
 pub mod orphans;
+pub mod resize;
 pub mod volumes;
 pub mod watch_backoff;

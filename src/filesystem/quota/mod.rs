@@ -69,6 +69,11 @@ impl PoolRoot {
         Ok(created)
     }
 
+    /// Whether `name` is a quota volume (a subvolume of this pool), as opposed to a plain directory.
+    pub fn is_quota_volume(&self, name: &VolumeDirName) -> bool {
+        self.open_subvolume(name).is_ok()
+    }
+
     /// Sets the qgroup limit of an existing quota volume (expansion).
     pub fn set_quota_limit(&self, name: &VolumeDirName, limit_bytes: u64) -> Result<(), PoolError> {
         let fd = self.open_subvolume(name)?;
