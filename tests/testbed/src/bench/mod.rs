@@ -6,6 +6,7 @@ pub mod args;
 pub mod many_files;
 pub mod observe;
 pub mod procfs;
+pub mod quota_latency;
 pub mod report;
 pub mod scenario;
 pub mod setup;

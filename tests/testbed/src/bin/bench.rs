@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use bench::args::{Args, USAGE};
 use bench::many_files::{self, ManyFiles};
 use bench::procfs::{self, ProcSample, mib};
+use bench::quota_latency::{self, QuotaLatency};
 use bench::report::{METHOD, Table, opt};
 use bench::scenario::{self, Deleted, Mode, Provisioned, Spec};
 use bench::setup::{self, Env};
@@ -72,6 +73,8 @@ struct Results {
     scenarios: Vec<(Provisioned, Deleted)>,
     idle: Idle,
     many: ManyFiles,
+    /// The extra latency of a quota volume.
+    quota: QuotaLatency,
     /// Per provisioner, before the first scenario (no claims yet) and at the end.
     at_start: Vec<ProcSample>,
     at_end: Vec<ProcSample>,
@@ -120,8 +123,17 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     }
     eprintln!("bench: deleting a volume holding {} files", args.files);
     let many = many_files::run(env).await?;
-    let results =
-        Results { scenarios, idle: idle.context("idle window")?, many, at_start, at_end: samples(env)?, own_metric };
+    eprintln!("bench: provisioning latency with and without an enforced quota (btrfs)");
+    let quota = quota_latency::run(env).await?;
+    let results = Results {
+        scenarios,
+        idle: idle.context("idle window")?,
+        many,
+        quota,
+        at_start,
+        at_end: samples(env)?,
+        own_metric,
+    };
     print_results(env, &results);
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
@@ -274,6 +286,17 @@ fn print_results(env: &Env, all: &Results) {
     t.row(vec!["Released -> data gone from the pool".into(), format!("{} s", secs(many.released_to_data_gone))]);
     t.print();
 
+    let q = &all.quota;
+    let mut t = Table::new(
+        "Quota: claim created -> PV, one at a time on a btrfs pool with quota enabled (last node)",
+        &["class", "p50 / p95 / max, ms"],
+    );
+    for (class, s) in [("plain directory", &q.plain), ("quota: enforce (subvolume + qgroup)", &q.quota)] {
+        t.row(vec![class.into(), format!("{:.1} / {:.1} / {:.1}", s.p50, s.p95, s.max)]);
+    }
+    t.row(vec!["extra latency of a quota volume (p50)".into(), format!("{:.1} ms", q.extra_p50_ms())]);
+    t.print();
+
     let w = &idle.window;
     let wall = w.wall.as_secs_f64();
     let mut t = Table::new(
@@ -407,6 +430,7 @@ fn to_json(env: &Env, all: &Results) -> Value {
         },
         "scenarios": results.iter().map(|(p, d)| json!({ "provisioning": p.json(), "deletion": d.json() })).collect::<Vec<_>>(),
         "many_files_delete": many.json(),
+        "quota_latency": all.quota.json(),
         "idle": {
             "claims_in_cluster": idle.claims_in_cluster,
             "node_1_cpu_s": idle.window.cpu_secs.first(),
