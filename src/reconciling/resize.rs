@@ -40,11 +40,14 @@ enum ResizeError {
     Path(String),
 }
 
-/// The PV of this node bound to the claim with `uid`, when the claim may need resizing.
+/// The PV of this node bound to the claim with `uid`, when the claim may need resizing: only
+/// classes that allow expansion cost a GET of the claim (at start-up, one per such claim).
 pub fn bound_volume(ctx: &Context, uid: &str) -> Option<std::sync::Arc<PersistentVolume>> {
     let pv = ctx.known_volume(&layout::pv_name(uid))?;
-    let bound = pv.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref() == Some(uid);
-    bound.then_some(pv)
+    let spec = pv.spec.as_ref()?;
+    let bound = spec.claim_ref.as_ref()?.uid.as_deref() == Some(uid);
+    let class = ctx.classes.get(&ObjectRef::new(spec.storage_class_name.as_deref()?))?;
+    (bound && class.allow_volume_expansion == Some(true)).then_some(pv)
 }
 
 /// Looks at a bound claim of one of this node's PVs and expands its volume if asked.
