@@ -217,4 +217,22 @@ mod tests {
         let reason = h.not_ready_reason().unwrap();
         assert!(reason.contains("pool ssd at /mnt/ssd: not a mount point"), "names the pool and why: {reason}");
     }
+
+    #[test]
+    fn readyz_lists_each_pools_quota_capability_after_the_verdict() {
+        let h = Health::default();
+        [Watch::Claims, Watch::Classes, Watch::Volumes, Watch::LegacyVolumes].into_iter().for_each(|w| h.synced(w));
+        h.set_api_reachable(true);
+        h.set_quota_capabilities(vec![
+            "pool fast (btrfs at /mnt/fast): quota btrfs-qgroup".into(),
+            "pool ssd (xfs at /mnt/ssd): quota none (it is mounted without prjquota)".into(),
+        ]);
+        let response = respond("/readyz", &h, &Metrics::new());
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            h.detail(),
+            "pool fast (btrfs at /mnt/fast): quota btrfs-qgroup\n\
+             pool ssd (xfs at /mnt/ssd): quota none (it is mounted without prjquota)\n"
+        );
+    }
 }
