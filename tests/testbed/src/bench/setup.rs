@@ -99,6 +99,9 @@ pub async fn start(args: &Args) -> Result<Env> {
     let cp = ControlPlane::start_with(options).await?;
     eprintln!("bench: control plane up in {:.1} s ({})", cp.started_in().as_secs_f64(), cp.temp_dir().display());
     let client = cp.admin_client();
+    // rbac.yaml holds a Role and RoleBinding (node leases) in the deploy's namespace.
+    let deploy_namespace = fixtures::namespace("kubevirt-hostpath-provisioner");
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &deploy_namespace).await?;
     cp.run_kubectl(Path::new("."), &["apply", "-f", &repo_file("deploy/legacy/rbac.yaml").display().to_string()])?;
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &fixtures::namespace(SA_NAMESPACE)).await?;
 
