@@ -101,6 +101,9 @@ pub enum ClaimError {
         /// Why.
         error: PoolError,
     },
+    /// The class enforces quota and the pool cannot.
+    #[error("{0}")]
+    QuotaUnsupported(#[from] crate::deciding::quota::QuotaRefusal),
 }
 
 impl ClaimError {
@@ -117,7 +120,11 @@ impl ClaimError {
         match self {
             Self::Api(_) | Self::InsufficientSpace { .. } | Self::Cleanup { .. } => Retry::Backoff,
             Self::Pool(e) | Self::Clone { error: e, .. } if e.is_retryable() => Retry::Backoff,
-            Self::Pool(_) | Self::Clone { .. } | Self::PvConflict { .. } | Self::UnknownPool(_) => Retry::AfterChange,
+            Self::Pool(_)
+            | Self::Clone { .. }
+            | Self::PvConflict { .. }
+            | Self::UnknownPool(_)
+            | Self::QuotaUnsupported(_) => Retry::AfterChange,
         }
     }
 
@@ -131,6 +138,7 @@ impl ClaimError {
             Self::InsufficientSpace { .. } => "insufficient_space",
             Self::Cleanup { .. } => "cleanup",
             Self::UnknownPool(_) => "unknown_pool",
+            Self::QuotaUnsupported(_) => "quota_unsupported",
         }
     }
 }

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::deciding::capacity::parse_bytes;
 use crate::deciding::layout;
+use crate::deciding::quota::{self, QuotaMode};
 use crate::deciding::topology::{self, Acting, LiveNode, Topology};
 use crate::keys;
 
@@ -109,7 +110,7 @@ pub fn claim_class_name(claim: &PersistentVolumeClaim) -> Option<&str> {
 /// StorageClass parameters we understand. Anything else is refused so that a typo never
 /// silently provisions something other than what the admin asked for. `pvDir` is the torchbox
 /// provisioner's parameter, accepted when it names a configured shared pool's root.
-pub const KNOWN_PARAMETERS: &[&str] = &["storagePool", topology::PARAMETER, "pvDir"];
+pub const KNOWN_PARAMETERS: &[&str] = &["storagePool", topology::PARAMETER, "pvDir", quota::PARAMETER];
 
 /// Settings that shape decisions.
 #[derive(Clone, Debug)]
@@ -155,6 +156,8 @@ pub struct ProvisionPlan {
     pub pinned_by_annotation: bool,
     /// The source claim's name when the claim is a clone (`deciding::clone`).
     pub clone_of: Option<String>,
+    /// The class's `quota` parameter.
+    pub quota: QuotaMode,
 }
 
 /// Why a claim is skipped silently.
@@ -324,6 +327,8 @@ pub struct ClassRequest {
     pub topology: Topology,
     /// The pool name (`storagePool`, the pool whose root `pvDir` names, or the default).
     pub pool: Option<String>,
+    /// The `quota` parameter.
+    pub quota: QuotaMode,
 }
 
 /// Reads a class's parameters: unknown keys and values are refusals. Needs no pool of this node
@@ -351,6 +356,8 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
                 .ok_or_else(|| bad(topology::PARAMETER, value, Topology::ALL.map(Topology::as_str).join(", ")))?,
         ),
     };
+    let quota = QuotaMode::parse(params.get(quota::PARAMETER).map(String::as_str))
+        .map_err(|value| bad(quota::PARAMETER, &value, "none, enforce".to_owned()))?;
     let mut pool = params.get("storagePool").cloned();
     if let Some(pv_dir) = params.get("pvDir") {
         // The torchbox provisioner's class: its directory must be one of our shared pools.
@@ -373,6 +380,7 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
     Ok(ClassRequest {
         topology: topology.unwrap_or(Topology::Node),
         pool: pool.or_else(|| config.default_pool.clone()),
+        quota,
     })
 }
 
@@ -573,6 +581,7 @@ fn plan(
         protect: config.pv_finalizer && request.topology != Topology::EveryNode,
         pinned_by_annotation,
         clone_of,
+        quota: request.quota,
     })
 }
 

@@ -8,6 +8,8 @@ pub mod layout;
 pub mod mount_table;
 pub mod os_disk;
 pub mod published_capacity;
+pub mod quota;
+pub mod resize;
 pub mod topology;
 pub mod volume;
 pub mod volume_spec;

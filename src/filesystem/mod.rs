@@ -352,6 +352,17 @@ pub enum PoolError {
         /// The path concerned.
         path: PathBuf,
     },
+    /// A quota volume's name holds a plain directory (or another subvolume shape), which would
+    /// carry no quota.
+    #[error(
+        "{}: exists but is not a btrfs subvolume of this pool, so no quota can be set on it; it was \
+         left untouched; an admin should inspect it (a volume made before the class enforced quota?)",
+        .path.display()
+    )]
+    NotSubvolume {
+        /// Path of the entry.
+        path: PathBuf,
+    },
     /// A directory mode outside 0..=0o7777 was requested.
     #[error("directory mode {mode:#o} is not a permission mode (at most 0o7777); fix the configured mode")]
     InvalidMode {
@@ -385,6 +396,7 @@ impl PoolError {
             | PoolError::MountInsideVolume { .. }
             | PoolError::PermissionDenied { .. }
             | PoolError::VolumeNotEmpty { .. }
+            | PoolError::NotSubvolume { .. }
             | PoolError::InvalidName(_)
             | PoolError::DeviceInVolume { .. }
             | PoolError::MissingCapability { .. }
@@ -411,6 +423,7 @@ impl PoolError {
             PoolError::Io { .. } => "io",
             PoolError::VolumeNotEmpty { .. } => "volume_not_empty",
             PoolError::InvalidName(_) => "invalid_name",
+            PoolError::NotSubvolume { .. } => "not_subvolume",
             PoolError::InvalidMode { .. } => "invalid_mode",
             PoolError::DeviceInVolume { .. } => "device_in_volume",
             PoolError::MissingCapability { .. } => "missing_capability",
@@ -747,6 +760,10 @@ impl PoolRoot {
     /// name is unlinked (never followed) and counts as removed. A mount met anywhere inside stops
     /// the removal with [`PoolError::MountInsideVolume`]; entries removed before that stay removed.
     pub fn remove_volume_dir(&self, name: &VolumeDirName) -> Result<Removal, PoolError> {
+        if let Some(removal) = self.remove_if_subvolume(name)? {
+            tracing::debug!(pool = %self.name, volume = %name, ?removal, "quota volume removed");
+            return Ok(removal);
+        }
         let removal = Walker::new(self, OPEN_DIR_WINDOW, MAX_ANCHORS).remove(name)?;
         tracing::debug!(pool = %self.name, volume = %name, ?removal, "volume directory removed");
         Ok(removal)
@@ -1251,6 +1268,7 @@ mod clone;
 pub mod mount_table;
 pub mod os_disk;
 pub mod pools;
+pub mod quota;
 mod trash;
 
 pub use clone::{CLONE_STAGING_DIR, CloneReport};

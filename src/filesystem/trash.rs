@@ -44,7 +44,9 @@ impl PoolRoot {
                     Removal::Removed { .. } => Ok(Trashed::Unlinked),
                 };
             }
-            Ok(inode) if self.is_foreign_mount(&inode) => return Err(PoolError::MountInsideVolume { path }),
+            Ok(inode) if self.is_foreign_mount(&inode) && !self.is_own_subvolume(&inode) => {
+                return Err(PoolError::MountInsideVolume { path });
+            }
             Ok(_) => {}
         }
         if let Some(mount) = self.mount_under(&path)? {

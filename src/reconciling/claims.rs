@@ -15,6 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::config::PvCapacity;
 use crate::deciding::capacity::{format_binary_si, round_down_pretty};
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
+use crate::deciding::quota::{self, VolumeQuota};
 use crate::deciding::topology::{self, Acting, Topology};
 use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, Retry, reason};
@@ -22,6 +23,7 @@ use crate::filesystem::{Created, VolumeDirName};
 use crate::keys;
 use crate::reconciling::clones;
 use crate::reconciling::context::{Context, MAX_RETRY};
+use crate::reconciling::resize;
 use crate::serving::metrics::{ClaimClass, Metrics};
 
 /// How long to wait before looking again at a claim whose class does not exist yet.
@@ -44,6 +46,14 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             ctx.reset_retry(&key);
             ctx.forget_stranded(&meta.metadata);
             forget_waiting(&ctx, &meta.metadata);
+            // A bound claim of one of this node's PVs may ask for more room (expansion).
+            if meta.metadata.deletion_timestamp.is_none()
+                && let (Some(uid), Some(namespace), Some(name)) =
+                    (meta.metadata.uid.as_deref(), meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref())
+                && let Some(pv) = resize::bound_volume(&ctx, uid)
+            {
+                resize::reconcile(&ctx, namespace, name, &pv).await;
+            }
             return Ok(Action::await_change());
         }
         Interest::Elsewhere(node) => return watch_for_no_provisioner(&ctx, &meta, &node).await,
@@ -205,6 +215,8 @@ async fn provision(
     let available = stats.available_bytes.saturating_sub(reserved);
     let dir = VolumeDirName::new(&plan.dir_name).map_err(|e| ClaimError::Pool(e.into()))?;
     let regarding = claim_ref(claim);
+    let root = pool.path().display().to_string();
+    let volume_quota = quota::decide(plan.quota, plan.request_bytes, &plan.pool.name, &root, &pool.quota_facts()?)?;
     if plan.request_bytes > available && !pool.volume_dir_exists(&dir)? {
         let error = ClaimError::InsufficientSpace {
             pool: plan.pool.name.clone(),
@@ -233,11 +245,20 @@ async fn provision(
     let (events_ctx, provisioning_ref) = (ctx.clone(), regarding.clone());
     tokio::spawn(async move { events_ctx.normal(&provisioning_ref, reason::PROVISIONING, "Provision", note).await });
     let node = ctx.node_facts().await?;
-    let created = match clone_from {
-        None => pool.create_volume_dir(&dir, ctx.config.dir_mode)?,
-        Some(source) => {
+    let created = match (clone_from, volume_quota) {
+        (None, VolumeQuota::Unlimited) => pool.create_volume_dir(&dir, ctx.config.dir_mode)?,
+        (None, VolumeQuota::BtrfsQgroup { limit_bytes }) => {
+            pool.create_quota_volume(&dir, ctx.config.dir_mode, limit_bytes)?
+        }
+        (Some(source), quota) => {
             let source_claim = plan.clone_of.as_deref().unwrap_or_default();
-            clones::copy(ctx, claim, source_claim, &pool, source, &dir).await?
+            let created = clones::copy(ctx, claim, source_claim, &pool, source, &dir).await?;
+            // A clone of a quota volume is a snapshot of its subvolume, which starts without a
+            // limit of its own: it gets the clone's request before any pod can write to it.
+            if let VolumeQuota::BtrfsQgroup { limit_bytes } = quota {
+                pool.set_quota_limit(&dir, limit_bytes)?;
+            }
+            created
         }
     };
     let capacity = match ctx.config.pv_capacity {

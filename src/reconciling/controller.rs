@@ -15,7 +15,9 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use crate::config::Config;
 use crate::deciding::claim::{Identity, Interest, claim_interest};
 use crate::deciding::layout;
+use crate::deciding::quota::{self, QuotaCapability};
 use crate::error::reason;
+use crate::filesystem::VolumeDirName;
 use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
 use crate::reconciling::context::Context;
@@ -23,7 +25,7 @@ use crate::reconciling::published_capacity::{self, Publisher};
 use crate::reconciling::watch_backoff::{self, OutageBackoff, WatchHealth};
 use crate::reconciling::{claims, orphans, volumes};
 use crate::serving::health::{self, Health, Watch};
-use crate::serving::metrics::{Metrics, PoolLabel, StuckLabel, WatchLabel};
+use crate::serving::metrics::{Metrics, PoolLabel, QuotaCapabilityLabel, StuckLabel, VolumeLabel, WatchLabel};
 
 /// Why the provisioner could not start.
 #[derive(Debug, thiserror::Error)]
@@ -379,6 +381,7 @@ async fn refresh_pools(ctx: Arc<Context>) {
     let mut ticker = tokio::time::interval(POOL_REFRESH);
     let mut previous: Option<Vec<String>> = None;
     let mut os_disk = std::collections::HashMap::new();
+    let mut previous_quota = QuotaState::default();
     loop {
         ticker.tick().await;
         refresh_os_disk_gauges(&ctx, &mut os_disk);
@@ -410,6 +413,7 @@ async fn refresh_pools(ctx: Arc<Context>) {
         }
         ctx.health.set_pool_problems(problems.clone());
         previous = Some(problems);
+        refresh_quota(&ctx, &mut previous_quota);
         if ctx.membership.set_pools(usable) {
             ctx.membership.renew_now.notify_one();
         }
@@ -449,6 +453,56 @@ fn refresh_os_disk_gauges(ctx: &Context, last: &mut std::collections::HashMap<St
         }
     }
     ctx.metrics.kubevirt_pool_path_shared_with_os.set(i64::from(any_shared));
+}
+
+/// What the last quota refresh reported, to log changes only and drop gauges of gone volumes.
+#[derive(Default)]
+struct QuotaState {
+    lines: Vec<String>,
+    volumes: Vec<VolumeLabel>,
+}
+
+/// Logs (on change), shows in `/readyz` and exports each pool's quota capability, and the used
+/// bytes of every quota volume where the accounting gives them cheaply (btrfs qgroups).
+fn refresh_quota(ctx: &Context, previous: &mut QuotaState) {
+    let mut lines = Vec::new();
+    let mut volumes = Vec::new();
+    for pool in &ctx.config.pools {
+        let Some(Ok(root)) = ctx.pools.usable(&pool.name) else { continue };
+        let Ok(facts) = root.quota_facts() else { continue };
+        let capability = quota::capability(&facts);
+        let line = match &capability {
+            QuotaCapability::Unable(missing) => {
+                format!("pool {} ({} at {}): quota none ({missing})", pool.name, facts.fs, pool.root.display())
+            }
+            able => format!("pool {} ({} at {}): quota {}", pool.name, facts.fs, pool.root.display(), able.label()),
+        };
+        for mechanism in ["btrfs-qgroup", "none"] {
+            let label = QuotaCapabilityLabel { pool: pool.name.clone(), mechanism: mechanism.to_owned() };
+            ctx.metrics.pool_quota_capability.get_or_create(&label).set(i64::from(capability.label() == mechanism));
+        }
+        lines.push(line);
+        if capability != QuotaCapability::BtrfsQgroup {
+            continue;
+        }
+        for entry in root.list_entries().unwrap_or_default() {
+            let Ok(name) = VolumeDirName::new(&entry) else { continue };
+            let Some(used) = root.quota_used_bytes(&name) else { continue };
+            let label = VolumeLabel { pool: pool.name.clone(), volume: entry };
+            ctx.metrics.volume_used_bytes.get_or_create(&label).set(i64::try_from(used).unwrap_or(i64::MAX));
+            volumes.push(label);
+        }
+    }
+    for gone in previous.volumes.iter().filter(|v| !volumes.contains(v)) {
+        ctx.metrics.volume_used_bytes.remove(gone);
+    }
+    if lines != previous.lines {
+        for line in &lines {
+            tracing::info!(capability = %line, "pool quota capability");
+        }
+        ctx.health.set_quota_capabilities(lines.clone());
+    }
+    *previous = QuotaState { lines, volumes };
 }
 
 /// Keeps this node's liveness lease renewed (and its usable pools advertised).

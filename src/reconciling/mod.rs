@@ -8,5 +8,6 @@ pub mod controller;
 pub mod membership;
 pub mod orphans;
 pub mod published_capacity;
+pub mod resize;
 pub mod volumes;
 pub mod watch_backoff;

@@ -27,6 +27,8 @@ pub struct Health {
     api_reachable: AtomicBool,
     /// One line per unusable pool: which and why (empty when all are usable).
     pool_problems: Mutex<Vec<String>>,
+    /// One line per pool saying how it enforces quotas (`pool <name>: quota <mechanism>`).
+    quota_capabilities: Mutex<Vec<String>>,
 }
 
 /// Which initial list arrived.
@@ -62,6 +64,17 @@ impl Health {
     /// Records which pools are unusable and why (`pool <name> at <path>: <reason>`).
     pub fn set_pool_problems(&self, problems: Vec<String>) {
         *self.pool_problems.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+    }
+
+    /// Records each pool's quota capability line, shown in the `/readyz` body.
+    pub fn set_quota_capabilities(&self, lines: Vec<String>) {
+        *self.quota_capabilities.lock().unwrap_or_else(|e| e.into_inner()) = lines;
+    }
+
+    /// The `/readyz` detail lines after the verdict: each pool's quota capability.
+    pub fn detail(&self) -> String {
+        let lines = self.quota_capabilities.lock().unwrap_or_else(|e| e.into_inner());
+        lines.iter().map(|line| format!("{line}\n")).collect()
     }
 
     /// Whether every watch delivered its initial list.
@@ -168,8 +181,10 @@ fn respond(path: &str, health: &Health, metrics: &Metrics) -> Response<Full<Byte
     let (status, content_type, body) = match path {
         "/healthz" | "/livez" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
         "/readyz" => match health.not_ready_reason() {
-            None => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
-            Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {reason}\n")),
+            None => (StatusCode::OK, "text/plain", format!("ok\n{}", health.detail())),
+            Some(reason) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {reason}\n{}", health.detail()))
+            }
         },
         "/metrics" => {
             metrics.ready.set(i64::from(health.not_ready_reason().is_none()));
@@ -204,5 +219,23 @@ mod tests {
         h.set_pool_problems(vec!["pool ssd at /mnt/ssd: not a mount point".into()]);
         let reason = h.not_ready_reason().unwrap();
         assert!(reason.contains("pool ssd at /mnt/ssd: not a mount point"), "names the pool and why: {reason}");
+    }
+
+    #[test]
+    fn readyz_lists_each_pools_quota_capability_after_the_verdict() {
+        let h = Health::default();
+        [Watch::Claims, Watch::Classes, Watch::Volumes, Watch::LegacyVolumes].into_iter().for_each(|w| h.synced(w));
+        h.set_api_reachable(true);
+        h.set_quota_capabilities(vec![
+            "pool fast (btrfs at /mnt/fast): quota btrfs-qgroup".into(),
+            "pool ssd (xfs at /mnt/ssd): quota none (it is mounted without prjquota)".into(),
+        ]);
+        let response = respond("/readyz", &h, &Metrics::new());
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            h.detail(),
+            "pool fast (btrfs at /mnt/fast): quota btrfs-qgroup\n\
+             pool ssd (xfs at /mnt/ssd): quota none (it is mounted without prjquota)\n"
+        );
     }
 }

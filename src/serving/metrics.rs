@@ -170,6 +170,24 @@ impl LibraryMetrics {
     }
 }
 
+/// Labels of a pool's quota capability .
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaCapabilityLabel {
+    /// Pool name.
+    pub pool: String,
+    /// `btrfs-qgroup`, or `none` when the pool cannot enforce.
+    pub mechanism: String,
+}
+
+/// Labels of one quota volume.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolumeLabel {
+    /// Pool name.
+    pub pool: String,
+    /// Volume directory name (`pvc-<uid>` or the naming-prefix form).
+    pub volume: String,
+}
+
 /// All metrics of one process.
 pub struct Metrics {
     registry: Registry,
@@ -208,6 +226,10 @@ pub struct Metrics {
     pub orphaned_volume_bytes: Family<PoolLabel, Gauge>,
     /// Bytes of deleted volumes the background removal cannot remove, by pool and reason.
     pub trash_stuck_bytes: Family<StuckLabel, Gauge>,
+    /// Quotas: 1 for the mechanism a pool enforces quotas with (`none` when it cannot).
+    pub pool_quota_capability: Family<QuotaCapabilityLabel, Gauge>,
+    /// Quotas: bytes each quota volume references, from the filesystem's quota accounting.
+    pub volume_used_bytes: Family<VolumeLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -301,6 +323,19 @@ impl Metrics {
             "Bytes of deleted volumes that the background removal cannot remove, by pool and reason",
             trash_stuck_bytes.clone(),
         );
+        // Quotas: capability per pool and usage per quota volume.
+        let pool_quota_capability = Family::<QuotaCapabilityLabel, Gauge>::default();
+        let volume_used_bytes = Family::<VolumeLabel, Gauge>::default();
+        registry.register(
+            "pool_quota_capability",
+            "1 for the mechanism each pool enforces quotas with (mechanism=none: it cannot enforce)",
+            pool_quota_capability.clone(),
+        );
+        registry.register(
+            "volume_used_bytes",
+            "Bytes each quota volume references, from the filesystem's quota accounting (quota volumes only)",
+            volume_used_bytes.clone(),
+        );
         Self {
             registry: root,
             library,
@@ -308,6 +343,8 @@ impl Metrics {
             pool_shares_os_disk,
             kubevirt_pool_path_shared_with_os,
             waiting_claims,
+            pool_quota_capability,
+            volume_used_bytes,
             provisions,
             deletions,
             provision_seconds,

@@ -287,6 +287,17 @@ impl LoopFs {
         run(std::process::Command::new("mount").arg("-o").arg("loop").arg(&image).arg(dir));
         LoopFs { dir: dir.to_owned(), image }
     }
+
+    /// A `size_mib` MiB btrfs (at least 128 MiB: mkfs.btrfs's minimum with default profiles).
+    pub fn mount_btrfs(dir: &Path, size_mib: u64) -> LoopFs {
+        let image = dir.with_extension("img");
+        std::fs::create_dir_all(dir).expect("mount point");
+        let file = std::fs::File::create(&image).expect("image file");
+        file.set_len(size_mib.max(128) << 20).expect("size image");
+        run(std::process::Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image));
+        run(std::process::Command::new("mount").arg("-o").arg("loop").arg(&image).arg(dir));
+        LoopFs { dir: dir.to_owned(), image }
+    }
 }
 
 impl Drop for LoopFs {

@@ -8,6 +8,7 @@ pub mod many_files;
 pub mod observe;
 pub mod plot;
 pub mod procfs;
+pub mod quota_latency;
 pub mod reference;
 pub mod report;
 pub mod scale_curve;

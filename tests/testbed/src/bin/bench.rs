@@ -28,6 +28,7 @@ use bench::clones::{self, Clones};
 use bench::many_files::{self, ManyFiles};
 use bench::plot::{self, Series};
 use bench::procfs::{self, ProcSample, mib};
+use bench::quota_latency::{self, QuotaLatency};
 use bench::reference::{REFERENCE_CLASS, Reference};
 use bench::report::{METHOD, Table, opt};
 use bench::scale_curve;
@@ -81,6 +82,8 @@ struct Results {
     idle: Idle,
     many: ManyFiles,
     clones: Clones,
+    /// The extra latency of a quota volume.
+    quota: QuotaLatency,
     /// Per provisioner, before the first scenario (no claims yet) and at the end.
     at_start: Vec<ProcSample>,
     at_end: Vec<ProcSample>,
@@ -172,6 +175,8 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     let many = many_files::run(env).await?;
     eprintln!("bench: cloning a 1 GiB volume (reflink on XFS, bytes on ext4)");
     let clones = clones::run(env).await?;
+    eprintln!("bench: provisioning latency with and without an enforced quota (btrfs)");
+    let quota = quota_latency::run(env).await?;
     let results = Results {
         scenarios,
         idle: idle.context("idle window")?,
@@ -182,6 +187,7 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         own_metric,
         reference_errors,
         later_rounds,
+        quota,
     };
     print_results(env, &results);
     write_json(&args.out, &to_json(env, &results))?;
@@ -411,6 +417,17 @@ fn print_results(env: &Env, all: &Results) {
     t.print();
     print_clones(&all.clones);
 
+    let q = &all.quota;
+    let mut t = Table::new(
+        "Quota: claim created -> PV, one at a time on a btrfs pool with quota enabled (last node)",
+        &["class", "p50 / p95 / max, ms"],
+    );
+    for (class, s) in [("plain directory", &q.plain), ("quota: enforce (subvolume + qgroup)", &q.quota)] {
+        t.row(vec![class.into(), format!("{:.1} / {:.1} / {:.1}", s.p50, s.p95, s.max)]);
+    }
+    t.row(vec!["extra latency of a quota volume (p50)".into(), format!("{:.1} ms", q.extra_p50_ms())]);
+    t.print();
+
     let w = &idle.window;
     let wall = w.wall.as_secs_f64();
     let mut t = Table::new(
@@ -563,6 +580,7 @@ fn to_json(env: &Env, all: &Results) -> Value {
         "scenarios": results.iter().map(|(p, d)| json!({ "provisioning": p.json(), "deletion": d.json() })).collect::<Vec<_>>(),
         "many_files_delete": many.json(),
         "clones": all.clones.json(),
+        "quota_latency": all.quota.json(),
         "idle": {
             "claims_in_cluster": idle.claims_in_cluster,
             "node_1_cpu_s": idle.window.cpu_secs.first(),

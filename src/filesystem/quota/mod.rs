@@ -1,0 +1,211 @@
+//! Quota volumes at the filesystem edge: what a pool can enforce, and btrfs subvolumes with a
+//! qgroup limit as volumes.
+//!
+//! A quota volume on btrfs is a subvolume directly under the pool root (or, once released, under
+//! the trash). Its contents are removed with the same descriptor walk as any volume, confined to
+//! the subvolume (a subvolume or mount nested inside stops the removal), and the emptied
+//! subvolume itself goes with `rmdir(2)`, which deletes an empty subvolume. Its qgroup is then
+//! destroyed, or left to the kernel when it still holds it (see [`btrfs::destroy_qgroup`]).
+
+pub mod btrfs;
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use super::{
+    Created, Inode, MAX_ANCHORS, OPEN_DIR_WINDOW, PoolError, PoolRoot, Removal, VolumeDirName, Walker, fs_error,
+    inode_at, inode_of,
+};
+use crate::deciding::quota::{FsKind, QuotaFacts};
+
+/// `XFS_SUPER_MAGIC`.
+const XFS_MAGIC: u64 = 0x5846_5342;
+/// `EXT4_SUPER_MAGIC` (shared by ext2 and ext3).
+const EXT4_MAGIC: u64 = 0xef53;
+
+impl PoolRoot {
+    /// What the pool's filesystem, mount and kernel offer for quotas.
+    pub fn quota_facts(&self) -> Result<QuotaFacts, PoolError> {
+        let st = rustix::fs::fstatfs(&self.fd).map_err(|e| fs_error("statfs the pool root", self.path.clone(), e))?;
+        #[allow(clippy::unnecessary_cast)] // f_type's width differs between architectures
+        let magic = st.f_type as u64;
+        let fs = match magic {
+            btrfs::SUPER_MAGIC => FsKind::Btrfs,
+            XFS_MAGIC => FsKind::Xfs,
+            EXT4_MAGIC => FsKind::Ext4,
+            other => FsKind::Other(format!("{other:#x}")),
+        };
+        let btrfs_quota_enabled = fs == FsKind::Btrfs && self.btrfs_fsid().is_ok_and(|id| btrfs::quota_enabled(&id));
+        Ok(QuotaFacts {
+            project_quota_mounted: matches!(fs, FsKind::Xfs | FsKind::Ext4) && self.mounted_with_project_quota(),
+            kernel_xfs_quota: std::path::Path::new("/proc/fs/xfs/xqmstat").exists(),
+            btrfs_quota_enabled,
+            fs,
+        })
+    }
+
+    /// Creates (or finds, on a retry) the volume as a btrfs subvolume with exactly `mode`, and
+    /// limits its referenced bytes to `limit_bytes`.
+    ///
+    /// A plain directory or anything else already at that name is refused and left untouched:
+    /// it would silently carry no quota.
+    pub fn create_quota_volume(&self, name: &VolumeDirName, mode: u32, limit_bytes: u64) -> Result<Created, PoolError> {
+        if mode > 0o7777 {
+            return Err(PoolError::InvalidMode { mode });
+        }
+        let path = self.volume_path(name);
+        let root = self.readable_root()?;
+        let created = match btrfs::create_subvolume(&root, name.as_str()) {
+            Ok(()) => Created::New,
+            Err(Errno::EXIST) => Created::Existing,
+            Err(e) => return Err(fs_error("create the volume subvolume", path, e)),
+        };
+        let fd = self.open_subvolume(name)?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+            .map_err(|e| fs_error("set the volume directory mode", path.clone(), e))?;
+        btrfs::limit_referenced(&fd, limit_bytes).map_err(|e| fs_error("set the volume's qgroup limit", path, e))?;
+        Ok(created)
+    }
+
+    /// Whether `name` is a quota volume (a subvolume of this pool), as opposed to a plain directory.
+    pub fn is_quota_volume(&self, name: &VolumeDirName) -> bool {
+        self.open_subvolume(name).is_ok()
+    }
+
+    /// Sets the qgroup limit of an existing quota volume (expansion).
+    pub fn set_quota_limit(&self, name: &VolumeDirName, limit_bytes: u64) -> Result<(), PoolError> {
+        let fd = self.open_subvolume(name)?;
+        btrfs::limit_referenced(&fd, limit_bytes)
+            .map_err(|e| fs_error("set the volume's qgroup limit", self.volume_path(name), e))
+    }
+
+    /// Bytes a quota volume references, from qgroup accounting; `None` for a plain directory or
+    /// when the filesystem keeps no accounting.
+    pub fn quota_used_bytes(&self, name: &VolumeDirName) -> Option<u64> {
+        let fd = self.open_subvolume(name).ok()?;
+        let id = btrfs::subvolume_id(&fd).ok()?;
+        btrfs::referenced_bytes(&self.btrfs_fsid().ok()?, id)
+    }
+
+    /// Ids of the subvolume qgroups on the pool's filesystem (for leak checks and tests).
+    pub fn subvolume_qgroups(&self) -> Result<Vec<u64>, PoolError> {
+        Ok(btrfs::level0_qgroups(&self.btrfs_fsid()?))
+    }
+
+    /// Enables btrfs quota on the pool's filesystem. Never called by the provisioner: an admin's
+    /// choice (it costs every write); tests use it instead of `btrfs quota enable`.
+    pub fn enable_btrfs_quota(&self) -> Result<(), PoolError> {
+        let root = self.readable_root()?;
+        btrfs::enable_quota(&root).map_err(|e| fs_error("enable btrfs quota", self.path.clone(), e))
+    }
+
+    /// True for a btrfs subvolume root directly under this root, on this root's mount: the shape
+    /// of a quota volume. A different device number alone would also fit a mount.
+    pub(super) fn is_own_subvolume(&self, inode: &Inode) -> bool {
+        inode.file_type() == FileType::Directory
+            && inode.ino == btrfs::SUBVOLUME_ROOT_INO
+            && inode.dev != self.dev
+            && inode.mount_root != Some(true)
+            && matches!((inode.mnt_id, self.mnt_id), (Some(a), Some(b)) if a == b)
+            && self.quota_facts().is_ok_and(|f| f.fs == FsKind::Btrfs)
+    }
+
+    /// Removes a quota volume (subvolume) `name` if that is what the entry is; `None` otherwise,
+    /// for the plain removal to handle.
+    pub(super) fn remove_if_subvolume(&self, name: &VolumeDirName) -> Result<Option<Removal>, PoolError> {
+        let path = self.volume_path(name);
+        let inode = match inode_at(self.fd.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(inode) if self.is_own_subvolume(&inode) => inode,
+            Ok(_) | Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(fs_error("stat the volume directory", path, e)),
+        };
+        let fd = self.open_subvolume(name)?;
+        let id = btrfs::subvolume_id(&fd).map_err(|e| fs_error("read the volume's subvolume id", path.clone(), e))?;
+        // The subvolume as a root of its own: the walk confined to it has every guarantee of a
+        // volume removal, and a subvolume or mount nested inside is a boundary it stops at.
+        let sub = PoolRoot {
+            name: format!("{}/{}", self.name, name),
+            path: path.clone(),
+            fd,
+            dev: inode.dev,
+            ino: inode.ino,
+            mnt_id: inode.mnt_id,
+            openat2: std::sync::atomic::AtomicBool::new(self.openat2.load(std::sync::atomic::Ordering::Relaxed)),
+        };
+        let mut entries = 1;
+        for entry in sub.list_entries()? {
+            let entry = VolumeDirName::new(&entry)?;
+            if let Removal::Removed { entries: n } = Walker::new(&sub, OPEN_DIR_WINDOW, MAX_ANCHORS).remove(&entry)? {
+                entries += n;
+            }
+        }
+        // rmdir(2) deletes an empty subvolume (Linux 4.18+) and, like for any directory, never
+        // a non-empty one: whatever appeared meanwhile stops it.
+        match rustix::fs::unlinkat(&self.fd, name.as_str(), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(Errno::NOTEMPTY | Errno::EXIST) => return Err(PoolError::TreeChanged { path }),
+            Err(e) => return Err(fs_error("remove the volume subvolume", path, e)),
+        }
+        let root = self.readable_root()?;
+        match btrfs::destroy_qgroup(&root, id) {
+            Ok(true) => tracing::debug!(pool = %self.name, volume = %name, id, "qgroup destroyed"),
+            Ok(false) => tracing::debug!(pool = %self.name, volume = %name, id, "qgroup left to the kernel's cleaner"),
+            Err(e) => {
+                tracing::warn!(pool = %self.name, volume = %name, id, error = %e, "cannot destroy the volume's qgroup")
+            }
+        }
+        Ok(Some(Removal::Removed { entries }))
+    }
+
+    /// Opens the quota volume `name` (a subvolume root directly under this root) for reading,
+    /// without following a symlink; anything else at that name is refused.
+    fn open_subvolume(&self, name: &VolumeDirName) -> Result<OwnedFd, PoolError> {
+        let path = self.volume_path(name);
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name.as_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::LOOP => PoolError::VolumeIsSymlink { path: path.clone() },
+            Errno::NOTDIR => PoolError::VolumeNotDirectory { path: path.clone() },
+            e => fs_error("open the volume subvolume", path.clone(), e),
+        })?;
+        let inode = inode_of(fd.as_fd()).map_err(|e| fs_error("stat the volume subvolume", path.clone(), e))?;
+        if inode.mount_root == Some(true) || matches!((inode.mnt_id, self.mnt_id), (Some(a), Some(b)) if a != b) {
+            return Err(PoolError::MountInsideVolume { path });
+        }
+        if inode.ino != btrfs::SUBVOLUME_ROOT_INO || inode.dev == self.dev {
+            return Err(PoolError::NotSubvolume { path });
+        }
+        Ok(fd)
+    }
+
+    /// The root opened for reading: ioctls refuse the `O_PATH` handle.
+    fn readable_root(&self) -> Result<OwnedFd, PoolError> {
+        rustix::fs::openat(&self.fd, c".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| fs_error("open the pool root", self.path.clone(), e))
+    }
+
+    fn btrfs_fsid(&self) -> Result<String, PoolError> {
+        let root = self.readable_root()?;
+        btrfs::fsid(&root).map_err(|e| fs_error("read the btrfs filesystem id", self.path.clone(), e))
+    }
+
+    /// Whether the mount holding the root lists `prjquota`/`pquota` among its superblock options.
+    fn mounted_with_project_quota(&self) -> bool {
+        let Some(mnt_id) = self.mnt_id else { return false };
+        let Ok(table) = std::fs::read("/proc/self/mountinfo") else { return false };
+        table.split(|b| *b == b'\n').any(|line| {
+            let fields: Vec<&[u8]> = line.split(|b| *b == b' ').collect();
+            let ours = fields.first().and_then(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok()) == Some(mnt_id);
+            // After the " - " separator: fstype, source, superblock options.
+            let super_options = fields.iter().position(|f| *f == b"-").and_then(|i| fields.get(i + 3));
+            ours && super_options
+                .is_some_and(|o| o.split(|b| *b == b',').any(|opt| matches!(opt, b"prjquota" | b"pquota")))
+        })
+    }
+}

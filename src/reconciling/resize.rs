@@ -1,0 +1,251 @@
+//! Expansion of bound claims: the external-resizer's part for this node's PVs.
+//!
+//! Trigger: the claims watch is metadata-only, but any change to a claim (a larger request
+//! included) arrives as a metadata event; for a bound claim whose PV (`pvc-<uid>`) is in this
+//! node's PV cache, the claim is fetched and [`decide_resize`] decides. The protocol is the
+//! external-resizer's: while resizing, the claim's status carries the `Resizing` condition and
+//! `allocatedResourceStatuses.storage = ControllerResizeInProgress`; on success the PV's capacity,
+//! then the claim's `status.capacity`, take the new size and the resize fields are cleared; a
+//! refusal sets `ControllerResizeError` and `ControllerResizeInfeasible`, with a Warning event.
+//! Nothing needs the pod to restart: a quota grows in place and a plain directory has no size.
+
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use serde_json::json;
+
+use crate::deciding::capacity::parse_bytes;
+use crate::deciding::layout;
+use crate::deciding::resize::{PoolRoom, ResizeDecision, ResizeFacts, decide_resize};
+use crate::deciding::volume::{owner_node, volume_shape};
+use crate::filesystem::VolumeDirName;
+use crate::reconciling::context::Context;
+
+/// Event reasons, as the external-resizer writes them.
+const RESIZING: &str = "Resizing";
+const RESIZE_SUCCEEDED: &str = "VolumeResizeSuccessful";
+const RESIZE_FAILED: &str = "VolumeResizeFailed";
+
+/// Something went wrong while growing; reported on the claim and retried with the next event or
+/// the periodic resync.
+#[derive(Debug, thiserror::Error)]
+enum ResizeError {
+    #[error("Kubernetes API error: {0}")]
+    Api(#[from] kube::Error),
+    #[error("{0}")]
+    Pool(#[from] crate::filesystem::PoolError),
+    #[error("the PV's path {0:?} is not a volume directory of a pool of this node")]
+    Path(String),
+}
+
+/// The PV of this node bound to the claim with `uid`, when the claim may need resizing: only
+/// classes that allow expansion cost a GET of the claim (at start-up, one per such claim).
+pub fn bound_volume(ctx: &Context, uid: &str) -> Option<std::sync::Arc<PersistentVolume>> {
+    let pv = ctx.known_volume(&layout::pv_name(uid))?;
+    let spec = pv.spec.as_ref()?;
+    let bound = spec.claim_ref.as_ref()?.uid.as_deref() == Some(uid);
+    let class = ctx.classes.get(&ObjectRef::new(spec.storage_class_name.as_deref()?))?;
+    (bound && class.allow_volume_expansion == Some(true)).then_some(pv)
+}
+
+/// Looks at a bound claim of one of this node's PVs and expands its volume if asked.
+pub async fn reconcile(ctx: &Context, namespace: &str, name: &str, pv: &PersistentVolume) {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let claim = match claims.get_opt(name).await {
+        Ok(Some(claim)) => claim,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(claim = %format!("{namespace}/{name}"), %error, "cannot read claim to check for expansion");
+            return;
+        }
+    };
+    let Some(facts) = facts(ctx, &claim, pv).await else { return };
+    let regarding = claim.object_ref(&());
+    let decision = decide_resize(&facts, || room(ctx, pv));
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let requested = request_quantity(&claim).unwrap_or_default();
+    let outcome = match decision {
+        ResizeDecision::Unchanged | ResizeDecision::NotHere => return,
+        ResizeDecision::Refuse(refusal) => {
+            let note = refusal.to_string();
+            tracing::warn!(pv = %pv_name, %note, "refusing volume expansion");
+            if !already_refused(&claim, &note)
+                && let Err(error) = patch_claim_status(&claims, name, failed_status(&requested, &note)).await
+            {
+                tracing::warn!(pv = %pv_name, %error, "cannot record the refused expansion on the claim");
+            }
+            ctx.warn(&regarding, RESIZE_FAILED, "Resize", note).await;
+            return;
+        }
+        ResizeDecision::RecordOnClaim => finish(ctx, &claims, name, &regarding, &pv_name, &requested).await,
+        ResizeDecision::Grow { to } => grow(ctx, &claims, name, &regarding, pv, &requested, to).await,
+    };
+    if let Err(error) = outcome {
+        let note = format!("resize volume {pv_name} failed: {error}");
+        tracing::warn!(pv = %pv_name, %error, "volume expansion failed; retried with the next change or resync");
+        ctx.warn(&regarding, RESIZE_FAILED, "Resize", note).await;
+    }
+}
+
+async fn grow(
+    ctx: &Context,
+    claims: &Api<PersistentVolumeClaim>,
+    name: &str,
+    regarding: &ObjectReference,
+    pv: &PersistentVolume,
+    requested: &str,
+    to: u64,
+) -> Result<(), ResizeError> {
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    patch_claim_status(
+        claims,
+        name,
+        json!({
+            "allocatedResources": { "storage": requested },
+            "allocatedResourceStatuses": { "storage": "ControllerResizeInProgress" },
+            "conditions": [condition("Resizing", "", "")],
+        }),
+    )
+    .await?;
+    ctx.normal(regarding, RESIZING, "Resize", format!("External resizer is resizing volume {pv_name}")).await;
+    let (pool, dir) = locate(ctx, pv)?;
+    if pool.is_quota_volume(&dir) {
+        pool.set_quota_limit(&dir, to)?;
+    }
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    pvs.patch(
+        &pv_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "capacity": { "storage": requested } } })),
+    )
+    .await?;
+    tracing::info!(pv = %pv_name, size = requested, quota = pool.is_quota_volume(&dir), "volume expanded");
+    finish(ctx, claims, name, regarding, &pv_name, requested).await
+}
+
+/// Records the new size on the claim and clears the resize fields.
+async fn finish(
+    ctx: &Context,
+    claims: &Api<PersistentVolumeClaim>,
+    name: &str,
+    regarding: &ObjectReference,
+    pv_name: &str,
+    requested: &str,
+) -> Result<(), ResizeError> {
+    patch_claim_status(
+        claims,
+        name,
+        json!({
+            "capacity": { "storage": requested },
+            "allocatedResources": { "storage": requested },
+            "allocatedResourceStatuses": null,
+            "conditions": [],
+        }),
+    )
+    .await?;
+    if let Some(uid) = regarding.uid.as_deref() {
+        ctx.forget_warnings(uid);
+    }
+    ctx.normal(regarding, RESIZE_SUCCEEDED, "Resize", format!("resize volume {pv_name} to {requested} succeeded"))
+        .await;
+    Ok(())
+}
+
+async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolume) -> Option<ResizeFacts> {
+    let bytes = |q: Option<&str>| q.and_then(|q| parse_bytes(q).ok());
+    let requested = bytes(request_quantity(claim).as_deref())?;
+    let claim_capacity = bytes(
+        claim.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.as_str()),
+    )
+    .unwrap_or(0);
+    let pv_capacity =
+        bytes(pv.spec.as_ref()?.capacity.as_ref().and_then(|c| c.get("storage")).map(|q| q.0.as_str())).unwrap_or(0);
+    let class_name = claim.spec.as_ref()?.storage_class_name.clone()?;
+    let class_allows = ctx
+        .classes
+        .get(&ObjectRef::new(&class_name))
+        .is_some_and(|c| c.provisioner == ctx.me.provisioner && c.allow_volume_expansion == Some(true));
+    let owner = owner_node(pv);
+    let owned_here = match owner {
+        Some(node) => node == ctx.me.node || node == ctx.my_hostname().await,
+        None => false,
+    };
+    Some(ResizeFacts {
+        requested,
+        claim_capacity,
+        pv_capacity,
+        class_allows,
+        shape: volume_shape(pv, &ctx.config.pools),
+        owned_here,
+    })
+}
+
+fn request_quantity(claim: &PersistentVolumeClaim) -> Option<String> {
+    let requests = claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?;
+    requests.get("storage").map(|q| q.0.clone())
+}
+
+/// The room left in the volume's pool for growth, the reserve taken off.
+fn room(ctx: &Context, pv: &PersistentVolume) -> Option<PoolRoom> {
+    let (pool, _) = locate(ctx, pv).ok()?;
+    let stats = pool.stats().ok()?;
+    let reserve = ctx
+        .config
+        .pools
+        .iter()
+        .find(|p| p.name == pool.name())
+        .and_then(|p| p.reserve)
+        .unwrap_or(ctx.config.reserved_bytes);
+    Some(PoolRoom { available: stats.available_bytes.saturating_sub(reserve), reserve })
+}
+
+/// The pool and directory of the PV, by the same path rules as deletion.
+fn locate(
+    ctx: &Context,
+    pv: &PersistentVolume,
+) -> Result<(std::sync::Arc<crate::filesystem::PoolRoot>, VolumeDirName), ResizeError> {
+    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.clone()).unwrap_or_default();
+    let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+    let accepted =
+        layout::accept_delete_path(&path, pv_name, &ctx.config.pools).map_err(|_| ResizeError::Path(path.clone()))?;
+    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| ResizeError::Path(path.clone()))??;
+    let dir = VolumeDirName::new(&accepted.dir_name).map_err(crate::filesystem::PoolError::from)?;
+    Ok((pool, dir))
+}
+
+fn condition(type_: &str, reason: &str, message: &str) -> serde_json::Value {
+    json!({
+        "type": type_,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": Time(k8s_openapi::jiff::Timestamp::now()),
+    })
+}
+
+fn failed_status(requested: &str, note: &str) -> serde_json::Value {
+    json!({
+        "allocatedResources": { "storage": requested },
+        "allocatedResourceStatuses": { "storage": "ControllerResizeInfeasible" },
+        "conditions": [condition("ControllerResizeError", "VolumeResizeFailed", note)],
+    })
+}
+
+/// The claim already records this refusal: no need to write it again on every event.
+fn already_refused(claim: &PersistentVolumeClaim, note: &str) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "ControllerResizeError" && c.message.as_deref() == Some(note)))
+}
+
+async fn patch_claim_status(
+    claims: &Api<PersistentVolumeClaim>,
+    name: &str,
+    status: serde_json::Value,
+) -> Result<(), kube::Error> {
+    claims.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await.map(|_| ())
+}
