@@ -35,6 +35,12 @@ async fn a_matching_static_pv_is_bound_instead_and_no_volume_is_provisioned() {
         .on_hostname(&node)
         .build();
     env.pvs().create(&PostParams::default(), &pv).await.expect("static PV");
+    // The case this protects is a PV that exists when the pod is scheduled: wait until the PV
+    // controller has seen it (Available), and give the scheduler's informer as long again. A PV
+    // created in the same instant as the pod can be missed by the scheduler's cache on a loaded
+    // machine, and then the claim is provisioned (as with any external provisioner).
+    env.wait_pv_phase(&name, "Available").await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let claim = env.create_claim(fixtures::claim(&env.ns, "data", &class, "64Mi")).await;
     // On the node where the static PV is, the scheduler finds it and binds it rather than
     // selecting the node for provisioning.
