@@ -84,6 +84,8 @@ pub enum ProjectQuotaState {
     Off,
     /// The kernel has no `quotactl_fd(2)` (before Linux 5.14).
     NoQuotactlFd,
+    /// The kernel gives this filesystem no quota operations (built without quota support for it).
+    NoKernelSupport,
     /// The kernel refused the question; the text names the error.
     Unanswered(String),
 }
@@ -166,7 +168,18 @@ pub fn capability(facts: &QuotaFacts) -> QuotaCapability {
                 .to_owned()
         }
         FsKind::Xfs | FsKind::Ext4 if facts.project_quota == ProjectQuotaState::NoQuotactlFd => {
-            "the kernel has no quotactl_fd(2) (Linux 5.14 or later is needed for project quota)".to_owned()
+            "the kernel has no quotactl_fd(2) (Linux 5.14 or later, with CONFIG_QUOTA, is needed for project quota)"
+                .to_owned()
+        }
+        FsKind::Ext4 if facts.project_quota == ProjectQuotaState::NoKernelSupport => {
+            "the kernel has no quota support for ext4 (CONFIG_QUOTA and CONFIG_QFMT_V2); use a kernel with them, or \
+             put the pool on btrfs with quota enabled"
+                .to_owned()
+        }
+        FsKind::Xfs if facts.project_quota == ProjectQuotaState::NoKernelSupport => {
+            "the kernel has no XFS quota support (CONFIG_XFS_QUOTA); use a kernel with it, or put the pool on btrfs \
+             with quota enabled"
+                .to_owned()
         }
         FsKind::Xfs if !facts.project_quota_mounted => {
             "it is mounted without prjquota (mount it with the prjquota or pquota option)".to_owned()
@@ -341,9 +354,23 @@ mod tests {
 
     #[test]
     fn ext4_without_prjquota_names_the_features_and_the_mount_option() {
-        let refusal = decide(QuotaMode::Enforce, 1, "p", "/p", &facts(FsKind::Ext4)).unwrap_err();
+        let f = QuotaFacts { project_quota: ProjectQuotaState::Off, ..facts(FsKind::Ext4) };
+        let refusal = decide(QuotaMode::Enforce, 1, "p", "/p", &f).unwrap_err();
         assert!(refusal.missing.contains("`tune2fs -O project,quota <device>`"), "{refusal}");
         assert!(refusal.missing.contains("prjquota mount option"), "{refusal}");
+    }
+
+    #[test]
+    fn a_kernel_without_quota_support_for_the_filesystem_is_named_before_the_mount() {
+        let f = QuotaFacts { project_quota: ProjectQuotaState::NoKernelSupport, ..facts(FsKind::Ext4) };
+        assert!(
+            matches!(capability(&f), QuotaCapability::Unable(m) if m.starts_with("the kernel has no quota support for ext4 (CONFIG_QUOTA and CONFIG_QFMT_V2)")),
+            "{:?}",
+            capability(&f)
+        );
+        let xfs = QuotaFacts { kernel_xfs_quota: true, ..f };
+        let xfs = QuotaFacts { fs: FsKind::Xfs, ..xfs };
+        assert!(matches!(capability(&xfs), QuotaCapability::Unable(m) if m.contains("CONFIG_XFS_QUOTA")));
     }
 
     #[test]
@@ -356,7 +383,7 @@ mod tests {
         assert_eq!(
             capability(&f),
             QuotaCapability::Unable(
-                "the kernel has no quotactl_fd(2) (Linux 5.14 or later is needed for project quota)".into()
+                "the kernel has no quotactl_fd(2) (Linux 5.14 or later, with CONFIG_QUOTA, is needed for project quota)".into()
             )
         );
     }

@@ -40,15 +40,7 @@ const EXT4_MAGIC: u64 = 0xef53;
 impl PoolRoot {
     /// What the pool's filesystem, mount and kernel offer for quotas.
     pub fn quota_facts(&self) -> Result<QuotaFacts, PoolError> {
-        let st = rustix::fs::fstatfs(&self.fd).map_err(|e| fs_error("statfs the pool root", self.path.clone(), e))?;
-        #[allow(clippy::unnecessary_cast)] // f_type's width differs between architectures
-        let magic = st.f_type as u64;
-        let fs = match magic {
-            btrfs::SUPER_MAGIC => FsKind::Btrfs,
-            XFS_MAGIC => FsKind::Xfs,
-            EXT4_MAGIC => FsKind::Ext4,
-            other => FsKind::Other(format!("{other:#x}")),
-        };
+        let fs = self.fs_kind()?;
         let btrfs_quota_enabled = fs == FsKind::Btrfs && self.btrfs_fsid().is_ok_and(|id| btrfs::quota_enabled(&id));
         let project_quota = match fs {
             FsKind::Xfs | FsKind::Ext4 => match self.readable_root() {
@@ -63,6 +55,19 @@ impl PoolRoot {
             kernel_xfs_quota: std::path::Path::new("/proc/fs/xfs/xqmstat").exists(),
             btrfs_quota_enabled,
             fs,
+        })
+    }
+
+    /// The pool's filesystem, from `statfs(2)`.
+    fn fs_kind(&self) -> Result<FsKind, PoolError> {
+        let st = rustix::fs::fstatfs(&self.fd).map_err(|e| fs_error("statfs the pool root", self.path.clone(), e))?;
+        #[allow(clippy::unnecessary_cast)] // f_type's width differs between architectures
+        let magic = st.f_type as u64;
+        Ok(match magic {
+            btrfs::SUPER_MAGIC => FsKind::Btrfs,
+            XFS_MAGIC => FsKind::Xfs,
+            EXT4_MAGIC => FsKind::Ext4,
+            other => FsKind::Other(format!("{other:#x}")),
         })
     }
 
@@ -98,7 +103,7 @@ impl PoolRoot {
     /// Sets the limit of an existing quota volume (expansion, clones): its qgroup limit on
     /// btrfs, its project's limit on XFS and ext4.
     pub fn set_quota_limit(&self, name: &VolumeDirName, limit_bytes: u64) -> Result<(), PoolError> {
-        let fs = self.quota_facts()?.fs;
+        let fs = self.fs_kind()?;
         if matches!(fs, FsKind::Xfs | FsKind::Ext4) {
             let id = self.volume_project_id(name)?;
             return self.set_project_limit(&fs, name, id, limit_bytes);
@@ -119,7 +124,7 @@ impl PoolRoot {
         mode: u32,
         limit_bytes: u64,
     ) -> Result<Created, PoolError> {
-        let facts = self.quota_facts()?;
+        let fs = self.fs_kind()?;
         let path = self.volume_path(name);
         let guard = PROJECT_IDS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let created = self.create_volume_dir(name, mode)?;
@@ -139,7 +144,7 @@ impl PoolRoot {
             }
         };
         drop(guard);
-        self.set_project_limit(&facts.fs, name, id, limit_bytes)?;
+        self.set_project_limit(&fs, name, id, limit_bytes)?;
         tracing::debug!(pool = %self.name, volume = %name, id, limit_bytes, "project quota volume ready");
         Ok(created)
     }
@@ -169,12 +174,9 @@ impl PoolRoot {
     /// before it goes to the trash. A failure is logged: the id stays on the data until it is
     /// purged, and whoever gets the id next sets a limit of its own.
     pub(super) fn clear_project_limit(&self, name: &VolumeDirName) {
-        let Ok(facts) = self.quota_facts() else { return };
-        if !matches!(facts.fs, FsKind::Xfs | FsKind::Ext4) {
-            return;
-        }
+        let Ok(fs @ (FsKind::Xfs | FsKind::Ext4)) = self.fs_kind() else { return };
         let Ok(id) = self.volume_project_id(name) else { return };
-        match self.set_project_limit(&facts.fs, name, id, 0) {
+        match self.set_project_limit(&fs, name, id, 0) {
             Ok(()) => tracing::debug!(pool = %self.name, volume = %name, id, "project quota limit cleared"),
             Err(error) => {
                 tracing::warn!(pool = %self.name, volume = %name, id, %error, "cannot clear the project quota limit")
@@ -253,7 +255,7 @@ impl PoolRoot {
             && inode.dev != self.dev
             && inode.mount_root != Some(true)
             && matches!((inode.mnt_id, self.mnt_id), (Some(a), Some(b)) if a == b)
-            && self.quota_facts().is_ok_and(|f| f.fs == FsKind::Btrfs)
+            && self.fs_kind().is_ok_and(|fs| fs == FsKind::Btrfs)
     }
 
     /// Removes a quota volume (subvolume) `name` if that is what the entry is; `None` otherwise,

@@ -152,12 +152,20 @@ pub fn state(root: impl AsFd) -> ProjectQuotaState {
         Ok(()) if stat.flags & PDQ_ACCT != 0 && stat.flags & PDQ_ENFD != 0 => ProjectQuotaState::Enforced,
         Ok(()) if stat.flags & PDQ_ACCT != 0 => ProjectQuotaState::AccountingOnly,
         Ok(()) => ProjectQuotaState::Off,
-        // ENOSYS from the syscall table itself: no quotactl_fd. (A filesystem without quota
-        // operations answers ENOSYS too, but XFS without quota support is told apart earlier
-        // by /proc/fs/xfs/xqmstat, and ext4 always has them with CONFIG_QUOTA.)
+        // ENOSYS comes from the syscall table (no quotactl_fd) or from a filesystem the kernel
+        // gives no quota operations: a bad descriptor tells them apart (EBADF once the syscall exists).
+        Err(Errno::NOSYS) if quotactl_fd_exists() => ProjectQuotaState::NoKernelSupport,
         Err(Errno::NOSYS) => ProjectQuotaState::NoQuotactlFd,
         Err(e) => ProjectQuotaState::Unanswered(format!("quotactl: {e}")),
     }
+}
+
+/// Whether the kernel has the `quotactl_fd(2)` system call at all.
+fn quotactl_fd_exists() -> bool {
+    // SAFETY: an invalid descriptor and a null address: the kernel returns before reading anything.
+    let rc =
+        unsafe { libc::syscall(libc::SYS_quotactl_fd, -1, project_cmd(Q_XGETQSTATV), 0, std::ptr::null_mut::<u8>()) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS)
 }
 
 /// Limits the blocks of project `id` to `bytes` (0 removes the limit) on the XFS filesystem of `root`.
