@@ -373,6 +373,16 @@ pub enum PoolError {
         /// Path of the entry.
         path: PathBuf,
     },
+    /// A clone asked for on a project quota pool: the copy would not be charged to a project.
+    #[error(
+        "{}: clones with quota: enforce on a project quota pool (XFS, ext4) are not supported yet: the copied \
+         files would not be charged to the clone's project; clone on a btrfs pool, or with a class without quota",
+        .path.display()
+    )]
+    ProjectQuotaClone {
+        /// Path of the clone.
+        path: PathBuf,
+    },
     /// Every project id from the base up is taken on the pool.
     #[error("pool {pool}: no free project id is left for a new quota volume")]
     ProjectIdsExhausted {
@@ -415,6 +425,7 @@ impl PoolError {
             | PoolError::NotSubvolume { .. }
             | PoolError::NoProjectId { .. }
             | PoolError::ProjectIdsExhausted { .. }
+            | PoolError::ProjectQuotaClone { .. }
             | PoolError::InvalidName(_)
             | PoolError::DeviceInVolume { .. }
             | PoolError::MissingCapability { .. }
@@ -444,6 +455,7 @@ impl PoolError {
             PoolError::NotSubvolume { .. } => "not_subvolume",
             PoolError::NoProjectId { .. } => "no_project_id",
             PoolError::ProjectIdsExhausted { .. } => "project_ids_exhausted",
+            PoolError::ProjectQuotaClone { .. } => "project_quota_clone",
             PoolError::InvalidMode { .. } => "invalid_mode",
             PoolError::DeviceInVolume { .. } => "device_in_volume",
             PoolError::MissingCapability { .. } => "missing_capability",

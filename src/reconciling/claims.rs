@@ -253,12 +253,14 @@ async fn provision(
         (None, VolumeQuota::Project { limit_bytes }) => {
             pool.create_project_volume(&dir, ctx.config.dir_mode, limit_bytes)?
         }
+        (Some(_), VolumeQuota::Project { .. }) => {
+            return Err(crate::filesystem::PoolError::ProjectQuotaClone { path: pool.volume_path(&dir) }.into());
+        }
         (Some(source), quota) => {
             let source_claim = plan.clone_of.as_deref().unwrap_or_default();
             let created = clones::copy(ctx, claim, source_claim, &pool, source, &dir).await?;
             // A clone of a quota volume is a snapshot of its subvolume, which starts without a
             // limit of its own: it gets the clone's request before any pod can write to it.
-            // (A copy on a project quota pool carries no project id: refused as NoProjectId.)
             if let Some(limit_bytes) = quota.limit_bytes() {
                 pool.set_quota_limit(&dir, limit_bytes)?;
             }
