@@ -227,6 +227,23 @@ async fn an_enforce_class_on_a_pool_that_cannot_enforce_is_refused_with_the_reas
     assert!(left.is_empty(), "nothing created: {left:?}");
     let (_, ready) = testbed::http_get(env.nodes[0].provisioner.health_addr(), "/readyz").await.unwrap();
     assert!(ready.contains("(ext4 at ") && ready.contains(&format!("): quota none ({ext4_missing}")), "{ready}");
+    // One series per mechanism, the pool's own at 1: `project` is 0 here, `none` 1.
+    let metrics = env.nodes[0].provisioner.metrics().await.unwrap();
+    let capability = |mechanism: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("hostpath_provisioner_pool_quota_capability{")
+                    && l.contains(&format!("mechanism=\"{mechanism}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        [capability("btrfs-qgroup"), capability("project"), capability("none")],
+        [Some("0".into()), Some("0".into()), Some("1".into())],
+        "{metrics}"
+    );
 
     // XFS: without the kernel's XFS quota support (this machine's kernel) that is the reason;
     // with it, the missing prjquota mount option is.
