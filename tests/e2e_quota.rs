@@ -215,18 +215,71 @@ async fn an_enforce_class_on_a_pool_that_cannot_enforce_is_refused_with_the_reas
     let class = env.class("enforce", |c| c.immediate().parameter("quota", "enforce")).await;
     let claim = env.create_claim(fixtures::claim(&env.ns, "refused", &class, "10Mi").provision_on_node(&node)).await;
     let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
-    assert!(
-        note.contains(&format!(
-            "(ext4 at {}) cannot enforce quota: it is mounted without prjquota",
-            disk.dir.display()
-        )),
-        "{note}"
-    );
+    // Without quota support for ext4 (this machine's kernel) that is the reason; with it, the
+    // missing prjquota mount option is. The kernel tells by mounting an ext4 with quota itself.
+    let ext4_missing = if kernel_mounts_ext4_with_quota(&env.cp.temp_dir().join(format!("{}-probe", env.group))) {
+        "it is mounted without prjquota"
+    } else {
+        "the kernel has no quota support for ext4 (CONFIG_QUOTA and CONFIG_QFMT_V2)"
+    };
+    assert!(note.contains(&format!("(ext4 at {}) cannot enforce quota: {ext4_missing}", disk.dir.display())), "{note}");
     let left: Vec<String> = entries(&disk.dir).into_iter().filter(|e| e != "lost+found").collect();
     assert!(left.is_empty(), "nothing created: {left:?}");
     let (_, ready) = testbed::http_get(env.nodes[0].provisioner.health_addr(), "/readyz").await.unwrap();
-    assert!(ready.contains("(ext4 at ") && ready.contains("): quota none (it is mounted without prjquota"), "{ready}");
-    env.nodes[0].provisioner.terminate();
+    assert!(ready.contains("(ext4 at ") && ready.contains(&format!("): quota none ({ext4_missing}")), "{ready}");
+    // One series per mechanism, the pool's own at 1: `project` is 0 here, `none` 1.
+    let metrics = env.nodes[0].provisioner.metrics().await.unwrap();
+    let capability = |mechanism: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("hostpath_provisioner_pool_quota_capability{")
+                    && l.contains(&format!("mechanism=\"{mechanism}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        [capability("btrfs-qgroup"), capability("project"), capability("none")],
+        [Some("0".into()), Some("0".into()), Some("1".into())],
+        "{metrics}"
+    );
+
+    // XFS: without the kernel's XFS quota support (this machine's kernel) that is the reason;
+    // with it, the missing prjquota mount option is.
+    let xfs_node = format!("{}-2", env.group);
+    let xfs = LoopFs::mount_xfs(&testbed::pool_root_for(env.cp, &xfs_node));
+    env.add_node(&xfs_node, &|spec| spec).await;
+    let claim =
+        env.create_claim(fixtures::claim(&env.ns, "refused-xfs", &class, "10Mi").provision_on_node(&xfs_node)).await;
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    let missing = if Path::new("/proc/fs/xfs/xqmstat").exists() {
+        "it is mounted without prjquota (mount it with the prjquota or pquota option)"
+    } else {
+        "the kernel has no XFS quota support (CONFIG_XFS_QUOTA)"
+    };
+    assert!(note.contains(&format!("(xfs at {}) cannot enforce quota: {missing}", xfs.dir.display())), "{note}");
+    assert!(entries(&xfs.dir).is_empty(), "nothing created: {:?}", entries(&xfs.dir));
+    for node in &mut env.nodes {
+        node.provisioner.terminate();
+    }
+}
+
+/// Whether the kernel mounts an ext4 with the `quota` feature (it refuses without quota support).
+fn kernel_mounts_ext4_with_quota(dir: &Path) -> bool {
+    let image = dir.with_extension("img");
+    std::fs::create_dir_all(dir).expect("probe mount point");
+    std::fs::File::create(&image).and_then(|f| f.set_len(32 << 20)).expect("probe image");
+    let ok = |c: &mut std::process::Command| c.output().is_ok_and(|o| o.status.success());
+    let mkfs = ok(std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-O", "quota,project"]).arg(&image));
+    assert!(mkfs, "mkfs.ext4 -O quota,project");
+    let mounted = ok(std::process::Command::new("mount").arg("-o").arg("loop").arg(&image).arg(dir));
+    if mounted {
+        let _ = std::process::Command::new("umount").arg(dir).status();
+    }
+    let _ = std::fs::remove_file(&image);
+    let _ = std::fs::remove_dir(dir);
+    mounted
 }
 
 /// Sets the claim's storage request (a merge patch, as `kubectl edit` would).

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use testbed::{ProvisionerSpec, fixtures};
 
 fn host_path(pv: &PersistentVolume) -> String {
@@ -394,4 +394,46 @@ async fn a_kubeboost_shaped_volume_is_removed_from_every_node() {
     let leftovers: BTreeMap<usize, BTreeSet<String>> =
         (1..=2).map(|i| (i, entries(&e.env.nodes[i - 1].pool_root))).collect();
     assert!(leftovers.values().all(BTreeSet::is_empty), "{leftovers:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shared_volume_is_grown_once_by_the_node_the_ranking_picks() {
+    let (env, shared) = shared_env("shared-grow", 2).await;
+    let class = env
+        .class("grow", |c| {
+            c.immediate().allow_expansion().parameter("storagePool", "nfs").parameter("topology", "shared")
+        })
+        .await;
+    // Every node's view of the live nodes must include the other, or both would act (safely).
+    tokio::time::sleep(std::time::Duration::from_secs(u64::from(LEASE_SECONDS) / 4 + 1)).await;
+    let claim = env.create_claim(fixtures::claim(&env.ns, "growing", &class, "10Mi")).await;
+    let pv = env.wait_bound("growing").await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    assert_eq!(Path::new(&host_path(&pv)).parent(), Some(shared.as_path()));
+
+    let patch = serde_json::json!({ "spec": { "resources": { "requests": { "storage": "20Mi" } } } });
+    env.claims().patch("growing", &PatchParams::default(), &Patch::Merge(patch)).await.expect("expansion accepted");
+    let (pvs, claims) = (env.pvs(), env.claims());
+    testbed::wait_for("PV and claim at 20Mi", TIMEOUT, || async {
+        let pv = pvs.get(&pv_name).await?.spec.and_then(|s| s.capacity).and_then(|c| c.get("storage").cloned());
+        let status = claims.get("growing").await?.status.unwrap_or_default();
+        let done = pv.map(|q| q.0) == Some("20Mi".into())
+            && status.capacity.and_then(|c| c.get("storage").cloned()).map(|q| q.0) == Some("20Mi".into())
+            && status.allocated_resource_statuses.is_none();
+        anyhow::Ok(done.then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+
+    env.wait_event(&env.ns, &uid(&claim), "VolumeResizeSuccessful").await;
+    let resizing = reporters(&env, &uid(&claim), "Resizing").await;
+    let succeeded = reporters(&env, &uid(&claim), "VolumeResizeSuccessful").await;
+    assert_eq!(resizing.len(), 1, "one node grew it: {resizing:?}");
+    assert_eq!(resizing, succeeded, "the node that started it finished it");
+    assert!(reporters(&env, &uid(&claim), "VolumeResizeFailed").await.is_empty());
+
+    env.delete_claim("growing").await;
+    env.wait_pv_gone(&pv_name).await;
+    wait_trash_empty(&shared).await;
+    assert!(entries(&shared).is_empty(), "nothing left: {:?}", entries(&shared));
 }

@@ -3,6 +3,7 @@
 //! leaves them to one). Pure: what to do with a claim whose request differs from its volume.
 
 use crate::deciding::capacity::Size;
+use crate::deciding::topology::Acting;
 use crate::deciding::volume::VolumeShape;
 
 /// Everything the decision reads, gathered by the reconciler.
@@ -18,8 +19,10 @@ pub struct ResizeFacts {
     pub class_allows: bool,
     /// The PV's shape.
     pub shape: VolumeShape,
-    /// This node owns the volume (node-shaped PVs).
-    pub owned_here: bool,
+    /// This node is the one to act: for a node volume, it owns the volume; for a shared volume,
+    /// the ranking over the live nodes serving its pool picks it (as for deletion; see
+    /// [`shared_actor_is_me`]).
+    pub acting_here: bool,
 }
 
 /// What the pool holding the volume offers, read only when the decision needs it.
@@ -79,12 +82,21 @@ pub enum ResizeRefusal {
         /// The reserve.
         reserve: u64,
     },
-    /// Shared and every-node volumes are not expanded (yet).
-    #[error("expansion of {shape} volumes is not supported: only node volumes (topology: node) can be expanded")]
+    /// Every-node volumes are not expanded (yet).
+    #[error(
+        "expansion of {shape} volumes is not supported: only node and shared volumes (topology: node or shared) can be expanded"
+    )]
     Shape {
-        /// `shared` or `everyNode`.
+        /// `everyNode`.
         shape: &'static str,
     },
+}
+
+/// Whether this node grows a shared volume: the node [`acting_node`](crate::deciding::topology::acting_node) picks for the PV's
+/// name among the live nodes serving the pool, or this one when no live node is listed for it
+/// (this node has the pool, so it tries and reports what it finds, as deletion does).
+pub fn shared_actor_is_me(acting: &Acting) -> bool {
+    matches!(acting, Acting::Me | Acting::Nobody)
 }
 
 /// Decides one claim's expansion. `room` is asked for only when growing.
@@ -94,10 +106,11 @@ pub fn decide_resize(facts: &ResizeFacts, room: impl FnOnce() -> Option<PoolRoom
         return ResizeDecision::Unchanged;
     }
     match facts.shape {
-        VolumeShape::Node if !facts.owned_here => return ResizeDecision::NotHere,
-        VolumeShape::Node => {}
-        // Deciding who acts needs the live nodes; refusing is the same answer from every node.
-        VolumeShape::Shared => return ResizeDecision::Refuse(ResizeRefusal::Shape { shape: "shared" }),
+        // A shared pool is one filesystem for every node: one node checks its free space and
+        // updates the PV and the claim, like a node volume's owner does.
+        VolumeShape::Node | VolumeShape::Shared if !facts.acting_here => return ResizeDecision::NotHere,
+        VolumeShape::Node | VolumeShape::Shared => {}
+        // One copy per node, each on its own disk: growing would need every node's room at once.
         VolumeShape::EveryNode => return ResizeDecision::Refuse(ResizeRefusal::Shape { shape: "everyNode" }),
     }
     if facts.requested < facts.pv_capacity {
@@ -134,7 +147,7 @@ mod tests {
             pv_capacity: pv,
             class_allows: true,
             shape: VolumeShape::Node,
-            owned_here: true,
+            acting_here: true,
         }
     }
 
@@ -163,8 +176,41 @@ mod tests {
 
     #[test]
     fn only_the_owning_node_acts() {
-        let f = ResizeFacts { owned_here: false, ..facts(20 * MI, 10 * MI, 10 * MI) };
+        let f = ResizeFacts { acting_here: false, ..facts(20 * MI, 10 * MI, 10 * MI) };
         assert_eq!(decide_resize(&f, room(100 * MI)), ResizeDecision::NotHere);
+    }
+
+    #[test]
+    fn a_shared_volume_is_grown_by_the_acting_node_only() {
+        let here = ResizeFacts { shape: VolumeShape::Shared, ..facts(20 * MI, 10 * MI, 10 * MI) };
+        assert_eq!(decide_resize(&here, room(100 * MI)), ResizeDecision::Grow { to: 20 * MI });
+        let elsewhere = ResizeFacts { acting_here: false, ..here.clone() };
+        assert_eq!(decide_resize(&elsewhere, room(100 * MI)), ResizeDecision::NotHere);
+    }
+
+    #[test]
+    fn a_shared_volume_checks_the_pool_room_and_shrinks_like_a_node_volume() {
+        let f = ResizeFacts { shape: VolumeShape::Shared, ..facts(1024 * MI, 10 * MI, 10 * MI) };
+        assert!(matches!(
+            decide_resize(&f, room(100 * MI)),
+            ResizeDecision::Refuse(ResizeRefusal::NoSpace { available, .. }) if available == 100 * MI
+        ));
+        let shrink = ResizeFacts { shape: VolumeShape::Shared, ..facts(15 * MI, 10 * MI, 20 * MI) };
+        assert_eq!(
+            decide_resize(&shrink, room(100 * MI)),
+            ResizeDecision::Refuse(ResizeRefusal::Shrink { requested: 15 * MI, current: 20 * MI })
+        );
+        // Refusals too come from the acting node only: one event, not one per node.
+        let elsewhere = ResizeFacts { acting_here: false, ..f };
+        assert_eq!(decide_resize(&elsewhere, room(100 * MI)), ResizeDecision::NotHere);
+    }
+
+    #[test]
+    fn the_shared_actor_is_the_ranked_node_or_this_one_when_none_is_live() {
+        let other = Acting::Other { node: "b".into(), recheck_after: std::time::Duration::from_secs(1) };
+        assert!(shared_actor_is_me(&Acting::Me));
+        assert!(shared_actor_is_me(&Acting::Nobody));
+        assert!(!shared_actor_is_me(&other));
     }
 
     #[test]
@@ -199,10 +245,14 @@ mod tests {
     }
 
     #[test]
-    fn shared_and_every_node_volumes_are_refused_with_the_reason() {
-        for (shape, name) in [(VolumeShape::Shared, "shared"), (VolumeShape::EveryNode, "everyNode")] {
-            let f = ResizeFacts { shape, owned_here: false, ..facts(20 * MI, 10 * MI, 10 * MI) };
-            assert_eq!(decide_resize(&f, room(100 * MI)), ResizeDecision::Refuse(ResizeRefusal::Shape { shape: name }));
-        }
+    fn every_node_volumes_are_refused_with_the_reason() {
+        let f = ResizeFacts { shape: VolumeShape::EveryNode, acting_here: false, ..facts(20 * MI, 10 * MI, 10 * MI) };
+        let decision = decide_resize(&f, room(100 * MI));
+        assert_eq!(decision, ResizeDecision::Refuse(ResizeRefusal::Shape { shape: "everyNode" }));
+        let ResizeDecision::Refuse(refusal) = decision else { unreachable!() };
+        assert_eq!(
+            refusal.to_string(),
+            "expansion of everyNode volumes is not supported: only node and shared volumes (topology: node or shared) can be expanded"
+        );
     }
 }

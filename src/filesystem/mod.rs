@@ -363,6 +363,32 @@ pub enum PoolError {
         /// Path of the entry.
         path: PathBuf,
     },
+    /// A project quota volume's directory carries no project id this provisioner gave out.
+    #[error(
+        "{}: has no project id of this provisioner, so no project quota can be set on it; it was left untouched; \
+         an admin should inspect it (a volume made before the class enforced quota, or a clone?)",
+        .path.display()
+    )]
+    NoProjectId {
+        /// Path of the entry.
+        path: PathBuf,
+    },
+    /// A clone asked for on a project quota pool: the copy would not be charged to a project.
+    #[error(
+        "{}: clones with quota: enforce on a project quota pool (XFS, ext4) are not supported yet: the copied \
+         files would not be charged to the clone's project; clone on a btrfs pool, or with a class without quota",
+        .path.display()
+    )]
+    ProjectQuotaClone {
+        /// Path of the clone.
+        path: PathBuf,
+    },
+    /// Every project id from the base up is taken on the pool.
+    #[error("pool {pool}: no free project id is left for a new quota volume")]
+    ProjectIdsExhausted {
+        /// Pool name.
+        pool: String,
+    },
     /// A directory mode outside 0..=0o7777 was requested.
     #[error("directory mode {mode:#o} is not a permission mode (at most 0o7777); fix the configured mode")]
     InvalidMode {
@@ -397,6 +423,9 @@ impl PoolError {
             | PoolError::PermissionDenied { .. }
             | PoolError::VolumeNotEmpty { .. }
             | PoolError::NotSubvolume { .. }
+            | PoolError::NoProjectId { .. }
+            | PoolError::ProjectIdsExhausted { .. }
+            | PoolError::ProjectQuotaClone { .. }
             | PoolError::InvalidName(_)
             | PoolError::DeviceInVolume { .. }
             | PoolError::MissingCapability { .. }
@@ -424,6 +453,9 @@ impl PoolError {
             PoolError::VolumeNotEmpty { .. } => "volume_not_empty",
             PoolError::InvalidName(_) => "invalid_name",
             PoolError::NotSubvolume { .. } => "not_subvolume",
+            PoolError::NoProjectId { .. } => "no_project_id",
+            PoolError::ProjectIdsExhausted { .. } => "project_ids_exhausted",
+            PoolError::ProjectQuotaClone { .. } => "project_quota_clone",
             PoolError::InvalidMode { .. } => "invalid_mode",
             PoolError::DeviceInVolume { .. } => "device_in_volume",
             PoolError::MissingCapability { .. } => "missing_capability",

@@ -52,6 +52,9 @@ impl PoolRoot {
         if let Some(mount) = self.mount_under(&path)? {
             return Err(PoolError::MountInsideVolume { path: mount });
         }
+        // The data keeps its project id until purged (so the id is not given out again while it
+        // is charged); its limit goes now.
+        self.clear_project_limit(name);
         let trash = self.open_trash(true)?;
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let entry = format!("{nanos}-{}", SEQUENCE.fetch_add(1, Ordering::Relaxed));
@@ -123,7 +126,7 @@ impl PoolRoot {
 
     /// The trash directory as a pool root of its own (so removal inside it has every guarantee
     /// of a volume removal), or None when there is no trash yet.
-    fn trash_root(&self) -> Result<Option<PoolRoot>, PoolError> {
+    pub(super) fn trash_root(&self) -> Result<Option<PoolRoot>, PoolError> {
         match self.open_trash(false) {
             Ok(_) => {}
             Err(PoolError::RootMissing { .. }) => return Ok(None),

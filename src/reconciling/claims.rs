@@ -250,12 +250,18 @@ async fn provision(
         (None, VolumeQuota::BtrfsQgroup { limit_bytes }) => {
             pool.create_quota_volume(&dir, ctx.config.dir_mode, limit_bytes)?
         }
+        (None, VolumeQuota::Project { limit_bytes }) => {
+            pool.create_project_volume(&dir, ctx.config.dir_mode, limit_bytes)?
+        }
+        (Some(_), VolumeQuota::Project { .. }) => {
+            return Err(crate::filesystem::PoolError::ProjectQuotaClone { path: pool.volume_path(&dir) }.into());
+        }
         (Some(source), quota) => {
             let source_claim = plan.clone_of.as_deref().unwrap_or_default();
             let created = clones::copy(ctx, claim, source_claim, &pool, source, &dir).await?;
             // A clone of a quota volume is a snapshot of its subvolume, which starts without a
             // limit of its own: it gets the clone's request before any pod can write to it.
-            if let VolumeQuota::BtrfsQgroup { limit_bytes } = quota {
+            if let Some(limit_bytes) = quota.limit_bytes() {
                 pool.set_quota_limit(&dir, limit_bytes)?;
             }
             created

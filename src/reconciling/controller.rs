@@ -477,7 +477,7 @@ fn refresh_quota(ctx: &Context, previous: &mut QuotaState) {
             }
             able => format!("pool {} ({} at {}): quota {}", pool.name, facts.fs, pool.root.display(), able.label()),
         };
-        for mechanism in ["btrfs-qgroup", "none"] {
+        for mechanism in QuotaCapability::LABELS {
             let label = QuotaCapabilityLabel { pool: pool.name.clone(), mechanism: mechanism.to_owned() };
             ctx.metrics.pool_quota_capability.get_or_create(&label).set(i64::from(capability.label() == mechanism));
         }

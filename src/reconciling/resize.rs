@@ -1,4 +1,5 @@
-//! Expansion of bound claims: the external-resizer's part for this node's PVs.
+//! Expansion of bound claims: the external-resizer's part for this node's PVs and for the shared
+//! PVs this node is picked for (one node per volume, by the same ranking as deletion).
 //!
 //! Trigger: the claims watch is metadata-only, but any change to a claim (a larger request
 //! included) arrives as a metadata event; for a bound claim whose PV (`pvc-<uid>`) is in this
@@ -18,8 +19,9 @@ use serde_json::json;
 
 use crate::deciding::capacity::parse_bytes;
 use crate::deciding::layout;
-use crate::deciding::resize::{PoolRoom, ResizeDecision, ResizeFacts, decide_resize};
-use crate::deciding::volume::{owner_node, volume_shape};
+use crate::deciding::resize::{PoolRoom, ResizeDecision, ResizeFacts, decide_resize, shared_actor_is_me};
+use crate::deciding::topology;
+use crate::deciding::volume::{VolumeShape, owner_node, volume_shape};
 use crate::filesystem::VolumeDirName;
 use crate::reconciling::context::Context;
 
@@ -167,19 +169,33 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolu
         .classes
         .get(&ObjectRef::new(&class_name))
         .is_some_and(|c| c.provisioner == ctx.me.provisioner && c.allow_volume_expansion == Some(true));
-    let owner = owner_node(pv);
-    let owned_here = match owner {
-        Some(node) => node == ctx.me.node || node == ctx.my_hostname().await,
-        None => false,
+    let shape = volume_shape(pv, &ctx.config.pools);
+    let acting_here = match shape {
+        VolumeShape::Node => match owner_node(pv) {
+            Some(node) => node == ctx.me.node || node == ctx.my_hostname().await,
+            None => false,
+        },
+        VolumeShape::Shared => shared_acting_here(ctx, pv).await,
+        VolumeShape::EveryNode => false,
     };
-    Some(ResizeFacts {
-        requested,
-        claim_capacity,
-        pv_capacity,
-        class_allows,
-        shape: volume_shape(pv, &ctx.config.pools),
-        owned_here,
-    })
+    Some(ResizeFacts { requested, claim_capacity, pv_capacity, class_allows, shape, acting_here })
+}
+
+/// Whether this node is the one the ranking picks for a shared PV (the key is the PV's name, as
+/// for its deletion). A PV outside this node's pools, or live nodes that cannot be read, leave it
+/// to another node or the next event.
+async fn shared_acting_here(ctx: &Context, pv: &PersistentVolume) -> bool {
+    let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.as_str()).unwrap_or_default();
+    let Ok(accepted) = layout::accept_delete_path(path, pv_name, &ctx.config.pools) else { return false };
+    let Some(pool) = ctx.config.pools.iter().find(|p| p.name == accepted.pool).map(|p| p.key()) else { return false };
+    match ctx.live_nodes().await {
+        Ok(live) => shared_actor_is_me(&topology::acting_node(pv_name, &pool, &ctx.me.node, &live)),
+        Err(error) => {
+            tracing::warn!(pv = %pv_name, %error, "cannot read the live nodes to choose who grows the shared volume");
+            false
+        }
+    }
 }
 
 fn request_quantity(claim: &PersistentVolumeClaim) -> Option<String> {

@@ -175,7 +175,7 @@ impl LibraryMetrics {
 pub struct QuotaCapabilityLabel {
     /// Pool name.
     pub pool: String,
-    /// `btrfs-qgroup`, or `none` when the pool cannot enforce.
+    /// `btrfs-qgroup`, `project` (XFS/ext4 project quota), or `none` when the pool cannot enforce.
     pub mechanism: String,
 }
 

@@ -298,6 +298,17 @@ impl LoopFs {
         run(std::process::Command::new("mount").arg("-o").arg("loop").arg(&image).arg(dir));
         LoopFs { dir: dir.to_owned(), image }
     }
+
+    /// A 300 MiB XFS (mkfs.xfs's minimum), mounted without quota options.
+    pub fn mount_xfs(dir: &Path) -> LoopFs {
+        let image = dir.with_extension("img");
+        std::fs::create_dir_all(dir).expect("mount point");
+        let file = std::fs::File::create(&image).expect("image file");
+        file.set_len(300 << 20).expect("size image");
+        run(std::process::Command::new("mkfs.xfs").args(["-q", "-f"]).arg(&image));
+        run(std::process::Command::new("mount").arg("-o").arg("loop").arg(&image).arg(dir));
+        LoopFs { dir: dir.to_owned(), image }
+    }
 }
 
 impl Drop for LoopFs {

@@ -1,5 +1,13 @@
-//! Quota volumes at the filesystem edge: what a pool can enforce, and btrfs subvolumes with a
-//! qgroup limit as volumes.
+//! Quota volumes at the filesystem edge: what a pool can enforce, btrfs subvolumes with a
+//! qgroup limit as volumes, and on XFS and ext4 directories with a project id of their own and a
+//! project quota limit.
+//!
+//! A project quota volume's id lives on its directory (`FS_IOC_FSGETXATTR`), nowhere else: a new
+//! volume takes the lowest id from [`PROJECT_ID_BASE`](crate::deciding::quota::PROJECT_ID_BASE) that no directory of the pool or its trash
+//! carries, read under a lock held from the scan until the id is on the new directory. One
+//! provisioner serves a node-local pool, so a lock in the process is enough; a restart reads the
+//! ids back from the directories and never reuses a live one. Deletion clears the limit; the id
+//! goes with the directory when the trash is purged.
 //!
 //! A quota volume on btrfs is a subvolume directly under the pool root (or, once released, under
 //! the trash). Its contents are removed with the same descriptor walk as any volume, confined to
@@ -8,6 +16,7 @@
 //! destroyed, or left to the kernel when it still holds it (see [`btrfs::destroy_qgroup`]).
 
 pub mod btrfs;
+pub mod project;
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -18,7 +27,10 @@ use super::{
     Created, Inode, MAX_ANCHORS, OPEN_DIR_WINDOW, PoolError, PoolRoot, Removal, VolumeDirName, Walker, fs_error,
     inode_at, inode_of,
 };
-use crate::deciding::quota::{FsKind, QuotaFacts};
+use crate::deciding::quota::{self, FsKind, ProjectQuotaState, QuotaFacts, is_volume_project_id};
+
+/// Held from the scan of used project ids until the chosen one is on the new directory.
+static PROJECT_IDS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// `XFS_SUPER_MAGIC`.
 const XFS_MAGIC: u64 = 0x5846_5342;
@@ -28,21 +40,34 @@ const EXT4_MAGIC: u64 = 0xef53;
 impl PoolRoot {
     /// What the pool's filesystem, mount and kernel offer for quotas.
     pub fn quota_facts(&self) -> Result<QuotaFacts, PoolError> {
-        let st = rustix::fs::fstatfs(&self.fd).map_err(|e| fs_error("statfs the pool root", self.path.clone(), e))?;
-        #[allow(clippy::unnecessary_cast)] // f_type's width differs between architectures
-        let magic = st.f_type as u64;
-        let fs = match magic {
-            btrfs::SUPER_MAGIC => FsKind::Btrfs,
-            XFS_MAGIC => FsKind::Xfs,
-            EXT4_MAGIC => FsKind::Ext4,
-            other => FsKind::Other(format!("{other:#x}")),
-        };
+        let fs = self.fs_kind()?;
         let btrfs_quota_enabled = fs == FsKind::Btrfs && self.btrfs_fsid().is_ok_and(|id| btrfs::quota_enabled(&id));
+        let project_quota = match fs {
+            FsKind::Xfs | FsKind::Ext4 => match self.readable_root() {
+                Ok(root) => project::state(&root),
+                Err(e) => ProjectQuotaState::Unanswered(e.to_string()),
+            },
+            _ => ProjectQuotaState::NotAsked,
+        };
         Ok(QuotaFacts {
+            project_quota,
             project_quota_mounted: matches!(fs, FsKind::Xfs | FsKind::Ext4) && self.mounted_with_project_quota(),
             kernel_xfs_quota: std::path::Path::new("/proc/fs/xfs/xqmstat").exists(),
             btrfs_quota_enabled,
             fs,
+        })
+    }
+
+    /// The pool's filesystem, from `statfs(2)`.
+    fn fs_kind(&self) -> Result<FsKind, PoolError> {
+        let st = rustix::fs::fstatfs(&self.fd).map_err(|e| fs_error("statfs the pool root", self.path.clone(), e))?;
+        #[allow(clippy::unnecessary_cast)] // f_type's width differs between architectures
+        let magic = st.f_type as u64;
+        Ok(match magic {
+            btrfs::SUPER_MAGIC => FsKind::Btrfs,
+            XFS_MAGIC => FsKind::Xfs,
+            EXT4_MAGIC => FsKind::Ext4,
+            other => FsKind::Other(format!("{other:#x}")),
         })
     }
 
@@ -69,16 +94,137 @@ impl PoolRoot {
         Ok(created)
     }
 
-    /// Whether `name` is a quota volume (a subvolume of this pool), as opposed to a plain directory.
+    /// Whether `name` is a quota volume (a subvolume of this pool, or a directory with a project
+    /// id this provisioner gave out), as opposed to a plain directory.
     pub fn is_quota_volume(&self, name: &VolumeDirName) -> bool {
-        self.open_subvolume(name).is_ok()
+        self.open_subvolume(name).is_ok() || self.volume_project_id(name).is_ok()
     }
 
-    /// Sets the qgroup limit of an existing quota volume (expansion).
+    /// Sets the limit of an existing quota volume (expansion, clones): its qgroup limit on
+    /// btrfs, its project's limit on XFS and ext4.
     pub fn set_quota_limit(&self, name: &VolumeDirName, limit_bytes: u64) -> Result<(), PoolError> {
+        let fs = self.fs_kind()?;
+        if matches!(fs, FsKind::Xfs | FsKind::Ext4) {
+            let id = self.volume_project_id(name)?;
+            return self.set_project_limit(&fs, name, id, limit_bytes);
+        }
         let fd = self.open_subvolume(name)?;
         btrfs::limit_referenced(&fd, limit_bytes)
             .map_err(|e| fs_error("set the volume's qgroup limit", self.volume_path(name), e))
+    }
+
+    /// Creates (or finds, on a retry) the volume as a directory with exactly `mode` and a project
+    /// id of its own, inherited by everything made in it, and limits the project to `limit_bytes`.
+    ///
+    /// A retry finds the id already on the directory and keeps it; a directory that exists with
+    /// files but no id of ours is refused (its contents would not be charged).
+    pub fn create_project_volume(
+        &self,
+        name: &VolumeDirName,
+        mode: u32,
+        limit_bytes: u64,
+    ) -> Result<Created, PoolError> {
+        let fs = self.fs_kind()?;
+        let path = self.volume_path(name);
+        let guard = PROJECT_IDS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let created = self.create_volume_dir(name, mode)?;
+        let id = match self.volume_project_id(name) {
+            Ok(id) => id,
+            Err(_) => {
+                let fd = self.open_volume_dir(name)?;
+                if created == Created::Existing && !self.list_dir_is_empty(&fd) {
+                    return Err(PoolError::NoProjectId { path });
+                }
+                let used = self.used_project_ids()?;
+                let id = quota::free_project_id(&used)
+                    .ok_or_else(|| PoolError::ProjectIdsExhausted { pool: self.name.clone() })?;
+                project::set_project_id(&fd, id)
+                    .map_err(|e| fs_error("set the volume's project id", path.clone(), e))?;
+                id
+            }
+        };
+        drop(guard);
+        self.set_project_limit(&fs, name, id, limit_bytes)?;
+        tracing::debug!(pool = %self.name, volume = %name, id, limit_bytes, "project quota volume ready");
+        Ok(created)
+    }
+
+    /// The project id of volume `name` when it is one this provisioner gave out.
+    fn volume_project_id(&self, name: &VolumeDirName) -> Result<u32, PoolError> {
+        let path = self.volume_path(name);
+        let fd = self.open_volume_dir(name)?;
+        match project::project_id(&fd) {
+            Ok(id) if is_volume_project_id(id) => Ok(id),
+            Ok(_) | Err(Errno::NOTTY | Errno::NOTSUP | Errno::INVAL) => Err(PoolError::NoProjectId { path }),
+            Err(e) => Err(fs_error("read the volume's project id", path, e)),
+        }
+    }
+
+    fn set_project_limit(&self, fs: &FsKind, name: &VolumeDirName, id: u32, bytes: u64) -> Result<(), PoolError> {
+        let root = self.readable_root()?;
+        let set = if *fs == FsKind::Xfs {
+            project::set_xfs_limit(&root, id, bytes)
+        } else {
+            project::set_ext4_limit(&root, id, bytes)
+        };
+        set.map_err(|e| fs_error("set the volume's project quota limit", self.volume_path(name), e))
+    }
+
+    /// Removes the project quota limit of volume `name`, if it is a project quota volume; called
+    /// before it goes to the trash. A failure is logged: the id stays on the data until it is
+    /// purged, and whoever gets the id next sets a limit of its own.
+    pub(super) fn clear_project_limit(&self, name: &VolumeDirName) {
+        let Ok(fs @ (FsKind::Xfs | FsKind::Ext4)) = self.fs_kind() else { return };
+        let Ok(id) = self.volume_project_id(name) else { return };
+        match self.set_project_limit(&fs, name, id, 0) {
+            Ok(()) => tracing::debug!(pool = %self.name, volume = %name, id, "project quota limit cleared"),
+            Err(error) => {
+                tracing::warn!(pool = %self.name, volume = %name, id, %error, "cannot clear the project quota limit")
+            }
+        }
+    }
+
+    /// Project ids carried by the directories of the pool and of its trash (ours and others').
+    fn used_project_ids(&self) -> Result<std::collections::BTreeSet<u32>, PoolError> {
+        let mut used = std::collections::BTreeSet::new();
+        let mut scan = |root: &PoolRoot| -> Result<(), PoolError> {
+            for entry in root.list_entries()? {
+                let Ok(name) = VolumeDirName::new(&entry) else { continue };
+                let Ok(fd) = root.open_volume_dir(&name) else { continue };
+                if let Ok(id) = project::project_id(&fd) {
+                    used.insert(id);
+                }
+            }
+            Ok(())
+        };
+        scan(self)?;
+        if let Some(trash) = self.trash_root()? {
+            scan(&trash)?;
+        }
+        Ok(used)
+    }
+
+    /// Opens directory `name` under the root for reading, without following a symlink.
+    fn open_volume_dir(&self, name: &VolumeDirName) -> Result<OwnedFd, PoolError> {
+        let path = self.volume_path(name);
+        rustix::fs::openat(
+            &self.fd,
+            name.as_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::LOOP => PoolError::VolumeIsSymlink { path: path.clone() },
+            Errno::NOTDIR => PoolError::VolumeNotDirectory { path: path.clone() },
+            e => fs_error("open the volume directory", path.clone(), e),
+        })
+    }
+
+    /// Whether the open directory has no entries besides `.` and `..`.
+    fn list_dir_is_empty(&self, fd: &OwnedFd) -> bool {
+        let Ok(dup) = rustix::io::fcntl_dupfd_cloexec(fd, 0) else { return false };
+        let Ok(mut dir) = rustix::fs::Dir::new(dup) else { return false };
+        !dir.any(|e| e.is_ok_and(|e| !matches!(e.file_name().to_bytes(), b"." | b"..")))
     }
 
     /// Bytes a quota volume references, from qgroup accounting; `None` for a plain directory or
@@ -109,7 +255,7 @@ impl PoolRoot {
             && inode.dev != self.dev
             && inode.mount_root != Some(true)
             && matches!((inode.mnt_id, self.mnt_id), (Some(a), Some(b)) if a == b)
-            && self.quota_facts().is_ok_and(|f| f.fs == FsKind::Btrfs)
+            && self.fs_kind().is_ok_and(|fs| fs == FsKind::Btrfs)
     }
 
     /// Removes a quota volume (subvolume) `name` if that is what the entry is; `None` otherwise,
