@@ -353,3 +353,31 @@ async fn in_a_pod_a_pool_is_on_the_os_disk_when_it_shares_the_filesystem_of_the_
     assert_eq!(on_os_disk(&report), [serde_json::Value::Null, serde_json::Value::Null], "{report}");
     assert_eq!(code, 0, "unknown is not a problem: {report}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_quota_line_is_the_daemons_verdict_btrfs_serves_enforce_once_quota_is_enabled() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = LoopFs::mount_btrfs(&dir.path().join("pool"), 128);
+    let settings = [("NODE_NAME", "node-a".to_owned()), ("PV_DIR", disk.dir.display().to_string())];
+    let quota = |json: &str| {
+        let report: serde_json::Value = serde_json::from_str(json).expect("JSON report");
+        report["pools"][0]["filesystem"].clone()
+    };
+
+    let (_, json) = doctor(&settings, &["--output", "json"]).await;
+    let fs = quota(&json);
+    assert_eq!(fs["type"], "btrfs", "{fs}");
+    assert_eq!(fs["quota"], "none", "{fs}");
+    let missing = fs["quota_missing"].as_str().unwrap_or_default();
+    assert!(missing.contains("btrfs quota enable"), "says what is missing: {fs}");
+
+    // The admin's one-time step; the doctor then says what the daemon would do.
+    let enabled = std::process::Command::new("btrfs").args(["quota", "enable"]).arg(&disk.dir).status().unwrap();
+    assert!(enabled.success());
+    let (_, json) = doctor(&settings, &["--output", "json"]).await;
+    let fs = quota(&json);
+    assert_eq!(fs["quota"], "btrfs-qgroup", "{fs}");
+    assert!(fs["quota_missing"].is_null(), "{fs}");
+    let (_, table) = doctor(&settings, &[]).await;
+    assert!(table.contains("btrfs-qgroup (quota: enforce served)"), "{table}");
+}

@@ -80,11 +80,6 @@ pub fn quota_options(options: &[String]) -> Vec<String> {
     options.iter().filter(|o| QUOTA.contains(&o.split('=').next().unwrap_or_default())).cloned().collect()
 }
 
-/// Whether the options enable enforced project quotas (one limit per volume directory).
-pub fn has_project_quota(quota_options: &[String]) -> bool {
-    quota_options.iter().any(|o| o == "prjquota" || o == "pquota")
-}
-
 /// An SELinux label as stored in the `security.selinux` xattr (NUL-terminated bytes).
 pub fn selinux_label_text(raw: &[u8]) -> String {
     let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
@@ -185,13 +180,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quota_options_are_picked_out_and_project_quota_recognised() {
+    fn quota_options_are_picked_out() {
         let options: Vec<String> =
             ["rw", "attr2", "prjquota", "usrjquota=aquota.user", "noquota"].iter().map(|s| s.to_string()).collect();
         let quota = quota_options(&options);
         assert_eq!(quota, vec!["prjquota".to_owned(), "usrjquota=aquota.user".to_owned()]);
-        assert!(has_project_quota(&quota));
-        assert!(!has_project_quota(&quota_options(&["usrquota".to_owned()])));
         assert!(quota_options(&["rw".to_owned()]).is_empty());
     }
 

@@ -1,6 +1,7 @@
 //! The doctor's I/O edge: what the pools' filesystems and the API server say. Every decision on
 //! these facts is in [`crate::doctor::assess`].
 
+use crate::deciding::quota::QuotaCapability;
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -130,6 +131,8 @@ fn filesystem_report(root: &PoolRoot) -> Result<FilesystemReport, DoctorError> {
     let reflink = if read_only { Reflink::Unknown("read-only".into()) } else { capabilities::probe_reflink(path) };
     let options = mount.as_ref().map(|m| m.options.clone()).unwrap_or_default();
     let quota_options = capabilities::quota_options(&options);
+    // The daemon's own verdict on `quota: enforce` for this pool, from the same facts.
+    let quota = crate::deciding::quota::capability(&root.quota_facts().map_err(DoctorError::Pool)?);
     let fs_type = mount
         .as_ref()
         .map(|m| m.fs_type.clone())
@@ -150,7 +153,11 @@ fn filesystem_report(root: &PoolRoot) -> Result<FilesystemReport, DoctorError> {
         inodes_total: st.f_files,
         inodes_available: st.f_favail,
         reflink: reflink.to_string(),
-        project_quota: capabilities::has_project_quota(&quota_options),
+        quota: quota.label().to_owned(),
+        quota_missing: match quota {
+            QuotaCapability::Unable(missing) => Some(missing),
+            _ => None,
+        },
         quota_options,
         selinux,
     })

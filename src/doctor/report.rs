@@ -89,8 +89,11 @@ pub struct FilesystemReport {
     pub reflink: String,
     /// Quota mount options the kernel reports (`prjquota`, `usrquota`, ...).
     pub quota_options: Vec<String>,
-    /// Enforced project quotas, the kind a per-volume limit needs.
-    pub project_quota: bool,
+    /// Whether `quota: enforce` classes can be served here, by the daemon's own rule
+    /// (`deciding::quota::capability`): `btrfs-qgroup`, `project` or `none`.
+    pub quota: String,
+    /// With `quota` = `none`: exactly what is missing.
+    pub quota_missing: Option<String>,
     /// Present only where SELinux is on.
     pub selinux: Option<SelinuxReport>,
 }
@@ -221,9 +224,12 @@ pub fn render_table(report: &Report) -> String {
                 rows.push(("inodes", format!("{} available of {}", fs.inodes_available, fs.inodes_total)));
             }
             rows.push(("reflink", fs.reflink.clone()));
-            let quota = if fs.quota_options.is_empty() { "none".to_owned() } else { fs.quota_options.join(",") };
-            let project = if fs.project_quota { "project quotas enforced" } else { "no project quota" };
-            rows.push(("quota", format!("{quota} ({project})")));
+            let options = if fs.quota_options.is_empty() { "none".to_owned() } else { fs.quota_options.join(",") };
+            let verdict = match &fs.quota_missing {
+                Some(missing) => format!("{} (quota: enforce refused: {missing})", fs.quota),
+                None => format!("{} (quota: enforce served)", fs.quota),
+            };
+            rows.push(("quota", format!("{verdict}; mount options: {options}")));
             let selinux = match &fs.selinux {
                 None => "off".to_owned(),
                 Some(s) => format!("{}, root labelled {}", s.mode, s.label.as_deref().unwrap_or("(unreadable)")),
@@ -303,7 +309,7 @@ mod tests {
                     available_bytes: 40 << 30,
                     reflink: "supported".into(),
                     quota_options: vec!["prjquota".into()],
-                    project_quota: true,
+                    quota: "project".into(),
                     selinux: Some(SelinuxReport {
                         mode: "enforcing".into(),
                         label: Some("system_u:object_r:container_file_t:s0".into()),
@@ -340,7 +346,7 @@ mod tests {
             "is on OS disk  no",
             "space          40 GiB available of 100 GiB, reserve 1 GiB",
             "reflink        supported",
-            "quota          prjquota (project quotas enforced)",
+            "quota          project (quota: enforce served); mount options: prjquota",
             "selinux        enforcing, root labelled system_u:object_r:container_file_t:s0",
             "orphans        pvc-1 (8 KiB)",
             "missing        none",
