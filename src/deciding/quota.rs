@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use crate::config::PvCapacity;
+
 /// StorageClass parameter naming the quota mode.
 pub const PARAMETER: &str = "quota";
 
@@ -65,7 +67,28 @@ pub struct QuotaFacts {
     pub project_quota_mounted: bool,
     /// XFS: the kernel was built with XFS quota support (`/proc/fs/xfs/xqmstat` exists).
     pub kernel_xfs_quota: bool,
+    /// This process holds `CAP_SYS_ADMIN` (effective set), which setting and destroying btrfs
+    /// qgroups needs.
+    pub cap_sys_admin: bool,
 }
+
+/// Bit of `CAP_SYS_ADMIN` in a capability set (`linux/capability.h`).
+const CAP_SYS_ADMIN_BIT: u32 = 21;
+
+/// Whether the `CapEff:` line of a `/proc/<pid>/status` text holds `CAP_SYS_ADMIN`; false when
+/// the line is missing or unreadable.
+pub fn status_holds_cap_sys_admin(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|set| set & (1 << CAP_SYS_ADMIN_BIT) != 0)
+}
+
+/// What a btrfs pool with quota enabled lacks when the provisioner runs without `CAP_SYS_ADMIN`.
+pub const MISSING_CAP_SYS_ADMIN: &str = "the provisioner lacks CAP_SYS_ADMIN, which btrfs needs to set qgroup limits; \
+     add SYS_ADMIN to its container's capabilities (chart value `quota.enabled: true`, or the commented line in \
+     deploy/legacy/daemonset.yaml)";
 
 /// How a pool enforces quotas, or exactly what it lacks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,7 +115,8 @@ impl QuotaCapability {
 /// rather than pretending the mount is at fault.
 pub fn capability(facts: &QuotaFacts) -> QuotaCapability {
     let missing = match &facts.fs {
-        FsKind::Btrfs if facts.btrfs_quota_enabled => return QuotaCapability::BtrfsQgroup,
+        FsKind::Btrfs if facts.btrfs_quota_enabled && facts.cap_sys_admin => return QuotaCapability::BtrfsQgroup,
+        FsKind::Btrfs if facts.btrfs_quota_enabled => MISSING_CAP_SYS_ADMIN.to_owned(),
         FsKind::Btrfs => {
             "btrfs quota is not enabled on it (an admin enables it once with `btrfs quota enable <pool root>`)"
                 .to_owned()
@@ -159,12 +183,57 @@ pub fn decide(
     }
 }
 
+/// Whether a new volume's PV reports the whole filesystem's size as its capacity: only a plain
+/// volume under `PV_CAPACITY=filesystem`. A quota volume's size is its limit, the request: were
+/// the PV (and so the claim's status) to say the disk size, every expansion below it would be
+/// judged already done and silently do nothing.
+pub fn pv_reports_filesystem_size(setting: PvCapacity, volume: VolumeQuota) -> bool {
+    setting == PvCapacity::Filesystem && volume == VolumeQuota::Unlimited
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn facts(fs: FsKind) -> QuotaFacts {
-        QuotaFacts { fs, btrfs_quota_enabled: false, project_quota_mounted: false, kernel_xfs_quota: false }
+        QuotaFacts {
+            fs,
+            btrfs_quota_enabled: false,
+            project_quota_mounted: false,
+            kernel_xfs_quota: false,
+            cap_sys_admin: true,
+        }
+    }
+
+    #[test]
+    fn btrfs_quota_without_cap_sys_admin_is_refused_naming_the_capability_and_the_chart_value() {
+        let f = QuotaFacts { btrfs_quota_enabled: true, cap_sys_admin: false, ..facts(FsKind::Btrfs) };
+        assert_eq!(capability(&f).label(), "none");
+        let refusal = decide(QuotaMode::Enforce, 1, "fast", "/mnt/fast", &f).unwrap_err();
+        assert!(refusal.missing.starts_with("the provisioner lacks CAP_SYS_ADMIN"), "{refusal}");
+        assert!(refusal.missing.contains("quota.enabled: true"), "{refusal}");
+        // A plain class does not need the capability.
+        assert_eq!(decide(QuotaMode::None, 1, "fast", "/mnt/fast", &f), Ok(VolumeQuota::Unlimited));
+    }
+
+    #[test]
+    fn cap_sys_admin_is_read_from_the_effective_set_of_proc_status() {
+        let status =
+            |eff: &str| format!("Name:\thpp\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t{eff}\n");
+        assert!(status_holds_cap_sys_admin(&status("000001ffffffffff")));
+        assert!(status_holds_cap_sys_admin(&status("0000000000200000")));
+        // DAC_OVERRIDE, FOWNER, CHOWN, FSETID: the default DaemonSet's set.
+        assert!(!status_holds_cap_sys_admin(&status("000000000000001b")));
+        assert!(!status_holds_cap_sys_admin("Name:\thpp\n"));
+    }
+
+    #[test]
+    fn a_quota_volume_reports_its_limit_not_the_disk_even_with_pv_capacity_filesystem() {
+        let quota = VolumeQuota::BtrfsQgroup { limit_bytes: 10 << 20 };
+        assert!(!pv_reports_filesystem_size(PvCapacity::Filesystem, quota));
+        assert!(pv_reports_filesystem_size(PvCapacity::Filesystem, VolumeQuota::Unlimited));
+        assert!(!pv_reports_filesystem_size(PvCapacity::Request, VolumeQuota::Unlimited));
+        assert!(!pv_reports_filesystem_size(PvCapacity::Request, quota));
     }
 
     #[test]
