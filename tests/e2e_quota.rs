@@ -439,3 +439,33 @@ async fn without_cap_sys_admin_an_enforce_claim_is_refused_naming_the_capability
     assert!(ready.contains("quota none (the provisioner lacks CAP_SYS_ADMIN"), "{ready}");
     env.nodes[0].provisioner.terminate();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_whose_volume_holds_a_tenant_subvolume_is_deleted_completely_and_counted() {
+    let mut env = TestEnv::start("quota-nested", 0).await;
+    let node = format!("{}-1", env.group);
+    let disk = LoopFs::mount_btrfs(&testbed::pool_root_for(env.cp, &node), 128);
+    let pool = PoolRoot::open("check", &disk.dir).unwrap();
+    pool.enable_btrfs_quota().unwrap();
+    env.add_node(&node, &|spec| spec).await;
+    let class = env.class("enforce", |c| c.immediate().parameter("quota", "enforce")).await;
+    env.create_claim(fixtures::claim(&env.ns, "escaping", &class, "10Mi").provision_on_node(&node)).await;
+    let pv = env.wait_bound("escaping").await;
+    let path = std::path::PathBuf::from(pv.spec.as_ref().unwrap().host_path.as_ref().unwrap().path.clone());
+    tenant_subvolume(&path.join("x"));
+    std::fs::write(path.join("x/data"), b"outside the quota").unwrap();
+
+    env.delete_claim("escaping").await;
+    env.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
+    wait_trash_empty(&disk.dir).await;
+    assert!(!path.exists());
+    assert_eq!(tokio::task::block_in_place(|| wait_no_qgroups(&pool)), Vec::<u64>::new());
+    let provisioner = &env.nodes[0].provisioner;
+    testbed::wait_for("nested subvolume counted", TIMEOUT, || async {
+        let metrics = provisioner.metrics().await?;
+        anyhow::Ok(metrics.lines().any(|l| l == "hostpath_provisioner_nested_subvolumes_removed_total 1").then_some(()))
+    })
+    .await
+    .expect("nested_subvolumes_removed_total 1");
+    env.nodes[0].provisioner.terminate();
+}

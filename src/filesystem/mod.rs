@@ -21,7 +21,7 @@ use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
@@ -56,6 +56,16 @@ const MAX_OPENAT2_RETRIES: u32 = 16;
 
 /// Mode given to directories that lack owner read, write or search permission before emptying.
 const OWNER_RWX: u32 = 0o700;
+
+/// Nested btrfs subvolumes removed with a volume since start, in every pool (see
+/// [`nested_subvolumes_removed`]).
+static NESTED_SUBVOLUMES_REMOVED: AtomicU64 = AtomicU64::new(0);
+
+/// How many btrfs subvolumes nested inside volumes this process has removed: each was made by a
+/// workload and escaped its volume's quota. Read into a metric by the trash loop.
+pub fn nested_subvolumes_removed() -> u64 {
+    NESTED_SUBVOLUMES_REMOVED.load(Ordering::Relaxed)
+}
 
 /// A validated directory name directly under a pool root: non-empty, at most 255 bytes, no '/',
 /// no NUL, not "." or "..".
@@ -1207,6 +1217,7 @@ impl<'a> Walker<'a> {
     /// kernel lets it, and the escape is logged, since the tenant's data in it was not limited.
     fn nested_subvolume_removed(&mut self, parent: Option<usize>, name: &CStr, id: u64) {
         self.nested_subvolumes += 1;
+        NESTED_SUBVOLUMES_REMOVED.fetch_add(1, Ordering::Relaxed);
         let path = self.path_of(parent, Some(name));
         let destroyed = self.pool.readable_root().and_then(|root| {
             quota::btrfs::destroy_qgroup(&root, id).map_err(|e| fs_error("destroy the qgroup", path.clone(), e))
