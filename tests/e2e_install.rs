@@ -255,6 +255,10 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
         "image: \"registry.example.com/storage/hostpath-provisioner@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\""
     ));
     assert_eq!(max.matches("kind: StorageClass").count(), 4);
+    // quota.enabled adds SYS_ADMIN (btrfs qgroup limits) to the container and the SCC, and only then.
+    assert!(max.contains(r#"add: ["DAC_OVERRIDE", "FOWNER", "CHOWN", "FSETID", "SYS_ADMIN"]"#), "{max}");
+    assert!(max.contains("\n  - SYS_ADMIN\n"), "SCC allows SYS_ADMIN:\n{max}");
+    assert!(!default.contains("SYS_ADMIN"), "{default}");
     assert!(max.contains("storageclass.kubernetes.io/is-default-class: \"true\""));
     assert!(max.contains("provisioner: hostpath.example.com"));
 

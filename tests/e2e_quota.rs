@@ -361,3 +361,164 @@ async fn expansion_grows_the_quota_online_and_refuses_an_oversize_grow_and_a_shr
     assert!(matches!(&shrink, Err(kube::Error::Api(s)) if s.code == 422), "{shrink:?}");
     env.nodes[0].provisioner.terminate();
 }
+
+/// `btrfs subvolume create`, as a workload inside a volume can run it (the ioctl needs no
+/// capability).
+fn tenant_subvolume(path: &Path) {
+    let out = std::process::Command::new("btrfs").args(["-q", "subvolume", "create"]).arg(path).output().unwrap();
+    assert!(
+        out.status.success(),
+        "btrfs subvolume create {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_subvolume_a_tenant_nests_in_a_quota_volume_is_removed_with_it_and_its_qgroup_destroyed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_disk, pool) = btrfs_pool(tmp.path(), 256);
+    let name = VolumeDirName::new("pvc-escape").unwrap();
+    pool.create_quota_volume(&name, 0o777, MIB).unwrap();
+    let dir = pool.volume_path(&name);
+    // The escape: a nested subvolume has its own, unlimited qgroup.
+    tenant_subvolume(&dir.join("x"));
+    let (written, errno) = write_until_refused(&dir.join("x/big"), 4 * MIB);
+    assert_eq!((written, errno), (4 * MIB, None), "the nested subvolume is not limited by the volume's quota");
+    std::fs::create_dir_all(dir.join("x/deep/dir")).unwrap();
+    tenant_subvolume(&dir.join("x/deep/dir/y"));
+    std::fs::write(dir.join("x/deep/dir/y/file"), b"data").unwrap();
+    std::fs::set_permissions(dir.join("x/deep"), std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+    assert_eq!(pool.subvolume_qgroups().unwrap().len(), 3);
+
+    // Through the trash, as the provisioner deletes it.
+    pool.move_to_trash(&name).expect("trash");
+    assert_eq!(pool.purge_trash().expect("the nested subvolumes do not stop the removal"), 1);
+    assert!(!dir.exists());
+    assert_eq!(pool.trash_pending().unwrap(), 0);
+    assert_eq!(wait_no_qgroups(&pool), Vec::<u64>::new(), "no qgroup left");
+}
+
+#[test]
+fn a_subvolume_nested_in_a_plain_volume_on_btrfs_is_removed_but_a_mount_inside_it_stops_the_removal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_disk, pool) = btrfs_pool(tmp.path(), 256);
+    let name = VolumeDirName::new("pvc-plain").unwrap();
+    pool.create_volume_dir(&name, 0o777).unwrap();
+    let dir = pool.volume_path(&name);
+    tenant_subvolume(&dir.join("x"));
+    std::fs::write(dir.join("x/file"), b"data").unwrap();
+    // A bind mount of another directory of the same filesystem inside the nested subvolume: same
+    // device numbers as a subvolume, but another mount, which the removal never enters.
+    let elsewhere = pool.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("keep"), b"keep").unwrap();
+    let mount = BindMount::new(&elsewhere, &dir.join("x/mnt"));
+
+    let refused = pool.remove_volume_dir(&name).expect_err("a mount inside stops the removal");
+    assert!(refused.to_string().contains("mounted"), "{refused}");
+    assert!(elsewhere.join("keep").exists(), "the mounted directory is untouched");
+    drop(mount);
+    pool.remove_volume_dir(&name).expect("removed once unmounted");
+    assert!(!dir.exists());
+    assert!(elsewhere.join("keep").exists());
+    assert_eq!(wait_no_qgroups(&pool), Vec::<u64>::new(), "no qgroup left");
+}
+
+/// A bind mount, unmounted when dropped.
+struct BindMount(std::path::PathBuf);
+
+impl BindMount {
+    fn new(source: &Path, target: &Path) -> BindMount {
+        std::fs::create_dir_all(target).unwrap();
+        let ok = std::process::Command::new("mount").arg("--bind").arg(source).arg(target).status().unwrap();
+        assert!(ok.success(), "bind mount");
+        BindMount(target.to_owned())
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_subvolume_whose_limit_cannot_be_set_is_removed_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Quota not enabled: the kernel refuses the limit, as it does without CAP_SYS_ADMIN.
+    let disk = LoopFs::mount_btrfs(&tmp.path().join("pool"), 128);
+    let pool = PoolRoot::open("fast", &disk.dir).unwrap();
+    let name = VolumeDirName::new("pvc-unlimited").unwrap();
+    let error = pool.create_quota_volume(&name, 0o777, MIB).expect_err("no limit without quota");
+    assert!(error.to_string().contains("qgroup limit"), "{error}");
+    assert!(!pool.volume_path(&name).exists(), "no unlimited subvolume left behind");
+}
+
+/// A wrapper that runs the provisioner without `CAP_SYS_ADMIN`, as the default DaemonSet does.
+fn without_cap_sys_admin(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("hpp-without-sys-admin");
+    let text = format!(
+        "#!/bin/sh\nexec setpriv --inh-caps -sys_admin --bounding-set -sys_admin -- {} \"$@\"\n",
+        binary().display()
+    );
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_cap_sys_admin_an_enforce_claim_is_refused_naming_the_capability() {
+    let mut env = TestEnv::start("quota-nocap", 0).await;
+    let node = format!("{}-1", env.group);
+    let disk = LoopFs::mount_btrfs(&testbed::pool_root_for(env.cp, &node), 128);
+    let pool = PoolRoot::open("check", &disk.dir).unwrap();
+    pool.enable_btrfs_quota().unwrap();
+    let scripts = tempfile::tempdir().unwrap();
+    let wrapper = without_cap_sys_admin(scripts.path());
+    env.add_node(&node, &|mut spec| {
+        spec.binary = wrapper.clone();
+        spec
+    })
+    .await;
+    let class = env.class("enforce", |c| c.immediate().parameter("quota", "enforce")).await;
+    let claim = env.create_claim(fixtures::claim(&env.ns, "refused", &class, "10Mi").provision_on_node(&node)).await;
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(note.contains("cannot enforce quota: the provisioner lacks CAP_SYS_ADMIN"), "{note}");
+    assert!(entries(&disk.dir).is_empty(), "no subvolume created: {:?}", entries(&disk.dir));
+    assert_eq!(pool.subvolume_qgroups().unwrap(), Vec::<u64>::new());
+    let (_, ready) = testbed::http_get(env.nodes[0].provisioner.health_addr(), "/readyz").await.unwrap();
+    assert!(ready.contains("quota none (the provisioner lacks CAP_SYS_ADMIN"), "{ready}");
+    env.nodes[0].provisioner.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_whose_volume_holds_a_tenant_subvolume_is_deleted_completely_and_counted() {
+    let mut env = TestEnv::start("quota-nested", 0).await;
+    let node = format!("{}-1", env.group);
+    let disk = LoopFs::mount_btrfs(&testbed::pool_root_for(env.cp, &node), 128);
+    let pool = PoolRoot::open("check", &disk.dir).unwrap();
+    pool.enable_btrfs_quota().unwrap();
+    env.add_node(&node, &|spec| spec).await;
+    let class = env.class("enforce", |c| c.immediate().parameter("quota", "enforce")).await;
+    env.create_claim(fixtures::claim(&env.ns, "escaping", &class, "10Mi").provision_on_node(&node)).await;
+    let pv = env.wait_bound("escaping").await;
+    let path = std::path::PathBuf::from(pv.spec.as_ref().unwrap().host_path.as_ref().unwrap().path.clone());
+    tenant_subvolume(&path.join("x"));
+    std::fs::write(path.join("x/data"), b"outside the quota").unwrap();
+
+    env.delete_claim("escaping").await;
+    env.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
+    wait_trash_empty(&disk.dir).await;
+    assert!(!path.exists());
+    assert_eq!(tokio::task::block_in_place(|| wait_no_qgroups(&pool)), Vec::<u64>::new());
+    let provisioner = &env.nodes[0].provisioner;
+    testbed::wait_for("nested subvolume counted", TIMEOUT, || async {
+        let metrics = provisioner.metrics().await?;
+        anyhow::Ok(metrics.lines().any(|l| l == "hostpath_provisioner_nested_subvolumes_removed_total 1").then_some(()))
+    })
+    .await
+    .expect("nested_subvolumes_removed_total 1");
+    env.nodes[0].provisioner.terminate();
+}

@@ -15,6 +15,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use sha2::{Digest, Sha256};
 
 use crate::deciding::claim::{DecisionConfig, class_request};
+use crate::deciding::quota::QuotaMode;
 use crate::deciding::topology::{self, Acting, LiveNode};
 
 /// Shortest time between two updates of one object's figures (creation and removal are not
@@ -35,6 +36,9 @@ pub struct PoolSpace {
     /// Bytes a new volume may take: available space minus the pool's reserve; `None` while the
     /// pool is unusable (missing root, not a mount point when required).
     pub usable_bytes: Option<u64>,
+    /// The pool can enforce a `quota: enforce` class now; a class that asks for it is offered
+    /// only where this holds, since the claim would be refused anywhere else.
+    pub enforces_quota: bool,
 }
 
 /// One object this node should publish.
@@ -88,7 +92,11 @@ pub fn wanted(
             if pool.shared != request.topology.needs_shared_pool() {
                 return None;
             }
-            let bytes = space.iter().find(|s| s.pool == pool.name)?.usable_bytes?;
+            let space = space.iter().find(|s| s.pool == pool.name)?;
+            if request.quota == QuotaMode::Enforce && !space.enforces_quota {
+                return None;
+            }
+            let bytes = space.usable_bytes?;
             Some(Wanted {
                 name: object_name(provisioner_hash, node, name),
                 class: name.to_owned(),
@@ -204,7 +212,22 @@ mod tests {
     }
 
     fn space(pool: &str, bytes: Option<u64>) -> PoolSpace {
-        PoolSpace { pool: pool.into(), usable_bytes: bytes }
+        PoolSpace { pool: pool.into(), usable_bytes: bytes, enforces_quota: false }
+    }
+
+    #[test]
+    fn an_enforce_class_is_offered_only_on_pools_that_enforce_quota() {
+        let classes = [
+            class("enforced", PROVISIONER, &[("storagePool", "ssd"), ("quota", "enforce")]),
+            class("plain", PROVISIONER, &[("storagePool", "ssd")]),
+        ];
+        let pools = vec![PoolPath::local("ssd", "/mnt/ssd")];
+        let unable = published_for(&classes, pools.clone(), &[space("ssd", Some(1 << 30))]);
+        assert_eq!(unable, vec![("plain".into(), "ssd".into(), 1 << 30)]);
+        let able = PoolSpace { enforces_quota: true, ..space("ssd", Some(1 << 30)) };
+        let mut got = published_for(&classes, pools, &[able]);
+        got.sort();
+        assert_eq!(got, vec![("enforced".into(), "ssd".into(), 1 << 30), ("plain".into(), "ssd".into(), 1 << 30)]);
     }
 
     fn published_for(

@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use crate::config::PvCapacity;
+
 /// StorageClass parameter naming the quota mode.
 pub const PARAMETER: &str = "quota";
 
@@ -68,6 +70,9 @@ pub struct QuotaFacts {
     /// XFS and ext4: what the kernel's quotactl says about project quota on the pool's
     /// filesystem; [`ProjectQuotaState::NotAsked`] elsewhere.
     pub project_quota: ProjectQuotaState,
+    /// This process holds `CAP_SYS_ADMIN` (effective set), which setting quota limits needs
+    /// (btrfs qgroups, XFS and ext4 project quota).
+    pub cap_sys_admin: bool,
 }
 
 /// Project quota on an XFS or ext4 filesystem as `quotactl_fd(2)` reports it.
@@ -125,6 +130,24 @@ pub fn quota_kib_blocks(bytes: u64) -> u64 {
     bytes.div_ceil(1024)
 }
 
+/// Bit of `CAP_SYS_ADMIN` in a capability set (`linux/capability.h`).
+const CAP_SYS_ADMIN_BIT: u32 = 21;
+
+/// Whether the `CapEff:` line of a `/proc/<pid>/status` text holds `CAP_SYS_ADMIN`; false when
+/// the line is missing or unreadable.
+pub fn status_holds_cap_sys_admin(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|set| set & (1 << CAP_SYS_ADMIN_BIT) != 0)
+}
+
+/// What a pool that could enforce quota lacks when the provisioner runs without `CAP_SYS_ADMIN`.
+pub const MISSING_CAP_SYS_ADMIN: &str = "the provisioner lacks CAP_SYS_ADMIN, which setting quota limits needs (btrfs qgroups, XFS and ext4 project quota); \
+     add SYS_ADMIN to its container's capabilities (chart value `quota.enabled: true`, or the commented line in \
+     deploy/legacy/daemonset.yaml)";
+
 /// How a pool enforces quotas, or exactly what it lacks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum QuotaCapability {
@@ -154,13 +177,17 @@ impl QuotaCapability {
 /// The quota capability of a pool with these facts: able, or exactly the missing piece.
 pub fn capability(facts: &QuotaFacts) -> QuotaCapability {
     let missing = match &facts.fs {
-        FsKind::Btrfs if facts.btrfs_quota_enabled => return QuotaCapability::BtrfsQgroup,
+        FsKind::Btrfs if facts.btrfs_quota_enabled && facts.cap_sys_admin => return QuotaCapability::BtrfsQgroup,
+        FsKind::Btrfs if facts.btrfs_quota_enabled => MISSING_CAP_SYS_ADMIN.to_owned(),
         FsKind::Btrfs => {
             "btrfs quota is not enabled on it (an admin enables it once with `btrfs quota enable <pool root>`)"
                 .to_owned()
         }
-        FsKind::Xfs | FsKind::Ext4 if facts.project_quota == ProjectQuotaState::Enforced => {
+        FsKind::Xfs | FsKind::Ext4 if facts.project_quota == ProjectQuotaState::Enforced && facts.cap_sys_admin => {
             return QuotaCapability::Project;
+        }
+        FsKind::Xfs | FsKind::Ext4 if facts.project_quota == ProjectQuotaState::Enforced => {
+            MISSING_CAP_SYS_ADMIN.to_owned()
         }
         FsKind::Xfs if !facts.kernel_xfs_quota => {
             "the kernel has no XFS quota support (CONFIG_XFS_QUOTA); use a kernel with it, or put the pool on btrfs \
@@ -269,6 +296,14 @@ pub fn decide(
     }
 }
 
+/// Whether a new volume's PV reports the whole filesystem's size as its capacity: only a plain
+/// volume under `PV_CAPACITY=filesystem`. A quota volume's size is its limit, the request: were
+/// the PV (and so the claim's status) to say the disk size, every expansion below it would be
+/// judged already done and silently do nothing.
+pub fn pv_reports_filesystem_size(setting: PvCapacity, volume: VolumeQuota) -> bool {
+    setting == PvCapacity::Filesystem && volume == VolumeQuota::Unlimited
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +315,7 @@ mod tests {
             project_quota_mounted: false,
             kernel_xfs_quota: false,
             project_quota: ProjectQuotaState::NotAsked,
+            cap_sys_admin: true,
         }
     }
 
@@ -349,6 +385,20 @@ mod tests {
             assert_eq!(capability(&f), QuotaCapability::Project);
             assert_eq!(capability(&f).label(), "project");
             assert_eq!(decide(QuotaMode::Enforce, 7, "p", "/p", &f), Ok(VolumeQuota::Project { limit_bytes: 7 }));
+        }
+    }
+
+    #[test]
+    fn project_quota_without_cap_sys_admin_is_refused_naming_the_capability() {
+        for fs in [FsKind::Xfs, FsKind::Ext4] {
+            let f = QuotaFacts {
+                kernel_xfs_quota: true,
+                project_quota_mounted: true,
+                project_quota: ProjectQuotaState::Enforced,
+                cap_sys_admin: false,
+                ..facts(fs)
+            };
+            assert_eq!(capability(&f), QuotaCapability::Unable(MISSING_CAP_SYS_ADMIN.to_owned()));
         }
     }
 

@@ -21,7 +21,7 @@ use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
@@ -56,6 +56,16 @@ const MAX_OPENAT2_RETRIES: u32 = 16;
 
 /// Mode given to directories that lack owner read, write or search permission before emptying.
 const OWNER_RWX: u32 = 0o700;
+
+/// Nested btrfs subvolumes removed with a volume since start, in every pool (see
+/// [`nested_subvolumes_removed`]).
+static NESTED_SUBVOLUMES_REMOVED: AtomicU64 = AtomicU64::new(0);
+
+/// How many btrfs subvolumes nested inside volumes this process has removed: each was made by a
+/// workload and escaped its volume's quota. Read into a metric by the trash loop.
+pub fn nested_subvolumes_removed() -> u64 {
+    NESTED_SUBVOLUMES_REMOVED.load(Ordering::Relaxed)
+}
 
 /// A validated directory name directly under a pool root: non-empty, at most 255 bytes, no '/',
 /// no NUL, not "." or "..".
@@ -601,6 +611,15 @@ pub struct RootOrigin {
     pub parent: (u64, u64),
 }
 
+/// Whether opening a directory may enter a nested btrfs subvolume on the pool's own mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Subvolumes {
+    /// The removal walk: a subvolume inside a volume is part of the volume's tree.
+    Descend,
+    /// Anything else: a different device number is refused like a mount.
+    Refuse,
+}
+
 /// What opening a directory entry as a directory found.
 enum DirOpen {
     Opened(OwnedFd, Inode),
@@ -758,7 +777,7 @@ impl PoolRoot {
             Err(Errno::EXIST) => Created::Existing,
             Err(e) => return Err(fs_error("create the volume directory", path, e)),
         };
-        let fd = match self.open_dir_beneath(self.fd.as_fd(), name.as_str(), &|| path.clone())? {
+        let fd = match self.open_dir_beneath(self.fd.as_fd(), name.as_str(), &|| path.clone(), Subvolumes::Refuse)? {
             DirOpen::Opened(fd, _) => fd,
             DirOpen::NotDirectory => {
                 let inode = inode_at(self.fd.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW);
@@ -908,6 +927,22 @@ impl PoolRoot {
         rustix::fs::openat(dirfd, name, flags, Mode::empty())
     }
 
+    /// True for an inode on the pool root's own mount (same mount id, not a mount root) whose
+    /// device number differs only because it sits in another btrfs subvolume: a subvolume a
+    /// tenant created inside a volume (`btrfs subvolume create` needs no privilege), or inside
+    /// one. Only the mount id tells this apart from a mount: without it (kernels before 5.8)
+    /// the answer is false and such a volume stays refused as if it held a mount.
+    fn is_on_own_mount_in_another_subvolume(&self, inode: &Inode) -> bool {
+        inode.dev != self.dev
+            && inode.mount_root != Some(true)
+            && matches!((inode.mnt_id, self.mnt_id), (Some(a), Some(b)) if a == b)
+            && rustix::fs::fstatfs(&self.fd).is_ok_and(|st| {
+                #[allow(clippy::unnecessary_cast)] // f_type's width differs between architectures
+                let magic = st.f_type as u64;
+                magic == quota::btrfs::SUPER_MAGIC
+            })
+    }
+
     /// Whether an inode belongs to another mount than the pool root's.
     fn is_foreign_mount(&self, inode: &Inode) -> bool {
         inode.dev != self.dev
@@ -925,6 +960,7 @@ impl PoolRoot {
         dirfd: BorrowedFd<'_>,
         name: P,
         path: &dyn Fn() -> PathBuf,
+        subvolumes: Subvolumes,
     ) -> Result<DirOpen, PoolError> {
         let fd = match self.open_beneath(dirfd, name, OFlags::RDONLY) {
             Ok(fd) => fd,
@@ -934,10 +970,10 @@ impl PoolRoot {
             Err(Errno::XDEV) => {
                 return Err(PoolError::MountInsideVolume { path: path() });
             }
-            Err(Errno::ACCESS) => return self.open_unreadable_dir(dirfd, name, path),
+            Err(Errno::ACCESS) => return self.open_unreadable_dir(dirfd, name, path, subvolumes),
             Err(e) => return Err(fs_error("open directory", path(), e)),
         };
-        let inode = self.inspect_dir(fd.as_fd(), path)?;
+        let inode = self.inspect_dir(fd.as_fd(), path, subvolumes)?;
         if inode.mode & OWNER_RWX != OWNER_RWX {
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(OWNER_RWX))
                 .map_err(|e| fs_error("make directory writable", path(), e))?;
@@ -953,6 +989,7 @@ impl PoolRoot {
         dirfd: BorrowedFd<'_>,
         name: P,
         path: &dyn Fn() -> PathBuf,
+        subvolumes: Subvolumes,
     ) -> Result<DirOpen, PoolError> {
         let pfd = match self.open_beneath(dirfd, name, OFlags::PATH) {
             Ok(fd) => fd,
@@ -963,7 +1000,7 @@ impl PoolRoot {
             }
             Err(e) => return Err(fs_error("open directory", path(), e)),
         };
-        let before = self.inspect_dir(pfd.as_fd(), path)?;
+        let before = self.inspect_dir(pfd.as_fd(), path, subvolumes)?;
         // fchmod refuses O_PATH descriptors. chmod through the descriptor's /proc magic link acts
         // on exactly the inode the descriptor holds, never on a symlink target. It is the one
         // absolute path we hand the kernel, and it names our own descriptor, not the pool.
@@ -977,17 +1014,24 @@ impl PoolRoot {
             Mode::empty(),
         )
         .map_err(|e| fs_error("open directory", path(), e))?;
-        let after = self.inspect_dir(fd.as_fd(), path)?;
+        let after = self.inspect_dir(fd.as_fd(), path, subvolumes)?;
         if (after.dev, after.ino) != (before.dev, before.ino) {
             return Err(PoolError::TreeChanged { path: path() });
         }
         Ok(DirOpen::Opened(fd, after))
     }
 
-    /// `statx` of an opened directory, refusing anything on another mount.
-    fn inspect_dir(&self, fd: BorrowedFd<'_>, path: &dyn Fn() -> PathBuf) -> Result<Inode, PoolError> {
+    /// `statx` of an opened directory, refusing anything on another mount (and, unless
+    /// `subvolumes` says so, a nested btrfs subvolume).
+    fn inspect_dir(
+        &self,
+        fd: BorrowedFd<'_>,
+        path: &dyn Fn() -> PathBuf,
+        subvolumes: Subvolumes,
+    ) -> Result<Inode, PoolError> {
         let inode = inode_of(fd).map_err(|e| fs_error("stat directory", path(), e))?;
-        if self.is_foreign_mount(&inode) {
+        let nested_subvolume = subvolumes == Subvolumes::Descend && self.is_on_own_mount_in_another_subvolume(&inode);
+        if self.is_foreign_mount(&inode) && !nested_subvolume {
             return Err(PoolError::MountInsideVolume { path: path() });
         }
         if inode.file_type() != FileType::Directory {
@@ -1009,6 +1053,9 @@ struct Frame {
     dir: Option<Dir>,
     /// How often this directory has been re-listed because it was not empty at `rmdir`.
     rescans: u32,
+    /// Set when the directory is the root of a nested btrfs subvolume: its id, whose qgroup is
+    /// destroyed once the subvolume is removed.
+    subvolume_id: Option<u64>,
 }
 
 /// What removing one directory entry did.
@@ -1037,6 +1084,8 @@ struct Walker<'a> {
     max_open_dirs: usize,
     /// Directories opened again after eviction (for tests of the descriptor budget).
     reopened: u64,
+    /// Nested btrfs subvolumes removed (each one escaped a quota volume's limit).
+    nested_subvolumes: u64,
 }
 
 impl<'a> Walker<'a> {
@@ -1052,6 +1101,7 @@ impl<'a> Walker<'a> {
             open_dirs: 0,
             max_open_dirs: 0,
             reopened: 0,
+            nested_subvolumes: 0,
         }
     }
 
@@ -1122,7 +1172,7 @@ impl<'a> Walker<'a> {
                 let opened = {
                     let parent_fd = self.parent_fd(parent)?;
                     let path = || self.path_of(parent, Some(name));
-                    self.pool.open_dir_beneath(parent_fd, name, &path)?
+                    self.pool.open_dir_beneath(parent_fd, name, &path, Subvolumes::Descend)?
                 };
                 match opened {
                     DirOpen::Opened(fd, inode) => {
@@ -1177,6 +1227,9 @@ impl<'a> Walker<'a> {
         match rustix::fs::unlinkat(parent_fd, frame.name.as_c_str(), AtFlags::REMOVEDIR) {
             Ok(()) => {
                 self.entries += 1;
+                if let Some(id) = frame.subvolume_id {
+                    self.nested_subvolume_removed(parent, &frame.name, id);
+                }
                 Ok(())
             }
             Err(Errno::NOENT) => Ok(()),
@@ -1192,9 +1245,35 @@ impl<'a> Walker<'a> {
         }
     }
 
+    /// A nested subvolume is gone (rmdir(2) deletes an empty one): its qgroup goes too when the
+    /// kernel lets it, and the escape is logged, since the tenant's data in it was not limited.
+    fn nested_subvolume_removed(&mut self, parent: Option<usize>, name: &CStr, id: u64) {
+        self.nested_subvolumes += 1;
+        NESTED_SUBVOLUMES_REMOVED.fetch_add(1, Ordering::Relaxed);
+        let path = self.path_of(parent, Some(name));
+        let destroyed = self.pool.readable_root().and_then(|root| {
+            quota::btrfs::destroy_qgroup(&root, id).map_err(|e| fs_error("destroy the qgroup", path.clone(), e))
+        });
+        tracing::warn!(
+            pool = %self.pool.name, path = %path.display(), id, ?destroyed,
+            "removed a btrfs subvolume nested inside a volume (made by a workload; it was not limited by the volume's quota)"
+        );
+    }
+
     /// Pushes an opened directory and evicts the descriptor that falls out of the window.
     fn push(&mut self, name: &CStr, fd: OwnedFd, inode: Inode, rescans: u32) -> Result<(), PoolError> {
-        self.stack.push(Frame { name: name.to_owned(), dev: inode.dev, ino: inode.ino, dir: None, rescans });
+        let parent_dev = self.stack.last().map_or(self.pool.dev, |f| f.dev);
+        let subvolume_id = (inode.ino == quota::btrfs::SUBVOLUME_ROOT_INO && inode.dev != parent_dev)
+            .then(|| quota::btrfs::subvolume_id(&fd).ok())
+            .flatten();
+        self.stack.push(Frame {
+            name: name.to_owned(),
+            dev: inode.dev,
+            ino: inode.ino,
+            dir: None,
+            rescans,
+            subvolume_id,
+        });
         let index = self.stack.len() - 1;
         self.install(index, fd)
     }
@@ -1245,7 +1324,7 @@ impl<'a> Walker<'a> {
             let opened = {
                 let parent_fd = self.parent_fd(parent)?;
                 let path = || self.path_of(Some(k), None);
-                self.pool.open_dir_beneath(parent_fd, self.stack[k].name.as_c_str(), &path)?
+                self.pool.open_dir_beneath(parent_fd, self.stack[k].name.as_c_str(), &path, Subvolumes::Descend)?
             };
             match opened {
                 DirOpen::Opened(fd, inode) if (inode.dev, inode.ino) == (self.stack[k].dev, self.stack[k].ino) => {

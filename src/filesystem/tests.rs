@@ -862,6 +862,7 @@ fn very_deep_paths_in_messages_keep_head_and_tail() {
             ino: 0,
             dir: None,
             rescans: 0,
+            subvolume_id: None,
         });
     }
     let path = walker.path_of(Some(99), Some(c"leaf")).display().to_string();

@@ -12,7 +12,6 @@ use kube::api::{Api, PartialObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::config::PvCapacity;
 use crate::deciding::capacity::{format_binary_si, round_down_pretty};
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
 use crate::deciding::quota::{self, VolumeQuota};
@@ -267,9 +266,10 @@ async fn provision(
             created
         }
     };
-    let capacity = match ctx.config.pv_capacity {
-        PvCapacity::Request => Quantity(plan.request.clone()),
-        PvCapacity::Filesystem => Quantity(format_binary_si(round_down_pretty(stats.go_total_bytes))),
+    let capacity = if quota::pv_reports_filesystem_size(ctx.config.pv_capacity, volume_quota) {
+        Quantity(format_binary_si(round_down_pretty(stats.go_total_bytes)))
+    } else {
+        Quantity(plan.request.clone())
     };
     let pv = build_pv(plan, claim, &ctx.me, &node, capacity);
     match pvs.create(&PostParams::default(), &pv).await {

@@ -328,6 +328,9 @@ async fn purge_trash(ctx: Arc<Context>) {
                 ctx.metrics.background_deletions_pending.get_or_create(&label).set(pending as i64);
             }
         }
+        let nested = crate::filesystem::nested_subvolumes_removed();
+        let counted = ctx.metrics.nested_subvolumes_removed.get();
+        ctx.metrics.nested_subvolumes_removed.inc_by(nested.saturating_sub(counted));
         let _ = tokio::time::timeout(PURGE_INTERVAL, ctx.purge.notified()).await;
     }
 }

@@ -18,6 +18,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use crate::deciding::capacity::{format_binary_si, format_size, parse_bytes};
 use crate::deciding::layout;
 use crate::deciding::published_capacity::{self, Listed, PoolSpace, Published, Wanted, Write};
+use crate::deciding::quota::{self, QuotaCapability};
 use crate::error::reason;
 use crate::keys;
 use crate::reconciling::context::Context;
@@ -284,11 +285,14 @@ fn measure(ctx: &Context) -> Vec<PoolSpace> {
         .iter()
         .map(|pool| {
             let reserve = pool.reserve.unwrap_or(ctx.config.reserved_bytes);
-            let usable_bytes = match ctx.pools.usable(&pool.name) {
-                Some(Ok(root)) => root.stats().ok().map(|s| s.available_bytes.saturating_sub(reserve)),
-                _ => None,
+            let (usable_bytes, enforces_quota) = match ctx.pools.usable(&pool.name) {
+                Some(Ok(root)) => (
+                    root.stats().ok().map(|s| s.available_bytes.saturating_sub(reserve)),
+                    root.quota_facts().is_ok_and(|f| !matches!(quota::capability(&f), QuotaCapability::Unable(_))),
+                ),
+                _ => (None, false),
             };
-            PoolSpace { pool: pool.name.clone(), usable_bytes }
+            PoolSpace { pool: pool.name.clone(), usable_bytes, enforces_quota }
         })
         .collect()
 }

@@ -226,6 +226,9 @@ pub struct Metrics {
     pub orphaned_volume_bytes: Family<PoolLabel, Gauge>,
     /// Bytes of deleted volumes the background removal cannot remove, by pool and reason.
     pub trash_stuck_bytes: Family<StuckLabel, Gauge>,
+    /// btrfs subvolumes found nested inside volumes (made by workloads, outside the volumes'
+    /// quotas) and removed with them.
+    pub nested_subvolumes_removed: Counter,
     /// Quotas: 1 for the mechanism a pool enforces quotas with (`none` when it cannot).
     pub pool_quota_capability: Family<QuotaCapabilityLabel, Gauge>,
     /// Quotas: bytes each quota volume references, from the filesystem's quota accounting.
@@ -323,6 +326,12 @@ impl Metrics {
             "Bytes of deleted volumes that the background removal cannot remove, by pool and reason",
             trash_stuck_bytes.clone(),
         );
+        let nested_subvolumes_removed = Counter::default();
+        registry.register(
+            "nested_subvolumes_removed",
+            "btrfs subvolumes a workload made inside a volume (outside its quota), removed with the volume",
+            nested_subvolumes_removed.clone(),
+        );
         // Quotas: capability per pool and usage per quota volume.
         let pool_quota_capability = Family::<QuotaCapabilityLabel, Gauge>::default();
         let volume_used_bytes = Family::<VolumeLabel, Gauge>::default();
@@ -356,6 +365,7 @@ impl Metrics {
             watch_restarts,
             background_deletions_pending,
             trash_stuck_bytes,
+            nested_subvolumes_removed,
             orphaned_volume_bytes,
         }
     }

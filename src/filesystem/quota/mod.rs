@@ -11,7 +11,8 @@
 //!
 //! A quota volume on btrfs is a subvolume directly under the pool root (or, once released, under
 //! the trash). Its contents are removed with the same descriptor walk as any volume, confined to
-//! the subvolume (a subvolume or mount nested inside stops the removal), and the emptied
+//! the subvolume (a mount nested inside stops the removal; a subvolume a workload made inside is
+//! emptied and removed with it, its qgroup destroyed), and the emptied
 //! subvolume itself goes with `rmdir(2)`, which deletes an empty subvolume. Its qgroup is then
 //! destroyed, or left to the kernel when it still holds it (see [`btrfs::destroy_qgroup`]).
 
@@ -54,6 +55,8 @@ impl PoolRoot {
             project_quota_mounted: matches!(fs, FsKind::Xfs | FsKind::Ext4) && self.mounted_with_project_quota(),
             kernel_xfs_quota: std::path::Path::new("/proc/fs/xfs/xqmstat").exists(),
             btrfs_quota_enabled,
+            cap_sys_admin: std::fs::read_to_string("/proc/self/status")
+                .is_ok_and(|status| crate::deciding::quota::status_holds_cap_sys_admin(&status)),
             fs,
         })
     }
@@ -90,7 +93,18 @@ impl PoolRoot {
         let fd = self.open_subvolume(name)?;
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
             .map_err(|e| fs_error("set the volume directory mode", path.clone(), e))?;
-        btrfs::limit_referenced(&fd, limit_bytes).map_err(|e| fs_error("set the volume's qgroup limit", path, e))?;
+        if let Err(e) = btrfs::limit_referenced(&fd, limit_bytes) {
+            // A subvolume without its limit must not stay behind as a volume: a retry would find
+            // it and, if the limit failed again, leave an unlimited subvolume on every attempt.
+            // Only one this call made is removed; it is empty, so rmdir(2) takes it.
+            if created == Created::New {
+                drop(fd);
+                if let Err(cleanup) = rustix::fs::unlinkat(&self.fd, name.as_str(), AtFlags::REMOVEDIR) {
+                    tracing::warn!(pool = %self.name, volume = %name, error = %cleanup, "cannot remove the subvolume whose limit failed");
+                }
+            }
+            return Err(fs_error("set the volume's qgroup limit", path, e));
+        }
         Ok(created)
     }
 
@@ -270,7 +284,8 @@ impl PoolRoot {
         let fd = self.open_subvolume(name)?;
         let id = btrfs::subvolume_id(&fd).map_err(|e| fs_error("read the volume's subvolume id", path.clone(), e))?;
         // The subvolume as a root of its own: the walk confined to it has every guarantee of a
-        // volume removal, and a subvolume or mount nested inside is a boundary it stops at.
+        // volume removal; a mount nested inside is a boundary it stops at, a nested subvolume on
+        // the same mount is removed with the rest.
         let sub = PoolRoot {
             name: format!("{}/{}", self.name, name),
             path: path.clone(),
@@ -331,7 +346,7 @@ impl PoolRoot {
     }
 
     /// The root opened for reading: ioctls refuse the `O_PATH` handle.
-    fn readable_root(&self) -> Result<OwnedFd, PoolError> {
+    pub(super) fn readable_root(&self) -> Result<OwnedFd, PoolError> {
         rustix::fs::openat(&self.fd, c".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| fs_error("open the pool root", self.path.clone(), e))
     }
