@@ -46,6 +46,15 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             ctx.reset_retry(&key);
             ctx.forget_stranded(&meta.metadata);
             forget_waiting(&ctx, &meta.metadata);
+            let mut protection = Action::await_change();
+            // A source claim whose clones are all done (or gone) loses its cloning protection.
+            if meta.metadata.finalizers.iter().flatten().any(|f| f == keys::CLONE_PROTECTION_FINALIZER)
+                && let (Some(uid), Some(namespace), Some(name)) =
+                    (meta.metadata.uid.as_deref(), meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref())
+                && ctx.known_volume(&crate::deciding::layout::pv_name(uid)).is_some()
+            {
+                protection = clones::check_source_protection(&ctx, namespace, name).await?;
+            }
             // A bound claim of one of this node's PVs may ask for more room (expansion).
             if meta.metadata.deletion_timestamp.is_none()
                 && let (Some(uid), Some(namespace), Some(name)) =
@@ -54,7 +63,7 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             {
                 resize::reconcile(&ctx, namespace, name, &pv).await;
             }
-            return Ok(Action::await_change());
+            return Ok(protection);
         }
         Interest::Elsewhere(node) => return watch_for_no_provisioner(&ctx, &meta, &node).await,
         Interest::Candidate => forget_waiting(&ctx, &meta.metadata),
