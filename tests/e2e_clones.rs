@@ -414,3 +414,39 @@ async fn an_enforced_quota_clone_of_a_plain_directory_is_refused_before_copying(
     assert_eq!(staged, 0, "nothing copied into staging");
     assert!(!source_protected(&env).await, "the source was never read");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_copy_killed_then_its_clone_deleted_does_not_keep_the_source_protected() {
+    let (_mounts, mut env) = env_on("clone-killed-gone", &["ext4"]).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let node = env.nodes[0].name.clone();
+    env.create_claim(fixtures::claim(&env.ns, "src", &class, "350Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("src").await);
+    // Many files, so the byte copy takes a while.
+    for i in 0..1200 {
+        std::fs::write(source.join(format!("f{i:04}")), vec![(i % 251) as u8; 256 << 10]).expect("file");
+    }
+    env.claims()
+        .create(&PostParams::default(), &clone_claim(&env, "copy", &class, "350Mi", "src"))
+        .await
+        .expect("clone");
+    let staging = env.nodes[0].pool_root.join(STAGING).join(&node);
+    let in_staging = || std::fs::read_dir(&staging).map(|rd| rd.count()).unwrap_or(0);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while in_staging() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the copy never started\n{}", env.log_tails());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    env.node_mut(&node).provisioner.kill();
+    assert!(source_protected(&env).await, "protected while read");
+    // The clone goes while its provisioner is down: nothing will retry that copy.
+    env.delete_claim("copy").await;
+    testbed::wait_for("the clone claim gone", TIMEOUT, || async {
+        anyhow::Ok(env.claims().get_opt("copy").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("clone deleted");
+    env.node_mut(&node).provisioner.restart().expect("restart");
+    wait_source_released(&env).await;
+    assert_eq!(in_staging(), 0, "the unfinished copy was swept at start-up");
+}
