@@ -51,7 +51,9 @@ const CLAIM_KEYS: [&str; 6] = [
 ];
 
 /// Every node caches the metadata of every claim in the cluster; keeping only what the decision
-/// reads (name, namespace, uid, deletion timestamp and the annotations above) bounds that cost.
+/// reads (name, namespace, uid, deletion timestamp, the annotations above and our cloning
+/// protection finalizer, which the source claim's reconcile removes once no clone waits) bounds
+/// that cost.
 /// A `kubectl apply`-ed claim alone carries its whole manifest in an annotation.
 pub fn trim_claim_metadata(
     claim: &mut kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
@@ -60,7 +62,11 @@ pub fn trim_claim_metadata(
     meta.managed_fields = None;
     meta.labels = None;
     meta.owner_references = None;
-    meta.finalizers = None;
+    meta.finalizers = meta
+        .finalizers
+        .take()
+        .map(|f| f.into_iter().filter(|f| f == CLONE_PROTECTION_FINALIZER).collect::<Vec<_>>())
+        .filter(|f| !f.is_empty());
     meta.creation_timestamp = None;
     meta.generate_name = None;
     if let Some(annotations) = meta.annotations.as_mut() {
@@ -108,6 +114,17 @@ mod tests {
         assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
         assert_eq!(kept.len(), 3, "selected-node and both storage-provisioner keys");
         assert_eq!(meta.metadata.uid, full.metadata.uid);
+    }
+
+    #[test]
+    fn trimming_keeps_the_clone_protection_finalizer_only() {
+        let mut meta = kube::api::PartialObjectMeta::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::default();
+        meta.metadata.finalizers = Some(vec!["kubernetes.io/pvc-protection".into(), CLONE_PROTECTION_FINALIZER.into()]);
+        trim_claim_metadata(&mut meta);
+        assert_eq!(meta.metadata.finalizers, Some(vec![CLONE_PROTECTION_FINALIZER.to_owned()]));
+        meta.metadata.finalizers = Some(vec!["kubernetes.io/pvc-protection".into()]);
+        trim_claim_metadata(&mut meta);
+        assert_eq!(meta.metadata.finalizers, None);
     }
 
     #[test]

@@ -323,3 +323,130 @@ async fn a_clone_on_a_shared_pool_is_made_by_whichever_node_acts() {
     env.wait_pv_gone(&source_pv).await;
     wait_trash_empty(&shared).await;
 }
+
+/// Whether the source claim carries the cloning-protection finalizer.
+async fn source_protected(env: &TestEnv) -> bool {
+    let finalizers = env.claims().get("src").await.expect("source").metadata.finalizers.unwrap_or_default();
+    finalizers.iter().any(|f| f == CLONING_PROTECTION)
+}
+
+async fn wait_source_released(env: &TestEnv) {
+    testbed::wait_for("the source's cloning protection released", TIMEOUT, || async {
+        anyhow::Ok((!source_protected(env).await).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.log_tails()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_source_stays_protected_while_another_clone_waits_for_its_copy() {
+    let env = TestEnv::start("clone-pending", 1).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let node = env.nodes[0].name.clone();
+    env.create_claim(fixtures::claim(&env.ns, "src", &class, "100Mi").provision_on_node(&node)).await;
+    env.wait_bound("src").await;
+    // A clone that stays pending (refused: too small), as a clone another node of a shared pool
+    // still copies would: the first copy done must not release the source under it.
+    let waiting = env
+        .claims()
+        .create(&PostParams::default(), &clone_claim(&env, "waiting", &class, "50Mi", "src"))
+        .await
+        .expect("waiting clone");
+    env.wait_event(&env.ns, &uid(&waiting), "ProvisioningFailed").await;
+    env.claims()
+        .create(&PostParams::default(), &clone_claim(&env, "copy", &class, "100Mi", "src"))
+        .await
+        .expect("clone");
+    env.wait_bound("copy").await;
+    assert!(source_protected(&env).await, "released while another clone of the source is pending");
+    // Once no clone waits, the source's own look releases it.
+    env.delete_claim("waiting").await;
+    wait_source_released(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leftover_cloning_protection_without_a_pending_clone_is_removed() {
+    let env = TestEnv::start("clone-leftover", 1).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let node = env.nodes[0].name.clone();
+    env.create_claim(fixtures::claim(&env.ns, "src", &class, "10Mi").provision_on_node(&node)).await;
+    env.wait_bound("src").await;
+    // What a copy killed before its clone claim was deleted, or a failed release, leaves.
+    let source = env.claims().get("src").await.expect("source");
+    let mut finalizers = source.metadata.finalizers.unwrap_or_default();
+    finalizers.push(CLONING_PROTECTION.to_owned());
+    let patch = serde_json::json!({"metadata": {"finalizers": finalizers}});
+    env.claims().patch("src", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("protect");
+    wait_source_released(&env).await;
+    // The source can go.
+    let pv = env.claims().get("src").await.expect("source").spec.and_then(|s| s.volume_name).expect("bound");
+    env.delete_claim("src").await;
+    env.wait_pv_gone(&pv).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_enforced_quota_clone_of_a_plain_directory_is_refused_before_copying() {
+    let mut env = TestEnv::start("clone-quota-plain", 0).await;
+    let name = format!("{}-1", env.group);
+    let _mount = LoopMount::new(&testbed::pool_root_for(env.cp, &name), "btrfs", 1024);
+    run(Command::new("btrfs").args(["quota", "enable"]).arg(testbed::pool_root_for(env.cp, &name)));
+    env.add_node(&name, &|spec| spec).await;
+    let class = env.class("enforce", |c| c.immediate().parameter("quota", "enforce")).await;
+    let node = env.nodes[0].name.clone();
+    env.create_claim(fixtures::claim(&env.ns, "src", &class, "100Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("src").await);
+    // A source made as a plain directory (before the class enforced quota, or by the Go build):
+    // the subvolume is set aside and a plain directory with its data takes its place.
+    let aside = source.with_extension("subvolume");
+    std::fs::rename(&source, &aside).expect("set the subvolume aside");
+    std::fs::create_dir(&source).expect("plain directory");
+    std::fs::write(source.join("data"), vec![7u8; 1 << 20]).expect("data");
+    let claim = env
+        .claims()
+        .create(&PostParams::default(), &clone_claim(&env, "copy", &class, "100Mi", "src"))
+        .await
+        .expect("clone");
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(note.contains("plain directory") && note.contains("quota"), "{note}");
+    let pool = &env.nodes[0].pool_root;
+    assert!(!pool.join(format!("pvc-{}", uid(&claim))).exists(), "no copy made");
+    let staged = std::fs::read_dir(pool.join(STAGING).join(&node)).map(|rd| rd.count()).unwrap_or(0);
+    assert_eq!(staged, 0, "nothing copied into staging");
+    assert!(!source_protected(&env).await, "the source was never read");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_copy_killed_then_its_clone_deleted_does_not_keep_the_source_protected() {
+    let (_mounts, mut env) = env_on("clone-killed-gone", &["ext4"]).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let node = env.nodes[0].name.clone();
+    env.create_claim(fixtures::claim(&env.ns, "src", &class, "350Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("src").await);
+    // Many files, so the byte copy takes a while.
+    for i in 0..1200 {
+        std::fs::write(source.join(format!("f{i:04}")), vec![(i % 251) as u8; 256 << 10]).expect("file");
+    }
+    env.claims()
+        .create(&PostParams::default(), &clone_claim(&env, "copy", &class, "350Mi", "src"))
+        .await
+        .expect("clone");
+    let staging = env.nodes[0].pool_root.join(STAGING).join(&node);
+    let in_staging = || std::fs::read_dir(&staging).map(|rd| rd.count()).unwrap_or(0);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while in_staging() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the copy never started\n{}", env.log_tails());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    env.node_mut(&node).provisioner.kill();
+    assert!(source_protected(&env).await, "protected while read");
+    // The clone goes while its provisioner is down: nothing will retry that copy.
+    env.delete_claim("copy").await;
+    testbed::wait_for("the clone claim gone", TIMEOUT, || async {
+        anyhow::Ok(env.claims().get_opt("copy").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("clone deleted");
+    env.node_mut(&node).provisioner.restart().expect("restart");
+    wait_source_released(&env).await;
+    assert_eq!(in_staging(), 0, "the unfinished copy was swept at start-up");
+}

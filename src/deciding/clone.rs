@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Persis
 use crate::deciding::capacity::parse_bytes;
 use crate::deciding::claim::{Identity, claim_class_name};
 use crate::deciding::layout::{self, PoolPath};
+use crate::deciding::quota::QuotaMode;
 use crate::deciding::volume::{self, VolumeShape};
 use crate::keys;
 
@@ -116,6 +117,12 @@ pub enum CloneRefusal {
         /// The source's node.
         source_node: String,
     },
+    /// A `quota: enforce` clone of a source that is a plain directory (made before the class
+    /// enforced quota, or by the Go build): the copy could not be given a limit.
+    #[error(
+        "source claim {0:?} is a plain directory, not a quota volume (made before its class enforced quota, or by the Go provisioner), so its copy cannot be limited to the clone's request; clone it with a class without quota: enforce, or copy the data into a new quota volume yourself"
+    )]
+    SourceWithoutQuota(String),
 }
 
 impl CloneRefusal {
@@ -130,7 +137,8 @@ impl CloneRefusal {
             | Self::NotOurs { .. }
             | Self::OtherPool { .. }
             | Self::EveryNode(_)
-            | Self::PinnedElsewhere { .. } => "clone_source",
+            | Self::PinnedElsewhere { .. }
+            | Self::SourceWithoutQuota(_) => "clone_source",
         }
     }
 }
@@ -170,6 +178,44 @@ pub fn claim_source(claim: &PersistentVolumeClaim) -> Result<Option<String>, Clo
         Some(spec) => requested_source(spec, claim.metadata.namespace.as_deref().unwrap_or_default()),
         None => Ok(None),
     }
+}
+
+/// Refuses, before any copying, a `quota: enforce` clone of a source that is no quota volume:
+/// only a snapshot of a quota volume can be limited; a copy of a plain directory would be made
+/// in full and then fail to get its limit, for good.
+pub fn check_quota_source(
+    quota: QuotaMode,
+    source_claim: &str,
+    source_is_quota_volume: bool,
+) -> Result<(), CloneRefusal> {
+    match quota {
+        QuotaMode::Enforce if !source_is_quota_volume => Err(CloneRefusal::SourceWithoutQuota(source_claim.to_owned())),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `claim` still waits for a copy of source claim `source_name` (of its namespace): it
+/// names that source, is not being deleted and has no volume yet (the library's rule: a pending
+/// clone of it).
+pub fn awaits_copy_of(claim: &PersistentVolumeClaim, source_name: &str) -> bool {
+    let names_source = matches!(claim_source(claim), Ok(Some(name)) if name == source_name);
+    let has_volume = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_some_and(|n| !n.is_empty());
+    let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
+    names_source
+        && claim.metadata.deletion_timestamp.is_none()
+        && !has_volume
+        && matches!(phase, None | Some("Pending"))
+}
+
+/// Whether source claim `source_name`'s cloning-protection finalizer may be removed: no claim of
+/// its namespace (`claims`) waits for a copy of it, except `finished` (the uid of the clone whose
+/// copy just ended, still pending until its PV is made). The count of copies one process makes
+/// cannot answer this: on a shared pool another node may be copying the same source.
+pub fn may_release_source(source_name: &str, claims: &[PersistentVolumeClaim], finished: Option<&str>) -> bool {
+    !claims
+        .iter()
+        .filter(|claim| finished.is_none() || claim.metadata.uid.as_deref() != finished)
+        .any(|claim| awaits_copy_of(claim, source_name))
 }
 
 /// What the source claim and its PV allow right now.

@@ -123,6 +123,41 @@ impl PoolRoot {
         let dst_path = staging.volume_path(target);
         rustix::fs::mkdirat(&staging.fd, target.as_str(), Mode::from_raw_mode(0o700))
             .map_err(|e| fs_error("create the clone's staging directory", dst_path.clone(), e))?;
+        let report = match self.fill_staging(&staging, target, src.as_fd(), &src_stat, method, &source_path) {
+            Ok(report) => report,
+            Err(error) => {
+                // A failed copy must not keep its space until the next attempt or restart (a
+                // tenant could repeat it): remove it now, best effort.
+                if let Err(cleanup) = staging.remove_volume_dir(target) {
+                    tracing::warn!(path = %dst_path.display(), error = %cleanup, "could not remove a failed clone's staging copy; the start-up sweep removes it");
+                }
+                return Err(error);
+            }
+        };
+        match rustix::fs::renameat_with(&staging.fd, target.as_str(), &self.fd, target.as_str(), RenameFlags::NOREPLACE)
+        {
+            Ok(()) => Ok(report),
+            // Another node of a shared pool finished the same clone first: its copy stands.
+            Err(Errno::EXIST | Errno::NOTEMPTY) => {
+                staging.remove_volume_dir(target)?;
+                Ok(CloneReport { created: Created::Existing, ..report })
+            }
+            Err(e) => Err(fs_error("move the complete copy into place", target_path, e)),
+        }
+    }
+
+    /// Fills the staging directory `target` (just created) with a copy of `src`; returns what
+    /// was copied, flushed to disk.
+    fn fill_staging(
+        &self,
+        staging: &PoolRoot,
+        target: &VolumeDirName,
+        src: BorrowedFd<'_>,
+        src_stat: &Stat,
+        method: CopyMethod,
+        source_path: &std::path::Path,
+    ) -> Result<CloneReport, PoolError> {
+        let dst_path = staging.volume_path(target);
         let dst = rustix::fs::openat(
             &staging.fd,
             target.as_str(),
@@ -143,25 +178,15 @@ impl PoolRoot {
             .map_err(|e| fs_error("open the clone's staging directory", dst_path.clone(), e))?,
             links: HashMap::new(),
             report: CloneReport::new(Created::New, method),
-            source_path: source_path.clone(),
+            source_path: source_path.to_path_buf(),
         };
-        copier.copy_dir(src.as_fd(), dst.as_fd(), &mut Vec::new())?;
-        copy_attributes(dst.as_fd(), &src_stat)
+        copier.copy_dir(src, dst.as_fd(), &mut Vec::new())?;
+        copy_attributes(dst.as_fd(), src_stat)
             .map_err(|e| attribute_error("copy the volume's owner, mode and times", dst_path.clone(), e))?;
         let report = copier.report;
         // Data and names must be on disk before the rename makes the copy visible as complete.
         rustix::fs::syncfs(&dst).map_err(|e| fs_error("flush the copy to disk", dst_path.clone(), e))?;
-        drop(dst);
-        match rustix::fs::renameat_with(&staging.fd, target.as_str(), &self.fd, target.as_str(), RenameFlags::NOREPLACE)
-        {
-            Ok(()) => Ok(report),
-            // Another node of a shared pool finished the same clone first: its copy stands.
-            Err(Errno::EXIST | Errno::NOTEMPTY) => {
-                staging.remove_volume_dir(target)?;
-                Ok(CloneReport { created: Created::Existing, ..report })
-            }
-            Err(e) => Err(fs_error("move the complete copy into place", target_path, e)),
-        }
+        Ok(report)
     }
 
     /// Removes every copy this node left unfinished (a crash or kill mid-copy); returns how

@@ -25,6 +25,8 @@ use crate::reconciling::context::{Context, MAX_RETRY};
 use crate::reconciling::resize;
 use crate::serving::metrics::{ClaimClass, Metrics};
 
+/// How soon a protected source claim seen before the PV watches synced is looked at again.
+const UNSYNCED_RECHECK: Duration = Duration::from_secs(5);
 /// How long to wait before looking again at a claim whose class does not exist yet.
 const CLASS_RECHECK: Duration = Duration::from_secs(30);
 /// How often a claim waiting for a node without a running provisioner is looked at again.
@@ -45,6 +47,19 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             ctx.reset_retry(&key);
             ctx.forget_stranded(&meta.metadata);
             forget_waiting(&ctx, &meta.metadata);
+            let mut protection = Action::await_change();
+            // A source claim whose clones are all done (or gone) loses its cloning protection.
+            if meta.metadata.finalizers.iter().flatten().any(|f| f == keys::CLONE_PROTECTION_FINALIZER)
+                && let (Some(uid), Some(namespace), Some(name)) =
+                    (meta.metadata.uid.as_deref(), meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref())
+            {
+                if ctx.known_volume(&crate::deciding::layout::pv_name(uid)).is_some() {
+                    protection = clones::check_source_protection(&ctx, namespace, name).await?;
+                } else if !ctx.health.all_synced() {
+                    // At start-up the claims may come before the PVs: look again once they are in.
+                    protection = Action::requeue(UNSYNCED_RECHECK);
+                }
+            }
             // A bound claim of one of this node's PVs may ask for more room (expansion).
             if meta.metadata.deletion_timestamp.is_none()
                 && let (Some(uid), Some(namespace), Some(name)) =
@@ -53,7 +68,7 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             {
                 resize::reconcile(&ctx, namespace, name, &pv).await;
             }
-            return Ok(Action::await_change());
+            return Ok(protection);
         }
         Interest::Elsewhere(node) => return watch_for_no_provisioner(&ctx, &meta, &node).await,
         Interest::Candidate => forget_waiting(&ctx, &meta.metadata),

@@ -2,7 +2,6 @@
 //! for a claim whose data source is another claim, check the source, let the node holding it
 //! copy, and explain every wait and refusal on the claim.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,7 @@ use kube::runtime::controller::Action;
 
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, ProvisionPlan, Refusal};
 use crate::deciding::clone::{self, CloneActor, CloneRequest, Placement, SourceVerdict};
+use crate::deciding::quota::QuotaMode;
 use crate::deciding::topology::LiveNode;
 use crate::error::{ClaimError, reason};
 use crate::filesystem::{Created, PoolError, PoolRoot, VolumeDirName};
@@ -155,6 +155,17 @@ async fn checked(
     match clone::clone_actor(owner.as_deref(), placement, &ctx.me) {
         CloneActor::Me => {
             let source_dir = VolumeDirName::new(&dir_name).map_err(|e| ClaimError::Pool(e.into()))?;
+            // The filesystem fact is asked only when it matters; an unusable pool fails later,
+            // in provisioning, with its own reason.
+            let source_is_quota_volume = plan.quota != QuotaMode::Enforce
+                || ctx
+                    .pools
+                    .usable(&plan.pool.name)
+                    .and_then(Result::ok)
+                    .is_some_and(|pool| pool.is_quota_volume(&source_dir));
+            if let Err(refusal) = clone::check_quota_source(plan.quota, source_name, source_is_quota_volume) {
+                return Ok(Prepared::Decided(Decision::Refuse(Refusal::DataSource(refusal)), None));
+            }
             Ok(Prepared::Decided(Decision::Provision(Box::new(plan)), Some(source_dir)))
         }
         CloneActor::Other(_) => Ok(Prepared::Done(Action::await_change())),
@@ -209,33 +220,68 @@ pub async fn copy(
 ) -> Result<Created, ClaimError> {
     let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    let key = (namespace.to_owned(), source_claim.to_owned());
-    reading(&key, 1);
     let copied = match protect_source(&claims, source_claim).await {
         Ok(()) => copy_protected(ctx, claim, pool, source, target).await,
         Err(error) => Err(error),
     };
-    // Only once the copy is complete (or failed), and no other copy of this node still reads
-    // the source: a crash before this keeps the finalizer until the retry after the restart
-    // finishes the copy.
-    if reading(&key, -1) == 0 {
-        release_source(&claims, source_claim).await?;
-    }
+    // Only once the copy is complete (or failed), and no other clone of the source (this node's
+    // or, on a shared pool, another node's) still waits for its copy: a crash before this keeps
+    // the finalizer until the source's next look ([`release_unread_source`]).
+    release_unread_source(&claims, source_claim, claim.metadata.uid.as_deref()).await?;
     copied
 }
 
-/// Copies of each source claim (namespace, name) this process is making right now; returns the
-/// count after adding `delta`.
-fn reading(key: &(String, String), delta: i64) -> i64 {
-    static READING: std::sync::Mutex<BTreeMap<(String, String), i64>> = std::sync::Mutex::new(BTreeMap::new());
-    let mut map = READING.lock().unwrap_or_else(|e| e.into_inner());
-    let count = map.entry(key.clone()).or_insert(0);
-    *count += delta;
-    let now = *count;
-    if now <= 0 {
-        map.remove(key);
+/// How often a source claim that keeps its cloning-protection finalizer for pending clones is
+/// looked at again (a clone binding does not wake the source's reconciler).
+const PROTECTION_RECHECK: Duration = Duration::from_secs(30);
+
+/// The source claim's own look at its cloning-protection finalizer: removes it once no clone
+/// waits for a copy (a copy cut short by a kill, a clone deleted meanwhile, a release that
+/// failed), and otherwise looks again later.
+pub async fn check_source_protection(ctx: &Context, namespace: &str, name: &str) -> Result<Action, ClaimError> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    if release_unread_source(&claims, name, None).await? {
+        Ok(Action::await_change())
+    } else {
+        Ok(Action::requeue(PROTECTION_RECHECK))
     }
-    now
+}
+
+/// Removes the source's cloning-protection finalizer when no claim of the namespace other than
+/// `finished` waits for a copy of it (`deciding::clone::may_release_source`); returns whether
+/// the source is now unprotected. The source is read before the claims are listed and the
+/// removal tests its resourceVersion: a clone that protected the source after the read (and so
+/// perhaps after the list) makes the removal fail instead of losing its protection.
+async fn release_unread_source(
+    claims: &Api<PersistentVolumeClaim>,
+    source_claim: &str,
+    finished: Option<&str>,
+) -> Result<bool, ClaimError> {
+    let Some(source) = claims.get_opt(source_claim).await? else { return Ok(true) };
+    let finalizers = source.metadata.finalizers.clone().unwrap_or_default();
+    if !finalizers.iter().any(|f| f == keys::CLONE_PROTECTION_FINALIZER) {
+        return Ok(true);
+    }
+    let all = claims.list(&Default::default()).await?;
+    if !clone::may_release_source(source_claim, &all.items, finished) {
+        tracing::debug!(source = %source_claim, "source keeps its cloning protection: another clone waits for its copy");
+        return Ok(false);
+    }
+    let wanted: Vec<&String> = finalizers.iter().filter(|f| *f != keys::CLONE_PROTECTION_FINALIZER).collect();
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        { "op": "test", "path": "/metadata/uid", "value": source.metadata.uid },
+        { "op": "test", "path": "/metadata/resourceVersion", "value": source.metadata.resource_version },
+        { "op": "replace", "path": "/metadata/finalizers", "value": wanted },
+    ]))
+    .map_err(|e| ClaimError::Api(kube::Error::SerdeError(e)))?;
+    match claims.patch(source_claim, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(true),
+        // The source changed meanwhile (a new clone protected it, another node released it):
+        // that change is an event of the source claim, whose reconcile looks again.
+        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Adds the cloning-protection finalizer. The API server refuses new finalizers on an object
@@ -257,24 +303,6 @@ async fn protect_source(claims: &Api<PersistentVolumeClaim>, name: &str) -> Resu
     .map_err(|e| ClaimError::Api(kube::Error::SerdeError(e)))?;
     claims.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
     Ok(())
-}
-
-/// Removes the cloning-protection finalizer (a source already gone is fine).
-async fn release_source(claims: &Api<PersistentVolumeClaim>, name: &str) -> Result<(), ClaimError> {
-    let Some(source) = claims.get_opt(name).await? else { return Ok(()) };
-    let finalizers = source.metadata.finalizers.clone().unwrap_or_default();
-    let Some(index) = finalizers.iter().position(|f| f == keys::CLONE_PROTECTION_FINALIZER) else { return Ok(()) };
-    let path = format!("/metadata/finalizers/{index}");
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
-        { "op": "test", "path": path, "value": keys::CLONE_PROTECTION_FINALIZER },
-        { "op": "remove", "path": path },
-    ]))
-    .map_err(|e| ClaimError::Api(kube::Error::SerdeError(e)))?;
-    match claims.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 async fn copy_protected(
@@ -318,20 +346,4 @@ fn claim_name(claim: &PersistentVolumeClaim) -> String {
         claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.metadata.name.as_deref().unwrap_or_default()
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::reading;
-
-    #[test]
-    fn the_source_is_released_only_by_the_last_copy_reading_it() {
-        let key = ("ns".to_owned(), "shared-source".to_owned());
-        assert_eq!(reading(&key, 1), 1);
-        assert_eq!(reading(&key, 1), 2);
-        assert_eq!(reading(&key, -1), 1, "another copy still reads the source");
-        assert_eq!(reading(&key, -1), 0, "the last copy releases it");
-        assert_eq!(reading(&key, 1), 1, "counting starts afresh");
-        assert_eq!(reading(&key, -1), 0);
-    }
 }

@@ -238,3 +238,46 @@ fn each_filesystem_copies_its_own_way() {
     assert_eq!(copy_method(FilesystemKind::Xfs, true), CopyMethod::Reflink);
     assert_eq!(copy_method(FilesystemKind::Other, false), CopyMethod::Bytes);
 }
+
+/// A pending clone of `src` with `uid`.
+fn pending_clone(uid: &str) -> PersistentVolumeClaim {
+    let mut clone = claim("hpp").data_source().build();
+    clone.metadata.uid = Some(uid.into());
+    clone.status = Some(PersistentVolumeClaimStatus { phase: Some("Pending".into()), ..Default::default() });
+    clone
+}
+
+#[test]
+fn the_source_stays_protected_while_another_clone_waits_for_its_copy() {
+    // Two clones of one source on a shared pool, copied by two nodes: the first done must not
+    // release the source while the other still copies.
+    let claims = vec![bound_source(), pending_clone("clone-a"), pending_clone("clone-b")];
+    assert!(!may_release_source("src", &claims, Some("clone-a")));
+    assert!(!may_release_source("src", &claims, None), "a pass over the source keeps it too");
+}
+
+#[test]
+fn the_source_is_released_once_no_clone_waits_for_it() {
+    let mut bound = pending_clone("clone-b");
+    bound.spec.as_mut().expect("spec").volume_name = Some("pvc-clone-b".into());
+    bound.status = Some(PersistentVolumeClaimStatus { phase: Some("Bound".into()), ..Default::default() });
+    let mut deleting = pending_clone("clone-c");
+    deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    let mut other_source = pending_clone("clone-d");
+    other_source.spec.as_mut().expect("spec").data_source.as_mut().expect("source").name = "other".into();
+    let plain = claim("hpp").build();
+    let claims = vec![bound_source(), pending_clone("clone-a"), bound, deleting, other_source, plain];
+    assert!(may_release_source("src", &claims, Some("clone-a")), "only the finished clone named it");
+    assert!(!may_release_source("src", &claims, None), "clone-a itself still waits");
+    assert!(may_release_source("src", &claims[2..], None), "bound, deleted or other clones do not hold it");
+}
+
+#[test]
+fn an_enforced_quota_clone_of_a_plain_directory_is_refused_before_copying() {
+    assert_eq!(
+        check_quota_source(QuotaMode::Enforce, "src", false),
+        Err(CloneRefusal::SourceWithoutQuota("src".into()))
+    );
+    assert_eq!(check_quota_source(QuotaMode::Enforce, "src", true), Ok(()));
+    assert_eq!(check_quota_source(QuotaMode::None, "src", false), Ok(()));
+}

@@ -235,9 +235,9 @@ fn a_mount_inside_the_source_stops_the_clone_and_leaves_no_volume() {
     rustix::mount::unmount(source.join("a/mnt"), rustix::mount::UnmountFlags::DETACH).expect("umount");
     assert!(matches!(result, Err(PoolError::MountInsideVolume { .. })), "{result:?}");
     assert!(!lp.root().join("pvc-dst").exists(), "no volume for an incomplete copy");
-    // The partial copy stays in staging until the next attempt or the start-up sweep.
-    assert_eq!(lp.pool().sweep_clone_staging(&name(NODE)).expect("sweep"), 1);
+    // The failed copy removed its partial copy at once: nothing waits for a sweep.
     assert_eq!(fs::read_dir(lp.root().join(CLONE_STAGING_DIR).join(NODE)).expect("staging").count(), 0);
+    assert_eq!(lp.pool().sweep_clone_staging(&name(NODE)).expect("sweep"), 0);
 }
 
 #[test]
@@ -287,5 +287,6 @@ fn a_device_node_in_the_source_is_refused_with_the_reason() {
     let result = lp.pool().clone_volume(&name("pvc-src"), &name("pvc-dst"), &name(NODE));
     assert!(matches!(&result, Err(PoolError::DeviceInVolume { path }) if path.ends_with("null")), "{result:?}");
     assert!(!lp.root().join("pvc-dst").exists());
-    assert_eq!(lp.pool().sweep_clone_staging(&name(NODE)).expect("sweep"), 1);
+    assert_eq!(fs::read_dir(lp.root().join(CLONE_STAGING_DIR).join(NODE)).expect("staging").count(), 0);
+    assert_eq!(lp.pool().sweep_clone_staging(&name(NODE)).expect("sweep"), 0);
 }
