@@ -782,7 +782,8 @@ async fn a_pod_stops_at_its_quota_and_writes_past_it_after_an_online_expansion_w
     ensure!(first + second > 10 << 20, "past the old limit: {first} + {second} bytes");
     let on_host = std::fs::metadata(dir.join("first"))?.len() + std::fs::metadata(dir.join("second"))?.len();
     ensure!(on_host == first + second, "the host holds what the pod wrote: {on_host}");
-    println!("    quota scenario: first dd stopped at {first} bytes of 10Mi; after 20Mi, {second} more");
+    let refusal = logs.lines().find(|l| l.contains("exceeded") || l.contains("No space")).unwrap_or_default();
+    println!("    quota: the first dd stopped at {first} bytes of 10Mi ({refusal}); after 20Mi, {second} more");
 
     ctx.lane.delete_pod(&ns, "writer").await?;
     ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
