@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use futures::FutureExt;
+use k8s_openapi::api::core::v1::TypedLocalObjectReference;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Toleration};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use testbed::fixtures;
 use testbed::real_nodes::{DEPLOY_DAEMONSET, DEPLOY_NAMESPACE, LANE_TIMEOUT, Lane, LaneOptions, PodRun, images};
 
@@ -65,6 +67,8 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_shared_volume_written_by_one_pod_is_read_by_another,
         an_every_node_volume_gives_the_pod_its_own_nodes_directory,
         a_rolling_update_of_the_daemonset_loses_no_volume_and_leaves_no_claim_stuck,
+        a_pod_stops_at_its_quota_and_writes_past_it_after_an_online_expansion_without_restarting,
+        a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
     ];
     let selected: Vec<_> =
         scenarios.iter().filter(|(name, _)| filter.as_deref().is_none_or(|f| name.contains(f))).collect();
@@ -644,5 +648,183 @@ async fn a_rolling_update_of_the_daemonset_loses_no_volume_and_leaves_no_claim_s
         ctx.lane.delete_pod(&ns, name).await?;
         ctx.delete_claim_and_wait_reclaimed(&ns, name).await?;
     }
+    Ok(())
+}
+
+/// Gives the DaemonSet's container `CAP_SYS_ADMIN`, as the README tells admins of quota pools:
+/// the kernel refuses btrfs qgroup ioctls (create, limit) without it. Later scenarios keep it.
+async fn grant_quota_capability(ctx: &Ctx) -> Result<()> {
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(ctx.lane.client(), DEPLOY_NAMESPACE);
+    let ds = daemonsets.get(DEPLOY_DAEMONSET).await?;
+    let added = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.containers[0].security_context.as_ref())
+        .and_then(|c| c.capabilities.as_ref())
+        .and_then(|c| c.add.clone())
+        .unwrap_or_default();
+    if added.iter().any(|c| c == "SYS_ADMIN") {
+        return Ok(());
+    }
+    let patch = serde_json::json!([{
+        "op": "add",
+        "path": "/spec/template/spec/containers/0/securityContext/capabilities/add/-",
+        "value": "SYS_ADMIN",
+    }]);
+    daemonsets
+        .patch(DEPLOY_DAEMONSET, &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(patch)?))
+        .await?;
+    ctx.lane.wait_daemonset_rolled_out().await?;
+    Ok(())
+}
+
+/// A WaitForFirstConsumer class of ours on pool `btrfs` with `quota: enforce`, expandable.
+async fn quota_class(ctx: &Ctx, ns: &str) -> Result<String> {
+    let name = format!("{ns}-quota");
+    let class = fixtures::storage_class(&name, "kubevirt.io/hostpath-provisioner")
+        .parameter("storagePool", "btrfs")
+        .parameter("quota", "enforce")
+        .allow_expansion()
+        .build();
+    Api::<StorageClass>::all(ctx.lane.client()).create(&PostParams::default(), &class).await?;
+    Ok(name)
+}
+
+/// `key=<value>` from a pod's output.
+fn logged(logs: &str, key: &str) -> Option<String> {
+    logs.lines().find_map(|l| l.strip_prefix(&format!("{key}=")).map(|v| v.trim().to_string()))
+}
+
+async fn a_pod_stops_at_its_quota_and_writes_past_it_after_an_online_expansion_without_restarting(
+    ctx: &Ctx,
+) -> Result<()> {
+    ctx.deployed().await?;
+    grant_quota_capability(ctx).await?;
+    let ns = ctx.namespace("quota").await?;
+    let class = quota_class(ctx, &ns).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), &ns);
+    claims.create(&PostParams::default(), &fixtures::claim(&ns, "data", &class, "10Mi").build()).await?;
+
+    // Writes 40 MiB into the 10 MiB volume (the filesystem has 512 MiB), waits for the test's
+    // signal that the claim grew, then writes 6 MiB more next to the first file.
+    let script = "dd if=/dev/zero of=/data/first bs=1M count=40 2>&1; echo first-exit=$?; \
+                  echo first-bytes=$(stat -c %s /data/first); echo waiting; \
+                  until [ -f /data/grown ]; do sleep 1; done; \
+                  dd if=/dev/zero of=/data/second bs=1M count=6 2>&1; echo second-exit=$?; \
+                  echo second-bytes=$(stat -c %s /data/second); sync";
+    let run = PodRun::new(&ns, "writer", script).claim("data").as_user(1000, 1000).on_node(ctx.lane.node_name());
+    let started = ctx.lane.run_pod(&run.clone().keep_running()).await?;
+    let pod_uid = started.pod.metadata.uid.clone().context("pod uid")?;
+    let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), &ns);
+    let logs_now = || async {
+        let pod = pods.get("writer").await?;
+        anyhow::Ok(ctx.lane.container_logs(&pod, "main"))
+    };
+    testbed::wait_for("the first dd stopped", LANE_TIMEOUT, || async {
+        let logs = logs_now().await?;
+        anyhow::Ok(logs.contains("waiting").then_some(logs))
+    })
+    .await
+    .map_err(|e| e.context(ctx.provisioner_logs()))?;
+    let logs = logs_now().await?;
+    ensure!(logged(&logs, "first-exit") != Some("0".into()), "the first dd must fail at the limit: {logs}");
+    ensure!(
+        logs.contains("Disk quota exceeded") || logs.contains("No space left on device"),
+        "EDQUOT/ENOSPC in the pod's log: {logs}"
+    );
+    let first: u64 = logged(&logs, "first-bytes").context("first-bytes")?.parse()?;
+    ensure!(first <= 10 << 20, "no more than the 10 MiB limit written: {first} bytes");
+    ensure!(first >= 4 << 20, "the quota, not something else, stopped the writer: only {first} bytes");
+    let dir = ctx.lane.volume_dir(&ns, "data").await?;
+    ensure!(dir.parent() == Some(ctx.lane.quota_pool()), "{} in the quota pool", dir.display());
+
+    // Expanded online while the pod runs.
+    let grow = serde_json::json!({"spec": {"resources": {"requests": {"storage": "20Mi"}}}});
+    claims.patch("data", &PatchParams::default(), &Patch::Merge(&grow)).await?;
+    let twenty = Quantity("20Mi".into());
+    let pv_name = ctx.pv_of(&ns, "data").await?.metadata.name.context("PV name")?;
+    let pvs: Api<PersistentVolume> = Api::all(ctx.lane.client());
+    testbed::wait_until(
+        "the PV and the claim at 20Mi",
+        LANE_TIMEOUT,
+        || async {
+            let pv = pvs.get(&pv_name).await?;
+            let claim = claims.get("data").await?;
+            anyhow::Ok((pv, claim))
+        },
+        |(pv, claim)| {
+            pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")) == Some(&twenty)
+                && claim.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage"))
+                    == Some(&twenty)
+        },
+    )
+    .await
+    .map_err(|e| e.context(ctx.provisioner_logs()))?;
+
+    std::fs::write(dir.join("grown"), "")?;
+    let finished = testbed::wait_until(
+        "pod writer finished",
+        LANE_TIMEOUT,
+        || pods.get("writer"),
+        |p| p.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed"),
+    )
+    .await?;
+    let logs = ctx.lane.container_logs(&finished, "main");
+    ensure!(finished.metadata.uid.as_deref() == Some(pod_uid.as_str()), "the same pod wrote both times");
+    let status = finished.status.as_ref().context("status")?;
+    let restarts: i32 = status.container_statuses.iter().flatten().map(|c| c.restart_count).sum();
+    ensure!(restarts == 0, "the pod restarted {restarts} times");
+    ensure!(status.phase.as_deref() == Some("Succeeded"), "the pod failed: {logs}");
+    ensure!(logged(&logs, "second-exit").as_deref() == Some("0"), "the second dd must succeed: {logs}");
+    let second: u64 = logged(&logs, "second-bytes").context("second-bytes")?.parse()?;
+    ensure!(second == 6 << 20, "6 MiB written after the expansion: {second}");
+    ensure!(first + second > 10 << 20, "past the old limit: {first} + {second} bytes");
+    let on_host = std::fs::metadata(dir.join("first"))?.len() + std::fs::metadata(dir.join("second"))?.len();
+    ensure!(on_host == first + second, "the host holds what the pod wrote: {on_host}");
+    let refusal = logs.lines().find(|l| l.contains("exceeded") || l.contains("No space")).unwrap_or_default();
+    println!("    quota: the first dd stopped at {first} bytes of 10Mi ({refusal}); after 20Mi, {second} more");
+
+    ctx.lane.delete_pod(&ns, "writer").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
+    Ok(())
+}
+
+async fn a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners(ctx: &Ctx) -> Result<()> {
+    ctx.deployed().await?;
+    let ns = ctx.namespace("clone").await?;
+    ctx.create_claim(&ns, "source").await?;
+    let write = "umask 022 && echo top > /data/top && mkdir /data/dir && chmod 2750 /data/dir \
+                 && echo inner > /data/dir/file && chmod 600 /data/dir/file && ln -s dir/file /data/link";
+    let writer = PodRun::new(&ns, "writer", write).claim("source").as_user(1000, 3000).on_node(ctx.lane.node_name());
+    let outcome = ctx.lane.run_pod(&writer).await?;
+    ensure!(outcome.exit_code == Some(0), "writer exited {:?}: {}", outcome.exit_code, outcome.logs);
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), &ns);
+    let mut clone = fixtures::claim(&ns, "copy", CLASS, "16Mi").build();
+    clone.spec.as_mut().context("spec")?.data_source = Some(TypedLocalObjectReference {
+        api_group: None,
+        kind: "PersistentVolumeClaim".into(),
+        name: "source".into(),
+    });
+    claims.create(&PostParams::default(), &clone).await?;
+    let read = "cat /data/top /data/dir/file /data/link && stat -c '%n %u:%g %a' /data/top /data/dir /data/dir/file";
+    let reader = PodRun::new(&ns, "reader", read).claim("copy").as_user(1000, 3000).on_node(ctx.lane.node_name());
+    let outcome = ctx.lane.run_pod(&reader).await.map_err(|e| e.context(ctx.provisioner_logs()))?;
+    ensure!(outcome.exit_code == Some(0), "reader exited {:?}: {}", outcome.exit_code, outcome.logs);
+    let expected =
+        "top\ninner\ninner\n/data/top 1000:3000 644\n/data/dir 1000:3000 2750\n/data/dir/file 1000:3000 600\n";
+    ensure!(outcome.logs == expected, "the clone's pod sees the source's files and owners: {:?}", outcome.logs);
+
+    let source_dir = ctx.lane.volume_dir(&ns, "source").await?;
+    let copy_dir = ctx.lane.volume_dir(&ns, "copy").await?;
+    ensure!(source_dir != copy_dir, "the clone is a volume of its own");
+    std::fs::write(copy_dir.join("top"), "changed\n")?;
+    ensure!(std::fs::read_to_string(source_dir.join("top"))? == "top\n", "writing the clone leaves the source");
+
+    ctx.lane.delete_pod(&ns, "writer").await?;
+    ctx.lane.delete_pod(&ns, "reader").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "copy").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "source").await?;
     Ok(())
 }

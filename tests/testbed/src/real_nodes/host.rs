@@ -51,7 +51,7 @@ const HOST_PATHS: [&str; 6] = [
 ];
 
 /// Debian packages the lane needs, by the file that shows each is installed.
-const PACKAGES: [(&str, &str); 8] = [
+const PACKAGES: [(&str, &str); 9] = [
     ("/usr/bin/containerd", "containerd"),
     ("/usr/sbin/runc", "runc"),
     ("/bin/busybox", "busybox-static"),
@@ -60,6 +60,7 @@ const PACKAGES: [(&str, &str); 8] = [
     ("/usr/bin/gcc", "gcc"),
     ("/sbin/ip", "iproute2"),
     ("/usr/bin/file", "file"),
+    ("/usr/bin/btrfs", "btrfs-progs"),
 ];
 
 /// Why the lane cannot run here, or `Ok` (after installing missing packages when root).
@@ -205,6 +206,13 @@ fn cleanup(state: &serde_json::Value) -> Result<()> {
         problems.push(format!("{err:#}"));
     }
 
+    // Loop devices of filesystem images in the lane directory (the quota pool): `mount -o
+    // loop` asks the kernel to free them at unmount, but a lazy unmount of a busy mount frees
+    // them only later, and a lane killed between losetup and mount never unmounts.
+    if let Err(err) = detach_loop_devices_under(&dir) {
+        problems.push(format!("{err:#}"));
+    }
+
     // 3. The kubelet's cgroups, in every v1 hierarchy (or the v2 tree).
     for hierarchy in cgroup_hierarchies() {
         let root = hierarchy.join("kubepods");
@@ -313,6 +321,41 @@ fn unmount_all_under(dir: &Path) -> Result<()> {
     }
     let left = mounts_under(dir);
     if left.is_empty() { Ok(()) } else { bail!("mounts left under {}: {left:?}", dir.display()) }
+}
+
+/// Loop-mounts a new `size_mib` MiB btrfs (in the file `<dir>.img`) on `dir`, shared, and
+/// enables quota on it, as an admin does once for a quota pool. Under the lane directory, so that cleanup
+/// unmounts it, detaches its loop device and removes the file.
+pub fn mount_btrfs_with_quota(dir: &Path, size_mib: u64) -> Result<()> {
+    let image = dir.with_extension("img");
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    File::create(&image)
+        .and_then(|f| f.set_len(size_mib << 20))
+        .with_context(|| format!("creating {}", image.display()))?;
+    run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image))?;
+    run(Command::new("mount").arg("-o").arg("loop").arg(&image).arg(dir))?;
+    // Shared itself (not a bind of itself, as the other pools: containerd checks the lowest
+    // mount on the path, which would stay private).
+    run(Command::new("mount").arg("--make-shared").arg(dir))?;
+    run(Command::new("btrfs").args(["quota", "enable"]).arg(dir))
+}
+
+/// Detaches every loop device whose backing file is under `dir`.
+fn detach_loop_devices_under(dir: &Path) -> Result<()> {
+    let mut left = Vec::new();
+    for entry in fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(backing) = fs::read_to_string(entry.path().join("loop/backing_file")) else { continue };
+        // The kernel appends " (deleted)" once the file is gone.
+        let backing = backing.trim().trim_end_matches(" (deleted)");
+        if Path::new(backing).starts_with(dir) {
+            let device = format!("/dev/{name}");
+            if let Err(err) = run(Command::new("losetup").args(["-d", &device])) {
+                left.push(format!("{device} ({backing}): {err:#}"));
+            }
+        }
+    }
+    if left.is_empty() { Ok(()) } else { bail!("loop devices left: {}", left.join("; ")) }
 }
 
 /// Mount points of every cgroup hierarchy (v1 controllers, named ones, the v2 tree).

@@ -68,6 +68,10 @@ pub struct LaneOptions {
     pub simulated_node_binary: Option<PathBuf>,
 }
 
+/// Size of the quota pool's btrfs filesystem: far above the volumes' limits, so that a writer
+/// stopped at its limit was stopped by the quota, not by a full disk.
+pub const QUOTA_POOL_MIB: u64 = 512;
+
 /// Set to `off` to keep the lane from starting (tests skip it, the demo falls back to
 /// simulated nodes); under `CI=true` the lane's tests then fail instead, as for any other reason.
 pub const DISABLE_ENV: &str = "TESTBED_REAL_NODES";
@@ -97,6 +101,8 @@ pub struct Lane {
     shared_pool: PathBuf,
     /// A second local pool (`edge`) only the real node serves, for every-node volumes.
     edge_pool: PathBuf,
+    /// A local pool (`btrfs`) on a loop-mounted btrfs with quota enabled, for quota volumes.
+    quota_pool: PathBuf,
     started_in: Duration,
     host_cleaned: bool,
     cp: Option<ControlPlane>,
@@ -125,6 +131,7 @@ impl Lane {
             pool: dir.join("pool"),
             shared_pool: dir.join("nfs"),
             edge_pool: dir.join("edge"),
+            quota_pool: dir.join("btrfs"),
             started_in: Duration::ZERO,
             host_cleaned: false,
             cp: None,
@@ -149,6 +156,10 @@ impl Lane {
             std::fs::create_dir_all(pool)?;
             host::make_shared_mount(pool)?;
         }
+        // The admin's steps for a quota pool: a btrfs filesystem (here in a file under the
+        // lane directory, so that cleanup unmounts it and detaches its loop device) with quota
+        // enabled once.
+        host::mount_btrfs_with_quota(&self.quota_pool, QUOTA_POOL_MIB)?;
         host::create_bridge()?;
         let access = RealNodeAccess {
             serving_ips: vec![host::SERVICE_IP.parse()?, host::GATEWAY.parse()?],
@@ -222,6 +233,11 @@ impl Lane {
         &self.edge_pool
     }
 
+    /// The DaemonSet's quota pool `btrfs` (btrfs, quota enabled).
+    pub fn quota_pool(&self) -> &Path {
+        &self.quota_pool
+    }
+
     /// The control plane.
     pub fn cp(&self) -> &ControlPlane {
         self.cp.as_ref().expect("a running lane has a control plane")
@@ -293,8 +309,8 @@ impl Lane {
 
     /// Deploys `deploy/legacy` from `repo` with `kubectl apply -k`, through an overlay that
     /// points the image at the local one ([`images::local_image`]), moves the pool root to [`Lane::pool_root`] and adds two pools as the README says an admin
-    /// would (`STORAGE_POOLS`, a hostPath volume and a mount each): `nfs` declared shared and
-    /// `edge` local, after importing `image_archive` under
+    /// would (`STORAGE_POOLS`, a hostPath volume and a mount each): `nfs` declared shared,
+    /// `edge` local and `btrfs` local on btrfs with quota, after importing `image_archive` under
     /// the name the rendered DaemonSet uses. Waits until the DaemonSet is rolled out and
     /// returns that image name.
     pub async fn deploy_legacy(&self, repo: &Path, image_archive: &Path) -> Result<String> {
@@ -358,6 +374,9 @@ patches:
       - op: add
         path: /spec/template/spec/containers/0/volumeMounts/-
         value: {{name: pool-edge, mountPath: {edge}, mountPropagation: HostToContainer}}
+      - op: add
+        path: /spec/template/spec/containers/0/volumeMounts/-
+        value: {{name: pool-btrfs, mountPath: {quota}, mountPropagation: HostToContainer}}
   - patch: |-
       apiVersion: apps/v1
       kind: DaemonSet
@@ -373,7 +392,7 @@ patches:
                   - name: PV_DIR
                     value: {pool}
                   - name: STORAGE_POOLS
-                    value: nfs={nfs},shared,edge={edge}
+                    value: nfs={nfs},shared,edge={edge},btrfs={quota}
             volumes:
               - name: pv-volume
                 hostPath:
@@ -386,10 +405,15 @@ patches:
                 hostPath:
                   path: {edge}
                   type: Directory
+              - name: pool-btrfs
+                hostPath:
+                  path: {quota}
+                  type: Directory
 "#,
             base = base.display(),
             nfs = self.shared_pool.display(),
             edge = self.edge_pool.display(),
+            quota = self.quota_pool.display(),
         );
         std::fs::write(dir.join("kustomization.yaml"), kustomization)?;
         Ok(dir)
