@@ -324,17 +324,7 @@ impl PoolRoot {
     /// without following a symlink; anything else at that name is refused.
     fn open_subvolume(&self, name: &VolumeDirName) -> Result<OwnedFd, PoolError> {
         let path = self.volume_path(name);
-        let fd = rustix::fs::openat(
-            &self.fd,
-            name.as_str(),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
-            Errno::LOOP => PoolError::VolumeIsSymlink { path: path.clone() },
-            Errno::NOTDIR => PoolError::VolumeNotDirectory { path: path.clone() },
-            e => fs_error("open the volume subvolume", path.clone(), e),
-        })?;
+        let fd = self.open_volume_dir(name)?;
         let inode = inode_of(fd.as_fd()).map_err(|e| fs_error("stat the volume subvolume", path.clone(), e))?;
         if inode.mount_root == Some(true) || matches!((inode.mnt_id, self.mnt_id), (Some(a), Some(b)) if a != b) {
             return Err(PoolError::MountInsideVolume { path });
