@@ -50,15 +50,11 @@ const CLAIM_KEYS: [&str; 6] = [
     STORAGE_CLASS_BETA,
 ];
 
-/// Every node caches the metadata of every claim in the cluster; keeping only what the decision
-/// reads (name, namespace, uid, deletion timestamp, the annotations above and our cloning
-/// protection finalizer, which the source claim's reconcile removes once no clone waits) bounds
-/// that cost.
-/// A `kubectl apply`-ed claim alone carries its whole manifest in an annotation.
-pub fn trim_claim_metadata(
-    claim: &mut kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
-) {
-    let meta = &mut claim.metadata;
+/// A claim a node keeps in memory keeps only this of its metadata (name, namespace, uid, resource
+/// version, deletion timestamp, the annotations above and our cloning protection finalizer, which the
+/// source claim's reconcile removes once no clone waits): a `kubectl apply`-ed claim alone carries
+/// its whole manifest in an annotation, and managedFields are often half of an object.
+pub fn trim_claim_metadata(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
     meta.managed_fields = None;
     meta.labels = None;
     meta.owner_references = None;
@@ -71,19 +67,6 @@ pub fn trim_claim_metadata(
     meta.generate_name = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|key, _| CLAIM_KEYS.contains(&key.as_str()));
-    }
-}
-
-/// [`trim_claim_metadata`], then drops every annotation of a claim that `interesting` rejects:
-/// most claims of a big cluster (bound ones, other provisioners'). Each watch event brings fresh
-/// metadata, so a claim that becomes interesting is seen whole again.
-pub fn trim_claim_metadata_for(
-    claim: &mut kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
-    interesting: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool,
-) {
-    trim_claim_metadata(claim);
-    if !interesting(&claim.metadata) {
-        claim.metadata.annotations = None;
     }
 }
 
@@ -103,54 +86,26 @@ mod tests {
             .selected(NODE)
             .annotation("kubectl.kubernetes.io/last-applied-configuration", &"x".repeat(4096))
             .build();
-        let mut meta = kube::api::PartialObjectMeta::<k8s_openapi::api::core::v1::PersistentVolumeClaim> {
-            metadata: full.metadata.clone(),
-            ..Default::default()
-        };
+        let mut meta = full.metadata.clone();
         trim_claim_metadata(&mut meta);
-        assert_eq!(claim_interest(&meta.metadata, &me()), claim_interest(&full.metadata, &me()));
-        assert_eq!(claim_interest(&meta.metadata, &me()), Interest::Candidate);
-        let kept = meta.metadata.annotations.unwrap();
+        assert_eq!(claim_interest(&meta, &me()), claim_interest(&full.metadata, &me()));
+        assert_eq!(claim_interest(&meta, &me()), Interest::Candidate);
+        let kept = meta.annotations.unwrap();
         assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
         assert_eq!(kept.len(), 3, "selected-node and both storage-provisioner keys");
-        assert_eq!(meta.metadata.uid, full.metadata.uid);
+        assert_eq!(meta.uid, full.metadata.uid);
     }
 
     #[test]
     fn trimming_keeps_the_clone_protection_finalizer_only() {
-        let mut meta = kube::api::PartialObjectMeta::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::default();
-        meta.metadata.finalizers = Some(vec!["kubernetes.io/pvc-protection".into(), CLONE_PROTECTION_FINALIZER.into()]);
-        trim_claim_metadata(&mut meta);
-        assert_eq!(meta.metadata.finalizers, Some(vec![CLONE_PROTECTION_FINALIZER.to_owned()]));
-        meta.metadata.finalizers = Some(vec!["kubernetes.io/pvc-protection".into()]);
-        trim_claim_metadata(&mut meta);
-        assert_eq!(meta.metadata.finalizers, None);
-    }
-
-    #[test]
-    fn ignored_claims_lose_their_annotations_and_stay_ignored() {
-        use crate::deciding::claim::{Interest, claim_interest};
-        use crate::test_fixtures::*;
-        let interesting = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-            claim_interest(m, &me()) != Interest::Ignore
+        let mut meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            finalizers: Some(vec!["kubernetes.io/pvc-protection".into(), CLONE_PROTECTION_FINALIZER.into()]),
+            ..Default::default()
         };
-        for (full, expected) in [
-            (claim("hpp").selected(OTHER_NODE).build(), Interest::Elsewhere(OTHER_NODE.into())),
-            (claim("hpp").on_node(OTHER_NODE).build(), Interest::Elsewhere(OTHER_NODE.into())),
-            (claim("other").build(), Interest::Ignore),
-            (claim("hpp").on_node(NODE).annotation(BIND_COMPLETED, "yes").build(), Interest::Ignore),
-            (claim("hpp").on_node(NODE).build(), Interest::Candidate),
-            (claim("hpp").selected(NODE).build(), Interest::Candidate),
-        ] {
-            let mut meta = kube::api::PartialObjectMeta::<k8s_openapi::api::core::v1::PersistentVolumeClaim> {
-                metadata: full.metadata.clone(),
-                ..Default::default()
-            };
-            trim_claim_metadata_for(&mut meta, interesting);
-            assert_eq!(claim_interest(&meta.metadata, &me()), expected);
-            assert_eq!(claim_interest(&full.metadata, &me()), expected);
-            assert_eq!(meta.metadata.annotations.is_none(), expected == Interest::Ignore);
-            assert_eq!(meta.metadata.uid, full.metadata.uid, "uids stay for the orphan cleanup");
-        }
+        trim_claim_metadata(&mut meta);
+        assert_eq!(meta.finalizers, Some(vec![CLONE_PROTECTION_FINALIZER.to_owned()]));
+        meta.finalizers = Some(vec!["kubernetes.io/pvc-protection".into()]);
+        trim_claim_metadata(&mut meta);
+        assert_eq!(meta.finalizers, None);
     }
 }

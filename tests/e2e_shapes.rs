@@ -163,7 +163,7 @@ async fn shared_volumes_are_made_and_removed_once_even_when_a_node_dies_mid_batc
     }
     // In the normal case exactly one node acts for each claim.
     for claim in &claims {
-        let actors = reporters(&env, &uid(claim), "Provisioning").await;
+        let actors = reporters(&env, &uid(claim), "ProvisioningSucceeded").await;
         assert_eq!(actors.len(), 1, "{}: {actors:?}", claim.metadata.name.as_deref().unwrap());
     }
 

@@ -57,6 +57,48 @@ async fn a_matching_static_pv_is_bound_instead_and_no_volume_is_provisioned() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_pv_pre_bound_to_the_claim_is_bound_even_when_the_node_was_selected_first() {
+    // The scheduler's cache can miss a PV created in the same moment as the pod and select a node
+    // for provisioning. The PV controller still binds a PV pre-bound to the claim (claimRef
+    // naming it); the node must leave such a claim alone rather than provision a second PV.
+    let env = TestEnv::start("prebound", 1).await;
+    let class = env.class("wffc", |c| c).await;
+    let node = env.nodes[0].name.clone();
+    let path = env.cp.temp_dir().join(format!("{}-prebound", env.group));
+    std::fs::create_dir_all(&path).unwrap();
+    let name = format!("{}-prebound", env.group);
+    let mut pv = fixtures::host_path_volume(&name, &path.display().to_string(), "1Gi")
+        .storage_class(&class)
+        .on_hostname(&node)
+        .build();
+    pv.spec.as_mut().unwrap().claim_ref = Some(k8s_openapi::api::core::v1::ObjectReference {
+        namespace: Some(env.ns.clone()),
+        name: Some("data".into()),
+        ..Default::default()
+    });
+    env.pvs().create(&PostParams::default(), &pv).await.expect("pre-bound PV");
+    env.wait_pv_phase(&name, "Available").await;
+    // Let the provisioner's PV watch deliver it too.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let claim =
+        env.create_claim(fixtures::claim(&env.ns, "data", &class, "64Mi").annotation(SELECTED_NODE, &node)).await;
+    let bound = env.wait_bound("data").await;
+    assert_eq!(bound.metadata.name.as_deref(), Some(name.as_str()), "the pre-bound PV is bound");
+    // Give the provisioner a chance to (wrongly) act.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(pvs_for(&env, &uid(&claim)).await.is_empty(), "no PV provisioned");
+    assert!(entries(&env.nodes[0].pool_root).is_empty(), "nothing created in the pool");
+    // A second PV made and then reclaimed would leave nothing behind by now: the events tell.
+    let provisioned: Vec<_> = env
+        .events_for(&env.ns, &uid(&claim))
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ProvisioningSucceeded"))
+        .collect();
+    assert!(provisioned.is_empty(), "no volume was provisioned for the claim: {provisioned:?}\n{}", env.log_tails());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_claim_moved_to_another_node_before_provisioning_leaves_nothing_on_the_first() {
     let mut env = TestEnv::start("moved", 2).await;
     let class = env.class("wffc", |c| c).await;

@@ -70,6 +70,12 @@ fn storage_provisioner(meta: &ObjectMeta) -> Option<&str> {
     annotation(meta, keys::STORAGE_PROVISIONER).or_else(|| annotation(meta, keys::STORAGE_PROVISIONER_BETA))
 }
 
+/// Whether the PV controller has handed the claim to a provisioner (it writes the annotation
+/// only after finding no existing PV to bind).
+pub fn annotated_for_provisioning(meta: &ObjectMeta) -> bool {
+    storage_provisioner(meta).is_some()
+}
+
 /// Stage 1, from metadata alone. Errs on the side of `Candidate`: stage 2 decides.
 pub fn claim_interest(meta: &ObjectMeta, me: &Identity) -> Interest {
     if meta.deletion_timestamp.is_some() || annotation(meta, keys::BIND_COMPLETED).is_some() {

@@ -3,6 +3,7 @@
 
 pub mod capacity;
 pub mod claim;
+pub mod claim_retention;
 pub mod clone;
 pub mod layout;
 pub mod mount_table;
@@ -10,6 +11,7 @@ pub mod os_disk;
 pub mod published_capacity;
 pub mod quota;
 pub mod resize;
+pub mod static_binding;
 pub mod topology;
 pub mod volume;
 pub mod volume_spec;

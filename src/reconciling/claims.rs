@@ -8,13 +8,15 @@ use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Resource;
-use kube::api::{Api, PartialObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::deciding::capacity::{format_binary_si, round_down_pretty};
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
+use crate::deciding::claim_retention;
 use crate::deciding::quota::{self, VolumeQuota};
+use crate::deciding::static_binding::pre_bound_volume;
 use crate::deciding::topology::{self, Acting, Topology};
 use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, Retry, reason};
@@ -27,6 +29,8 @@ use crate::serving::metrics::{ClaimClass, Metrics};
 
 /// How soon a protected source claim seen before the PV watches synced is looked at again.
 const UNSYNCED_RECHECK: Duration = Duration::from_secs(5);
+/// How often a claim left to the PV controller (an existing PV may bind it) is looked at again.
+const STATIC_RECHECK: Duration = Duration::from_secs(30);
 /// How long to wait before looking again at a claim whose class does not exist yet.
 const CLASS_RECHECK: Duration = Duration::from_secs(30);
 /// How often a claim waiting for a node without a running provisioner is looked at again.
@@ -37,21 +41,20 @@ const NO_NODE_RECHECK: Duration = Duration::from_secs(60);
 /// a margin, so it lapses only once its speaker stopped looking (the claim went, or the speaker).
 const WAITING_REPORT_VALIDITY: Duration = Duration::from_secs(2 * STRANDED_RECHECK.as_secs() + 60);
 
-type ClaimMeta = PartialObjectMeta<PersistentVolumeClaim>;
-
-/// Reconciles one claim (from its metadata).
-pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action, ClaimError> {
-    let key = object_key(&meta.metadata);
-    match claim_decision::claim_interest(&meta.metadata, &ctx.me) {
+/// Reconciles one claim, as the watch cache holds it (deciding::claim_retention: only claims this
+/// node may act on are there).
+pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, ClaimError> {
+    let key = object_key(&claim.metadata);
+    match claim_decision::claim_interest(&claim.metadata, &ctx.me) {
         Interest::Ignore => {
             ctx.reset_retry(&key);
-            ctx.forget_stranded(&meta.metadata);
-            forget_waiting(&ctx, &meta.metadata);
+            ctx.forget_stranded(&claim.metadata);
+            forget_waiting(&ctx, &claim.metadata);
             let mut protection = Action::await_change();
             // A source claim whose clones are all done (or gone) loses its cloning protection.
-            if meta.metadata.finalizers.iter().flatten().any(|f| f == keys::CLONE_PROTECTION_FINALIZER)
+            if claim.metadata.finalizers.iter().flatten().any(|f| f == keys::CLONE_PROTECTION_FINALIZER)
                 && let (Some(uid), Some(namespace), Some(name)) =
-                    (meta.metadata.uid.as_deref(), meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref())
+                    (claim.metadata.uid.as_deref(), claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref())
             {
                 if ctx.known_volume(&crate::deciding::layout::pv_name(uid)).is_some() {
                     protection = clones::check_source_protection(&ctx, namespace, name).await?;
@@ -61,38 +64,31 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
                 }
             }
             // A bound claim of one of this node's PVs may ask for more room (expansion).
-            if meta.metadata.deletion_timestamp.is_none()
-                && let (Some(uid), Some(namespace), Some(name)) =
-                    (meta.metadata.uid.as_deref(), meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref())
-                && let Some(pv) = resize::bound_volume(&ctx, uid)
+            if claim.metadata.deletion_timestamp.is_none()
+                && let Some(uid) = claim.metadata.uid.as_deref()
             {
-                resize::reconcile(&ctx, namespace, name, &pv).await;
+                if let Some(pv) = resize::bound_volume(&ctx, uid) {
+                    resize::reconcile(&ctx, &claim, &pv).await;
+                } else if !ctx.health.all_synced() && claim_retention::size_change_pending(&claim) {
+                    // At start-up the claims may come before the PVs: look again once they are in.
+                    protection = Action::requeue(UNSYNCED_RECHECK);
+                }
             }
             return Ok(protection);
         }
-        Interest::Elsewhere(node) => return watch_for_no_provisioner(&ctx, &meta, &node).await,
-        Interest::Candidate => forget_waiting(&ctx, &meta.metadata),
+        Interest::Elsewhere(node) => return watch_for_no_provisioner(&ctx, &claim, &node).await,
+        Interest::Candidate => forget_waiting(&ctx, &claim.metadata),
     }
-    let (Some(namespace), Some(name)) = (meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref()) else {
-        return Ok(Action::await_change());
-    };
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    let Some(claim) = claims.get_opt(name).await? else {
-        return Ok(Action::await_change());
-    };
-    if claim.metadata.uid != meta.metadata.uid {
-        // Deleted and recreated under the same name; the new one arrives as its own event.
-        return Ok(Action::await_change());
-    }
-    let class = claim_decision::claim_class_name(&claim).and_then(|class| ctx.classes.get(&ObjectRef::new(class)));
+    let claim = claim.as_ref();
+    let class = claim_decision::claim_class_name(claim).and_then(|class| ctx.classes.get(&ObjectRef::new(class)));
     // Only volumes without an owning node need to know who else is alive.
     let needs_live = class.as_deref().is_some_and(|c| {
         c.provisioner == ctx.me.provisioner && claim_decision::class_topology(c, &ctx.decision) != Some(Topology::Node)
     });
     let live = if needs_live { ctx.live_nodes().await? } else { Vec::new() };
-    let library_labels = library_labels(&claim);
-    let decision = claim_decision::decide_claim(&claim, class.as_deref(), &ctx.me, &ctx.decision, &live);
-    let (decision, clone_from) = match clones::prepare(&ctx, &claim, class.as_deref(), &live, decision).await? {
+    let library_labels = library_labels(claim);
+    let decision = claim_decision::decide_claim(claim, class.as_deref(), &ctx.me, &ctx.decision, &live);
+    let (decision, clone_from) = match clones::prepare(&ctx, claim, class.as_deref(), &live, decision).await? {
         clones::Prepared::Decided(decision, clone_from) => (decision, clone_from),
         clones::Prepared::Done(action) => {
             ctx.reset_retry(&key);
@@ -115,18 +111,18 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
         }
         Decision::HandBack(refusal) => {
             ctx.metrics.library.provision_failed(&library_labels);
-            handback(&ctx, &claim, &refusal.to_string(), refusal_label(&refusal)).await?;
+            handback(&ctx, claim, &refusal.to_string(), refusal_label(&refusal)).await?;
             Action::await_change()
         }
         Decision::ExplainImmediate => {
-            explain_immediate(&ctx, &claim).await;
+            explain_immediate(&ctx, claim).await;
             Action::await_change()
         }
         Decision::Refuse(refusal) => {
             tracing::warn!(claim = %key, %refusal, "refusing claim");
             Metrics::outcome(&ctx.metrics.provisions, "refused", refusal_label(&refusal));
             ctx.metrics.library.provision_failed(&library_labels);
-            ctx.warn(&claim_ref(&claim), reason::PROVISIONING_FAILED, "Provision", refusal.to_string()).await;
+            ctx.warn(&claim_ref(claim), reason::PROVISIONING_FAILED, "Provision", refusal.to_string()).await;
             match refusal {
                 // A node serving the pool may start later: nothing on the claim would change.
                 claim_decision::Refusal::NoNodeServesPool { .. } => Action::requeue(NO_NODE_RECHECK),
@@ -134,10 +130,17 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
             }
         }
         Decision::Provision(plan) => {
+            if let Some(pv) = existing_volume_for(&ctx, claim, &plan) {
+                // The PV controller binds the claim to that PV (a change of the claim). Looked at
+                // again meanwhile in case the PV goes or the PV controller is down.
+                tracing::info!(claim = %key, %pv, "a PV is pre-bound to this claim: leaving it to the PV controller");
+                ctx.reset_retry(&key);
+                return Ok(Action::requeue(STATIC_RECHECK));
+            }
             let started = Instant::now();
             // The library's count points: a PV created, or an attempt that failed or handed the
             // claim back. A PV found already there is neither (the library skips bound claims).
-            match provision(&ctx, &claim, &plan, clone_from.as_ref()).await {
+            match provision(&ctx, claim, &plan, clone_from.as_ref()).await {
                 Ok(Provisioned::Now) => {
                     let seconds = started.elapsed().as_secs_f64();
                     ctx.metrics.provision_seconds.observe(seconds);
@@ -157,9 +160,29 @@ pub async fn reconcile(meta: Arc<ClaimMeta>, ctx: Arc<Context>) -> Result<Action
     Ok(action)
 }
 
+/// A PV pre-bound to this claim, which the PV controller binds instead of having one provisioned
+/// (deciding::static_binding), for a claim the scheduler placed here before the PV controller
+/// handed it to a provisioner.
+fn existing_volume_for(ctx: &Context, claim: &PersistentVolumeClaim, plan: &ProvisionPlan) -> Option<String> {
+    if plan.binding_mode != BindingMode::WaitForFirstConsumer
+        || plan.pinned_by_annotation
+        || claim_decision::annotated_for_provisioning(&claim.metadata)
+    {
+        return None;
+    }
+    // Not the PV this node made for the claim itself (it is pre-bound to the claim too).
+    let volumes: Vec<_> = ctx
+        .volumes
+        .iter()
+        .flat_map(|store| store.state())
+        .filter(|pv| pv.metadata.name.as_deref() != Some(plan.pv_name.as_str()))
+        .collect();
+    pre_bound_volume(claim, volumes.iter().map(|pv| pv.as_ref()))
+}
+
 /// Decides when to retry after an error, and reports it on the claim.
-pub fn error_policy(meta: Arc<ClaimMeta>, error: &ClaimError, ctx: Arc<Context>) -> Action {
-    let key = object_key(&meta.metadata);
+pub fn error_policy(claim: Arc<PersistentVolumeClaim>, error: &ClaimError, ctx: Arc<Context>) -> Action {
+    let key = object_key(&claim.metadata);
     Metrics::outcome(&ctx.metrics.provisions, "error", error.metric_label());
     let delay = match error.retry() {
         Retry::Backoff => ctx.next_retry(&key),
@@ -167,7 +190,7 @@ pub fn error_policy(meta: Arc<ClaimMeta>, error: &ClaimError, ctx: Arc<Context>)
     };
     tracing::warn!(claim = %key, %error, retry_in = ?delay, "provisioning failed");
     let ctx2 = ctx.clone();
-    let regarding = meta_ref(&meta.metadata);
+    let regarding = claim_ref(&claim);
     let note = failure_note(error);
     let reason = error.reason();
     // error_policy is synchronous; the event goes out on its own task.
@@ -250,14 +273,20 @@ async fn provision(
         }
         return Err(error);
     }
-    // The event must not delay the PV: it goes out on its own task.
-    let note = format!(
-        "External provisioner is provisioning volume for claim \"{}/{}\"",
-        claim.metadata.namespace.as_deref().unwrap_or_default(),
-        claim.metadata.name.as_deref().unwrap_or_default()
-    );
-    let (events_ctx, provisioning_ref) = (ctx.clone(), regarding.clone());
-    tokio::spawn(async move { events_ctx.normal(&provisioning_ref, reason::PROVISIONING, "Provision", note).await });
+    // A plain volume is made in milliseconds, and its ProvisioningSucceeded says all a user needs:
+    // one event per volume. A copy can take minutes, so a clone announces itself first. The
+    // event must not delay the copy: it goes out on its own task.
+    if clone_from.is_some() {
+        let note = format!(
+            "External provisioner is provisioning volume for claim \"{}/{}\"",
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+            claim.metadata.name.as_deref().unwrap_or_default()
+        );
+        let (events_ctx, provisioning_ref) = (ctx.clone(), regarding.clone());
+        tokio::spawn(
+            async move { events_ctx.normal(&provisioning_ref, reason::PROVISIONING, "Provision", note).await },
+        );
+    }
     let node = ctx.node_facts().await?;
     let created = match (clone_from, volume_quota) {
         (None, VolumeQuota::Unlimited) => pool.create_volume_dir(&dir, ctx.config.dir_mode)?,
@@ -386,14 +415,18 @@ pub(crate) async fn handback(
 /// A claim placed on another node waits for that node's provisioner. When that node has had no
 /// live lease for a whole lease duration (the DaemonSet does not run there: a taint it does not
 /// tolerate, a nodeSelector, a typo in the annotation), one node says so on the claim, once.
-async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -> Result<Action, ClaimError> {
+async fn watch_for_no_provisioner(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    node: &str,
+) -> Result<Action, ClaimError> {
     let live = ctx.live_nodes().await?;
     if live.iter().any(|n| n.node == node) {
-        ctx.forget_stranded(&meta.metadata);
-        forget_waiting(ctx, &meta.metadata);
+        ctx.forget_stranded(&claim.metadata);
+        forget_waiting(ctx, &claim.metadata);
         return Ok(Action::await_change());
     }
-    let uid = meta.metadata.uid.as_deref().unwrap_or_default();
+    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     let waited = ctx.stranded_for(uid);
     let grace = ctx.config.node_lease;
     if waited < grace {
@@ -401,16 +434,11 @@ async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -
     }
     // Another node speaks; look again when its lease would have expired, in case it died.
     if let Acting::Other { recheck_after, .. } = topology::spokesman(uid, &ctx.me.node, &live) {
-        forget_waiting(ctx, &meta.metadata);
+        forget_waiting(ctx, &claim.metadata);
         return Ok(Action::requeue(recheck_after.min(STRANDED_RECHECK)));
     }
-    let (Some(namespace), Some(name)) = (meta.metadata.namespace.as_deref(), meta.metadata.name.as_deref()) else {
-        return Ok(Action::await_change());
-    };
     // provisionOnNode says nothing about the class: only claims of our classes are ours to explain.
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    let Some(claim) = claims.get_opt(name).await? else { return Ok(Action::await_change()) };
-    let ours = claim_decision::claim_class_name(&claim)
+    let ours = claim_decision::claim_class_name(claim)
         .and_then(|class| ctx.classes.get(&ObjectRef::new(class)))
         .is_some_and(|class| class.provisioner == ctx.me.provisioner);
     let pending = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty);
@@ -421,10 +449,10 @@ async fn watch_for_no_provisioner(ctx: &Context, meta: &ClaimMeta, node: &str) -
              the node name is right",
             ctx.config.namespace
         );
-        explain_once(ctx, &claim, "no-provisioner-on-node", reason::NO_PROVISIONER_ON_NODE, note).await;
+        explain_once(ctx, claim, "no-provisioner-on-node", reason::NO_PROVISIONER_ON_NODE, note).await;
         ctx.metrics.waiting_claims.report(uid, node, WAITING_REPORT_VALIDITY);
     } else {
-        forget_waiting(ctx, &meta.metadata);
+        forget_waiting(ctx, &claim.metadata);
     }
     Ok(Action::requeue(STRANDED_RECHECK))
 }
@@ -505,16 +533,4 @@ fn claim_key(claim: &PersistentVolumeClaim) -> String {
 
 pub(crate) fn claim_ref(claim: &PersistentVolumeClaim) -> ObjectReference {
     claim.object_ref(&())
-}
-
-fn meta_ref(meta: &ObjectMeta) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("PersistentVolumeClaim".into()),
-        namespace: meta.namespace.clone(),
-        name: meta.name.clone(),
-        uid: meta.uid.clone(),
-        resource_version: meta.resource_version.clone(),
-        ..Default::default()
-    }
 }

@@ -8,7 +8,7 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
@@ -42,8 +42,8 @@ pub struct Context {
     pub pools: Pools,
     /// StorageClasses (all; a handful of objects).
     pub classes: Store<StorageClass>,
-    /// Claim metadata of the whole cluster.
-    pub claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    /// The claims this node may act on (deciding::claim_retention), trimmed.
+    pub claims: Store<PersistentVolumeClaim>,
     /// This node's PVs and the unlabelled (Go-made) ones.
     pub volumes: Vec<Store<PersistentVolume>>,
     /// Metrics.
@@ -70,7 +70,7 @@ impl Context {
         config: Config,
         pools: Pools,
         classes: Store<StorageClass>,
-        claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+        claims: Store<PersistentVolumeClaim>,
         volumes: Vec<Store<PersistentVolume>>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
@@ -184,6 +184,19 @@ impl Context {
     pub fn forget_stranded(&self, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
         if let Some(uid) = meta.uid.as_deref() {
             self.stranded.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        }
+    }
+
+    /// Forgets everything remembered about a claim this node no longer keeps (bound, moved away,
+    /// deleted): its retry backoff, warnings, and reports of it waiting for a node.
+    pub fn forget_claim(&self, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+        let key =
+            format!("{}/{}", meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default());
+        self.reset_retry(&key);
+        self.forget_stranded(meta);
+        if let Some(uid) = meta.uid.as_deref() {
+            self.forget_warnings(uid);
+            self.metrics.waiting_claims.forget(uid);
         }
     }
 

@@ -7,15 +7,15 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 
 use crate::config::Config;
-use crate::deciding::claim::{Identity, Interest, claim_interest};
-use crate::deciding::layout;
 use crate::deciding::quota::{self, QuotaCapability};
+use crate::deciding::{claim_retention, layout};
 use crate::error::reason;
 use crate::filesystem::VolumeDirName;
 use crate::filesystem::pools::{OpenError, Pools};
@@ -75,56 +75,9 @@ pub async fn run(
     .reflect(class_writer);
     tokio::spawn(class_events.for_each(|_| async {}));
 
-    // Claims: metadata only; the annotations decide ownership (docs/architecture.md, which node acts).
-    let (claim_store, claim_writer) = reflector::store::<PartialObjectMeta<PersistentVolumeClaim>>();
-    let claim_events = observe(
-        Watch::Claims,
-        watcher(Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(client.clone()), watcher::Config::default())
-            .modify({
-                let me = Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone() };
-                move |claim| keys::trim_claim_metadata_for(claim, |meta| claim_interest(meta, &me) != Interest::Ignore)
-            }),
-        &health,
-        &metrics,
-    )
-    .reflect(claim_writer)
-    .applied_objects();
-
-    // Volumes: ours carry a node label, so each node watches only its own. PVs the Go build
-    // made have no label and get a second watch of unlabelled PVs.
-    let pv_api = Api::<PersistentVolume>::all(client.clone());
-    let own_selector = format!("{}={}", keys::NODE_LABEL, layout::node_label_value(&config.node_name));
-    let legacy_selector = format!("!{}", keys::NODE_LABEL);
+    let (claim_store, claim_writer) = reflector::store::<PersistentVolumeClaim>();
     let (own_store, own_writer) = reflector::store::<PersistentVolume>();
-    let (deleted_tx, mut deleted_rx) = tokio::sync::mpsc::unbounded_channel::<PersistentVolume>();
-    let own_events = observe(
-        Watch::Volumes,
-        watcher(pv_api.clone(), watcher::Config::default().labels(&own_selector)),
-        &health,
-        &metrics,
-    )
-    .reflect(own_writer)
-    // A deleted PV of this node whose directory still holds data was deleted by someone else:
-    // reported by a task of its own (the context does not exist yet here).
-    .inspect({
-        let deleted = deleted_tx.clone();
-        move |event| {
-            if let Ok(watcher::Event::Delete(pv)) = event {
-                let _ = deleted.send(pv.clone());
-            }
-        }
-    })
-    .applied_objects();
     let (legacy_store, legacy_writer) = reflector::store::<PersistentVolume>();
-    let legacy_events = observe(
-        Watch::LegacyVolumes,
-        watcher(pv_api, watcher::Config::default().labels(&legacy_selector)),
-        &health,
-        &metrics,
-    )
-    .reflect(legacy_writer)
-    .applied_objects();
-
     let ctx = Arc::new(Context::new(
         client.clone(),
         config.clone(),
@@ -135,6 +88,56 @@ pub async fn run(
         metrics.clone(),
         health.clone(),
     ));
+
+    // Claims: whole objects, so that deciding needs no GET, but only the few this node may act on
+    // stay in memory (deciding::claim_retention); the others are forgotten as their events pass.
+    let claim_events = observe(
+        Watch::Claims,
+        watcher(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default()),
+        &health,
+        &metrics,
+    )
+    .filter_map({
+        let ctx = ctx.clone();
+        move |event| futures::future::ready(retain_claims(&ctx, event))
+    })
+    .reflect(claim_writer)
+    .applied_objects();
+
+    // Volumes: ours carry a node label, so each node watches only its own. PVs the Go build
+    // made, shared and every-node ones have no node label and come through a second watch, of
+    // unlabelled PVs: the two are disjoint, so together they deliver less than one watch of all
+    // PVs would.
+    let pv_api = Api::<PersistentVolume>::all(client.clone());
+    let own_selector = format!("{}={}", keys::NODE_LABEL, layout::node_label_value(&config.node_name));
+    let legacy_selector = format!("!{}", keys::NODE_LABEL);
+    let (deleted_tx, mut deleted_rx) = tokio::sync::mpsc::unbounded_channel::<PersistentVolume>();
+    let own_events = observe(
+        Watch::Volumes,
+        watcher(pv_api.clone(), watcher::Config::default().labels(&own_selector)),
+        &health,
+        &metrics,
+    )
+    .reflect(own_writer)
+    // A deleted PV of this node whose directory still holds data was deleted by someone else:
+    // reported by a task of its own.
+    .inspect({
+        let deleted = deleted_tx.clone();
+        move |event| {
+            if let Ok(watcher::Event::Delete(pv)) = event {
+                let _ = deleted.send(pv.clone());
+            }
+        }
+    })
+    .applied_objects();
+    let legacy_events = observe(
+        Watch::LegacyVolumes,
+        watcher(pv_api, watcher::Config::default().labels(&legacy_selector)),
+        &health,
+        &metrics,
+    )
+    .reflect(legacy_writer)
+    .applied_objects();
 
     let controller_config = controller::Config::default().concurrency(config.max_concurrency);
     let claim_controller = Controller::for_stream(claim_events, claim_store)
@@ -201,6 +204,51 @@ async fn after_initial_lists(ctx: Arc<Context>) {
     }
     tracing::info!(node = %ctx.me.node, "initial lists received; ready");
     orphans::remove_orphan_directories(&ctx).await;
+}
+
+/// Keeps in the claim cache only the claims this node may act on, trimmed
+/// (deciding::claim_retention). A claim that stops being one (bound, moved away, deleted) leaves
+/// the cache as a deletion, and with it everything this node remembered about it.
+fn retain_claims(
+    ctx: &Context,
+    event: Result<watcher::Event<PersistentVolumeClaim>, watcher::Error>,
+) -> Option<Result<watcher::Event<PersistentVolumeClaim>, watcher::Error>> {
+    use watcher::Event;
+    let Ok(event) = event else { return Some(event) };
+    let kept = match event {
+        Event::Apply(mut claim) => {
+            if claim_retention::keep(&claim, &ctx.me) {
+                claim_retention::trim(&mut claim);
+                Event::Apply(claim)
+            } else {
+                ctx.forget_claim(&claim.metadata);
+                Event::Delete(forgotten(claim))
+            }
+        }
+        Event::InitApply(mut claim) => {
+            if !claim_retention::keep(&claim, &ctx.me) {
+                ctx.forget_claim(&claim.metadata);
+                return None;
+            }
+            claim_retention::trim(&mut claim);
+            Event::InitApply(claim)
+        }
+        Event::Delete(claim) => {
+            ctx.forget_claim(&claim.metadata);
+            Event::Delete(forgotten(claim))
+        }
+        other @ (Event::Init | Event::InitDone) => other,
+    };
+    Some(Ok(kept))
+}
+
+/// What the cache needs to drop a claim: its name and namespace.
+fn forgotten(claim: PersistentVolumeClaim) -> PersistentVolumeClaim {
+    let meta = claim.metadata;
+    PersistentVolumeClaim {
+        metadata: ObjectMeta { name: meta.name, namespace: meta.namespace, uid: meta.uid, ..Default::default() },
+        ..Default::default()
+    }
 }
 
 /// Reconcile errors are reported by the error policies; what surfaces here are watch and

@@ -1,9 +1,9 @@
 //! Expansion of bound claims: the external-resizer's part for this node's PVs and for the shared
 //! PVs this node is picked for (one node per volume, by the same ranking as deletion).
 //!
-//! Trigger: the claims watch is metadata-only, but any change to a claim (a larger request
-//! included) arrives as a metadata event; for a bound claim whose PV (`pvc-<uid>`) is in this
-//! node's PV cache, the claim is fetched and [`decide_resize`] decides. The protocol is the
+//! Trigger: a bound claim whose request differs from its capacity stays in the claim cache
+//! (deciding::claim_retention); when its PV (`pvc-<uid>`) is in this node's PV cache,
+//! [`decide_resize`] decides on the cached claim. The protocol is the
 //! external-resizer's: while resizing, the claim's status carries the `Resizing` condition and
 //! `allocatedResourceStatuses.storage = ControllerResizeInProgress`; on success the PV's capacity,
 //! then the claim's `status.capacity`, take the new size and the resize fields are cleared; a
@@ -42,8 +42,7 @@ enum ResizeError {
     Path(String),
 }
 
-/// The PV of this node bound to the claim with `uid`, when the claim may need resizing: only
-/// classes that allow expansion cost a GET of the claim (at start-up, one per such claim).
+/// The PV of this node bound to the claim with `uid`, when its class allows expansion.
 pub fn bound_volume(ctx: &Context, uid: &str) -> Option<std::sync::Arc<PersistentVolume>> {
     let pv = ctx.known_volume(&layout::pv_name(uid))?;
     let spec = pv.spec.as_ref()?;
@@ -53,27 +52,22 @@ pub fn bound_volume(ctx: &Context, uid: &str) -> Option<std::sync::Arc<Persisten
 }
 
 /// Looks at a bound claim of one of this node's PVs and expands its volume if asked.
-pub async fn reconcile(ctx: &Context, namespace: &str, name: &str, pv: &PersistentVolume) {
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    let claim = match claims.get_opt(name).await {
-        Ok(Some(claim)) => claim,
-        Ok(None) => return,
-        Err(error) => {
-            tracing::warn!(claim = %format!("{namespace}/{name}"), %error, "cannot read claim to check for expansion");
-            return;
-        }
+pub async fn reconcile(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolume) {
+    let (Some(namespace), Some(name)) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref()) else {
+        return;
     };
-    let Some(facts) = facts(ctx, &claim, pv).await else { return };
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let Some(facts) = facts(ctx, claim, pv).await else { return };
     let regarding = claim.object_ref(&());
     let decision = decide_resize(&facts, || room(ctx, pv));
     let pv_name = pv.metadata.name.clone().unwrap_or_default();
-    let requested = request_quantity(&claim).unwrap_or_default();
+    let requested = request_quantity(claim).unwrap_or_default();
     let outcome = match decision {
         ResizeDecision::Unchanged | ResizeDecision::NotHere => return,
         ResizeDecision::Refuse(refusal) => {
             let note = refusal.to_string();
             tracing::warn!(pv = %pv_name, %note, "refusing volume expansion");
-            if !already_refused(&claim, &note)
+            if !already_refused(claim, &note)
                 && let Err(error) = patch_claim_status(&claims, name, failed_status(&requested, &note)).await
             {
                 tracing::warn!(pv = %pv_name, %error, "cannot record the refused expansion on the claim");

@@ -1,0 +1,151 @@
+//! Which claims a node keeps in memory, and how much of each (docs/architecture.md, memory).
+//!
+//! Every node watches every claim of the cluster, because any claim may become its own: the
+//! scheduler picks its node, an admin annotates it. But a node keeps a claim only while the claim's
+//! next event could ask something of it; all other claims (bound ones, other provisioners', claims
+//! of classes that are not ours) are forgotten as soon as their event is seen. A forgotten claim
+//! that becomes relevant is seen whole again: every watch event carries the entire object. So
+//! memory grows with the claims this node has to act on, not with the cluster.
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+
+use crate::deciding::capacity::parse_bytes;
+use crate::deciding::claim::{Identity, Interest, claim_interest};
+use crate::keys;
+
+/// Whether this node keeps `claim` in memory: a claim it may provision or must explain (any
+/// interest but [`Interest::Ignore`]), the source of a clone in progress (its cloning protection
+/// finalizer is removed by this node), or a bound claim asking for a new size (the node holding
+/// its volume expands it).
+pub fn keep(claim: &PersistentVolumeClaim, me: &Identity) -> bool {
+    claim_interest(&claim.metadata, me) != Interest::Ignore
+        || claim.metadata.finalizers.iter().flatten().any(|f| f == keys::CLONE_PROTECTION_FINALIZER)
+        || size_change_pending(claim)
+}
+
+/// A bound claim whose requested size differs from the size it was given: an expansion to make,
+/// or a refused one that stays until the request changes again.
+pub fn size_change_pending(claim: &PersistentVolumeClaim) -> bool {
+    let bytes = |quantity: Option<&str>| quantity.and_then(|q| parse_bytes(q).ok());
+    let bound = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_some_and(|v| !v.is_empty());
+    let requested = bytes(
+        claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .map(|q| q.0.as_str()),
+    );
+    let given = bytes(
+        claim.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.as_str()),
+    );
+    bound && matches!((requested, given), (Some(requested), Some(given)) if requested != given)
+}
+
+/// What a kept claim keeps: spec and status whole (the decisions read them: expansion reads the
+/// status conditions too, and kept claims are few), metadata only as far as the decisions read it.
+pub fn trim(claim: &mut PersistentVolumeClaim) {
+    keys::trim_claim_metadata(&mut claim.metadata);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::PersistentVolumeClaimStatus;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::*;
+    use crate::test_fixtures::*;
+
+    fn bound(request: &str, capacity: &str) -> PersistentVolumeClaim {
+        let mut claim = claim("hpp")
+            .on_node(NODE)
+            .annotation(keys::BIND_COMPLETED, "yes")
+            .spec(|s| {
+                s.volume_name = Some("pvc-x".into());
+                s.resources.get_or_insert_default().requests =
+                    Some(BTreeMap::from([("storage".to_owned(), Quantity(request.into()))]));
+            })
+            .build();
+        claim.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity(capacity.into()))])),
+            ..Default::default()
+        });
+        claim
+    }
+
+    #[test]
+    fn claims_a_node_may_act_on_are_kept() {
+        for claim in [
+            claim("hpp").selected(NODE).build(),
+            claim("hpp").on_node(NODE).build(),
+            claim("hpp").provisioner_annotations().build(),
+            // Placed on another node: kept to notice when that node runs no provisioner.
+            claim("hpp").selected(OTHER_NODE).provisioner_annotations().build(),
+            claim("hpp").on_node(OTHER_NODE).build(),
+        ] {
+            assert!(keep(&claim, &me()), "{:?}", claim.metadata.annotations);
+        }
+    }
+
+    #[test]
+    fn bound_and_foreign_claims_are_forgotten() {
+        let bound_same_size = bound("1Gi", "1Gi");
+        let other_class = claim("other").build();
+        let mut other_provisioner = claim("other").build();
+        other_provisioner
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(keys::STORAGE_PROVISIONER.into(), "example.org/other".into());
+        let mut deleting = claim("hpp").selected(NODE).build();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+        for claim in [bound_same_size, other_class, other_provisioner, deleting] {
+            assert!(!keep(&claim, &me()), "{:?}", claim.metadata);
+        }
+    }
+
+    #[test]
+    fn a_bound_claim_asking_for_another_size_is_kept_until_it_has_it() {
+        assert!(keep(&bound("2Gi", "1Gi"), &me()));
+        assert!(size_change_pending(&bound("2Gi", "1Gi")));
+        // 1Gi and 1024Mi are the same size.
+        assert!(!keep(&bound("1Gi", "1024Mi"), &me()));
+        // Not bound yet: nothing to resize.
+        let mut pending = bound("2Gi", "1Gi");
+        pending.spec.as_mut().unwrap().volume_name = None;
+        assert!(!size_change_pending(&pending));
+    }
+
+    #[test]
+    fn a_clone_source_being_copied_is_kept_even_when_bound() {
+        let mut source = bound("1Gi", "1Gi");
+        source.metadata.finalizers = Some(vec![keys::CLONE_PROTECTION_FINALIZER.into()]);
+        assert!(keep(&source, &me()));
+    }
+
+    #[test]
+    fn trimming_keeps_what_the_decision_reads() {
+        use crate::deciding::claim::decide_claim;
+        let mut full = claim("hpp")
+            .selected(NODE)
+            .annotation("kubectl.kubernetes.io/last-applied-configuration", &"x".repeat(2048))
+            .annotation("meta.helm.sh/release-name", "r")
+            .build();
+        full.metadata.labels = Some(BTreeMap::from([("app".to_owned(), "db".to_owned())]));
+        let mut trimmed = full.clone();
+        trim(&mut trimmed);
+        let class = class("hpp", "WaitForFirstConsumer");
+        assert_eq!(
+            decide_claim(&trimmed, Some(&class), &me(), &config(), &[]),
+            decide_claim(&full, Some(&class), &me(), &config(), &[])
+        );
+        assert_eq!(trimmed.spec, full.spec);
+        assert!(trimmed.metadata.labels.is_none());
+        assert!(!trimmed.metadata.annotations.unwrap().contains_key("meta.helm.sh/release-name"));
+    }
+}
