@@ -436,6 +436,7 @@ async fn refresh_pools(ctx: Arc<Context>) {
     loop {
         ticker.tick().await;
         refresh_os_disk_gauges(&ctx, &mut os_disk);
+        refresh_cache_gauges(&ctx);
         let mut problems = Vec::new();
         let mut usable = Vec::new();
         for pool in &ctx.config.pools {
@@ -468,6 +469,18 @@ async fn refresh_pools(ctx: Arc<Context>) {
         if ctx.membership.set_pools(usable) {
             ctx.membership.renew_now.notify_one();
         }
+    }
+}
+
+/// Sets how many objects each watch cache holds (the claims cache shows that memory follows this
+/// node's claims, not the cluster's).
+fn refresh_cache_gauges(ctx: &Context) {
+    let sizes = [("claims", ctx.claims.len()), ("classes", ctx.classes.len())]
+        .into_iter()
+        .chain(["volumes", "legacyvolumes"].into_iter().zip(ctx.volumes.iter().map(|store| store.len())));
+    for (watch, size) in sizes {
+        let label = WatchLabel { watch: watch.to_owned() };
+        ctx.metrics.cached_objects.get_or_create(&label).set(i64::try_from(size).unwrap_or(i64::MAX));
     }
 }
 

@@ -220,6 +220,8 @@ pub struct Metrics {
     pub pool_usable: Family<PoolLabel, Gauge>,
     /// Watch stream errors (each one restarts the watch with backoff).
     pub watch_restarts: Family<WatchLabel, Counter>,
+    /// Objects each watch cache holds (claims: only those this node may act on).
+    pub cached_objects: Family<WatchLabel, Gauge>,
     /// Deleted volumes whose data still awaits background removal.
     pub background_deletions_pending: Family<PoolLabel, Gauge>,
     /// Bytes in volume directories whose PV is gone (deleted by hand), found since start.
@@ -278,6 +280,7 @@ impl Metrics {
         let pool_capacity_bytes = Family::<PoolLabel, Gauge>::default();
         let pool_free_bytes = Family::<PoolLabel, Gauge>::default();
         let watch_restarts = Family::<WatchLabel, Counter>::default();
+        let cached_objects = Family::<WatchLabel, Gauge>::default();
         let pool_usable = Family::<PoolLabel, Gauge>::default();
         let background_deletions_pending = Family::<PoolLabel, Gauge>::default();
         let trash_stuck_bytes = Family::<StuckLabel, Gauge>::default();
@@ -310,6 +313,11 @@ impl Metrics {
             "watch_restarts",
             "Watch stream errors, each followed by a re-watch with backoff",
             watch_restarts.clone(),
+        );
+        registry.register(
+            "cached_objects",
+            "Objects held in each watch cache; claims: only those this node may act on",
+            cached_objects.clone(),
         );
         registry.register(
             "background_deletions_pending",
@@ -363,6 +371,7 @@ impl Metrics {
             pool_free_bytes,
             pool_usable,
             watch_restarts,
+            cached_objects,
             background_deletions_pending,
             trash_stuck_bytes,
             nested_subvolumes_removed,
