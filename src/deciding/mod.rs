@@ -3,7 +3,6 @@
 
 pub mod capacity;
 pub mod claim;
-pub mod claim_retention;
 pub mod clone;
 pub mod layout;
 pub mod mount_table;
@@ -11,6 +10,7 @@ pub mod os_disk;
 pub mod published_capacity;
 pub mod quota;
 pub mod resize;
+pub mod retention;
 pub mod static_binding;
 pub mod topology;
 pub mod volume;

@@ -14,8 +14,8 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::deciding::capacity::{format_binary_si, round_down_pretty};
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
-use crate::deciding::claim_retention;
 use crate::deciding::quota::{self, VolumeQuota};
+use crate::deciding::retention;
 use crate::deciding::static_binding::pre_bound_volume;
 use crate::deciding::topology::{self, Acting, Topology};
 use crate::deciding::volume_spec::build_pv;
@@ -41,7 +41,7 @@ const NO_NODE_RECHECK: Duration = Duration::from_secs(60);
 /// a margin, so it lapses only once its speaker stopped looking (the claim went, or the speaker).
 const WAITING_REPORT_VALIDITY: Duration = Duration::from_secs(2 * STRANDED_RECHECK.as_secs() + 60);
 
-/// Reconciles one claim, as the watch cache holds it (deciding::claim_retention: only claims this
+/// Reconciles one claim, as the watch cache holds it (deciding::retention: only claims this
 /// node may act on are there).
 pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, ClaimError> {
     let key = object_key(&claim.metadata);
@@ -69,7 +69,7 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
             {
                 if let Some(pv) = resize::bound_volume(&ctx, uid) {
                     resize::reconcile(&ctx, &claim, &pv).await;
-                } else if !ctx.health.all_synced() && claim_retention::size_change_pending(&claim) {
+                } else if !ctx.health.all_synced() && retention::size_change_pending(&claim) {
                     // At start-up the claims may come before the PVs: look again once they are in.
                     protection = Action::requeue(UNSYNCED_RECHECK);
                 }

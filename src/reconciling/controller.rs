@@ -7,7 +7,6 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
@@ -15,7 +14,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 
 use crate::config::Config;
 use crate::deciding::quota::{self, QuotaCapability};
-use crate::deciding::{claim_retention, layout};
+use crate::deciding::{layout, retention};
 use crate::error::reason;
 use crate::filesystem::VolumeDirName;
 use crate::filesystem::pools::{OpenError, Pools};
@@ -90,7 +89,7 @@ pub async fn run(
     ));
 
     // Claims: whole objects, so that deciding needs no GET, but only the few this node may act on
-    // stay in memory (deciding::claim_retention); the others are forgotten as their events pass.
+    // stay in memory (deciding::retention); the others are forgotten as their events pass.
     let claim_events = observe(
         Watch::Claims,
         watcher(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default()),
@@ -99,7 +98,16 @@ pub async fn run(
     )
     .filter_map({
         let ctx = ctx.clone();
-        move |event| futures::future::ready(retain_claims(&ctx, event))
+        move |event| {
+            let keep = |claim: &mut PersistentVolumeClaim| {
+                let kept = retention::keep_claim(claim, &ctx.me);
+                if kept {
+                    retention::trim_claim(claim);
+                }
+                kept
+            };
+            futures::future::ready(retain(event, keep, |claim| ctx.forget_claim(&claim.metadata)))
+        }
     })
     .reflect(claim_writer)
     .applied_objects();
@@ -136,6 +144,14 @@ pub async fn run(
         &health,
         &metrics,
     )
+    // Other provisioners' PVs have no node label of ours either: only ours stay (deciding::retention).
+    .filter_map({
+        let me = ctx.me.clone();
+        move |event| {
+            let keep = |pv: &mut PersistentVolume| retention::keep_unlabelled_volume(pv, &me);
+            futures::future::ready(retain(event, keep, |_| {}))
+        }
+    })
     .reflect(legacy_writer)
     .applied_objects();
 
@@ -206,49 +222,39 @@ async fn after_initial_lists(ctx: Arc<Context>) {
     orphans::remove_orphan_directories(&ctx).await;
 }
 
-/// Keeps in the claim cache only the claims this node may act on, trimmed
-/// (deciding::claim_retention). A claim that stops being one (bound, moved away, deleted) leaves
-/// the cache as a deletion, and with it everything this node remembered about it.
-fn retain_claims(
-    ctx: &Context,
-    event: Result<watcher::Event<PersistentVolumeClaim>, watcher::Error>,
-) -> Option<Result<watcher::Event<PersistentVolumeClaim>, watcher::Error>> {
+/// Lets through the watch events of objects this node keeps (`keep` decides, and trims what it
+/// keeps); an object it does not keep leaves the cache as a deletion, and `forget` drops what
+/// this node remembered about it (deciding::retention).
+fn retain<K>(
+    event: Result<watcher::Event<K>, watcher::Error>,
+    keep: impl Fn(&mut K) -> bool,
+    forget: impl Fn(&K),
+) -> Option<Result<watcher::Event<K>, watcher::Error>> {
     use watcher::Event;
     let Ok(event) = event else { return Some(event) };
     let kept = match event {
-        Event::Apply(mut claim) => {
-            if claim_retention::keep(&claim, &ctx.me) {
-                claim_retention::trim(&mut claim);
-                Event::Apply(claim)
+        Event::Apply(mut object) => {
+            if keep(&mut object) {
+                Event::Apply(object)
             } else {
-                ctx.forget_claim(&claim.metadata);
-                Event::Delete(forgotten(claim))
+                forget(&object);
+                Event::Delete(object)
             }
         }
-        Event::InitApply(mut claim) => {
-            if !claim_retention::keep(&claim, &ctx.me) {
-                ctx.forget_claim(&claim.metadata);
+        Event::InitApply(mut object) => {
+            if !keep(&mut object) {
+                forget(&object);
                 return None;
             }
-            claim_retention::trim(&mut claim);
-            Event::InitApply(claim)
+            Event::InitApply(object)
         }
-        Event::Delete(claim) => {
-            ctx.forget_claim(&claim.metadata);
-            Event::Delete(forgotten(claim))
+        Event::Delete(object) => {
+            forget(&object);
+            Event::Delete(object)
         }
         other @ (Event::Init | Event::InitDone) => other,
     };
     Some(Ok(kept))
-}
-
-/// What the cache needs to drop a claim: its name and namespace.
-fn forgotten(claim: PersistentVolumeClaim) -> PersistentVolumeClaim {
-    let meta = claim.metadata;
-    PersistentVolumeClaim {
-        metadata: ObjectMeta { name: meta.name, namespace: meta.namespace, uid: meta.uid, ..Default::default() },
-        ..Default::default()
-    }
 }
 
 /// Reconcile errors are reported by the error policies; what surfaces here are watch and

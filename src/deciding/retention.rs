@@ -1,13 +1,14 @@
-//! Which claims a node keeps in memory, and how much of each (docs/architecture.md, memory).
+//! Which objects a node keeps in memory, and how much of each (docs/architecture.md, decisions).
 //!
 //! Every node watches every claim of the cluster, because any claim may become its own: the
-//! scheduler picks its node, an admin annotates it. But a node keeps a claim only while the claim's
-//! next event could ask something of it; all other claims (bound ones, other provisioners', claims
-//! of classes that are not ours) are forgotten as soon as their event is seen. A forgotten claim
-//! that becomes relevant is seen whole again: every watch event carries the entire object. So
-//! memory grows with the claims this node has to act on, not with the cluster.
+//! scheduler picks its node, an admin annotates it. Likewise every PV without a node label (the Go
+//! build's, shared and every-node ones, but also every other provisioner's). A node keeps such an
+//! object only while its next event could ask something of this node; all others (bound claims,
+//! other provisioners' claims and PVs) are forgotten as soon as their event is seen. A forgotten
+//! object that becomes relevant is seen whole again: every watch event carries the entire object.
+//! So memory grows with what this node has to act on, not with the cluster.
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 use crate::deciding::capacity::parse_bytes;
 use crate::deciding::claim::{Identity, Interest, claim_interest};
@@ -17,7 +18,7 @@ use crate::keys;
 /// interest but [`Interest::Ignore`]), the source of a clone in progress (its cloning protection
 /// finalizer is removed by this node), or a bound claim asking for a new size (the node holding
 /// its volume expands it).
-pub fn keep(claim: &PersistentVolumeClaim, me: &Identity) -> bool {
+pub fn keep_claim(claim: &PersistentVolumeClaim, me: &Identity) -> bool {
     claim_interest(&claim.metadata, me) != Interest::Ignore
         || claim.metadata.finalizers.iter().flatten().any(|f| f == keys::CLONE_PROTECTION_FINALIZER)
         || size_change_pending(claim)
@@ -45,8 +46,20 @@ pub fn size_change_pending(claim: &PersistentVolumeClaim) -> bool {
 
 /// What a kept claim keeps: spec and status whole (the decisions read them: expansion reads the
 /// status conditions too, and kept claims are few), metadata only as far as the decisions read it.
-pub fn trim(claim: &mut PersistentVolumeClaim) {
+pub fn trim_claim(claim: &mut PersistentVolumeClaim) {
     keys::trim_claim_metadata(&mut claim.metadata);
+}
+
+/// Whether this node keeps a PV without a node label: one of this provisioner's (made by the Go
+/// build, or shared or every-node: the volume reconciler decides on those), or one still unbound
+/// that names a claim (deciding::static_binding looks for such PVs before provisioning).
+pub fn keep_unlabelled_volume(pv: &PersistentVolume, me: &Identity) -> bool {
+    let annotations = pv.metadata.annotations.as_ref();
+    let ours = annotations.and_then(|a| a.get(keys::PROVISIONED_BY)).is_some_and(|p| *p == me.provisioner)
+        || annotations.is_some_and(|a| a.contains_key(keys::PROVISIONER_IDENTITY));
+    let pre_bound = pv.spec.as_ref().is_some_and(|s| s.claim_ref.is_some())
+        && pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound");
+    ours || pre_bound
 }
 
 #[cfg(test)]
@@ -87,7 +100,7 @@ mod tests {
             claim("hpp").selected(OTHER_NODE).provisioner_annotations().build(),
             claim("hpp").on_node(OTHER_NODE).build(),
         ] {
-            assert!(keep(&claim, &me()), "{:?}", claim.metadata.annotations);
+            assert!(keep_claim(&claim, &me()), "{:?}", claim.metadata.annotations);
         }
     }
 
@@ -105,16 +118,16 @@ mod tests {
         deleting.metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
         for claim in [bound_same_size, other_class, other_provisioner, deleting] {
-            assert!(!keep(&claim, &me()), "{:?}", claim.metadata);
+            assert!(!keep_claim(&claim, &me()), "{:?}", claim.metadata);
         }
     }
 
     #[test]
     fn a_bound_claim_asking_for_another_size_is_kept_until_it_has_it() {
-        assert!(keep(&bound("2Gi", "1Gi"), &me()));
+        assert!(keep_claim(&bound("2Gi", "1Gi"), &me()));
         assert!(size_change_pending(&bound("2Gi", "1Gi")));
         // 1Gi and 1024Mi are the same size.
-        assert!(!keep(&bound("1Gi", "1024Mi"), &me()));
+        assert!(!keep_claim(&bound("1Gi", "1024Mi"), &me()));
         // Not bound yet: nothing to resize.
         let mut pending = bound("2Gi", "1Gi");
         pending.spec.as_mut().unwrap().volume_name = None;
@@ -125,7 +138,26 @@ mod tests {
     fn a_clone_source_being_copied_is_kept_even_when_bound() {
         let mut source = bound("1Gi", "1Gi");
         source.metadata.finalizers = Some(vec![keys::CLONE_PROTECTION_FINALIZER.into()]);
-        assert!(keep(&source, &me()));
+        assert!(keep_claim(&source, &me()));
+    }
+
+    #[test]
+    fn unlabelled_volumes_are_kept_when_ours_or_waiting_for_their_claim() {
+        let mut ours = pv("/var/hpvolumes/pvc-x", "Bound").build();
+        ours.spec.as_mut().unwrap().claim_ref =
+            Some(k8s_openapi::api::core::v1::ObjectReference { name: Some("data".into()), ..Default::default() });
+        assert!(keep_unlabelled_volume(&ours, &me()));
+        let mut go_identity_only = ours.clone();
+        go_identity_only.metadata.annotations.as_mut().unwrap().remove(keys::PROVISIONED_BY);
+        assert!(keep_unlabelled_volume(&go_identity_only, &me()));
+        let mut foreign = ours.clone();
+        foreign.metadata.annotations = Some(BTreeMap::from([(keys::PROVISIONED_BY.into(), "ebs.csi.aws.com".into())]));
+        assert!(!keep_unlabelled_volume(&foreign, &me()), "another provisioner's bound PV");
+        let mut waiting = foreign.clone();
+        waiting.status.as_mut().unwrap().phase = Some("Available".into());
+        assert!(keep_unlabelled_volume(&waiting, &me()), "unbound and naming a claim");
+        waiting.spec.as_mut().unwrap().claim_ref = None;
+        assert!(!keep_unlabelled_volume(&waiting, &me()), "unbound, naming no claim: the scheduler's to match");
     }
 
     #[test]
@@ -138,7 +170,7 @@ mod tests {
             .build();
         full.metadata.labels = Some(BTreeMap::from([("app".to_owned(), "db".to_owned())]));
         let mut trimmed = full.clone();
-        trim(&mut trimmed);
+        trim_claim(&mut trimmed);
         let class = class("hpp", "WaitForFirstConsumer");
         assert_eq!(
             decide_claim(&trimmed, Some(&class), &me(), &config(), &[]),
