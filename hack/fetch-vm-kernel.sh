@@ -27,7 +27,10 @@ apt_update() {
 missing=()
 command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
 # The guest's init needs a static busybox (Debian's busybox package is dynamic).
-ldd /bin/busybox 2>&1 | grep -q "not a dynamic" || missing+=(busybox-static)
+case "$(ldd /bin/busybox 2>&1 || true)" in
+  *"not a dynamic executable"*) ;;
+  *) missing+=(busybox-static) ;;
+esac
 if [ "${#missing[@]}" -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || die "${missing[*]} missing and not root: install them with apt-get"
   log "installing ${missing[*]}"
@@ -57,6 +60,10 @@ if ! resolve; then
 fi
 
 DIR="$VM_CACHE/$package-$version"
+# One download at a time: a second run waits, then finds the first one's result.
+mkdir -p "$VM_CACHE"
+exec 9>"$VM_CACHE/.lock"
+flock 9
 if [ -f "$DIR/.complete" ]; then
   log "$package $version cached"
   echo "$DIR"
@@ -65,7 +72,6 @@ fi
 
 log "downloading $package $version"
 start=$SECONDS
-mkdir -p "$VM_CACHE"
 WORK="$(mktemp -d "$VM_CACHE/.partial.XXXXXX")"
 # apt downloads as its sandbox user when it can read the directory.
 chmod 755 "$WORK"

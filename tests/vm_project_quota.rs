@@ -263,7 +263,7 @@ $bb mount -t devtmpfs dev /host/dev
 $bb mount -t tmpfs -o size=700m tmp /host/tmp
 echo "HPPVM all kernel $($bb uname -r)"
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp RUST_BACKTRACE=1 {GUEST_ENV}=1
-$bb chroot /host {binary} {TEST_NAME} --exact --nocapture --test-threads=1
+$bb chroot /host '{binary}' {TEST_NAME} --exact --nocapture --test-threads=1
 echo "HPPVM all guest-exit $?"
 $bb reboot -f
 "#,
