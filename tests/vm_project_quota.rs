@@ -28,6 +28,8 @@ const FIRST_LIMIT: u64 = 10 * MIB;
 const RAISED_LIMIT: u64 = 20 * MIB;
 /// Volumes made to check that ids are distinct.
 const MANY: usize = 50;
+/// Create, write, delete and purge cycles after which nothing may be left charged.
+const CYCLES: usize = 1000;
 /// The larger block size of the two filesystems here (XFS 4 KiB; ext4 this small takes 1 KiB).
 const BLOCK: u64 = 4096;
 
@@ -187,6 +189,22 @@ mod host {
         assert_eq!(get("purged_quota"), "none", "{fs}: project {limited_id} after the purge");
         assert_eq!(number("after_purge_id"), u64::from(limited_id), "{fs}: the purged volume's id is free again");
         assert_eq!(get("purged_volumes"), "1", "{fs}: trash entries purged");
+
+        // After the create/delete cycles, exactly the live volumes have a project quota record
+        // and carry an id: nothing leaked.
+        let ids = |key: &str| -> BTreeSet<u32> {
+            get(key).split(',').filter(|id| !id.is_empty()).map(|id| id.parse().expect("id")).collect()
+        };
+        assert_eq!(number("cycles"), CYCLES as u64, "{fs}: cycles run");
+        let cycle_ids = ids("cycle_ids");
+        assert!(
+            cycle_ids.iter().all(|id| !live.contains(id) && *id != after_restart),
+            "{fs}: a cycle volume took a live id: {cycle_ids:?}"
+        );
+        let live_now: BTreeSet<u32> = many.iter().copied().chain([after_restart, limited_id]).collect();
+        assert_eq!(ids("charged_ids"), live_now, "{fs}: project ids with a limit or usage after the cycles");
+        assert_eq!(ids("carried_ids"), live_now, "{fs}: project ids on the pool's directories after the cycles");
+        assert_eq!(number("trash_entries"), 0, "{fs}: trash after the cycles");
     }
 
     /// The kernel fetched and unpacked by hack/fetch-vm-kernel.sh.
@@ -505,6 +523,38 @@ mod guest {
         let after_purge = VolumeDirName::new("pvc-after-purge").expect("name");
         pool.create_project_volume(&after_purge, 0o777, MIB).expect("create after the purge");
         say("after_purge_id", &id_of(&pool.volume_path(&after_purge)));
+
+        // Create, write, delete, purge, many times over: each cycle's project must leave no
+        // limit, no usage and no directory behind.
+        let mut cycle_ids = BTreeSet::new();
+        let cycling = VolumeDirName::new("pvc-cycle").expect("name");
+        for _ in 0..CYCLES {
+            pool.create_project_volume(&cycling, 0o777, MIB).expect("create a cycle volume");
+            let dir = pool.volume_path(&cycling);
+            cycle_ids.insert(id_of(&dir));
+            std::fs::write(dir.join("data"), [0x5a_u8; 8192]).expect("write in a cycle volume");
+            pool.move_to_trash(&cycling).expect("trash a cycle volume");
+            assert_eq!(pool.purge_trash().expect("purge a cycle volume"), 1, "one cycle volume purged");
+        }
+        say("cycles", &CYCLES);
+        say("cycle_ids", &join(cycle_ids.iter()));
+        let charged = pool.charged_project_ids().expect("list the project quotas");
+        say("charged_ids", &join(charged.keys()));
+        let carried: BTreeSet<u32> = pool
+            .list_entries()
+            .expect("list the pool")
+            .iter()
+            .filter(|entry| !entry.starts_with('.'))
+            .map(|entry| id_of(&mount.join(entry)))
+            // ext4's lost+found carries project 0: not one of ours.
+            .filter(|id| *id >= 1 << 20)
+            .collect();
+        say("carried_ids", &join(carried.iter()));
+        say("trash_entries", &pool.trash_pending().expect("trash entries"));
+    }
+
+    fn join<'a>(ids: impl Iterator<Item = &'a u32>) -> String {
+        ids.map(u32::to_string).collect::<Vec<_>>().join(",")
     }
 
     fn used(pool: &PoolRoot, name: &VolumeDirName) -> String {

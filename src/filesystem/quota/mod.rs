@@ -268,6 +268,35 @@ impl PoolRoot {
         read.map_err(|e| fs_error("read a project quota", self.path.clone(), e))
     }
 
+    /// Every project id from [`PROJECT_ID_BASE`](crate::deciding::quota::PROJECT_ID_BASE) up
+    /// that has a limit or usage on the pool's XFS or ext4 filesystem, with its quota (for leak
+    /// checks and tests: after a volume is purged its id must not be among them).
+    pub fn charged_project_ids(&self) -> Result<std::collections::BTreeMap<u32, project::ProjectQuota>, PoolError> {
+        let fs = self.fs_kind()?;
+        let root = self.readable_root()?;
+        let mut charged = std::collections::BTreeMap::new();
+        let mut from = quota::PROJECT_ID_BASE;
+        loop {
+            let next = match fs {
+                FsKind::Xfs => project::xfs_next_quota(&root, from),
+                FsKind::Ext4 => project::ext4_next_quota(&root, from),
+                _ => Err(Errno::NOTSUP),
+            };
+            let next = next.map_err(|e| fs_error("list the project quotas", self.path.clone(), e))?;
+            let Some((id, quota)) = next else { break };
+            // ext4 may still hold an emptied entry until the quota file is tidied.
+            if quota != project::ProjectQuota::default() {
+                charged.insert(id, quota);
+            }
+            // An answer below the asked id would loop forever; the last id ends the walk.
+            match id.checked_add(1) {
+                Some(after) if id >= from => from = after,
+                _ => break,
+            }
+        }
+        Ok(charged)
+    }
+
     /// Ids of the subvolume qgroups on the pool's filesystem (for leak checks and tests).
     pub fn subvolume_qgroups(&self) -> Result<Vec<u64>, PoolError> {
         Ok(btrfs::level0_qgroups(&self.btrfs_fsid()?))

@@ -14,11 +14,14 @@ use crate::deciding::quota::{ProjectQuotaState, quota_kib_blocks, xfs_basic_bloc
 
 /// `PRJQUOTA`: the quota type of projects.
 const PRJQUOTA: u32 = 2;
-/// `Q_GETQUOTA` and `Q_SETQUOTA`: read and set a dquot of a quota-file filesystem (ext4).
+/// `Q_GETQUOTA`, `Q_SETQUOTA` and `Q_GETNEXTQUOTA`: read, set and find the next dquot of a
+/// quota-file filesystem (ext4).
 const Q_GETQUOTA: u32 = 0x80_0007;
 const Q_SETQUOTA: u32 = 0x80_0008;
-/// `Q_XGETQUOTA`: read an XFS dquot.
+const Q_GETNEXTQUOTA: u32 = 0x80_0009;
+/// `Q_XGETQUOTA` and `Q_XGETNEXTQUOTA`: read an XFS dquot, and the next one that holds anything.
 const Q_XGETQUOTA: u32 = (b'X' as u32) << 8 | 3;
+const Q_XGETNEXTQUOTA: u32 = (b'X' as u32) << 8 | 9;
 /// `Q_XSETQLIM`: set the limits of an XFS dquot.
 const Q_XSETQLIM: u32 = (b'X' as u32) << 8 | 4;
 /// `Q_XGETQSTATV`: quota state, answered by XFS and, through the VFS, by ext4 as well.
@@ -84,6 +87,22 @@ struct IfDqblk {
     btime: u64,
     itime: u64,
     valid: u32,
+}
+
+/// `struct if_nextdqblk`: the fields of `if_dqblk`, then the id found (in what is padding there).
+#[repr(C)]
+#[derive(Default)]
+struct IfNextDqblk {
+    bhardlimit: u64,
+    bsoftlimit: u64,
+    curspace: u64,
+    ihardlimit: u64,
+    isoftlimit: u64,
+    curinodes: u64,
+    btime: u64,
+    itime: u64,
+    valid: u32,
+    id: u32,
 }
 
 /// `struct fs_disk_quota` (112 bytes).
@@ -230,6 +249,37 @@ pub fn ext4_quota(root: impl AsFd, id: u32) -> Result<Option<ProjectQuota>, Errn
     Ok(Some(ProjectQuota { limit_bytes, used_bytes }))
 }
 
+/// The first project at or after `id` that XFS keeps a record of (a limit or usage), with its
+/// quota; `None` past the last.
+pub fn xfs_next_quota(root: impl AsFd, id: u32) -> Result<Option<(u32, ProjectQuota)>, Errno> {
+    let mut quota = FsDiskQuota::default();
+    match quotactl_fd(root, Q_XGETNEXTQUOTA, id, (&mut quota as *mut FsDiskQuota).cast()) {
+        Ok(()) => Ok(Some((
+            quota.id,
+            ProjectQuota {
+                limit_bytes: quota.blk_hardlimit.saturating_mul(512),
+                used_bytes: quota.bcount.saturating_mul(512),
+            },
+        ))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The first project at or after `id` that the ext4 quota file has an entry for, with its quota;
+/// `None` past the last.
+pub fn ext4_next_quota(root: impl AsFd, id: u32) -> Result<Option<(u32, ProjectQuota)>, Errno> {
+    let mut next = IfNextDqblk::default();
+    match quotactl_fd(root, Q_GETNEXTQUOTA, id, (&mut next as *mut IfNextDqblk).cast()) {
+        Ok(()) => Ok(Some((
+            next.id,
+            ProjectQuota { limit_bytes: next.bhardlimit.saturating_mul(1024), used_bytes: next.curspace },
+        ))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The project id of the open file or directory `fd`.
 pub fn project_id(fd: impl AsFd) -> Result<u32, Errno> {
     // SAFETY: FsXattr is struct fsxattr.
@@ -256,6 +306,7 @@ mod tests {
         assert_eq!(size_of::<QuotaStatV>(), 160);
         assert_eq!(size_of::<FsDiskQuota>(), 112);
         assert_eq!(size_of::<IfDqblk>(), 72);
+        assert_eq!(size_of::<IfNextDqblk>(), 72);
         assert_eq!(size_of::<FsXattr>(), 28);
     }
 
@@ -266,5 +317,7 @@ mod tests {
         assert_eq!(project_cmd(Q_SETQUOTA), 0x8000_0802_u32 as libc::c_int);
         assert_eq!(project_cmd(Q_GETQUOTA), 0x8000_0702_u32 as libc::c_int);
         assert_eq!(project_cmd(Q_XGETQUOTA), 0x0058_0302);
+        assert_eq!(project_cmd(Q_GETNEXTQUOTA), 0x8000_0902_u32 as libc::c_int);
+        assert_eq!(project_cmd(Q_XGETNEXTQUOTA), 0x0058_0902);
     }
 }
