@@ -70,6 +70,8 @@ if [ -f "$DIR/.complete" ]; then
   exit 0
 fi
 
+# Under the lock no other download runs: leftovers of a killed one can go.
+rm -rf "$VM_CACHE"/.partial.*
 log "downloading $package $version"
 start=$SECONDS
 WORK="$(mktemp -d "$VM_CACHE/.partial.XXXXXX")"
@@ -86,4 +88,8 @@ touch "$WORK/root/.complete"
 rm -rf "$DIR"
 mv "$WORK/root" "$DIR"
 log "$package $version unpacked in $((SECONDS - start)) s"
+# Older kernels (400 MB each unpacked) are replaced, not kept.
+for old in "$VM_CACHE"/*/; do
+  [ "${old%/}" = "$DIR" ] || { log "removing the older ${old%/}"; rm -rf "${old%/}"; }
+done
 echo "$DIR"

@@ -429,6 +429,9 @@ mod guest {
     use hostpath_provisioner::filesystem::{PoolRoot, VolumeDirName};
 
     pub fn run() {
+        // Guest mode makes and mounts filesystems: only ever under the VM's own init.
+        let init = std::fs::read("/proc/1/cmdline").unwrap_or_default();
+        assert_eq!(init, b"/bin/busybox\0sh\0/init\0", "{GUEST_ENV} is set outside the test's VM");
         let scratch = Path::new("/tmp/hpp-vm");
         std::fs::create_dir_all(scratch).expect("scratch dir");
         for fs in ["xfs", "ext4"] {
@@ -513,7 +516,11 @@ mod guest {
         say("after_restart_id", &id_of(&pool.volume_path(&after_restart)));
 
         say("purged_volumes", &pool.purge_trash().expect("purge the trash"));
-        let purged = pool.project_quota(limited_id).expect("read the quota");
+        let purged = settle(
+            mount,
+            || pool.project_quota(limited_id).expect("read the quota"),
+            |q| q.unwrap_or_default() == project::ProjectQuota::default(),
+        );
         let purged = match purged {
             // ext4 keeps a record for every id: an empty one is as good as none.
             None | Some(project::ProjectQuota { limit_bytes: 0, used_bytes: 0 }) => "none".to_owned(),
@@ -538,8 +545,6 @@ mod guest {
         }
         say("cycles", &CYCLES);
         say("cycle_ids", &join(cycle_ids.iter()));
-        let charged = pool.charged_project_ids().expect("list the project quotas");
-        say("charged_ids", &join(charged.keys()));
         let carried: BTreeSet<u32> = pool
             .list_entries()
             .expect("list the pool")
@@ -550,7 +555,29 @@ mod guest {
             .filter(|id| *id >= 1 << 20)
             .collect();
         say("carried_ids", &join(carried.iter()));
+        let charged = settle(
+            mount,
+            || pool.charged_project_ids().expect("list the project quotas"),
+            |charged| charged.keys().eq(carried.iter()),
+        );
+        say("charged_ids", &join(charged.keys()));
         say("trash_entries", &pool.trash_pending().expect("trash entries"));
+    }
+
+    /// Reads until `settled` holds, for at most a minute, and returns the last reading. XFS frees
+    /// the blocks of a removed file in the background (deferred inode inactivation), so a purged
+    /// project's usage drops a moment after the purge; `syncfs` pushes that work along.
+    fn settle<T>(mount: &Path, mut read: impl FnMut() -> T, settled: impl Fn(&T) -> bool) -> T {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let dir = std::fs::File::open(mount).expect("open the mount");
+        loop {
+            let value = read();
+            if settled(&value) || Instant::now() > deadline {
+                return value;
+            }
+            rustix::fs::syncfs(&dir).expect("syncfs");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn join<'a>(ids: impl Iterator<Item = &'a u32>) -> String {
