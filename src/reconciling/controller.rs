@@ -533,7 +533,7 @@ struct QuotaState {
 }
 
 /// Logs (on change), shows in `/readyz` and exports each pool's quota capability, and the used
-/// bytes of every quota volume where the accounting gives them cheaply (btrfs qgroups).
+/// bytes of every quota volume (btrfs qgroup accounting, XFS and ext4 project quota usage).
 fn refresh_quota(ctx: &Context, previous: &mut QuotaState) {
     let mut lines = Vec::new();
     let mut volumes = Vec::new();
@@ -552,7 +552,7 @@ fn refresh_quota(ctx: &Context, previous: &mut QuotaState) {
             ctx.metrics.pool_quota_capability.get_or_create(&label).set(i64::from(capability.label() == mechanism));
         }
         lines.push(line);
-        if capability != QuotaCapability::BtrfsQgroup {
+        if matches!(capability, QuotaCapability::Unable(_)) {
             continue;
         }
         for entry in root.list_entries().unwrap_or_default() {

@@ -241,12 +241,60 @@ impl PoolRoot {
         !dir.any(|e| e.is_ok_and(|e| !matches!(e.file_name().to_bytes(), b"." | b"..")))
     }
 
-    /// Bytes a quota volume references, from qgroup accounting; `None` for a plain directory or
+    /// Bytes a quota volume holds as the quota accounting counts them: the referenced bytes of
+    /// its qgroup on btrfs, its project's usage on XFS and ext4. `None` for a plain directory or
     /// when the filesystem keeps no accounting.
     pub fn quota_used_bytes(&self, name: &VolumeDirName) -> Option<u64> {
+        if matches!(self.fs_kind().ok()?, FsKind::Xfs | FsKind::Ext4) {
+            let id = self.volume_project_id(name).ok()?;
+            return Some(self.project_quota(id).ok()?.unwrap_or_default().used_bytes);
+        }
         let fd = self.open_subvolume(name).ok()?;
         let id = btrfs::subvolume_id(&fd).ok()?;
         btrfs::referenced_bytes(&self.btrfs_fsid().ok()?, id)
+    }
+
+    /// Project `id`'s limit and usage on the pool's XFS or ext4 filesystem; `None` when the
+    /// filesystem keeps no record of it (XFS, for an id without limit or usage). Read with
+    /// `Q_XGETQUOTA` or `Q_GETQUOTA`, the same interfaces `xfs_quota` and `repquota` use.
+    pub fn project_quota(&self, id: u32) -> Result<Option<project::ProjectQuota>, PoolError> {
+        let fs = self.fs_kind()?;
+        let root = self.readable_root()?;
+        let read = match fs {
+            FsKind::Xfs => project::xfs_quota(&root, id),
+            FsKind::Ext4 => project::ext4_quota(&root, id),
+            _ => Err(Errno::NOTSUP),
+        };
+        read.map_err(|e| fs_error("read a project quota", self.path.clone(), e))
+    }
+
+    /// Every project id from [`PROJECT_ID_BASE`](crate::deciding::quota::PROJECT_ID_BASE) up
+    /// that has a limit or usage on the pool's XFS or ext4 filesystem, with its quota (for leak
+    /// checks and tests: after a volume is purged its id must not be among them).
+    pub fn charged_project_ids(&self) -> Result<std::collections::BTreeMap<u32, project::ProjectQuota>, PoolError> {
+        let fs = self.fs_kind()?;
+        let root = self.readable_root()?;
+        let mut charged = std::collections::BTreeMap::new();
+        let mut from = quota::PROJECT_ID_BASE;
+        loop {
+            let next = match fs {
+                FsKind::Xfs => project::xfs_next_quota(&root, from),
+                FsKind::Ext4 => project::ext4_next_quota(&root, from),
+                _ => Err(Errno::NOTSUP),
+            };
+            let next = next.map_err(|e| fs_error("list the project quotas", self.path.clone(), e))?;
+            let Some((id, quota)) = next else { break };
+            // ext4 may still hold an emptied entry until the quota file is tidied.
+            if quota != project::ProjectQuota::default() {
+                charged.insert(id, quota);
+            }
+            // An answer below the asked id would loop forever; the last id ends the walk.
+            match id.checked_add(1) {
+                Some(after) if id >= from => from = after,
+                _ => break,
+            }
+        }
+        Ok(charged)
     }
 
     /// Ids of the subvolume qgroups on the pool's filesystem (for leak checks and tests).

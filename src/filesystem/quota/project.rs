@@ -14,8 +14,14 @@ use crate::deciding::quota::{ProjectQuotaState, quota_kib_blocks, xfs_basic_bloc
 
 /// `PRJQUOTA`: the quota type of projects.
 const PRJQUOTA: u32 = 2;
-/// `Q_SETQUOTA`: set a dquot of a quota-file filesystem (ext4).
+/// `Q_GETQUOTA`, `Q_SETQUOTA` and `Q_GETNEXTQUOTA`: read, set and find the next dquot of a
+/// quota-file filesystem (ext4).
+const Q_GETQUOTA: u32 = 0x80_0007;
 const Q_SETQUOTA: u32 = 0x80_0008;
+const Q_GETNEXTQUOTA: u32 = 0x80_0009;
+/// `Q_XGETQUOTA` and `Q_XGETNEXTQUOTA`: read an XFS dquot, and the next one that holds anything.
+const Q_XGETQUOTA: u32 = (b'X' as u32) << 8 | 3;
+const Q_XGETNEXTQUOTA: u32 = (b'X' as u32) << 8 | 9;
 /// `Q_XSETQLIM`: set the limits of an XFS dquot.
 const Q_XSETQLIM: u32 = (b'X' as u32) << 8 | 4;
 /// `Q_XGETQSTATV`: quota state, answered by XFS and, through the VFS, by ext4 as well.
@@ -27,6 +33,8 @@ const PDQ_ACCT: u16 = 1 << 4;
 const PDQ_ENFD: u16 = 1 << 5;
 /// `QIF_BLIMITS`: `if_dqblk` carries the block limits.
 const QIF_BLIMITS: u32 = 1;
+/// `QIF_SPACE`: `if_dqblk` carries the space in use.
+const QIF_SPACE: u32 = 2;
 /// `FS_DQUOT_VERSION`, `FS_PROJ_QUOTA`, `FS_DQ_BSOFT | FS_DQ_BHARD`.
 const DQUOT_VERSION: i8 = 1;
 const PROJ_QUOTA: i8 = 2;
@@ -79,6 +87,22 @@ struct IfDqblk {
     btime: u64,
     itime: u64,
     valid: u32,
+}
+
+/// `struct if_nextdqblk`: the fields of `if_dqblk`, then the id found (in what is padding there).
+#[repr(C)]
+#[derive(Default)]
+struct IfNextDqblk {
+    bhardlimit: u64,
+    bsoftlimit: u64,
+    curspace: u64,
+    ihardlimit: u64,
+    isoftlimit: u64,
+    curinodes: u64,
+    btime: u64,
+    itime: u64,
+    valid: u32,
+    id: u32,
 }
 
 /// `struct fs_disk_quota` (112 bytes).
@@ -190,6 +214,72 @@ pub fn set_ext4_limit(root: impl AsFd, id: u32, bytes: u64) -> Result<(), Errno>
     quotactl_fd(root, Q_SETQUOTA, id, (&mut quota as *mut IfDqblk).cast())
 }
 
+/// One project's block limit and usage as the filesystem keeps them, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProjectQuota {
+    /// The hard limit; 0 when the project has none.
+    pub limit_bytes: u64,
+    /// Bytes the project's files and directories hold on disk (delayed allocations included).
+    pub used_bytes: u64,
+}
+
+/// Project `id`'s limit and usage on the XFS filesystem of `root`; `None` when XFS keeps no
+/// record of it (no limit and nothing charged: `ENOENT`).
+pub fn xfs_quota(root: impl AsFd, id: u32) -> Result<Option<ProjectQuota>, Errno> {
+    let mut quota = FsDiskQuota::default();
+    match quotactl_fd(root, Q_XGETQUOTA, id, (&mut quota as *mut FsDiskQuota).cast()) {
+        // d_blk_hardlimit and d_bcount count 512-byte basic blocks.
+        Ok(()) => Ok(Some(ProjectQuota {
+            limit_bytes: quota.blk_hardlimit.saturating_mul(512),
+            used_bytes: quota.bcount.saturating_mul(512),
+        })),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Project `id`'s limit and usage on the ext4 filesystem of `root` (every id has a record, all
+/// zeros when unused).
+pub fn ext4_quota(root: impl AsFd, id: u32) -> Result<Option<ProjectQuota>, Errno> {
+    let mut quota = IfDqblk::default();
+    quotactl_fd(root, Q_GETQUOTA, id, (&mut quota as *mut IfDqblk).cast())?;
+    // dqb_bhardlimit counts 1 KiB quota blocks, dqb_curspace bytes.
+    let limit_bytes = if quota.valid & QIF_BLIMITS != 0 { quota.bhardlimit.saturating_mul(1024) } else { 0 };
+    let used_bytes = if quota.valid & QIF_SPACE != 0 { quota.curspace } else { 0 };
+    Ok(Some(ProjectQuota { limit_bytes, used_bytes }))
+}
+
+/// The first project at or after `id` that XFS keeps a record of (a limit or usage), with its
+/// quota; `None` past the last.
+pub fn xfs_next_quota(root: impl AsFd, id: u32) -> Result<Option<(u32, ProjectQuota)>, Errno> {
+    let mut quota = FsDiskQuota::default();
+    match quotactl_fd(root, Q_XGETNEXTQUOTA, id, (&mut quota as *mut FsDiskQuota).cast()) {
+        Ok(()) => Ok(Some((
+            quota.id,
+            ProjectQuota {
+                limit_bytes: quota.blk_hardlimit.saturating_mul(512),
+                used_bytes: quota.bcount.saturating_mul(512),
+            },
+        ))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The first project at or after `id` that the ext4 quota file has an entry for, with its quota;
+/// `None` past the last.
+pub fn ext4_next_quota(root: impl AsFd, id: u32) -> Result<Option<(u32, ProjectQuota)>, Errno> {
+    let mut next = IfNextDqblk::default();
+    match quotactl_fd(root, Q_GETNEXTQUOTA, id, (&mut next as *mut IfNextDqblk).cast()) {
+        Ok(()) => Ok(Some((
+            next.id,
+            ProjectQuota { limit_bytes: next.bhardlimit.saturating_mul(1024), used_bytes: next.curspace },
+        ))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The project id of the open file or directory `fd`.
 pub fn project_id(fd: impl AsFd) -> Result<u32, Errno> {
     // SAFETY: FsXattr is struct fsxattr.
@@ -216,6 +306,7 @@ mod tests {
         assert_eq!(size_of::<QuotaStatV>(), 160);
         assert_eq!(size_of::<FsDiskQuota>(), 112);
         assert_eq!(size_of::<IfDqblk>(), 72);
+        assert_eq!(size_of::<IfNextDqblk>(), 72);
         assert_eq!(size_of::<FsXattr>(), 28);
     }
 
@@ -224,5 +315,9 @@ mod tests {
         assert_eq!(project_cmd(Q_XGETQSTATV), 0x0058_0802);
         assert_eq!(project_cmd(Q_XSETQLIM), 0x0058_0402);
         assert_eq!(project_cmd(Q_SETQUOTA), 0x8000_0802_u32 as libc::c_int);
+        assert_eq!(project_cmd(Q_GETQUOTA), 0x8000_0702_u32 as libc::c_int);
+        assert_eq!(project_cmd(Q_XGETQUOTA), 0x0058_0302);
+        assert_eq!(project_cmd(Q_GETNEXTQUOTA), 0x8000_0902_u32 as libc::c_int);
+        assert_eq!(project_cmd(Q_XGETNEXTQUOTA), 0x0058_0902);
     }
 }
