@@ -14,7 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::deciding::capacity::{format_binary_si, round_down_pretty};
 use crate::deciding::claim::{self as claim_decision, BindingMode, Decision, Interest, ProvisionPlan, SkipReason};
-use crate::deciding::quota::{self, VolumeQuota};
+use crate::deciding::quota::{self, QuotaMode, VolumeQuota};
 use crate::deciding::retention;
 use crate::deciding::static_binding::pre_bound_volume;
 use crate::deciding::topology::{self, Acting, Topology};
@@ -253,7 +253,11 @@ async fn provision(
     let dir = VolumeDirName::new(&plan.dir_name).map_err(|e| ClaimError::Pool(e.into()))?;
     let regarding = claim_ref(claim);
     let root = pool.path().display().to_string();
-    let volume_quota = quota::decide(plan.quota, plan.request_bytes, &plan.pool.name, &root, &pool.quota_facts()?)?;
+    // The facts cost a quotactl and two reads of /proc: only an enforce class needs them.
+    let volume_quota = match plan.quota {
+        QuotaMode::None => VolumeQuota::Unlimited,
+        mode => quota::decide(mode, plan.request_bytes, &plan.pool.name, &root, &pool.quota_facts()?)?,
+    };
     if plan.request_bytes > available && !pool.volume_dir_exists(&dir)? {
         let error = ClaimError::InsufficientSpace {
             pool: plan.pool.name.clone(),
