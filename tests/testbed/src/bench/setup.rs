@@ -97,6 +97,8 @@ pub async fn start(args: &Args) -> Result<Env> {
             "--max-requests-inflight=1000".into(),
             "--max-mutating-requests-inflight=500".into(),
         ],
+        // The memory scenario's 100,000 claims and their revisions outgrow etcd's default 2 GiB.
+        extra_etcd_args: vec![format!("--quota-backend-bytes={}", 8u64 << 30)],
         ..Options::default()
     };
     let cp = ControlPlane::start_with(options).await?;
