@@ -12,6 +12,12 @@
 //!
 //! Then a volume holding `--files` files is deleted, timed from Released to PV gone, directory
 //! gone from its path, and data gone from the pool.
+//!
+//! Last, memory (`bench/memory.rs`): `--memory-claims` claims with Helm/Argo CD metadata in the
+//! cluster, 100 of them a fresh provisioner's; it stops kube-controller-manager and the other
+//! provisioners, so nothing runs after it. `--memory-only` runs only this.
+//!
+//! Every figure is printed with its goal beside it and gathered in a table of goals at the end.
 //! Method notes: `bench/report.rs` (printed at the end).
 
 #[path = "../bench/mod.rs"]
