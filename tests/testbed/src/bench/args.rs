@@ -23,6 +23,9 @@ usage: bench --provisioner PATH [options]
   --quick          small sanity run
   --clones-only    only the clone measurement (1 GiB, reflink on XFS and bytes on ext4)
   --memory-only    only the memory scenario (use with --nodes 1)
+  --grow-to N1,N2,...
+                   the scale curve of the full run, after the other scenarios: provisioners
+                   grown from --nodes to N1, N2, ... (default 50,100; --quick: 5; 0 skips it)
   --scale-curve N1,N2,...
                    only the scale curve: provisioners grown to N1, N2, ... (e.g. 1,10,50,100)
                    against --claims claims (--nodes is ignored)
@@ -49,6 +52,8 @@ pub struct Args {
     pub memory_only: bool,
     /// Node counts of the scale curve, ascending; empty: the usual scenarios.
     pub scale_curve: Vec<usize>,
+    /// Node counts the full run grows to after its scenarios (above `nodes`); empty: none.
+    pub grow_to: Vec<usize>,
     pub rust_log: String,
     pub provisioner_env: Vec<(String, String)>,
 }
@@ -74,7 +79,7 @@ impl Args {
                 }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
                 | "--idle-secs" | "--reference-rounds" | "--out" | "--rust-log" | "--scale-curve"
-                | "--memory-claims") => {
+                | "--grow-to" | "--memory-claims") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
                     values.insert(flag.trim_start_matches("--").to_string(), value);
                 }
@@ -95,6 +100,12 @@ impl Args {
             Some(list) => parse_steps(list)?,
             None => Vec::new(),
         };
+        let grow_to = match values.get("grow-to").map(String::as_str) {
+            Some("0") => Vec::new(),
+            Some(list) => parse_steps(list)?,
+            None if quick => vec![5],
+            None => vec![50, 100],
+        };
         let parsed = Args {
             provisioner,
             // The scale curve adds every node itself, the first step's too.
@@ -111,6 +122,7 @@ impl Args {
             memory_claims: number("memory-claims", 100_000.0, 5_000.0)? as usize,
             memory_only,
             scale_curve,
+            grow_to,
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
             provisioner_env,
         };

@@ -300,6 +300,42 @@ pub fn print(steps: &[Step]) {
     }
 }
 
+/// (goal, measured, met) rows for the goals table of the full run: every step's idle requests,
+/// and the worst step's cost per added node; "(other load)" below 100 nodes.
+pub fn goal_rows(steps: &[Step]) -> Vec<(String, String, String)> {
+    let Some(last) = steps.last() else {
+        return vec![("scale curve".to_string(), "skipped (--grow-to 0)".to_string(), "-".to_string())];
+    };
+    let verdict = |ok: bool| {
+        let v = if ok { "yes" } else { "NO" };
+        if last.nodes >= 100 { v.to_string() } else { format!("{v} (other load)") }
+    };
+    let idle: Vec<String> =
+        steps.iter().map(|s| format!("{} at {} nodes", s.idle_provisioner_requests, s.nodes)).collect();
+    let mut rows = vec![(
+        "scale curve: provisioners' idle requests 0".to_string(),
+        idle.join(", "),
+        verdict(steps.iter().all(|s| s.idle_provisioner_requests == 0)),
+    )];
+    let per: Vec<PerNode> = (0..steps.len()).filter_map(|i| per_added_node(steps, i)).collect();
+    let worst = |of: fn(&PerNode) -> f64| per.iter().map(of).filter(|v| v.is_finite()).fold(f64::NAN, f64::max);
+    let claim_watches = worst(|p| p.watches.get("persistentvolumeclaims").copied().unwrap_or(f64::NAN));
+    let claim_events = worst(|p| p.claim_events);
+    let pv_events = worst(|p| p.pv_events);
+    let within = |v: f64| v.is_finite() && v <= 1.0;
+    rows.push((
+        "scale curve, per added node: <= 1 claim watch, <= 1 event per claim change".to_string(),
+        format!("worst step: {claim_watches:.2} watches, {claim_events:.2} events per change"),
+        verdict(within(claim_watches) && within(claim_events)),
+    ));
+    rows.push((
+        "scale curve, per added node: PV events per PV change <= 1 (one unfiltered PV watch)".to_string(),
+        format!("worst step: {pv_events:.2} (2 label-filtered, disjoint PV watches per node)"),
+        verdict(within(pv_events)),
+    ));
+    rows
+}
+
 pub fn json(steps: &[Step]) -> Value {
     let rows: Vec<Value> = steps
         .iter()
@@ -367,6 +403,25 @@ mod tests {
         assert_eq!(p.watches["persistentvolumeclaims"], 2.0);
         assert!(per_added_node(&steps, 0).unwrap().claim_events.is_nan(), "no previous step to compare with");
         assert!(per_added_node(&steps, 2).is_none());
+    }
+
+    #[test]
+    fn goals_take_the_worst_step_and_every_idle_window() {
+        let mut steps = [step(10, 0, 20.0, 12.0), step(50, 40, 60.0, 52.0), step(100, 50, 110.0, 102.0)];
+        for s in &mut steps {
+            s.watches_added = BTreeMap::from([("persistentvolumeclaims".to_string(), s.added as f64)]);
+        }
+        let rows = goal_rows(&steps);
+        assert_eq!(rows.len(), 3);
+        assert!(rows.iter().all(|(_, _, met)| met == "yes"), "{rows:?}");
+        let mut over = steps;
+        over[2].watch_events_per_change = 252.0; // 4 events per change per added node
+        over[1].idle_provisioner_requests = 4;
+        let rows = goal_rows(&over);
+        assert_eq!(rows[0].2, "NO", "{rows:?}");
+        assert_eq!(rows[1].2, "NO", "{rows:?}");
+        assert!(goal_rows(&over[..2])[2].2.ends_with("(other load)"), "below 100 nodes");
+        assert_eq!(goal_rows(&[])[0].2, "-");
     }
 
     #[test]

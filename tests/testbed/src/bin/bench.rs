@@ -8,7 +8,8 @@
 //!    only creates PVs (`bench/reference.rs`), the limit of this machine's pipeline;
 //! c. as a, created as fast as `--clients` clients can (throughput), right after r.
 //!
-//! `--scale-curve 1,10,...` instead grows the number of provisioners (`bench/scale_curve.rs`).
+//! Then the scale curve (`bench/scale_curve.rs`): the provisioners are grown from `--nodes` to
+//! each count of `--grow-to` (default 50, 100). `--scale-curve 1,10,...` runs only the curve.
 //!
 //! Then a volume holding `--files` files is deleted, timed from Released to PV gone, directory
 //! gone from its path, and data gone from the pool.
@@ -100,6 +101,8 @@ struct Results {
     reference_errors: Vec<String>,
     /// PVs/s of (r, c) in the rounds after the first (`--reference-rounds`).
     later_rounds: Vec<(Option<f64>, Option<f64>)>,
+    /// The scale curve from `--nodes` up to `--grow-to`, unless skipped.
+    curve: Vec<scale_curve::Step>,
     /// The memory scenario (`--memory-claims`, run last), unless skipped.
     memory: Option<Memory>,
 }
@@ -193,6 +196,14 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     eprintln!("bench: provisioning latency with and without an enforced quota (btrfs)");
     let quota = quota_latency::run(env).await?;
     let at_end = samples(env)?;
+    let mut curve_steps = vec![env.nodes.len()];
+    curve_steps.extend(args.grow_to.iter().copied().filter(|n| *n > env.nodes.len()));
+    let curve = if curve_steps.len() > 1 {
+        eprintln!("bench: scale curve: growing the provisioners {curve_steps:?}");
+        scale_curve::run(env, &curve_steps).await?
+    } else {
+        Vec::new()
+    };
     // Last: it stops the other provisioners and kube-controller-manager, and leaves its claims.
     let memory = if args.memory_claims > 0 {
         eprintln!(
@@ -215,6 +226,7 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         reference_errors,
         later_rounds,
         quota,
+        curve,
         memory,
     };
     print_results(env, &results);
@@ -503,6 +515,9 @@ fn print_results(env: &Env, all: &Results) {
             .map_or("none exported (the audit log above is the exact figure)".to_string(), |m| m.to_string())
     );
 
+    if !all.curve.is_empty() {
+        scale_curve::print(&all.curve);
+    }
     if let Some(m) = &all.memory {
         memory::print(m);
     }
@@ -623,13 +638,10 @@ fn targets(env: &Env, all: &Results) -> Vec<(String, String, String)> {
     let idle_requests: u64 = all.idle.window.audit.total().values().sum();
     rows.push((
         "provisioners' API requests at idle: 0".to_string(),
-        format!(
-            "{idle_requests} in {:.1} s, {} nodes (scale curve per added node: --scale-curve)",
-            all.idle.window.wall.as_secs_f64(),
-            args.nodes
-        ),
+        format!("{idle_requests} in {:.1} s, {} nodes", all.idle.window.wall.as_secs_f64(), args.nodes),
         verdict(idle_requests == 0, true),
     ));
+    rows.extend(scale_curve::goal_rows(&all.curve));
     let gone = many.released_to_pv_gone.map(|d| d.as_secs_f64());
     rows.push((
         "100k-file volume: PV gone < 1 s after Released".to_string(),
@@ -690,6 +702,7 @@ fn to_json(env: &Env, all: &Results) -> Value {
         "provisioners": provisioners,
         "provisioner_own_api_request_metric": all.own_metric,
         "targets": targets(env, all).into_iter().map(|(t, m, v)| json!({"target": t, "measured": m, "met": v})).collect::<Vec<_>>(),
+        "scale_curve": (!all.curve.is_empty()).then(|| scale_curve::json(&all.curve)),
         "memory": all.memory.as_ref().map(memory::json),
         "method": METHOD,
     })
@@ -703,5 +716,6 @@ fn config_json(args: &Args) -> Value {
         "provisioner": args.provisioner,
         "scale_curve": args.scale_curve,
         "memory_claims": args.memory_claims,
+        "grow_to": args.grow_to,
     })
 }
