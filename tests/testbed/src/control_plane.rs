@@ -39,6 +39,8 @@ pub struct Options {
     pub extra_apiserver_args: Vec<String>,
     /// Appended to kube-controller-manager's command line.
     pub extra_controller_manager_args: Vec<String>,
+    /// Appended to etcd's command line (e.g. a larger `--quota-backend-bytes` for big loads).
+    pub extra_etcd_args: Vec<String>,
     /// Set for a cluster whose nodes run real kubelets (see [`RealNodeAccess`]); `None` keeps
     /// the API-objects-only control plane every other test uses.
     pub real_nodes: Option<RealNodeAccess>,
@@ -74,6 +76,7 @@ impl Default for Options {
             ready_timeout: Duration::from_secs(120),
             extra_apiserver_args: Vec::new(),
             extra_controller_manager_args: Vec::new(),
+            extra_etcd_args: Vec::new(),
             real_nodes: None,
         }
     }
@@ -449,6 +452,13 @@ impl ControlPlane {
         self.start_apiserver_and_wait(deadline).await
     }
 
+    /// Stops kube-controller-manager (SIGTERM, SIGKILL after 3 s): nothing binds claims or
+    /// annotates them afterwards, and nothing removes their protection finalizer. For loads the
+    /// bench builds and never deletes, e.g. many pending claims it would otherwise churn on.
+    pub fn stop_controller_manager(&mut self) {
+        stop(&mut self.controller_manager, OUTAGE_STOP_GRACE);
+    }
+
     /// Stops etcd (SIGTERM, SIGKILL after 3 s); the API server then fails its requests.
     pub fn stop_etcd(&mut self) {
         stop(&mut self.etcd, OUTAGE_STOP_GRACE);
@@ -614,7 +624,10 @@ impl Layout<'_> {
                 // Test data is thrown away; fsync would make every write wait for the disk.
                 "--unsafe-no-fsync=true".into(),
                 "--log-level=warn".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(self.options.extra_etcd_args.iter().cloned())
+            .collect(),
         )
     }
 

@@ -15,9 +15,17 @@ usage: bench --provisioner PATH [options]
   --reference-rounds K
                    pairs of reference (r) and ours (c) run alternately (default 1); each pair
                    gives a fraction, the report prints each and their median
-  --out FILE       JSON results (default target/bench-results.json)
+  --memory-claims N
+                   claims in the cluster for the memory scenario, 100 of them the measured
+                   node's, run last (default 100000; --quick: 5000; 0 skips it)
+  --out FILE       JSON results (default target/bench-results.json); the SVG plot goes next
+                   to it (same name, .svg), the logs into bench-logs/ beside it
   --quick          small sanity run
   --clones-only    only the clone measurement (1 GiB, reflink on XFS and bytes on ext4)
+  --memory-only    only the memory scenario (use with --nodes 1)
+  --grow-to N1,N2,...
+                   the scale curve of the full run, after the other scenarios: provisioners
+                   grown from --nodes to N1, N2, ... (default 50,100; --quick: 5; 0 skips it)
   --scale-curve N1,N2,...
                    only the scale curve: provisioners grown to N1, N2, ... (e.g. 1,10,50,100)
                    against --claims claims (--nodes is ignored)
@@ -39,8 +47,13 @@ pub struct Args {
     pub out: PathBuf,
     pub quick: bool,
     pub clones_only: bool,
+    /// Claims in the cluster for the memory scenario (`bench/memory.rs`); 0: skipped.
+    pub memory_claims: usize,
+    pub memory_only: bool,
     /// Node counts of the scale curve, ascending; empty: the usual scenarios.
     pub scale_curve: Vec<usize>,
+    /// Node counts the full run grows to after its scenarios (above `nodes`); empty: none.
+    pub grow_to: Vec<usize>,
     pub rust_log: String,
     pub provisioner_env: Vec<(String, String)>,
 }
@@ -50,12 +63,14 @@ impl Args {
         let mut values = std::collections::HashMap::new();
         let mut quick = false;
         let mut clones_only = false;
+        let mut memory_only = false;
         let mut provisioner_env = Vec::new();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--quick" => quick = true,
                 "--clones-only" => clones_only = true,
+                "--memory-only" => memory_only = true,
                 "-h" | "--help" => bail!("help requested"),
                 "--provisioner-env" => {
                     let pair = args.next().context("--provisioner-env needs NAME=VALUE")?;
@@ -63,7 +78,8 @@ impl Args {
                     provisioner_env.push((name.to_string(), value.to_string()));
                 }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
-                | "--idle-secs" | "--reference-rounds" | "--out" | "--rust-log" | "--scale-curve") => {
+                | "--idle-secs" | "--reference-rounds" | "--out" | "--rust-log" | "--scale-curve"
+                | "--grow-to" | "--memory-claims") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
                     values.insert(flag.trim_start_matches("--").to_string(), value);
                 }
@@ -84,6 +100,12 @@ impl Args {
             Some(list) => parse_steps(list)?,
             None => Vec::new(),
         };
+        let grow_to = match values.get("grow-to").map(String::as_str) {
+            Some("0") => Vec::new(),
+            Some(list) => parse_steps(list)?,
+            None if quick => vec![5],
+            None => vec![50, 100],
+        };
         let parsed = Args {
             provisioner,
             // The scale curve adds every node itself, the first step's too.
@@ -97,7 +119,10 @@ impl Args {
             out: values.get("out").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/bench-results.json")),
             quick,
             clones_only,
+            memory_claims: number("memory-claims", 100_000.0, 5_000.0)? as usize,
+            memory_only,
             scale_curve,
+            grow_to,
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
             provisioner_env,
         };
@@ -108,6 +133,9 @@ impl Args {
             || parsed.reference_rounds == 0
         {
             bail!("--nodes, --claims, --clients, --rate and --reference-rounds must be positive");
+        }
+        if parsed.memory_only && parsed.memory_claims == 0 {
+            bail!("--memory-only needs --memory-claims above 0");
         }
         Ok(parsed)
     }

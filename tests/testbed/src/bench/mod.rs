@@ -5,6 +5,7 @@ pub mod api_count;
 pub mod args;
 pub mod clones;
 pub mod many_files;
+pub mod memory;
 pub mod observe;
 pub mod plot;
 pub mod procfs;

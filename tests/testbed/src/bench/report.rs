@@ -72,6 +72,15 @@ pub const METHOD: &[&str] = &[
     "RSS: VmRSS / VmHWM from /proc/<pid>/status; CPU: utime+stime from /proc/<pid>/stat \
      (all threads) divided by the clock tick rate. Provisioners run with RUST_LOG as given \
      (default info), release build as make bench builds it.",
+    "memory (run last): the cluster is filled with --memory-claims claims that are not the \
+     measured node's (another provisioner's class; ours with selected-node or provisionOnNode \
+     naming a node without a provisioner), each created by a server-side apply of manager helm \
+     and changed by one of argocd-controller, with Helm/Argo CD labels and annotations and a \
+     1-2 KiB last-applied-configuration. kube-controller-manager and the other provisioners are \
+     stopped first. A fresh provisioner then starts; RSS/peak are read 3 s after its /readyz \
+     (watches listed), after 100 own claims (WaitForFirstConsumer, selected-node = it) have PVs, \
+     and after 1,000; per own claim = (RSS at 1,000 - RSS at 100) / 900. The goal is judged on \
+     the peak after the 100.",
     "many-files deletion: the bench writes empty files into the volume's directory, deletes the \
      claim, and times PV phase Released (watch) -> PV deleted (watch) and -> directory gone (polled every 2 ms).",
 ];

@@ -12,7 +12,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subje
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use testbed::{ControlPlane, Options, ProvisionerSpec, SimNode, fixtures};
+use testbed::{ControlPlane, Options, Provisioner, ProvisionerSpec, SimNode, fixtures};
 
 use super::api_count::{AuditLog, BenchCalls, audit_policy};
 use super::args::Args;
@@ -97,6 +97,8 @@ pub async fn start(args: &Args) -> Result<Env> {
             "--max-requests-inflight=1000".into(),
             "--max-mutating-requests-inflight=500".into(),
         ],
+        // The memory scenario's 100,000 claims and their revisions outgrow etcd's default 2 GiB.
+        extra_etcd_args: vec![format!("--quota-backend-bytes={}", 8u64 << 30)],
         ..Options::default()
     };
     let cp = ControlPlane::start_with(options).await?;
@@ -142,6 +144,18 @@ pub fn node_name(i: usize) -> String {
 /// A node and its provisioner, running as ServiceAccount `name` (bound to the deploy ClusterRole
 /// through its group, see [`bind_service_accounts`]); waits until the provisioner is ready.
 pub async fn add_node(cp: &ControlPlane, client: &Client, args: &Args, name: &str) -> Result<SimNode> {
+    add_node_within(cp, client, args, name, testbed::PROVISIONER_READY_TIMEOUT).await
+}
+
+/// [`add_node`], waiting up to `ready_timeout` for the provisioner to be ready (it is ready once
+/// its watches have listed, which takes longer with many objects in the cluster).
+pub async fn add_node_within(
+    cp: &ControlPlane,
+    client: &Client,
+    args: &Args,
+    name: &str,
+    ready_timeout: Duration,
+) -> Result<SimNode> {
     let account = ServiceAccount {
         metadata: ObjectMeta { name: Some(name.to_string()), ..ObjectMeta::default() },
         ..ServiceAccount::default()
@@ -155,7 +169,12 @@ pub async fn add_node(cp: &ControlPlane, client: &Client, args: &Args, name: &st
     for (key, value) in &args.provisioner_env {
         spec = spec.env(key, value);
     }
-    let node = SimNode::start_with(cp, name, &[], spec).await?;
+    cp.add_node_labeled(name, name, &[]).await?;
+    std::fs::create_dir_all(&spec.pool_root).with_context(|| format!("creating {}", spec.pool_root.display()))?;
+    let pool_root = spec.pool_root.clone();
+    let mut provisioner = Provisioner::spawn(spec, cp.temp_dir())?;
+    provisioner.wait_ready(ready_timeout).await?;
+    let node = SimNode { name: name.to_string(), hostname: name.to_string(), pool_root, provisioner };
     raise_pod_capacity(client, name, args.claims * 2 + 100).await?;
     Ok(node)
 }

@@ -8,10 +8,17 @@
 //!    only creates PVs (`bench/reference.rs`), the limit of this machine's pipeline;
 //! c. as a, created as fast as `--clients` clients can (throughput), right after r.
 //!
-//! `--scale-curve 1,10,...` instead grows the number of provisioners (`bench/scale_curve.rs`).
+//! Then the scale curve (`bench/scale_curve.rs`): the provisioners are grown from `--nodes` to
+//! each count of `--grow-to` (default 50, 100). `--scale-curve 1,10,...` runs only the curve.
 //!
 //! Then a volume holding `--files` files is deleted, timed from Released to PV gone, directory
 //! gone from its path, and data gone from the pool.
+//!
+//! Last, memory (`bench/memory.rs`): `--memory-claims` claims with Helm/Argo CD metadata in the
+//! cluster, 100 of them a fresh provisioner's; it stops kube-controller-manager and the other
+//! provisioners, so nothing runs after it. `--memory-only` runs only this.
+//!
+//! Every figure is printed with its goal beside it and gathered in a table of goals at the end.
 //! Method notes: `bench/report.rs` (printed at the end).
 
 #[path = "../bench/mod.rs"]
@@ -26,6 +33,7 @@ use serde_json::{Value, json};
 use bench::args::{Args, USAGE};
 use bench::clones::{self, Clones};
 use bench::many_files::{self, ManyFiles};
+use bench::memory::{self, Memory};
 use bench::plot::{self, Series};
 use bench::procfs::{self, ProcSample, mib};
 use bench::quota_latency::{self, QuotaLatency};
@@ -93,6 +101,10 @@ struct Results {
     reference_errors: Vec<String>,
     /// PVs/s of (r, c) in the rounds after the first (`--reference-rounds`).
     later_rounds: Vec<(Option<f64>, Option<f64>)>,
+    /// The scale curve from `--nodes` up to `--grow-to`, unless skipped.
+    curve: Vec<scale_curve::Step>,
+    /// The memory scenario (`--memory-claims`, run last), unless skipped.
+    memory: Option<Memory>,
 }
 
 /// What the idle window measured.
@@ -114,6 +126,12 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     if args.clones_only {
         let clones = clones::run(env).await?;
         print_clones(&clones);
+        return Ok(());
+    }
+    if args.memory_only {
+        let memory = memory::run(env).await?;
+        memory::print(&memory);
+        write_json(&args.out, &json!({ "config": config_json(args), "memory": memory::json(&memory) }))?;
         return Ok(());
     }
     if !args.scale_curve.is_empty() {
@@ -177,17 +195,39 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     let clones = clones::run(env).await?;
     eprintln!("bench: provisioning latency with and without an enforced quota (btrfs)");
     let quota = quota_latency::run(env).await?;
+    let at_end = samples(env)?;
+    let mut curve_steps = vec![env.nodes.len()];
+    curve_steps.extend(args.grow_to.iter().copied().filter(|n| *n > env.nodes.len()));
+    let curve = if curve_steps.len() > 1 {
+        eprintln!("bench: scale curve: growing the provisioners {curve_steps:?}");
+        scale_curve::run(env, &curve_steps).await?
+    } else {
+        Vec::new()
+    };
+    // Last: it stops the other provisioners and kube-controller-manager, and leaves its claims.
+    let memory = if args.memory_claims > 0 {
+        eprintln!(
+            "bench: memory with {} claims in the cluster, {} of them one node's",
+            args.memory_claims,
+            memory::OWN
+        );
+        Some(memory::run(env).await?)
+    } else {
+        None
+    };
     let results = Results {
         scenarios,
         idle: idle.context("idle window")?,
         many,
         clones,
         at_start,
-        at_end: samples(env)?,
+        at_end,
         own_metric,
         reference_errors,
         later_rounds,
         quota,
+        curve,
+        memory,
     };
     print_results(env, &results);
     write_json(&args.out, &to_json(env, &results))?;
@@ -277,6 +317,15 @@ fn print_clones(clones: &Clones) {
     t.print();
 }
 
+/// Issue 13, point 2: every request of the provisioners (reads, writes, events) per volume.
+const PROVISION_REQUESTS_GOAL: f64 = 2.0;
+const DELETE_REQUESTS_GOAL: f64 = 1.5;
+
+/// All the provisioners' requests in `window` (audit) per volume.
+fn requests_per_volume(window: &Closed, volumes: usize) -> Option<f64> {
+    per_volume(window.audit.total().values().sum(), volumes)
+}
+
 fn per_volume(count: u64, volumes: usize) -> Option<f64> {
     (volumes > 0).then(|| count as f64 / volumes as f64)
 }
@@ -299,7 +348,7 @@ fn print_results(env: &Env, all: &Results) {
     };
     add("claims created", &|p, _| format!("{} ({} errors)", p.sent.len(), p.create_errors.len()));
     add("creation rate, claims/s", &|p, _| opt(p.create_rate, 1));
-    add("latency p50/p95/p99, ms", &|p, _| {
+    add("latency p50/p95/p99, ms (goal b p99 < 250)", &|p, _| {
         format!("{:.1} / {:.1} / {:.1}", p.latency.p50, p.latency.p95, p.latency.p99)
     });
     add("latency max, ms", &|p, _| format!("{:.1}", p.latency.max));
@@ -323,9 +372,8 @@ fn print_results(env: &Env, all: &Results) {
         opt(per_volume(p.window.provisioner_writes(false), p.sent.len()), 2)
     });
     add("prov. event writes/volume", &|p, _| opt(per_volume(p.window.provisioner_writes(true), p.sent.len()), 2));
-    add("prov. requests/volume (all)", &|p, _| {
-        let all: u64 = p.window.audit.total().values().sum();
-        opt(per_volume(all, p.sent.len()), 2)
+    add(&format!("prov. requests/volume (all; goal <= {PROVISION_REQUESTS_GOAL})"), &|p, _| {
+        opt(requests_per_volume(&p.window, p.sent.len()), 2)
     });
     add("prov. failed requests (>=400)", &|p, _| p.window.audit.failed_total().to_string());
     add("events: objects / occurrences", &|p, _| {
@@ -346,7 +394,7 @@ fn print_results(env: &Env, all: &Results) {
         format!("{} ({})", p.claim_metadata_bytes.0, p.claim_metadata_bytes.1)
     });
     add("RSS max/mean after, MiB", &|p, _| rss_line(&p.window.procs_end));
-    add("deletion: PVs/s", &|_, d| opt(d.pvs_deleted_per_sec, 1));
+    add("deletion: PVs/s (goal >= creation PVs/s)", &|_, d| opt(d.pvs_deleted_per_sec, 1));
     add("deletion: all PVs gone after, s", &|_, d| format!("{:.2}", d.all_pvs_gone_after.as_secs_f64()));
     add("deletion: all dirs gone after, s", &|_, d| format!("{:.2}", d.all_dirs_gone_after.as_secs_f64()));
     add("deletion: Released->gone p50/p99, ms", &|_, d| {
@@ -355,6 +403,9 @@ fn print_results(env: &Env, all: &Results) {
     add("deletion: prov. writes/volume", &|p, d| opt(per_volume(d.window.provisioner_writes(false), p.sent.len()), 2));
     add("deletion: prov. event writes/vol", &|p, d| {
         opt(per_volume(d.window.provisioner_writes(true), p.sent.len()), 2)
+    });
+    add(&format!("deletion: prov. requests/vol (all; goal <= {DELETE_REQUESTS_GOAL})"), &|p, d| {
+        opt(requests_per_volume(&d.window, p.sent.len()), 2)
     });
     add("deletion: PVs left at timeout", &|_, d| d.remaining.to_string());
     table.print();
@@ -464,7 +515,14 @@ fn print_results(env: &Env, all: &Results) {
             .map_or("none exported (the audit log above is the exact figure)".to_string(), |m| m.to_string())
     );
 
-    let mut t = Table::new("Targets (issue 5; reported, not asserted)", &["target", "measured", "met"]);
+    if !all.curve.is_empty() {
+        scale_curve::print(&all.curve);
+    }
+    if let Some(m) = &all.memory {
+        memory::print(m);
+    }
+
+    let mut t = Table::new("Goals (issues 5 and 13; reported, not asserted)", &["goal", "measured", "met"]);
     for (target, measured, met) in targets(env, all) {
         t.row(vec![target, measured, met]);
     }
@@ -524,12 +582,66 @@ fn targets(env: &Env, all: &Results) -> Vec<(String, String, String)> {
         ),
         verdict(fraction.unwrap_or(0.0) >= 0.9, args.nodes == 10),
     ));
-    let rss = results.first().map(|(p, _)| p.window.procs_end.iter().map(|s| s.rss_kib).max().unwrap_or(0));
+    let b = results.iter().find(|(p, _)| p.spec.mode == Mode::WaitForFirstConsumer);
     rows.push((
-        "RSS < 20 MiB per node with 10,000 claims".to_string(),
-        format!("max {:.1} MiB with {} claims", mib(rss.unwrap_or(0)), args.claims),
-        verdict(mib(rss.unwrap_or(0)) < 20.0, args.claims >= 10_000),
+        "b p99 < 250 ms at 10 nodes, 50 claims/s (selected-node -> PV)".to_string(),
+        b.map_or("-".to_string(), |(p, _)| format!("{:.1} ms ({} nodes, {}/s)", p.latency.p99, args.nodes, args.rate)),
+        b.map_or("-".to_string(), |(p, _)| {
+            verdict(p.latency.p99 < 250.0, args.nodes == 10 && (args.rate - 50.0).abs() < f64::EPSILON)
+        }),
     ));
+    let ours: Vec<&(Provisioned, Deleted)> = results.iter().filter(|(p, _)| p.spec.class != REFERENCE_CLASS).collect();
+    for (what, goal, deletion) in
+        [("provision", PROVISION_REQUESTS_GOAL, false), ("delete", DELETE_REQUESTS_GOAL, true)]
+    {
+        let per: Vec<(&str, f64)> = ours
+            .iter()
+            .filter_map(|(p, d)| {
+                let window = if deletion { &d.window } else { &p.window };
+                Some((p.spec.id, requests_per_volume(window, p.sent.len())?))
+            })
+            .collect();
+        let worst = per.iter().map(|(_, v)| *v).fold(0.0, f64::max);
+        rows.push((
+            format!("API requests per {what} <= {goal} (all kinds, audit, amortised)"),
+            per.iter().map(|(id, v)| format!("{id}: {v:.2}")).collect::<Vec<_>>().join(", "),
+            verdict(!per.is_empty() && worst <= goal, true),
+        ));
+    }
+    match &all.memory {
+        Some(m) => rows.push((
+            format!("RSS < {:.0} MiB, 100,000 claims in the cluster, 100 the node's", memory::GOAL_MIB),
+            format!(
+                "peak {:.1} MiB (RSS {:.1} after the list, {:.1} after {} provisions; {} claims; {:.1} KiB per own claim)",
+                m.judged_mib(),
+                mib(m.after_list.rss_kib),
+                mib(m.after_own.rss_kib),
+                memory::OWN,
+                m.claims_in_cluster(),
+                m.per_own_claim_kib()
+            ),
+            memory::verdict(m),
+        )),
+        None => rows.push((
+            format!("RSS < {:.0} MiB, 100,000 claims in the cluster, 100 the node's", memory::GOAL_MIB),
+            "skipped (--memory-claims 0)".to_string(),
+            "-".to_string(),
+        )),
+    }
+    let created = pvs_per_sec(results, "c");
+    let deleted = results.iter().find(|(p, _)| p.spec.id == "c").and_then(|(_, d)| d.pvs_deleted_per_sec);
+    rows.push((
+        "deletion PVs/s >= creation PVs/s in c".to_string(),
+        format!("c: deletion {} vs creation {} PVs/s", opt(deleted, 1), opt(created, 1)),
+        verdict(deleted.zip(created).is_some_and(|(d, c)| d >= c), true),
+    ));
+    let idle_requests: u64 = all.idle.window.audit.total().values().sum();
+    rows.push((
+        "provisioners' API requests at idle: 0".to_string(),
+        format!("{idle_requests} in {:.1} s, {} nodes", all.idle.window.wall.as_secs_f64(), args.nodes),
+        verdict(idle_requests == 0, true),
+    ));
+    rows.extend(scale_curve::goal_rows(&all.curve));
     let gone = many.released_to_pv_gone.map(|d| d.as_secs_f64());
     rows.push((
         "100k-file volume: PV gone < 1 s after Released".to_string(),
@@ -590,6 +702,8 @@ fn to_json(env: &Env, all: &Results) -> Value {
         "provisioners": provisioners,
         "provisioner_own_api_request_metric": all.own_metric,
         "targets": targets(env, all).into_iter().map(|(t, m, v)| json!({"target": t, "measured": m, "met": v})).collect::<Vec<_>>(),
+        "scale_curve": (!all.curve.is_empty()).then(|| scale_curve::json(&all.curve)),
+        "memory": all.memory.as_ref().map(memory::json),
         "method": METHOD,
     })
 }
@@ -601,5 +715,7 @@ fn config_json(args: &Args) -> Value {
         "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
         "provisioner": args.provisioner,
         "scale_curve": args.scale_curve,
+        "memory_claims": args.memory_claims,
+        "grow_to": args.grow_to,
     })
 }
