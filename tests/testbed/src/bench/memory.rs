@@ -1,8 +1,12 @@
 //! Memory with many claims that are not this node's (`--memory-claims`, issue 13 point 4).
 //!
-//! The cluster is filled with claims that are not the measured node's: classes of another
-//! provisioner, our WaitForFirstConsumer class with `selected-node` naming another node, our
-//! Immediate class pinned to another node by `kubevirt.io/provisionOnNode`. Each carries the
+//! The cluster is filled with claims that are not the measured node's, in the proportions of a
+//! cluster at rest: half of another provisioner's class, a quarter of our WaitForFirstConsumer
+//! class with `selected-node` naming another node, a quarter of ours bound on other nodes
+//! (`spec.volumeName` and `pv.kubernetes.io/bind-completed`, as the PV controller leaves them),
+//! except one in 400 claims of our Immediate class pinned by `kubevirt.io/provisionOnNode` to a
+//! node where no provisioner runs. Those last ones every node keeps by design: they wait for a
+//! node without a provisioner, which one node explains on each claim and counts in a metric. Each carries the
 //! metadata Helm and Argo CD write: the `app.kubernetes.io/*` and `helm.sh/chart` labels, the
 //! `meta.helm.sh/release-*` annotations, a `kubectl.kubernetes.io/last-applied-configuration`
 //! of 1-2 KiB, and managedFields of two field managers, written by the API server itself: the
@@ -71,8 +75,10 @@ pub enum Kind {
     OtherProvisioner,
     /// Our WaitForFirstConsumer class, scheduled to another node.
     OursSelectedElsewhere,
-    /// Our Immediate class, pinned to another node.
+    /// Our Immediate class, pinned to another node where no provisioner runs (a stranded claim).
     OursPinnedElsewhere,
+    /// Our WaitForFirstConsumer class, bound on another node.
+    OursBoundElsewhere,
     /// Our WaitForFirstConsumer class, scheduled to the measured node.
     Own,
 }
@@ -82,7 +88,8 @@ pub fn kind_of(i: usize) -> Kind {
     match i % 4 {
         0 | 1 => Kind::OtherProvisioner,
         2 => Kind::OursSelectedElsewhere,
-        _ => Kind::OursPinnedElsewhere,
+        _ if i % 400 == 3 => Kind::OursPinnedElsewhere,
+        _ => Kind::OursBoundElsewhere,
     }
 }
 
@@ -353,7 +360,7 @@ pub fn helm_apply(namespace: &str, name: &str, i: usize, kind: Kind) -> Value {
     });
     let class = match kind {
         Kind::OtherProvisioner => OTHER_CLASS,
-        Kind::OursSelectedElsewhere | Kind::Own => WFFC_CLASS,
+        Kind::OursSelectedElsewhere | Kind::OursBoundElsewhere | Kind::Own => WFFC_CLASS,
         Kind::OursPinnedElsewhere => IMMEDIATE_CLASS,
     };
     let mut manifest = json!({
@@ -380,6 +387,11 @@ pub fn helm_apply(namespace: &str, name: &str, i: usize, kind: Kind) -> Value {
         }
         Kind::Own => {
             annotations.insert(SELECTED_NODE.into(), json!(NODE));
+        }
+        Kind::OursBoundElsewhere => {
+            annotations.insert(SELECTED_NODE.into(), json!(elsewhere));
+            annotations.insert("pv.kubernetes.io/bind-completed".into(), json!("yes"));
+            manifest["spec"]["volumeName"] = json!(format!("pvc-bound-elsewhere-{i}"));
         }
         Kind::OtherProvisioner | Kind::OursPinnedElsewhere => {}
     }
@@ -555,6 +567,11 @@ mod tests {
                 Kind::OtherProvisioner => assert_eq!((class, node), (OTHER_CLASS, None)),
                 Kind::OursSelectedElsewhere => assert_eq!(class, WFFC_CLASS),
                 Kind::OursPinnedElsewhere => assert_eq!(class, IMMEDIATE_CLASS),
+                Kind::OursBoundElsewhere => {
+                    assert_eq!(class, WFFC_CLASS);
+                    assert_eq!(annotation(&claim, "pv.kubernetes.io/bind-completed"), Some("yes"));
+                    assert!(claim["spec"]["volumeName"].is_string());
+                }
                 Kind::Own => unreachable!(),
             }
             if kind != Kind::OtherProvisioner {
