@@ -63,6 +63,7 @@ async fn released_volumes_go_with_their_pvs_and_leave_nothing_staged() {
     }
     wait_trash_empty(&pool).await;
     assert_eq!(staging_entries(&pool, &node), Vec::<String>::new(), "nothing left staged");
+    assert!(!pool.join(STAGING).exists(), "an idle pool holds no staging directory");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -117,5 +118,5 @@ async fn a_volume_left_staged_for_a_pv_that_is_gone_is_purged_at_start_up() {
     wait_trash_empty(&pool).await;
     assert!(!dir.exists(), "not put back: its PV is gone");
     assert_eq!(staging_entries(&pool, &node), Vec::<String>::new(), "nothing left staged");
-    assert_eq!(entries(&pool).into_iter().filter(|e| e != STAGING).collect::<Vec<_>>(), Vec::<String>::new());
+    assert_eq!(entries(&pool).into_iter().collect::<Vec<_>>(), Vec::<String>::new(), "no staging directory left");
 }

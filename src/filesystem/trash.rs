@@ -20,6 +20,10 @@ pub const TRASH_DIR: &str = ".hpp-trash";
 /// the purge never enters it.
 pub const STAGING_DIR: &str = ".hpp-deleting";
 
+/// How often staging retries when another deletion's cleanup removed an empty staging level
+/// between its mkdir and its open.
+const MAX_STAGING_ATTEMPTS: u32 = 32;
+
 /// Distinguishes trash entries made within the same nanosecond.
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
@@ -215,6 +219,10 @@ impl PoolRoot {
                 staged.push(StagedVolume { node: node.clone(), pv: pv.clone(), dir });
             }
         }
+        if staged.is_empty() {
+            drop(node_dir);
+            self.remove_empty_staging(&staging, node);
+        }
         Ok(staged)
     }
 
@@ -224,8 +232,19 @@ impl PoolRoot {
     }
 
     /// Opens `.hpp-deleting/<node>/<pv>` (creating each level when asked), refusing symlinks
-    /// and mounts on the way.
+    /// and mounts on the way. Levels emptied by another deletion's cleanup meanwhile (ENOENT)
+    /// are made again.
     fn open_staged_pv_dir(&self, staged: &StagedVolume, create: bool) -> Result<std::os::fd::OwnedFd, PoolError> {
+        let mut attempts = 0;
+        loop {
+            match self.try_open_staged_pv_dir(staged, create) {
+                Err(PoolError::RootMissing { .. }) if create && attempts < MAX_STAGING_ATTEMPTS => attempts += 1,
+                result => return result,
+            }
+        }
+    }
+
+    fn try_open_staged_pv_dir(&self, staged: &StagedVolume, create: bool) -> Result<std::os::fd::OwnedFd, PoolError> {
         let mut fd: Option<std::os::fd::OwnedFd> = None;
         let mut path = self.path.clone();
         for level in [STAGING_DIR, staged.node.as_str(), staged.pv.as_str()] {
@@ -234,6 +253,7 @@ impl PoolRoot {
             if create {
                 match rustix::fs::mkdirat(parent, level, Mode::from_raw_mode(0o700)) {
                     Ok(()) | Err(Errno::EXIST) => {}
+                    Err(Errno::NOENT) => return Err(PoolError::RootMissing { pool: self.name.clone(), path }),
                     Err(e) => return Err(fs_error("create the deletion staging directory", path, e)),
                 }
             }
@@ -248,14 +268,23 @@ impl PoolRoot {
         Ok(fd.expect("three levels opened"))
     }
 
-    /// Removes the (now empty) `.hpp-deleting/<node>/<pv>` of a committed or restored volume; a
-    /// failure leaves an empty directory that the next start-up removes.
+    /// Removes the (now empty) `.hpp-deleting/<node>/<pv>` of a committed or restored volume,
+    /// and the levels above when nothing else is staged, so that an idle pool holds no staging
+    /// directory. rmdir never removes a non-empty directory; a failure leaves an empty one that
+    /// the next deletion or start-up removes.
     fn remove_staged_pv_dir(&self, staged: &StagedVolume) {
         let Ok(staging) = self.open_beneath(self.fd.as_fd(), STAGING_DIR, rustix::fs::OFlags::RDONLY) else { return };
-        let Ok(node) = self.open_beneath(staging.as_fd(), staged.node.as_str(), rustix::fs::OFlags::RDONLY) else {
-            return;
-        };
-        let _ = rustix::fs::unlinkat(&node, staged.pv.as_str(), AtFlags::REMOVEDIR);
+        if let Ok(node) = self.open_beneath(staging.as_fd(), staged.node.as_str(), rustix::fs::OFlags::RDONLY) {
+            let _ = rustix::fs::unlinkat(&node, staged.pv.as_str(), AtFlags::REMOVEDIR);
+        }
+        self.remove_empty_staging(&staging, &staged.node);
+    }
+
+    /// Removes this node's staging directory and the staging root if they are empty.
+    fn remove_empty_staging(&self, staging: &std::os::fd::OwnedFd, node: &VolumeDirName) {
+        if rustix::fs::unlinkat(staging, node.as_str(), AtFlags::REMOVEDIR).is_ok() {
+            let _ = rustix::fs::unlinkat(&self.fd, STAGING_DIR, AtFlags::REMOVEDIR);
+        }
     }
 
     /// Removes everything in the trash; returns how many entries went. Entries that cannot be
@@ -437,7 +466,7 @@ mod tests {
         assert!(at.join("sub/file").exists());
         let trash_entry = pool.commit_staged(&entry).unwrap().expect("committed");
         assert!(!at.exists());
-        assert!(!tmp.path().join("pool").join(STAGING_DIR).join("node-a/pvc-a").exists(), "no empty leftover");
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).exists(), "no empty leftover");
         assert!(tmp.path().join("pool").join(TRASH_DIR).join(&trash_entry).join("sub/file").exists());
         assert_eq!(pool.purge_trash().unwrap(), 1);
         assert_eq!(pool.commit_staged(&entry).unwrap(), None, "a second commit finds nothing");
@@ -450,7 +479,7 @@ mod tests {
         let Staged::Moved(entry) = staged(&pool, "node-a", "pvc-b", "pvc-b") else { panic!("not staged") };
         pool.restore_staged(&entry).unwrap();
         assert_eq!(std::fs::read(vol.join("sub/file")).unwrap(), b"data");
-        assert!(!tmp.path().join("pool").join(STAGING_DIR).join("node-a/pvc-b").exists());
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).exists(), "no empty leftover");
         assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), Vec::new());
         pool.restore_staged(&entry).unwrap();
         assert!(vol.join("sub/file").exists(), "a second restore changes nothing");
@@ -480,10 +509,54 @@ mod tests {
         // A crash between a commit's rename and its cleanup leaves an empty PV directory.
         let empty = tmp.path().join("pool").join(STAGING_DIR).join("node-a/pvc-gone");
         std::fs::create_dir(&empty).unwrap();
-        assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), vec![mine]);
+        assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), vec![mine.clone()]);
         assert!(!empty.exists());
-        assert_eq!(pool.staged_deletions(&name("node-b")).unwrap(), vec![theirs]);
+        assert_eq!(pool.staged_deletions(&name("node-b")).unwrap(), vec![theirs.clone()]);
         assert_eq!(pool.staged_deletions(&name("node-c")).unwrap(), Vec::new());
+        // Settling one node's leftover keeps the other node's staged.
+        pool.restore_staged(&mine).unwrap();
+        assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), Vec::new());
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).join("node-a").exists());
+        assert_eq!(pool.staged_deletions(&name("node-b")).unwrap(), vec![theirs.clone()]);
+        pool.commit_staged(&theirs).unwrap();
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).exists(), "an idle pool holds no staging directory");
+    }
+
+    #[test]
+    fn concurrent_deletions_never_lose_a_staging_level_to_each_others_cleanup() {
+        let (tmp, pool) = pool();
+        let per_thread = 25;
+        for t in 0..4 {
+            for i in 0..per_thread {
+                volume_with_data(&tmp, &format!("pvc-{t}-{i}"));
+            }
+        }
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let pool = &pool;
+                scope.spawn(move || {
+                    for i in 0..per_thread {
+                        let dir = format!("pvc-{t}-{i}");
+                        let Staged::Moved(entry) = staged(pool, "node-a", &dir, &dir) else {
+                            panic!("{dir} not staged")
+                        };
+                        if i % 2 == 0 {
+                            pool.commit_staged(&entry).unwrap().expect("committed");
+                        } else {
+                            pool.restore_staged(&entry).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        let restored = entries_of(&tmp.path().join("pool")).into_iter().filter(|e| e.starts_with("pvc-")).count();
+        assert_eq!(restored, 4 * (per_thread / 2), "every odd one is back");
+        assert_eq!(pool.trash_pending().unwrap(), 4 * per_thread.div_ceil(2));
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).exists(), "nothing left staged");
+    }
+
+    fn entries_of(dir: &std::path::Path) -> Vec<String> {
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
     }
 
     #[test]
