@@ -120,3 +120,47 @@ async fn a_volume_left_staged_for_a_pv_that_is_gone_is_purged_at_start_up() {
     assert_eq!(staging_entries(&pool, &node), Vec::<String>::new(), "nothing left staged");
     assert_eq!(entries(&pool).into_iter().collect::<Vec<_>>(), Vec::<String>::new(), "no staging directory left");
 }
+
+/// The safety of deciding on the cached PV rests on the API server refusing (409) the one
+/// request made with the resourceVersion of a PV that changed since: the DELETE with
+/// preconditions, and the finalizer removal patch that carries the resourceVersion. Pinned here
+/// on the real API server, exactly as `reconciling/volumes.rs` sends them.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_server_refuses_a_deletion_decided_on_a_stale_pv() {
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+    let env = TestEnv::start("delstale", 0).await;
+    let name = format!("{}-stale", env.group);
+    let mut pv = fixtures::host_path_volume(&name, &format!("/tmp/{name}"), "1Mi").reclaim_policy("Delete").build();
+    pv.metadata.finalizers = Some(vec!["external-provisioner.volume.kubernetes.io/finalizer".into()]);
+    let cached = env.pvs().create(&PostParams::default(), &pv).await.expect("create PV");
+    // An admin switches it to Retain after the provisioner's cache saw it.
+    let retain = serde_json::json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}});
+    env.pvs().patch(&name, &PatchParams::default(), &Patch::Merge(&retain)).await.expect("switch to Retain");
+
+    let stale =
+        Preconditions { uid: cached.metadata.uid.clone(), resource_version: cached.metadata.resource_version.clone() };
+    let refused = env.pvs().delete(&name, &DeleteParams { preconditions: Some(stale), ..Default::default() }).await;
+    assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 409), "{refused:?}");
+    let live = env.pvs().get(&name).await.expect("PV still there");
+    assert!(live.metadata.deletion_timestamp.is_none(), "not deleted");
+
+    // Deleted by hand meanwhile: our finalizer holds it; removing it with the stale version is
+    // refused too, and the PV keeps waiting.
+    env.pvs().delete(&name, &DeleteParams::default()).await.expect("delete by hand");
+    let drop_protection = serde_json::json!({"metadata": {
+        "resourceVersion": cached.metadata.resource_version.clone(),
+        "$deleteFromPrimitiveList/finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
+    }});
+    let refused = env.pvs().patch(&name, &PatchParams::default(), &Patch::Strategic(&drop_protection)).await;
+    assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 409), "{refused:?}");
+    let held = env.pvs().get(&name).await.expect("PV still held");
+    assert!(held.metadata.finalizers.unwrap_or_default().iter().any(|f| f.starts_with("external-provisioner")));
+
+    // With the current version both go through (the provisioner's next event carries it).
+    let current = serde_json::json!({"metadata": {
+        "resourceVersion": held.metadata.resource_version,
+        "$deleteFromPrimitiveList/finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
+    }});
+    env.pvs().patch(&name, &PatchParams::default(), &Patch::Strategic(&current)).await.expect("finalizer removed");
+    env.wait_pv_gone(&name).await;
+}
