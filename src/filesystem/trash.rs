@@ -226,6 +226,34 @@ impl PoolRoot {
         Ok(staged)
     }
 
+    /// Every staged volume of the pool (all nodes'), opened for reading: their project ids stay
+    /// taken while they wait, since they may come back or go to the trash with their id.
+    pub fn staged_volume_dirs(&self) -> Result<Vec<std::os::fd::OwnedFd>, PoolError> {
+        let path = self.path.join(STAGING_DIR);
+        let staging = match self.open_beneath(self.fd.as_fd(), STAGING_DIR, rustix::fs::OFlags::RDONLY) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(Vec::new()),
+            Err(e) => return Err(fs_error("open the deletion staging directory", path, e)),
+        };
+        let mut dirs = Vec::new();
+        for node in list_dir(&staging, &path)? {
+            let Ok(node_dir) = self.open_beneath(staging.as_fd(), node.as_str(), rustix::fs::OFlags::RDONLY) else {
+                continue;
+            };
+            for pv in list_dir(&node_dir, &path.join(&node))? {
+                let Ok(pv_dir) = self.open_beneath(node_dir.as_fd(), pv.as_str(), rustix::fs::OFlags::RDONLY) else {
+                    continue;
+                };
+                for dir in list_dir(&pv_dir, &path.join(&node).join(&pv))? {
+                    if let Ok(fd) = self.open_beneath(pv_dir.as_fd(), dir.as_str(), rustix::fs::OFlags::RDONLY) {
+                        dirs.push(fd);
+                    }
+                }
+            }
+        }
+        Ok(dirs)
+    }
+
     /// Where a staged volume is, for messages.
     pub fn staged_path(&self, staged: &StagedVolume) -> std::path::PathBuf {
         self.path.join(STAGING_DIR).join(staged.node.as_str()).join(staged.pv.as_str()).join(staged.dir.as_str())
@@ -513,6 +541,7 @@ mod tests {
         assert!(!empty.exists());
         assert_eq!(pool.staged_deletions(&name("node-b")).unwrap(), vec![theirs.clone()]);
         assert_eq!(pool.staged_deletions(&name("node-c")).unwrap(), Vec::new());
+        assert_eq!(pool.staged_volume_dirs().unwrap().len(), 2, "every node's staged volume counts");
         // Settling one node's leftover keeps the other node's staged.
         pool.restore_staged(&mine).unwrap();
         assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), Vec::new());
@@ -520,6 +549,7 @@ mod tests {
         assert_eq!(pool.staged_deletions(&name("node-b")).unwrap(), vec![theirs.clone()]);
         pool.commit_staged(&theirs).unwrap();
         assert!(!tmp.path().join("pool").join(STAGING_DIR).exists(), "an idle pool holds no staging directory");
+        assert_eq!(pool.staged_volume_dirs().unwrap().len(), 0);
     }
 
     #[test]
