@@ -133,12 +133,16 @@ async fn delete_volume(ctx: &Context, pv: &PersistentVolume, accepted: &Accepted
     if let Staged::Moved(staged) = &staged {
         match fate_after_answer(answer) {
             StagedFate::Commit => {
-                let entry = pool.commit_staged(staged)?;
+                let entry = pool.commit_staged(staged).inspect_err(|error| {
+                    tracing::error!(pv = %name, staged = %pool.staged_path(staged).display(), %error, "PV deleted but its volume cannot move to the trash; it stays staged (never purged) until the next start settles it");
+                })?;
                 tracing::info!(pv = %name, path = %path.display(), trash = ?entry, "deleted volume; data is removed in the background");
                 ctx.purge.notify_one();
             }
             StagedFate::Restore => {
-                pool.restore_staged(staged)?;
+                pool.restore_staged(staged).inspect_err(|error| {
+                    tracing::error!(pv = %name, staged = %pool.staged_path(staged).display(), %error, "cannot put the volume back; it stays staged (never purged) until the next start settles it");
+                })?;
                 tracing::debug!(pv = %name, path = %path.display(), ?answer, "volume put back: its PV stays for now");
             }
         }
