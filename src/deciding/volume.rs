@@ -277,6 +277,97 @@ fn decide_every_node_volume(
     }
 }
 
+/// The one request that lets a PV go once its directory is moved aside, sent with the uid and
+/// resourceVersion of the object the deletion was decided on, so that the API server refuses it
+/// (409) when the PV changed since: an admin may have switched it to Retain or cleared its
+/// claimRef a moment ago, and the watch cache may not show it yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LetGo {
+    /// DELETE the PV; with `--pv-finalizer` (`then_drop_protection`), our finalizer holds it
+    /// until the data is committed to the trash, and is removed afterwards.
+    DeleteObject {
+        /// Our protection finalizer is on the PV.
+        then_drop_protection: bool,
+    },
+    /// The PV was deleted by hand while our finalizer held it: removing the finalizer (a patch
+    /// carrying the resourceVersion) lets it go.
+    DropProtection,
+}
+
+/// How a PV decided for deletion ([`VolumeDecision::Delete`]) is let go.
+pub fn how_to_let_go(pv: &PersistentVolume) -> LetGo {
+    if pv.metadata.deletion_timestamp.is_some() {
+        LetGo::DropProtection
+    } else {
+        LetGo::DeleteObject { then_drop_protection: is_protected(pv) }
+    }
+}
+
+/// How the API server answered the [`LetGo`] request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LetGoAnswer {
+    /// Done: the PV is gone or going.
+    Done,
+    /// 404: the PV is gone already (another node of a shared pool, or an admin, was first).
+    Gone,
+    /// 409: the PV changed since it was read, or another object now has its name: the decision
+    /// may be stale.
+    Changed,
+    /// Anything else (no answer, a server error): it may or may not have happened.
+    Unknown,
+}
+
+impl LetGoAnswer {
+    /// Reads the HTTP status of a refused request.
+    pub fn from_status(code: u16) -> Self {
+        match code {
+            404 => Self::Gone,
+            409 => Self::Changed,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// What becomes of a volume moved aside (staged) while its PV is let go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StagedFate {
+    /// Its PV is gone (or going, by our request): into the trash, purged in the background.
+    Commit,
+    /// Its PV stays, or may: back to its place, and the next event decides again.
+    Restore,
+}
+
+/// After the [`LetGo`] request. Doubt keeps the data: a request without an answer may have
+/// deleted the PV, and then the restored directory is reported as an orphan, never lost.
+pub fn fate_after_answer(answer: LetGoAnswer) -> StagedFate {
+    match answer {
+        LetGoAnswer::Done | LetGoAnswer::Gone => StagedFate::Commit,
+        LetGoAnswer::Changed | LetGoAnswer::Unknown => StagedFate::Restore,
+    }
+}
+
+/// What a GET at start-up says of the PV named by a volume this node left staged (it crashed
+/// between moving the volume aside and committing or restoring it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StagedPv {
+    /// A PV of that name exists (the same one, or a new one: either way it may want the data).
+    Present,
+    /// No PV of that name.
+    Absent,
+    /// The API server did not say.
+    Unknown,
+}
+
+/// A staged volume found at start-up: committed only when its PV is known to be gone. A PV that
+/// is still there was not deleted (the request never went out, or was refused) or is held by our
+/// finalizer: restored, its controller decides again.
+pub fn fate_at_start(pv: StagedPv) -> StagedFate {
+    match pv {
+        StagedPv::Absent => StagedFate::Commit,
+        StagedPv::Present | StagedPv::Unknown => StagedFate::Restore,
+    }
+}
+
 /// Whether our deletion-protection finalizer holds the PV.
 pub fn is_protected(pv: &PersistentVolume) -> bool {
     pv.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == keys::PROTECTION_FINALIZER))
@@ -615,6 +706,56 @@ mod tests {
         // Without our finalizer a deleted PV is not ours to act on (the Go-compatible default).
         pv.metadata.finalizers = None;
         assert_eq!(decide(&pv), VolumeDecision::Ignore(Ignore::BeingDeleted));
+    }
+
+    // ---- deleting with one request ----
+
+    #[test]
+    fn a_released_pv_is_let_go_by_its_delete_and_a_protected_one_then_drops_its_finalizer() {
+        let mut pv = go_pv(&pv_dir(), Some(NODE), NODE);
+        assert_eq!(how_to_let_go(&pv), LetGo::DeleteObject { then_drop_protection: false });
+        pv.metadata.finalizers = Some(vec![keys::PROTECTION_FINALIZER.into()]);
+        assert_eq!(how_to_let_go(&pv), LetGo::DeleteObject { then_drop_protection: true });
+        pv.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert!(matches!(decide(&pv), VolumeDecision::Delete(_)));
+        assert_eq!(how_to_let_go(&pv), LetGo::DropProtection, "deleted by hand: removing the finalizer lets it go");
+    }
+
+    #[test]
+    fn a_staged_volume_is_committed_only_once_its_pv_is_gone() {
+        assert_eq!(fate_after_answer(LetGoAnswer::Done), StagedFate::Commit);
+        assert_eq!(fate_after_answer(LetGoAnswer::Gone), StagedFate::Commit);
+        assert_eq!(fate_after_answer(LetGoAnswer::Changed), StagedFate::Restore, "stale decision: decide again");
+        assert_eq!(fate_after_answer(LetGoAnswer::Unknown), StagedFate::Restore, "doubt keeps the data");
+    }
+
+    #[test]
+    fn refused_requests_are_read_by_their_status() {
+        assert_eq!(LetGoAnswer::from_status(404), LetGoAnswer::Gone);
+        assert_eq!(LetGoAnswer::from_status(409), LetGoAnswer::Changed);
+        for code in [400, 403, 422, 429, 500, 503] {
+            assert_eq!(LetGoAnswer::from_status(code), LetGoAnswer::Unknown, "{code}");
+        }
+    }
+
+    #[test]
+    fn a_volume_left_staged_by_a_crash_is_restored_unless_its_pv_is_known_to_be_gone() {
+        assert_eq!(fate_at_start(StagedPv::Absent), StagedFate::Commit);
+        assert_eq!(fate_at_start(StagedPv::Present), StagedFate::Restore);
+        assert_eq!(fate_at_start(StagedPv::Unknown), StagedFate::Restore);
+    }
+
+    #[test]
+    fn a_pv_switched_to_retain_after_the_cached_decision_keeps_its_data() {
+        // The cached object says Delete; the API server refuses the DELETE made with its
+        // resourceVersion because the live one says Retain; the volume goes back; the next
+        // event, deciding on the live object, leaves it alone.
+        let cached = go_pv(&pv_dir(), Some(NODE), NODE);
+        assert!(matches!(decide(&cached), VolumeDecision::Delete(_)));
+        assert_eq!(fate_after_answer(LetGoAnswer::from_status(409)), StagedFate::Restore);
+        let mut live = cached.clone();
+        live.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into());
+        assert_eq!(decide(&live), VolumeDecision::Ignore(Ignore::NotDeletePolicy));
     }
 
     #[test]

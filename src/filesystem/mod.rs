@@ -277,6 +277,19 @@ pub enum PoolError {
         /// Path of the mount point (reconstructed for the message).
         path: PathBuf,
     },
+    /// A volume staged for deletion could not go back to its place: something else is there now.
+    #[error(
+        "{}: the volume could not be restored to {}, where something else is now; it was kept \
+         where it is and nothing was replaced: an admin should compare the two and move the \
+         volume back by hand",
+        .staged.display(), .path.display()
+    )]
+    StagedPlaceTaken {
+        /// The volume's place.
+        path: PathBuf,
+        /// Where the staged volume is.
+        staged: PathBuf,
+    },
     /// The kernel refused an operation (EPERM/EACCES): immutable attribute, ownership, LSM.
     #[error(
         "{}: {op} was refused ({source}); check for the immutable or append-only attribute \
@@ -430,6 +443,7 @@ impl PoolError {
             | PoolError::VolumeIsSymlink { .. }
             | PoolError::VolumeNotDirectory { .. }
             | PoolError::MountInsideVolume { .. }
+            | PoolError::StagedPlaceTaken { .. }
             | PoolError::PermissionDenied { .. }
             | PoolError::VolumeNotEmpty { .. }
             | PoolError::NotSubvolume { .. }
@@ -457,6 +471,7 @@ impl PoolError {
             PoolError::VolumeIsSymlink { .. } => "volume_is_symlink",
             PoolError::VolumeNotDirectory { .. } => "volume_not_directory",
             PoolError::MountInsideVolume { .. } => "mount_inside_volume",
+            PoolError::StagedPlaceTaken { .. } => "staged_place_taken",
             PoolError::PermissionDenied { .. } => "permission_denied",
             PoolError::TreeChanged { .. } => "tree_changed",
             PoolError::Io { .. } => "io",
@@ -1383,7 +1398,7 @@ pub mod quota;
 mod trash;
 
 pub use clone::{CLONE_STAGING_DIR, CloneReport};
-pub use trash::{TRASH_DIR, Trashed};
+pub use trash::{STAGING_DIR, Staged, StagedVolume, TRASH_DIR, Trashed};
 
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,15 @@ use super::{PoolError, PoolRoot, Removal, VolumeDirName, fs_error, inode_at, rea
 /// matches a volume layout (and the orphan cleanup ignores it).
 pub const TRASH_DIR: &str = ".hpp-trash";
 
+/// Name of the directory directly under a pool root where volumes wait while their PV is being
+/// deleted: `<node>/<pv>/<dir>`. Dot-named like the trash, so no layout or cleanup matches it;
+/// the purge never enters it.
+pub const STAGING_DIR: &str = ".hpp-deleting";
+
+/// How often staging retries when another deletion's cleanup removed an empty staging level
+/// between its mkdir and its open.
+const MAX_STAGING_ATTEMPTS: u32 = 32;
+
 /// Distinguishes trash entries made within the same nanosecond.
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
@@ -29,19 +38,55 @@ pub enum Trashed {
     Unlinked,
 }
 
+/// A volume directory moved aside while its PV is deleted: `.hpp-deleting/<node>/<pv>/<dir>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagedVolume {
+    /// The node that staged it (a shared pool's staging holds every node's).
+    pub node: VolumeDirName,
+    /// The PV whose deletion decides its fate.
+    pub pv: VolumeDirName,
+    /// Its name at its place in the pool.
+    pub dir: VolumeDirName,
+}
+
+/// What staging a volume for deletion did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Staged {
+    /// Moved aside; committed or restored once the API server answered.
+    Moved(StagedVolume),
+    /// Nothing to move: the entry was missing.
+    AlreadyGone,
+    /// Not a directory (a symlink or a file in place of the volume): unlinked at once.
+    Unlinked,
+}
+
 impl PoolRoot {
     /// Moves the volume directory into the pool's trash directory, atomically and without
     /// following symlinks. Refuses (and moves nothing) when a filesystem is mounted on or
     /// inside the volume, so that a later background removal never meets one.
     pub fn move_to_trash(&self, name: &VolumeDirName) -> Result<Trashed, PoolError> {
+        if let Some(nothing_to_move) = self.check_movable(name)? {
+            return Ok(nothing_to_move);
+        }
+        // The data keeps its project id until purged (so the id is not given out again while it
+        // is charged); its limit goes now.
+        self.clear_project_limit(name);
+        let entry = self.rename_into_trash(self.fd.as_fd(), name)?;
+        Ok(Trashed::Moved(entry))
+    }
+
+    /// Whether volume `name` can leave its place by a rename: `None` when it can; otherwise
+    /// what was done instead (nothing there, or a non-directory unlinked). Refuses when a
+    /// filesystem is mounted on or inside the volume.
+    fn check_movable(&self, name: &VolumeDirName) -> Result<Option<Trashed>, PoolError> {
         let path = self.volume_path(name);
         match inode_at(self.fd.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Err(Errno::NOENT) => return Ok(Trashed::AlreadyGone),
+            Err(Errno::NOENT) => return Ok(Some(Trashed::AlreadyGone)),
             Err(e) => return Err(fs_error("stat the volume directory", path, e)),
             Ok(inode) if inode.file_type() != FileType::Directory => {
                 return match self.remove_volume_dir(name)? {
-                    Removal::AlreadyGone => Ok(Trashed::AlreadyGone),
-                    Removal::Removed { .. } => Ok(Trashed::Unlinked),
+                    Removal::AlreadyGone => Ok(Some(Trashed::AlreadyGone)),
+                    Removal::Removed { .. } => Ok(Some(Trashed::Unlinked)),
                 };
             }
             Ok(inode) if self.is_foreign_mount(&inode) && !self.is_own_subvolume(&inode) => {
@@ -52,15 +97,222 @@ impl PoolRoot {
         if let Some(mount) = self.mount_under(&path)? {
             return Err(PoolError::MountInsideVolume { path: mount });
         }
-        // The data keeps its project id until purged (so the id is not given out again while it
-        // is charged); its limit goes now.
-        self.clear_project_limit(name);
+        Ok(None)
+    }
+
+    /// Renames `name` under `from` into the trash under a fresh entry name, and returns it.
+    fn rename_into_trash(&self, from: std::os::fd::BorrowedFd<'_>, name: &VolumeDirName) -> Result<String, PoolError> {
         let trash = self.open_trash(true)?;
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let entry = format!("{nanos}-{}", SEQUENCE.fetch_add(1, Ordering::Relaxed));
-        rustix::fs::renameat(&self.fd, name.as_str(), &trash, entry.as_str())
-            .map_err(|e| fs_error("move the volume to the trash", path, e))?;
-        Ok(Trashed::Moved(entry))
+        rustix::fs::renameat(from, name.as_str(), &trash, entry.as_str())
+            .map_err(|e| fs_error("move the volume to the trash", self.volume_path(name), e))?;
+        Ok(entry)
+    }
+
+    /// Moves volume `dir` of PV `pv` aside while the API server is asked to delete the PV:
+    /// renamed (atomically, never following a symlink) to `.hpp-deleting/<node>/<pv>/<dir>`,
+    /// where the purge never looks. Its fate is [`PoolRoot::commit_staged`] once the PV is gone,
+    /// or [`PoolRoot::restore_staged`] when the PV stays. The same checks as
+    /// [`PoolRoot::move_to_trash`] apply; its project quota limit stays until committed.
+    pub fn stage_deletion(
+        &self,
+        node: &VolumeDirName,
+        pv: &VolumeDirName,
+        dir: &VolumeDirName,
+    ) -> Result<Staged, PoolError> {
+        match self.check_movable(dir)? {
+            Some(Trashed::AlreadyGone) => return Ok(Staged::AlreadyGone),
+            Some(_) => return Ok(Staged::Unlinked),
+            None => {}
+        }
+        let staged = StagedVolume { node: node.clone(), pv: pv.clone(), dir: dir.clone() };
+        let pv_dir = self.open_staged_pv_dir(&staged, true)?;
+        rustix::fs::renameat(&self.fd, dir.as_str(), &pv_dir, dir.as_str())
+            .map_err(|e| fs_error("stage the volume for deletion", self.volume_path(dir), e))?;
+        Ok(Staged::Moved(staged))
+    }
+
+    /// The PV of a staged volume is gone: the volume moves into the trash (its project quota
+    /// limit cleared) and its data is purged in the background. Returns the trash entry, or None
+    /// when nothing was staged there (already committed or restored).
+    pub fn commit_staged(&self, staged: &StagedVolume) -> Result<Option<String>, PoolError> {
+        let pv_dir = match self.open_staged_pv_dir(staged, false) {
+            Ok(fd) => fd,
+            Err(PoolError::RootMissing { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let entry = match self.rename_into_trash(pv_dir.as_fd(), &staged.dir) {
+            Ok(entry) => Some(entry),
+            Err(PoolError::Io { source: Errno::NOENT, .. }) => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(entry) = &entry
+            && let Ok(Some(trash)) = self.trash_root()
+            && let Ok(name) = VolumeDirName::new(entry)
+        {
+            trash.clear_project_limit(&name);
+        }
+        self.remove_staged_pv_dir(staged);
+        Ok(entry)
+    }
+
+    /// The PV of a staged volume stays (or may): the volume goes back to its place, unchanged.
+    /// Something else at its place meanwhile is never replaced: the volume then stays staged
+    /// and the error says where it is.
+    pub fn restore_staged(&self, staged: &StagedVolume) -> Result<(), PoolError> {
+        let pv_dir = match self.open_staged_pv_dir(staged, false) {
+            Ok(fd) => fd,
+            Err(PoolError::RootMissing { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::renameat_with(
+            &pv_dir,
+            staged.dir.as_str(),
+            &self.fd,
+            staged.dir.as_str(),
+            rustix::fs::RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(Errno::EXIST) => {
+                return Err(PoolError::StagedPlaceTaken {
+                    path: self.volume_path(&staged.dir),
+                    staged: self.staged_path(staged),
+                });
+            }
+            Err(e) => return Err(fs_error("restore the staged volume", self.staged_path(staged), e)),
+        }
+        self.remove_staged_pv_dir(staged);
+        Ok(())
+    }
+
+    /// Volumes this node left staged (a crash between staging and committing or restoring).
+    /// Empty leftovers of a finished commit or restore are removed on the way.
+    pub fn staged_deletions(&self, node: &VolumeDirName) -> Result<Vec<StagedVolume>, PoolError> {
+        let mut path = self.path.join(STAGING_DIR);
+        let open = |dirfd: std::os::fd::BorrowedFd<'_>, name: &str, path: &std::path::Path| match self.open_beneath(
+            dirfd,
+            name,
+            rustix::fs::OFlags::RDONLY,
+        ) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => {
+                Err(PoolError::VolumeNotDirectory { path: path.to_owned() })
+            }
+            Err(e) => Err(fs_error("open the deletion staging directory", path.to_owned(), e)),
+        };
+        let Some(staging) = open(self.fd.as_fd(), STAGING_DIR, &path)? else { return Ok(Vec::new()) };
+        path.push(node.as_str());
+        let Some(node_dir) = open(staging.as_fd(), node.as_str(), &path)? else { return Ok(Vec::new()) };
+        let mut staged = Vec::new();
+        for pv in list_dir(&node_dir, &path)? {
+            let Ok(pv) = VolumeDirName::new(&pv) else { continue };
+            let pv_path = path.join(pv.as_str());
+            let Some(pv_dir) = open(node_dir.as_fd(), pv.as_str(), &pv_path)? else { continue };
+            let dirs = list_dir(&pv_dir, &pv_path)?;
+            if dirs.is_empty() {
+                let _ = rustix::fs::unlinkat(&node_dir, pv.as_str(), AtFlags::REMOVEDIR);
+            }
+            for dir in dirs {
+                let Ok(dir) = VolumeDirName::new(&dir) else { continue };
+                staged.push(StagedVolume { node: node.clone(), pv: pv.clone(), dir });
+            }
+        }
+        if staged.is_empty() {
+            drop(node_dir);
+            self.remove_empty_staging(&staging, node);
+        }
+        Ok(staged)
+    }
+
+    /// Every staged volume of the pool (all nodes'), opened for reading: their project ids stay
+    /// taken while they wait, since they may come back or go to the trash with their id.
+    pub fn staged_volume_dirs(&self) -> Result<Vec<std::os::fd::OwnedFd>, PoolError> {
+        let path = self.path.join(STAGING_DIR);
+        let staging = match self.open_beneath(self.fd.as_fd(), STAGING_DIR, rustix::fs::OFlags::RDONLY) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(Vec::new()),
+            Err(e) => return Err(fs_error("open the deletion staging directory", path, e)),
+        };
+        let mut dirs = Vec::new();
+        for node in list_dir(&staging, &path)? {
+            let Ok(node_dir) = self.open_beneath(staging.as_fd(), node.as_str(), rustix::fs::OFlags::RDONLY) else {
+                continue;
+            };
+            for pv in list_dir(&node_dir, &path.join(&node))? {
+                let Ok(pv_dir) = self.open_beneath(node_dir.as_fd(), pv.as_str(), rustix::fs::OFlags::RDONLY) else {
+                    continue;
+                };
+                for dir in list_dir(&pv_dir, &path.join(&node).join(&pv))? {
+                    if let Ok(fd) = self.open_beneath(pv_dir.as_fd(), dir.as_str(), rustix::fs::OFlags::RDONLY) {
+                        dirs.push(fd);
+                    }
+                }
+            }
+        }
+        Ok(dirs)
+    }
+
+    /// Where a staged volume is, for messages.
+    pub fn staged_path(&self, staged: &StagedVolume) -> std::path::PathBuf {
+        self.path.join(STAGING_DIR).join(staged.node.as_str()).join(staged.pv.as_str()).join(staged.dir.as_str())
+    }
+
+    /// Opens `.hpp-deleting/<node>/<pv>` (creating each level when asked), refusing symlinks
+    /// and mounts on the way. Levels emptied by another deletion's cleanup meanwhile (ENOENT)
+    /// are made again.
+    fn open_staged_pv_dir(&self, staged: &StagedVolume, create: bool) -> Result<std::os::fd::OwnedFd, PoolError> {
+        let mut attempts = 0;
+        loop {
+            match self.try_open_staged_pv_dir(staged, create) {
+                Err(PoolError::RootMissing { .. }) if create && attempts < MAX_STAGING_ATTEMPTS => attempts += 1,
+                result => return result,
+            }
+        }
+    }
+
+    fn try_open_staged_pv_dir(&self, staged: &StagedVolume, create: bool) -> Result<std::os::fd::OwnedFd, PoolError> {
+        let mut fd: Option<std::os::fd::OwnedFd> = None;
+        let mut path = self.path.clone();
+        for level in [STAGING_DIR, staged.node.as_str(), staged.pv.as_str()] {
+            path.push(level);
+            let parent = fd.as_ref().map_or(self.fd.as_fd(), |fd| fd.as_fd());
+            if create {
+                match rustix::fs::mkdirat(parent, level, Mode::from_raw_mode(0o700)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(Errno::NOENT) => return Err(PoolError::RootMissing { pool: self.name.clone(), path }),
+                    Err(e) => return Err(fs_error("create the deletion staging directory", path, e)),
+                }
+            }
+            let opened = match self.open_beneath(parent, level, rustix::fs::OFlags::RDONLY) {
+                Ok(opened) => opened,
+                Err(Errno::NOENT) => return Err(PoolError::RootMissing { pool: self.name.clone(), path }),
+                Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => return Err(PoolError::VolumeNotDirectory { path }),
+                Err(e) => return Err(fs_error("open the deletion staging directory", path, e)),
+            };
+            fd = Some(opened);
+        }
+        Ok(fd.expect("three levels opened"))
+    }
+
+    /// Removes the (now empty) `.hpp-deleting/<node>/<pv>` of a committed or restored volume,
+    /// and the levels above when nothing else is staged, so that an idle pool holds no staging
+    /// directory. rmdir never removes a non-empty directory; a failure leaves an empty one that
+    /// the next deletion or start-up removes.
+    fn remove_staged_pv_dir(&self, staged: &StagedVolume) {
+        let Ok(staging) = self.open_beneath(self.fd.as_fd(), STAGING_DIR, rustix::fs::OFlags::RDONLY) else { return };
+        if let Ok(node) = self.open_beneath(staging.as_fd(), staged.node.as_str(), rustix::fs::OFlags::RDONLY) {
+            let _ = rustix::fs::unlinkat(&node, staged.pv.as_str(), AtFlags::REMOVEDIR);
+        }
+        self.remove_empty_staging(&staging, &staged.node);
+    }
+
+    /// Removes this node's staging directory and the staging root if they are empty.
+    fn remove_empty_staging(&self, staging: &std::os::fd::OwnedFd, node: &VolumeDirName) {
+        if rustix::fs::unlinkat(staging, node.as_str(), AtFlags::REMOVEDIR).is_ok() {
+            let _ = rustix::fs::unlinkat(&self.fd, STAGING_DIR, AtFlags::REMOVEDIR);
+        }
     }
 
     /// Removes everything in the trash; returns how many entries went. Entries that cannot be
@@ -166,6 +418,25 @@ impl PoolRoot {
     }
 }
 
+/// Names in an opened directory ("." and ".." left out; names that are not UTF-8 skipped: this
+/// provisioner never makes them).
+fn list_dir(fd: &std::os::fd::OwnedFd, path: &std::path::Path) -> Result<Vec<String>, PoolError> {
+    let list_error = |e| fs_error("list the deletion staging directory", path.to_owned(), e);
+    let mut dir = rustix::fs::Dir::read_from(fd).map_err(list_error)?;
+    let mut names = Vec::new();
+    while let Some(entry) = dir.read() {
+        let entry = entry.map_err(list_error)?;
+        let name = entry.file_name();
+        if name != c"."
+            && name != c".."
+            && let Ok(name) = name.to_str()
+        {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::symlink;
@@ -196,6 +467,145 @@ mod tests {
         assert_eq!(pool.purge_trash().unwrap(), 1);
         assert_eq!(pool.trash_pending().unwrap(), 0);
         assert_eq!(pool.move_to_trash(&name("pvc-a")).unwrap(), Trashed::AlreadyGone);
+    }
+
+    fn staged(pool: &PoolRoot, node: &str, pv: &str, dir: &str) -> Staged {
+        pool.stage_deletion(&name(node), &name(pv), &name(dir)).unwrap()
+    }
+
+    fn volume_with_data(tmp: &tempfile::TempDir, dir: &str) -> std::path::PathBuf {
+        let vol = tmp.path().join("pool").join(dir);
+        std::fs::create_dir_all(vol.join("sub")).unwrap();
+        std::fs::write(vol.join("sub/file"), b"data").unwrap();
+        vol
+    }
+
+    #[test]
+    fn a_staged_volume_leaves_its_place_and_is_never_purged_until_committed() {
+        let (tmp, pool) = pool();
+        let vol = volume_with_data(&tmp, "data-pvc-a");
+        let Staged::Moved(entry) = staged(&pool, "node-a", "pvc-a", "data-pvc-a") else { panic!("not staged") };
+        assert!(!vol.exists(), "the volume name is free at once");
+        let at = tmp.path().join("pool").join(STAGING_DIR).join("node-a/pvc-a/data-pvc-a");
+        assert_eq!(pool.staged_path(&entry), at);
+        assert_eq!(std::fs::read(at.join("sub/file")).unwrap(), b"data");
+        assert_eq!(pool.purge_trash().unwrap(), 0, "the purge never touches a staged volume");
+        assert_eq!(pool.trash_pending().unwrap(), 0);
+        assert!(at.join("sub/file").exists());
+        let trash_entry = pool.commit_staged(&entry).unwrap().expect("committed");
+        assert!(!at.exists());
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).exists(), "no empty leftover");
+        assert!(tmp.path().join("pool").join(TRASH_DIR).join(&trash_entry).join("sub/file").exists());
+        assert_eq!(pool.purge_trash().unwrap(), 1);
+        assert_eq!(pool.commit_staged(&entry).unwrap(), None, "a second commit finds nothing");
+    }
+
+    #[test]
+    fn a_restored_volume_is_back_in_its_place_with_its_data() {
+        let (tmp, pool) = pool();
+        let vol = volume_with_data(&tmp, "pvc-b");
+        let Staged::Moved(entry) = staged(&pool, "node-a", "pvc-b", "pvc-b") else { panic!("not staged") };
+        pool.restore_staged(&entry).unwrap();
+        assert_eq!(std::fs::read(vol.join("sub/file")).unwrap(), b"data");
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).exists(), "no empty leftover");
+        assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), Vec::new());
+        pool.restore_staged(&entry).unwrap();
+        assert!(vol.join("sub/file").exists(), "a second restore changes nothing");
+    }
+
+    #[test]
+    fn a_restore_never_replaces_what_took_the_volumes_place() {
+        let (tmp, pool) = pool();
+        volume_with_data(&tmp, "pvc-c");
+        let Staged::Moved(entry) = staged(&pool, "node-a", "pvc-c", "pvc-c") else { panic!("not staged") };
+        std::fs::create_dir(tmp.path().join("pool/pvc-c")).unwrap();
+        std::fs::write(tmp.path().join("pool/pvc-c/newer"), b"n").unwrap();
+        let result = pool.restore_staged(&entry);
+        assert!(matches!(result, Err(PoolError::StagedPlaceTaken { .. })), "{result:?}");
+        assert!(tmp.path().join("pool/pvc-c/newer").exists(), "what is there stays");
+        assert!(pool.staged_path(&entry).join("sub/file").exists(), "the staged volume stays staged");
+        assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), vec![entry]);
+    }
+
+    #[test]
+    fn leftovers_are_listed_per_node_and_empty_ones_cleared() {
+        let (tmp, pool) = pool();
+        volume_with_data(&tmp, "pvc-d");
+        volume_with_data(&tmp, "pvc-e");
+        let Staged::Moved(mine) = staged(&pool, "node-a", "pvc-d", "pvc-d") else { panic!("not staged") };
+        let Staged::Moved(theirs) = staged(&pool, "node-b", "pvc-e", "pvc-e") else { panic!("not staged") };
+        // A crash between a commit's rename and its cleanup leaves an empty PV directory.
+        let empty = tmp.path().join("pool").join(STAGING_DIR).join("node-a/pvc-gone");
+        std::fs::create_dir(&empty).unwrap();
+        assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), vec![mine.clone()]);
+        assert!(!empty.exists());
+        assert_eq!(pool.staged_deletions(&name("node-b")).unwrap(), vec![theirs.clone()]);
+        assert_eq!(pool.staged_deletions(&name("node-c")).unwrap(), Vec::new());
+        assert_eq!(pool.staged_volume_dirs().unwrap().len(), 2, "every node's staged volume counts");
+        // Settling one node's leftover keeps the other node's staged.
+        pool.restore_staged(&mine).unwrap();
+        assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), Vec::new());
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).join("node-a").exists());
+        assert_eq!(pool.staged_deletions(&name("node-b")).unwrap(), vec![theirs.clone()]);
+        pool.commit_staged(&theirs).unwrap();
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).exists(), "an idle pool holds no staging directory");
+        assert_eq!(pool.staged_volume_dirs().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn concurrent_deletions_never_lose_a_staging_level_to_each_others_cleanup() {
+        let (tmp, pool) = pool();
+        let per_thread = 25;
+        for t in 0..4 {
+            for i in 0..per_thread {
+                volume_with_data(&tmp, &format!("pvc-{t}-{i}"));
+            }
+        }
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let pool = &pool;
+                scope.spawn(move || {
+                    for i in 0..per_thread {
+                        let dir = format!("pvc-{t}-{i}");
+                        let Staged::Moved(entry) = staged(pool, "node-a", &dir, &dir) else {
+                            panic!("{dir} not staged")
+                        };
+                        if i % 2 == 0 {
+                            pool.commit_staged(&entry).unwrap().expect("committed");
+                        } else {
+                            pool.restore_staged(&entry).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        let restored = entries_of(&tmp.path().join("pool")).into_iter().filter(|e| e.starts_with("pvc-")).count();
+        assert_eq!(restored, 4 * (per_thread / 2), "every odd one is back");
+        assert_eq!(pool.trash_pending().unwrap(), 4 * per_thread.div_ceil(2));
+        assert!(!tmp.path().join("pool").join(STAGING_DIR).exists(), "nothing left staged");
+    }
+
+    fn entries_of(dir: &std::path::Path) -> Vec<String> {
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+    }
+
+    #[test]
+    fn staging_checks_like_the_trash() {
+        let (tmp, pool) = pool();
+        assert_eq!(staged(&pool, "node-a", "pvc-f", "pvc-f"), Staged::AlreadyGone);
+        std::fs::create_dir(tmp.path().join("outside")).unwrap();
+        std::fs::write(tmp.path().join("outside/keep"), b"k").unwrap();
+        symlink(tmp.path().join("outside"), tmp.path().join("pool/pvc-g")).unwrap();
+        assert_eq!(staged(&pool, "node-a", "pvc-g", "pvc-g"), Staged::Unlinked);
+        assert!(tmp.path().join("outside/keep").exists(), "a symlink is never followed");
+        // A symlinked staging directory is refused: nothing moves through it.
+        volume_with_data(&tmp, "pvc-h");
+        std::fs::create_dir(tmp.path().join("elsewhere")).unwrap();
+        symlink(tmp.path().join("elsewhere"), tmp.path().join("pool").join(STAGING_DIR)).unwrap();
+        assert!(pool.stage_deletion(&name("node-a"), &name("pvc-h"), &name("pvc-h")).is_err());
+        assert!(pool.staged_deletions(&name("node-a")).is_err(), "never listed through a symlink");
+        assert!(tmp.path().join("pool/pvc-h/sub/file").exists(), "nothing moved");
+        assert_eq!(std::fs::read_dir(tmp.path().join("elsewhere")).unwrap().count(), 0);
     }
 
     #[test]

@@ -199,6 +199,9 @@ pub async fn run(
     tokio::spawn(refresh_pools(ctx.clone()));
     // Before the claim controller first runs, so no copy of this node is in progress.
     sweep_clone_staging(&ctx).await;
+    // Before the volume controllers first run: a volume this node left staged for deletion goes
+    // back to its place or to the trash before anything decides about its PV.
+    volumes::resolve_staged_deletions(&ctx).await;
     tokio::spawn(purge_trash(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");

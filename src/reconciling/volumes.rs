@@ -12,9 +12,12 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 
 use crate::deciding::layout::{self, AcceptedPath};
-use crate::deciding::volume::{DeleteRefusal, Ignore, VolumeDecision, VolumeShape, decide_volume, volume_shape};
+use crate::deciding::volume::{
+    DeleteRefusal, Ignore, LetGo, LetGoAnswer, StagedFate, StagedPv, VolumeDecision, VolumeShape, decide_volume,
+    fate_after_answer, fate_at_start, how_to_let_go, volume_shape,
+};
 use crate::error::{Retry, VolumeError, reason};
-use crate::filesystem::{Created, PoolRoot, Trashed, VolumeDirName};
+use crate::filesystem::{Created, PoolRoot, Staged, Trashed, VolumeDirName};
 use crate::keys;
 use crate::reconciling::context::{Context, MAX_RETRY};
 use crate::serving::metrics::{Metrics, VolumeClass};
@@ -22,6 +25,10 @@ use crate::serving::metrics::{Metrics, VolumeClass};
 /// How often the node that speaks for a terminating every-node PV looks again at the nodes
 /// whose copies hold it.
 const WAITING_RECHECK: Duration = Duration::from_secs(60);
+
+/// When a PV whose deletion the API server refused (it changed since it was read) is looked at
+/// again if no event brought its new state by then.
+const CHANGED_RECHECK: Duration = Duration::from_secs(30);
 
 /// Reconciles one PV.
 pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, VolumeError> {
@@ -54,7 +61,7 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
             ctx.warn(&pv_ref(&pv), reason::VOLUME_FAILED_DELETE, "Delete", refusal.to_string()).await;
             Action::await_change()
         }
-        VolumeDecision::Delete(_) => match delete_volume(&ctx, &name, &hostname, &live).await {
+        VolumeDecision::Delete(accepted) => match delete_volume(&ctx, &pv, &accepted).await {
             Ok(action) => action,
             Err(error) => {
                 // The library counts every failed deletion attempt of a PV it decided to delete.
@@ -98,54 +105,139 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
     Ok(action)
 }
 
-/// Removes the directory of a released node or shared volume, then its PV.
-async fn delete_volume(
-    ctx: &Context,
-    name: &str,
-    hostname: &str,
-    live: &[crate::deciding::topology::LiveNode],
-) -> Result<Action, VolumeError> {
-    // The cache may be stale: decide again on the live object (as the Go build does).
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let Some(current) = api.get_opt(name).await? else {
-        return Ok(Action::await_change());
-    };
-    let VolumeDecision::Delete(accepted) = decide_volume(&current, &ctx.me, hostname, &ctx.config.pools, live) else {
-        return Ok(Action::await_change());
-    };
+/// Removes the directory of a released node or shared volume, then its PV, with one request:
+/// the directory is moved aside (staged), the PV let go with the preconditions of the object
+/// decided on, and the staged directory committed to the trash or restored by the answer. The
+/// cached object suffices: a PV changed since (an admin switching it to Retain, clearing its
+/// claimRef) makes the API server refuse, and the next event decides on the new one.
+async fn delete_volume(ctx: &Context, pv: &PersistentVolume, accepted: &AcceptedPath) -> Result<Action, VolumeError> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
     let started = Instant::now();
-    let (pool, dir) = pool_and_dir(ctx, &accepted)?;
-    // Fast reclaim: the rename frees the volume at once; the data goes in the background. On a
-    // shared pool, two nodes racing here is harmless: one rename wins, the other finds nothing.
-    let trashed = pool.move_to_trash(&dir)?;
-    if current.metadata.deletion_timestamp.is_none() {
-        delete_pv(ctx, name, current.metadata.uid.clone()).await?;
+    let (pool, dir) = pool_and_dir(ctx, accepted)?;
+    let node = VolumeDirName::new(&ctx.me.node).map_err(|e| VolumeError::Pool(e.into()))?;
+    let pv_name = VolumeDirName::new(name).map_err(|e| VolumeError::Pool(e.into()))?;
+    // On a shared pool, two nodes racing here is harmless: one rename wins, the other finds
+    // nothing and its request is refused or finds the PV gone.
+    let staged = pool.stage_deletion(&node, &pv_name, &dir)?;
+    let let_go = how_to_let_go(pv);
+    let result = match let_go {
+        LetGo::DeleteObject { .. } => delete_pv_as_read(ctx, pv).await,
+        LetGo::DropProtection => drop_protection_as_read(ctx, pv).await,
+    };
+    let answer = match &result {
+        Ok(()) => LetGoAnswer::Done,
+        Err(kube::Error::Api(status)) => LetGoAnswer::from_status(status.code),
+        Err(_) => LetGoAnswer::Unknown,
+    };
+    let path = pool.path().join(dir.as_str());
+    if let Staged::Moved(staged) = &staged {
+        match fate_after_answer(answer) {
+            StagedFate::Commit => {
+                let entry = pool.commit_staged(staged).inspect_err(|error| {
+                    tracing::error!(pv = %name, staged = %pool.staged_path(staged).display(), %error, "PV deleted but its volume cannot move to the trash; it stays staged (never purged) until the next start settles it");
+                })?;
+                tracing::info!(pv = %name, path = %path.display(), trash = ?entry, "deleted volume; data is removed in the background");
+                ctx.purge.notify_one();
+            }
+            StagedFate::Restore => {
+                pool.restore_staged(staged).inspect_err(|error| {
+                    tracing::error!(pv = %name, staged = %pool.staged_path(staged).display(), %error, "cannot put the volume back; it stays staged (never purged) until the next start settles it");
+                })?;
+                tracing::debug!(pv = %name, path = %path.display(), ?answer, "volume put back: its PV stays for now");
+            }
+        }
     }
-    // With --pv-finalizer the PV waits for its data: gone now.
-    if crate::deciding::volume::is_protected(&current) {
+    match (answer, result) {
+        (LetGoAnswer::Changed, _) => {
+            tracing::info!(pv = %name, "PV changed since it was read; its volume stays and is decided again on the new object");
+            return Ok(Action::requeue(CHANGED_RECHECK));
+        }
+        (LetGoAnswer::Unknown, Err(error)) => return Err(error.into()),
+        _ => {}
+    }
+    // With --pv-finalizer the PV waited for its data: gone now.
+    if answer == LetGoAnswer::Done && let_go == (LetGo::DeleteObject { then_drop_protection: true }) {
         remove_finalizer(ctx, name, keys::PROTECTION_FINALIZER).await?;
     }
-    let path = pool.path().join(dir.as_str());
-    match trashed {
-        Trashed::Moved(entry) => {
-            tracing::info!(pv = %name, path = %path.display(), trash = %entry, "deleted volume; data is removed in the background");
-            ctx.purge.notify_one();
-        }
-        Trashed::Unlinked => {
+    match staged {
+        Staged::Moved(_) => {}
+        Staged::Unlinked => {
             tracing::info!(pv = %name, path = %path.display(), "volume was not a directory; unlinked it and deleted the PV")
         }
-        Trashed::AlreadyGone => {
+        Staged::AlreadyGone => {
             tracing::info!(pv = %name, path = %path.display(), "directory already gone; deleted PV")
         }
     }
     let seconds = started.elapsed().as_secs_f64();
     ctx.metrics.delete_seconds.observe(seconds);
-    ctx.metrics.library.deleted(&library_labels(&current), seconds);
+    ctx.metrics.library.deleted(&library_labels(pv), seconds);
     Metrics::outcome(&ctx.metrics.deletions, "success", "none");
-    if let Some(uid) = current.metadata.uid.as_deref() {
+    if let Some(uid) = pv.metadata.uid.as_deref() {
         ctx.forget_warnings(uid);
     }
     Ok(Action::await_change())
+}
+
+/// DELETEs the PV only if it is still exactly the object decided on (uid and resourceVersion).
+async fn delete_pv_as_read(ctx: &Context, pv: &PersistentVolume) -> Result<(), kube::Error> {
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let preconditions =
+        Preconditions { uid: pv.metadata.uid.clone(), resource_version: pv.metadata.resource_version.clone() };
+    let params = DeleteParams { preconditions: Some(preconditions), ..Default::default() };
+    api.delete(pv.metadata.name.as_deref().unwrap_or_default(), &params).await.map(|_| ())
+}
+
+/// Removes our protection finalizer only if the PV is still exactly the object decided on: a
+/// patch carrying a resourceVersion is refused (409) when the object has another.
+async fn drop_protection_as_read(ctx: &Context, pv: &PersistentVolume) -> Result<(), kube::Error> {
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": pv.metadata.resource_version,
+        "$deleteFromPrimitiveList/finalizers": [keys::PROTECTION_FINALIZER],
+    }});
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| ())
+}
+
+/// Settles the volumes this node left staged for deletion when it stopped (a crash between
+/// moving a volume aside and the API server's answer): committed to the trash when their PV is
+/// gone, put back otherwise. Runs before the controllers act; one GET per leftover.
+pub async fn resolve_staged_deletions(ctx: &Context) {
+    let Ok(node) = VolumeDirName::new(&ctx.me.node) else { return };
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    for pool_name in ctx.pools.names() {
+        let Some(Ok(pool)) = ctx.pools.usable(pool_name) else { continue };
+        let staged = match pool.staged_deletions(&node) {
+            Ok(staged) => staged,
+            Err(error) => {
+                tracing::warn!(pool = pool_name, %error, "cannot list volumes staged for deletion; they stay where they are");
+                continue;
+            }
+        };
+        for staged in staged {
+            let lookup = match api.get_opt(staged.pv.as_str()).await {
+                Ok(Some(_)) => StagedPv::Present,
+                Ok(None) => StagedPv::Absent,
+                Err(error) => {
+                    tracing::warn!(pv = %staged.pv, %error, "cannot read the PV of a volume staged for deletion; putting the volume back");
+                    StagedPv::Unknown
+                }
+            };
+            let place = pool.volume_path(&staged.dir);
+            let result = match fate_at_start(lookup) {
+                StagedFate::Commit => pool.commit_staged(&staged).map(|entry| {
+                    tracing::info!(pool = pool_name, pv = %staged.pv, path = %place.display(), trash = ?entry, "PV gone: staged volume moved to the trash");
+                    ctx.purge.notify_one();
+                }),
+                StagedFate::Restore => pool.restore_staged(&staged).map(|()| {
+                    tracing::info!(pool = pool_name, pv = %staged.pv, path = %place.display(), "PV still there: staged volume put back");
+                }),
+            };
+            if let Err(error) = result {
+                tracing::error!(pool = pool_name, pv = %staged.pv, staged = %pool.staged_path(&staged).display(), %error, "cannot settle a volume staged for deletion; it stays staged, never purged");
+            }
+        }
+    }
 }
 
 /// The usable pool and the validated directory name of an accepted path.

@@ -198,7 +198,8 @@ impl PoolRoot {
         }
     }
 
-    /// Project ids carried by the directories of the pool and of its trash (ours and others').
+    /// Project ids carried by the directories of the pool, of its deletion staging and of its
+    /// trash (ours and others'), scanned in the order volumes move on deletion.
     fn used_project_ids(&self) -> Result<std::collections::BTreeSet<u32>, PoolError> {
         let mut used = std::collections::BTreeSet::new();
         let mut scan = |root: &PoolRoot| -> Result<(), PoolError> {
@@ -212,9 +213,12 @@ impl PoolRoot {
             Ok(())
         };
         scan(self)?;
+        let staged: Vec<u32> =
+            self.staged_volume_dirs()?.iter().filter_map(|fd| project::project_id(fd).ok()).collect();
         if let Some(trash) = self.trash_root()? {
             scan(&trash)?;
         }
+        used.extend(staged);
         Ok(used)
     }
 
