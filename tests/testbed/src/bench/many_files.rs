@@ -113,21 +113,23 @@ pub async fn run(env: &Env) -> Result<ManyFiles> {
 /// Whether a directory with `inode` is the pool root's child or grandchild, not descending
 /// into volume directories (`*pvc-*`), which may hold many files.
 fn inode_in_pool(root: &Path, inode: u64) -> bool {
-    let Ok(entries) = std::fs::read_dir(root) else { return false };
-    entries.flatten().any(|entry| {
-        let Ok(meta) = entry.metadata() else { return false };
-        if !meta.is_dir() {
-            return false;
+    // The volume directory is at the pool root, in the trash (`.hpp-trash/<entry>`), or staged
+    // for deletion (`.hpp-deleting/<node>/<pv>/<dir>`); a volume itself is never searched.
+    let dirs = |dir: &Path| -> Vec<(std::path::PathBuf, u64)> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| e.metadata().ok().filter(|m| m.is_dir()).map(|m| (e.path(), m.ino())))
+            .collect()
+    };
+    let mut candidates = dirs(root);
+    candidates.extend(dirs(&root.join(".hpp-trash")));
+    for (node, _) in dirs(&root.join(".hpp-deleting")) {
+        for (pv, _) in dirs(&node) {
+            candidates.extend(dirs(&pv));
         }
-        if meta.ino() == inode {
-            return true;
-        }
-        if entry.file_name().to_string_lossy().contains("pvc-") {
-            return false;
-        }
-        let Ok(children) = std::fs::read_dir(entry.path()) else { return false };
-        children.flatten().any(|child| child.metadata().is_ok_and(|m| m.is_dir() && m.ino() == inode))
-    })
+    }
+    candidates.iter().any(|(_, ino)| *ino == inode)
 }
 
 fn secs(d: Option<Duration>) -> Option<f64> {
