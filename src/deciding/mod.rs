@@ -15,3 +15,4 @@ pub mod static_binding;
 pub mod topology;
 pub mod volume;
 pub mod volume_spec;
+pub mod watch_list;

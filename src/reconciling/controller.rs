@@ -14,7 +14,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 
 use crate::config::Config;
 use crate::deciding::quota::{self, QuotaCapability};
-use crate::deciding::{layout, retention};
+use crate::deciding::{layout, retention, watch_list};
 use crate::error::reason;
 use crate::filesystem::VolumeDirName;
 use crate::filesystem::pools::{OpenError, Pools};
@@ -63,11 +63,12 @@ pub async fn run(
     // `Store::wait_until_ready`: in kube-runtime 5.0 only the last of several concurrent waiters
     // on a store is woken, and the controller's own runner is one of them.
 
+    let list = initial_list_config(&client).await;
     // StorageClasses: few, watched whole.
     let (classes, class_writer) = reflector::store::<StorageClass>();
     let class_events = observe(
         Watch::Classes,
-        watcher(Api::<StorageClass>::all(client.clone()), watcher::Config::default()),
+        watcher(Api::<StorageClass>::all(client.clone()), list.clone()),
         &health,
         &metrics,
     )
@@ -92,7 +93,7 @@ pub async fn run(
     // stay in memory (deciding::retention); the others are forgotten as their events pass.
     let claim_events = observe(
         Watch::Claims,
-        watcher(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default()),
+        watcher(Api::<PersistentVolumeClaim>::all(client.clone()), list.clone()),
         &health,
         &metrics,
     )
@@ -122,7 +123,7 @@ pub async fn run(
     let (deleted_tx, mut deleted_rx) = tokio::sync::mpsc::unbounded_channel::<PersistentVolume>();
     let own_events = observe(
         Watch::Volumes,
-        watcher(pv_api.clone(), watcher::Config::default().labels(&own_selector)),
+        watcher(pv_api.clone(), list.clone().labels(&own_selector)),
         &health,
         &metrics,
     )
@@ -140,7 +141,7 @@ pub async fn run(
     .applied_objects();
     let legacy_events = observe(
         Watch::LegacyVolumes,
-        watcher(pv_api, watcher::Config::default().labels(&legacy_selector)),
+        watcher(pv_api, list.labels(&legacy_selector)),
         &health,
         &metrics,
     )
@@ -223,6 +224,25 @@ async fn after_initial_lists(ctx: Arc<Context>) {
     }
     tracing::info!(node = %ctx.me.node, "initial lists received; ready");
     orphans::remove_orphan_directories(&ctx).await;
+}
+
+/// How the watches fetch their initial state: streamed one object at a time where the API server
+/// serves that by default, else in small pages (deciding::watch_list). One request at start-up.
+async fn initial_list_config(client: &Client) -> watcher::Config {
+    match client.apiserver_version().await {
+        Ok(info) if watch_list::streaming_lists_by_default(&info.major, &info.minor) => {
+            tracing::info!(version = %info.git_version, "the API server streams initial lists: watches use them");
+            watcher::Config::default().streaming_lists()
+        }
+        Ok(info) => {
+            tracing::info!(version = %info.git_version, page = watch_list::PAGE_SIZE, "initial lists are paginated");
+            watcher::Config::default().page_size(watch_list::PAGE_SIZE)
+        }
+        Err(error) => {
+            tracing::warn!(%error, page = watch_list::PAGE_SIZE, "cannot read the API server's version; initial lists are paginated");
+            watcher::Config::default().page_size(watch_list::PAGE_SIZE)
+        }
+    }
 }
 
 /// Lets through the watch events of objects this node keeps (`keep` decides, and trims what it
