@@ -419,22 +419,24 @@ pub(crate) async fn handback(
 /// A claim placed on another node waits for that node's provisioner. When that node has had no
 /// live lease for a whole lease duration (the DaemonSet does not run there: a taint it does not
 /// tolerate, a nodeSelector, a typo in the annotation), one node says so on the claim, once.
+/// A claim whose node is alive is provisioned there within moments and leaves this node's cache
+/// when bound, so the leases are looked at only for a claim still waiting after that grace.
 async fn watch_for_no_provisioner(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
     node: &str,
 ) -> Result<Action, ClaimError> {
-    let live = ctx.live_nodes().await?;
-    if live.iter().any(|n| n.node == node) {
-        ctx.forget_stranded(&claim.metadata);
-        forget_waiting(ctx, &claim.metadata);
-        return Ok(Action::await_change());
-    }
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     let waited = ctx.stranded_for(uid);
     let grace = ctx.config.node_lease;
     if waited < grace {
         return Ok(Action::requeue(grace - waited + Duration::from_secs(1)));
+    }
+    let live = ctx.live_nodes().await?;
+    if live.iter().any(|n| n.node == node) {
+        // Alive, and the claim waits for something else there (that node explains it).
+        forget_waiting(ctx, &claim.metadata);
+        return Ok(Action::requeue(STRANDED_RECHECK));
     }
     // Another node speaks; look again when its lease would have expired, in case it died.
     if let Acting::Other { recheck_after, .. } = topology::spokesman(uid, &ctx.me.node, &live) {
