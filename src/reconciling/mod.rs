@@ -9,5 +9,7 @@ pub mod membership;
 pub mod orphans;
 pub mod published_capacity;
 pub mod resize;
+pub mod upkeep;
 pub mod volumes;
 pub mod watch_backoff;
+pub mod watches;
