@@ -22,24 +22,36 @@ async fn select(env: &TestEnv, claim: &str, node: &str) {
     env.claims().patch(claim, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("select node");
 }
 
+/// Creates a 1Gi static hostPath PV of `class` on `node` (optionally naming a claim of the test
+/// namespace in its claimRef) and waits until the PV controller has seen it (Available).
+async fn static_pv(env: &TestEnv, class: &str, node: &str, claim: Option<&str>) -> String {
+    let name = format!("{}-static", env.group);
+    let path = env.cp.temp_dir().join(&name);
+    std::fs::create_dir_all(&path).unwrap();
+    let mut pv = fixtures::host_path_volume(&name, &path.display().to_string(), "1Gi")
+        .storage_class(class)
+        .on_hostname(node)
+        .build();
+    pv.spec.as_mut().unwrap().claim_ref = claim.map(|claim| k8s_openapi::api::core::v1::ObjectReference {
+        namespace: Some(env.ns.clone()),
+        name: Some(claim.into()),
+        ..Default::default()
+    });
+    env.pvs().create(&PostParams::default(), &pv).await.expect("static PV");
+    env.wait_pv_phase(&name, "Available").await;
+    name
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_matching_static_pv_is_bound_instead_and_no_volume_is_provisioned() {
     let env = TestEnv::start("static", 2).await;
     let class = env.class("wffc", |c| c).await;
     let node = env.nodes[0].name.clone();
-    let path = env.cp.temp_dir().join(format!("{}-static", env.group));
-    std::fs::create_dir_all(&path).unwrap();
-    let name = format!("{}-static", env.group);
-    let pv = fixtures::host_path_volume(&name, &path.display().to_string(), "1Gi")
-        .storage_class(&class)
-        .on_hostname(&node)
-        .build();
-    env.pvs().create(&PostParams::default(), &pv).await.expect("static PV");
     // The case this protects is a PV that exists when the pod is scheduled: wait until the PV
     // controller has seen it (Available), and give the scheduler's informer as long again. A PV
     // created in the same instant as the pod can be missed by the scheduler's cache on a loaded
-    // machine, and then the claim is provisioned (as with any external provisioner).
-    env.wait_pv_phase(&name, "Available").await;
+    // machine (the next test covers what the node does then).
+    let name = static_pv(&env, &class, &node, None).await;
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let claim = env.create_claim(fixtures::claim(&env.ns, "data", &class, "64Mi")).await;
     // On the node where the static PV is, the scheduler finds it and binds it rather than
@@ -64,20 +76,7 @@ async fn a_pv_pre_bound_to_the_claim_is_bound_even_when_the_node_was_selected_fi
     let env = TestEnv::start("prebound", 1).await;
     let class = env.class("wffc", |c| c).await;
     let node = env.nodes[0].name.clone();
-    let path = env.cp.temp_dir().join(format!("{}-prebound", env.group));
-    std::fs::create_dir_all(&path).unwrap();
-    let name = format!("{}-prebound", env.group);
-    let mut pv = fixtures::host_path_volume(&name, &path.display().to_string(), "1Gi")
-        .storage_class(&class)
-        .on_hostname(&node)
-        .build();
-    pv.spec.as_mut().unwrap().claim_ref = Some(k8s_openapi::api::core::v1::ObjectReference {
-        namespace: Some(env.ns.clone()),
-        name: Some("data".into()),
-        ..Default::default()
-    });
-    env.pvs().create(&PostParams::default(), &pv).await.expect("pre-bound PV");
-    env.wait_pv_phase(&name, "Available").await;
+    let name = static_pv(&env, &class, &node, Some("data")).await;
     // Let the provisioner's PV watch deliver it too.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let claim =

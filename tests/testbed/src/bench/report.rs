@@ -73,8 +73,9 @@ pub const METHOD: &[&str] = &[
      (all threads) divided by the clock tick rate. Provisioners run with RUST_LOG as given \
      (default info), release build as make bench builds it.",
     "memory (run last): the cluster is filled with --memory-claims claims that are not the \
-     measured node's (another provisioner's class; ours with selected-node or provisionOnNode \
-     naming a node without a provisioner), each created by a server-side apply of manager helm \
+     measured node's (half another provisioner's class, a quarter ours with selected-node naming \
+     another node, a quarter ours bound on other nodes, one in 400 pinned to a node without a \
+     provisioner), each created by a server-side apply of manager helm \
      and changed by one of argocd-controller, with Helm/Argo CD labels and annotations and a \
      1-2 KiB last-applied-configuration. kube-controller-manager and the other provisioners are \
      stopped first. A fresh provisioner then starts; RSS/peak are read 3 s after its /readyz \
