@@ -6,20 +6,12 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::deciding::claim::ProvisionOnNodePolicy;
 use crate::deciding::layout::{self, PoolPath};
+use crate::deciding::settings::ProvisionOnNodePolicy;
+pub use crate::deciding::settings::PvCapacity;
 
 /// Name of the pool rooted at `PV_DIR`, as in the kubevirt CSI driver.
 pub const LEGACY_POOL: &str = "legacy";
-
-/// What the PV advertises as its capacity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PvCapacity {
-    /// The claim's request (honest, default).
-    Request,
-    /// The whole filesystem rounded like the Go build, for tooling that depends on it.
-    Filesystem,
-}
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Errors of the two reconcilers. Each variant knows the event reason it is reported under,
 //! whether retrying can help, and a short label for metrics.
 
-use crate::deciding::capacity::Size;
+use crate::deciding::capacity::ShortOfSpace;
 use crate::filesystem::PoolError;
 
 /// Event reasons, with the Go build's meanings (docs/architecture.md, compatibility contract item 8).
@@ -60,24 +60,8 @@ pub enum ClaimError {
         other_uid: String,
     },
     /// Not enough free space.
-    #[error(
-        "not enough free space in pool {pool} on node {node}: the claim requests {}, {} available (reserve {})",
-        Size(*.requested),
-        Size(*.available),
-        Size(*.reserved)
-    )]
-    InsufficientSpace {
-        /// Pool name.
-        pool: String,
-        /// Node name.
-        node: String,
-        /// Requested bytes.
-        requested: u64,
-        /// Available bytes after the reserve.
-        available: u64,
-        /// Reserve.
-        reserved: u64,
-    },
+    #[error("{0}")]
+    InsufficientSpace(#[from] ShortOfSpace),
     /// PV creation failed and the directory could not be removed again.
     #[error(
         "creating the PV failed ({create}) and removing directory {dir} again failed too ({cleanup}); remove it by hand"
@@ -118,7 +102,7 @@ impl ClaimError {
     /// Whether to retry with backoff.
     pub fn retry(&self) -> Retry {
         match self {
-            Self::Api(_) | Self::InsufficientSpace { .. } | Self::Cleanup { .. } => Retry::Backoff,
+            Self::Api(_) | Self::InsufficientSpace(_) | Self::Cleanup { .. } => Retry::Backoff,
             Self::Pool(e) | Self::Clone { error: e, .. } if e.is_retryable() => Retry::Backoff,
             Self::Pool(_)
             | Self::Clone { .. }
@@ -135,7 +119,7 @@ impl ClaimError {
             Self::Pool(_) => "pool",
             Self::Clone { .. } => "clone",
             Self::PvConflict { .. } => "pv_conflict",
-            Self::InsufficientSpace { .. } => "insufficient_space",
+            Self::InsufficientSpace(_) => "insufficient_space",
             Self::Cleanup { .. } => "cleanup",
             Self::UnknownPool(_) => "unknown_pool",
             Self::QuotaUnsupported(_) => "quota_unsupported",
@@ -188,13 +172,13 @@ mod tests {
 
     #[test]
     fn insufficient_space_reads_in_human_units() {
-        let error = ClaimError::InsufficientSpace {
+        let error = ClaimError::InsufficientSpace(ShortOfSpace {
             pool: "legacy".into(),
             node: "node-a".into(),
             requested: 1 << 60,
             available: 69_409_710_080,
             reserved: 0,
-        };
+        });
         assert_eq!(
             error.to_string(),
             "not enough free space in pool legacy on node node-a: the claim requests 1 EiB, 64.6 GiB available (reserve 0)"

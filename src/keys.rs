@@ -74,6 +74,14 @@ pub fn trim_claim_metadata(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta
 /// mid-copy (the name the CSI external-provisioner uses for the same purpose).
 pub const CLONE_PROTECTION_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
 
+/// The value of annotation `key`, if the object has it.
+pub fn annotation<'a>(
+    meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    key: &str,
+) -> Option<&'a str> {
+    meta.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,8 +11,9 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
-use crate::deciding::claim::{DecisionConfig, Identity, ProvisionOnNodePolicy};
+use crate::deciding::identity::Identity;
 use crate::deciding::layout::PoolPath;
+use crate::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy, PvCapacity};
 
 pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
 pub const NODE: &str = "node-a";
@@ -30,6 +31,8 @@ pub fn config() -> DecisionConfig {
         default_pool: Some("legacy".into()),
         pv_finalizer: false,
         provision_on_node: ProvisionOnNodePolicy::Allow,
+        reserved_bytes: 0,
+        pv_capacity: PvCapacity::Request,
     }
 }
 

@@ -4,9 +4,9 @@
 #![no_main]
 
 use hostpath_provisioner::deciding::capacity::parse_bytes;
-use hostpath_provisioner::deciding::claim::{
-    self as claim_decision, BindingMode, Decision, DecisionConfig, Interest, ProvisionOnNodePolicy, ProvisionPlan,
-};
+use hostpath_provisioner::deciding::claim::{self as claim_decision, Decision, Interest, ProvisionPlan};
+use hostpath_provisioner::deciding::class::{BindingMode, claim_class_name};
+use hostpath_provisioner::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy};
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath};
 use hostpath_provisioner::filesystem::VolumeDirName;
 use hostpath_provisioner::keys;
@@ -88,7 +88,7 @@ fn check_plan(claim: &PersistentVolumeClaim, class: &StorageClass, config: &Deci
 
 fuzz_target!(|input: ClaimInput| {
     let claim = input.claim();
-    let class_name = claim_decision::claim_class_name(&claim).unwrap_or("hostpath").to_owned();
+    let class_name = claim_class_name(&claim).unwrap_or("hostpath").to_owned();
     let class = input.class(&class_name);
     let config = input.config();
     let me = me();

@@ -8,7 +8,7 @@
 use clap::Parser;
 use hostpath_provisioner::config::{Args, LEGACY_POOL};
 use hostpath_provisioner::deciding::capacity::parse_bytes;
-use hostpath_provisioner::deciding::claim::ProvisionOnNodePolicy;
+use hostpath_provisioner::deciding::settings::ProvisionOnNodePolicy;
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath};
 use hostpath_provisioner_fuzz::{UID, model_components, model_is_dns_subdomain};
 use libfuzzer_sys::fuzz_target;

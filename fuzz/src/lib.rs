@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
-use hostpath_provisioner::deciding::claim::{DecisionConfig, Identity, ProvisionOnNodePolicy};
+use hostpath_provisioner::deciding::identity::Identity;
+use hostpath_provisioner::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy, PvCapacity};
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath, PoolPath};
 use hostpath_provisioner::filesystem::VolumeDirName;
 use hostpath_provisioner::keys;
@@ -552,6 +553,8 @@ impl ClaimInput {
                     ProvisionOnNodePolicy::Namespaces(ns.iter().map(NameGen::render).collect())
                 }
             },
+            reserved_bytes: 0,
+            pv_capacity: PvCapacity::Request,
         }
     }
 }

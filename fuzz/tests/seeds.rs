@@ -40,7 +40,7 @@ fn variant_path(debug: &str) -> String {
 fn claim_outcome(data: &[u8]) -> Option<String> {
     let input: ClaimInput = decode(data)?;
     let claim = input.claim();
-    let class_name = claim_decision::claim_class_name(&claim).unwrap_or("hostpath").to_owned();
+    let class_name = hostpath_provisioner::deciding::class::claim_class_name(&claim).unwrap_or("hostpath").to_owned();
     let class = input.class(&class_name);
     let config = input.config();
     let interest = claim_decision::claim_interest(&claim.metadata, &me());

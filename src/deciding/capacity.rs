@@ -146,6 +146,27 @@ impl std::fmt::Display for Size {
     }
 }
 
+/// A pool without room for a claim's request (after its reserve).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "not enough free space in pool {pool} on node {node}: the claim requests {}, {} available (reserve {})",
+    Size(*.requested),
+    Size(*.available),
+    Size(*.reserved)
+)]
+pub struct ShortOfSpace {
+    /// Pool name.
+    pub pool: String,
+    /// Node name.
+    pub node: String,
+    /// Requested bytes.
+    pub requested: u64,
+    /// Available bytes after the reserve.
+    pub available: u64,
+    /// The reserve.
+    pub reserved: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,49 +4,20 @@
 //! claim in the cluster), and [`decide_claim`] looks at the full claim and its class for the few
 //! claims that pass.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::deciding::capacity::parse_bytes;
+use crate::deciding::class::{BindingMode, ClassRequest, claim_class_name, class_request};
+use crate::deciding::identity::Identity;
 use crate::deciding::layout;
-use crate::deciding::quota::{self, QuotaMode};
+use crate::deciding::quota::QuotaMode;
+use crate::deciding::refusal::Refusal;
+use crate::deciding::settings::DecisionConfig;
 use crate::deciding::topology::{self, Acting, LiveNode, Topology};
 use crate::keys;
-
-/// Who we are: the provisioner name and this pod's node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Identity {
-    /// Provisioner name (StorageClass `provisioner`).
-    pub provisioner: String,
-    /// Node object name (`NODE_NAME`).
-    pub node: String,
-}
-
-/// Who may use `kubevirt.io/provisionOnNode` (any user who can create a claim could otherwise
-/// place data on any node, control-plane nodes included).
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub enum ProvisionOnNodePolicy {
-    /// Anyone (the Go build's behaviour).
-    #[default]
-    Allow,
-    /// Nobody: the annotation is refused with an event.
-    Deny,
-    /// Only claims in these namespaces.
-    Namespaces(Vec<String>),
-}
-
-impl ProvisionOnNodePolicy {
-    fn allows(&self, namespace: &str) -> bool {
-        match self {
-            Self::Allow => true,
-            Self::Deny => false,
-            Self::Namespaces(list) => list.iter().any(|n| n == namespace),
-        }
-    }
-}
+use crate::keys::annotation;
 
 /// What the metadata says about a claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,10 +30,6 @@ pub enum Interest {
     /// provisioner): that node's to provision. Read only to notice a node with no running
     /// provisioner, where the claim would otherwise wait without a word.
     Elsewhere(String),
-}
-
-fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
-    meta.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str)
 }
 
 /// The storage-provisioner annotation the PV controller writes (GA key first, then beta).
@@ -95,42 +62,6 @@ pub fn claim_interest(meta: &ObjectMeta, me: &Identity) -> Interest {
         None if ours => Interest::Candidate,
         _ => Interest::Ignore,
     }
-}
-
-/// Binding mode of a class.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BindingMode {
-    /// Provision as soon as the claim exists.
-    Immediate,
-    /// Provision on the node the scheduler picked for the first pod.
-    WaitForFirstConsumer,
-}
-
-/// The class name of a claim: the beta annotation wins over `spec.storageClassName`.
-pub fn claim_class_name(claim: &PersistentVolumeClaim) -> Option<&str> {
-    annotation(&claim.metadata, keys::STORAGE_CLASS_BETA)
-        .or_else(|| claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()))
-        .filter(|name| !name.is_empty())
-}
-
-/// StorageClass parameters we understand. Anything else is refused so that a typo never
-/// silently provisions something other than what the admin asked for. `pvDir` is the torchbox
-/// provisioner's parameter, accepted when it names a configured shared pool's root.
-pub const KNOWN_PARAMETERS: &[&str] = &["storagePool", topology::PARAMETER, "pvDir", quota::PARAMETER];
-
-/// Settings that shape decisions.
-#[derive(Clone, Debug)]
-pub struct DecisionConfig {
-    /// `USE_NAMING_PREFIX`.
-    pub use_naming_prefix: bool,
-    /// This node's pools.
-    pub pools: Vec<layout::PoolPath>,
-    /// The pool of a class that names none.
-    pub default_pool: Option<String>,
-    /// `--pv-finalizer`: node and shared PVs get the deletion-protection finalizer.
-    pub pv_finalizer: bool,
-    /// Who may use `kubevirt.io/provisionOnNode`.
-    pub provision_on_node: ProvisionOnNodePolicy,
 }
 
 /// Everything needed to create the directory and the PV.
@@ -193,122 +124,6 @@ pub enum SkipReason {
     },
 }
 
-/// Why a claim meant for us is refused (a `ProvisioningFailed` event, no retry until it changes).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
-    /// Raw block volumes are out of scope.
-    #[error("{0} does not support block volume provisioning")]
-    Block(String),
-    /// Label selectors only make sense for pre-existing volumes.
-    #[error(
-        "claims with spec.selector are not supported: a dynamically provisioned volume cannot match a selector; remove the selector"
-    )]
-    Selector,
-    /// A data source other than a claim of the same namespace (see `deciding::clone`).
-    #[error("{0}")]
-    DataSource(#[from] crate::deciding::clone::CloneRefusal),
-    /// A mode the volume's shape cannot honour.
-    #[error("access mode {mode} is not supported by topology {topology} (supported: {supported})")]
-    AccessMode {
-        /// The refused mode.
-        mode: String,
-        /// The class's topology.
-        topology: Topology,
-        /// Modes it supports, for the message.
-        supported: String,
-    },
-    /// No access mode at all.
-    #[error("the claim has no access modes")]
-    NoAccessModes,
-    /// Unknown or invalid StorageClass parameter.
-    #[error("StorageClass {class} has unknown parameter {key:?}; known parameters: {known}")]
-    UnknownParameter {
-        /// Class name.
-        class: String,
-        /// Offending key.
-        key: String,
-        /// Known keys, for the message.
-        known: String,
-    },
-    /// A parameter with a value outside its accepted set.
-    #[error("StorageClass {class} has {key}={value:?}; accepted: {accepted}")]
-    BadParameter {
-        /// Class name.
-        class: String,
-        /// Offending key.
-        key: String,
-        /// Its value.
-        value: String,
-        /// What is accepted.
-        accepted: String,
-    },
-    /// The class names no pool and this node has several, none of them `legacy`.
-    #[error("StorageClass {class} names no storagePool and node {node} has several ({configured}); set storagePool")]
-    NoDefaultPool {
-        /// Class name.
-        class: String,
-        /// This node.
-        node: String,
-        /// Configured pools.
-        configured: String,
-    },
-    /// The topology needs a shared pool and the pool is local, or the other way round.
-    #[error("StorageClass {class} asks for topology {topology} on pool {pool}, which is {kind}; {hint}")]
-    TopologyPoolMismatch {
-        /// Class name.
-        class: String,
-        /// Requested topology.
-        topology: Topology,
-        /// Pool name.
-        pool: String,
-        /// "a shared pool" or "a node-local pool".
-        kind: &'static str,
-        /// What to change.
-        hint: &'static str,
-    },
-    /// No live node serves the pool of a shared or every-node class.
-    #[error(
-        "no node with a running provisioner serves pool {pool} at {root}; configure the pool (--pool {pool}={root}) on the nodes that should serve it"
-    )]
-    NoNodeServesPool {
-        /// Pool name.
-        pool: String,
-        /// Its root.
-        root: String,
-    },
-    /// `storagePool` names a pool this node does not have.
-    #[error(
-        "StorageClass {class} asks for storage pool {pool:?}, which node {node} does not have (configured: {configured})"
-    )]
-    UnknownPool {
-        /// Class name.
-        class: String,
-        /// Requested pool.
-        pool: String,
-        /// This node.
-        node: String,
-        /// Configured pools.
-        configured: String,
-    },
-    /// Missing or unreadable storage request.
-    #[error("the claim's storage request is missing or invalid: {0}")]
-    BadRequest(String),
-    /// Name or UID that cannot form a directory name.
-    #[error("{0}")]
-    BadName(#[from] layout::NameError),
-    /// The kubelet refuses to mount a hostPath PV that carries mount options, so pods using it
-    /// would never start: refused up front instead.
-    #[error(
-        "StorageClass {0} sets mountOptions, which hostPath volumes cannot use (the kubelet refuses to mount them); remove mountOptions from the class"
-    )]
-    MountOptions(String),
-    /// `kubevirt.io/provisionOnNode` is not allowed for this namespace.
-    #[error(
-        "annotation kubevirt.io/provisionOnNode is not allowed in namespace {0} on this cluster; use a WaitForFirstConsumer StorageClass instead"
-    )]
-    ProvisionOnNodeNotAllowed(String),
-}
-
 /// The outcome of stage 2.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -324,76 +139,6 @@ pub enum Decision {
     HandBack(Refusal),
     /// Ours: provision it.
     Provision(Box<ProvisionPlan>),
-}
-
-/// What a class asks for, once its parameters are read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClassRequest {
-    /// The shape.
-    pub topology: Topology,
-    /// The pool name (`storagePool`, the pool whose root `pvDir` names, or the default).
-    pub pool: Option<String>,
-    /// The `quota` parameter.
-    pub quota: QuotaMode,
-}
-
-/// Reads a class's parameters: unknown keys and values are refusals. Needs no pool of this node
-/// except to resolve `pvDir` and the default pool, so every node reads a class the same way.
-pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionConfig) -> Result<ClassRequest, Refusal> {
-    let empty = BTreeMap::new();
-    let params = class.parameters.as_ref().unwrap_or(&empty);
-    if let Some(key) = params.keys().find(|k| !KNOWN_PARAMETERS.contains(&k.as_str())) {
-        return Err(Refusal::UnknownParameter {
-            class: class_name.to_owned(),
-            key: key.clone(),
-            known: KNOWN_PARAMETERS.join(", "),
-        });
-    }
-    let bad = |key: &str, value: &str, accepted: String| Refusal::BadParameter {
-        class: class_name.to_owned(),
-        key: key.to_owned(),
-        value: value.to_owned(),
-        accepted,
-    };
-    let mut topology = match params.get(topology::PARAMETER) {
-        None => None,
-        Some(value) => Some(
-            Topology::parse(value)
-                .ok_or_else(|| bad(topology::PARAMETER, value, Topology::ALL.map(Topology::as_str).join(", ")))?,
-        ),
-    };
-    let quota = QuotaMode::parse(params.get(quota::PARAMETER).map(String::as_str))
-        .map_err(|value| bad(quota::PARAMETER, &value, "none, enforce".to_owned()))?;
-    let mut pool = params.get("storagePool").cloned();
-    if let Some(pv_dir) = params.get("pvDir") {
-        // The torchbox provisioner's class: its directory must be one of our shared pools.
-        let shared = config
-            .pools
-            .iter()
-            .find(|p| p.shared && layout::normalise(pv_dir).is_ok_and(|dir| dir == p.root))
-            .ok_or_else(|| {
-                let roots: Vec<String> =
-                    config.pools.iter().filter(|p| p.shared).map(|p| p.root.display().to_string()).collect();
-                let roots = if roots.is_empty() { "none on this node".to_owned() } else { roots.join(", ") };
-                bad("pvDir", pv_dir, format!("the root of a configured shared pool ({roots})"))
-            })?;
-        if pool.as_ref().is_some_and(|p| *p != shared.name) {
-            return Err(bad("pvDir", pv_dir, "the root of the pool storagePool names, or no storagePool".to_owned()));
-        }
-        pool = Some(shared.name.clone());
-        topology = Some(topology.unwrap_or(Topology::Shared));
-    }
-    Ok(ClassRequest {
-        topology: topology.unwrap_or(Topology::Node),
-        pool: pool.or_else(|| config.default_pool.clone()),
-        quota,
-    })
-}
-
-/// The class's topology when its parameters parse (the reconciler asks for the live nodes only
-/// when a class needs them).
-pub fn class_topology(class: &StorageClass, config: &DecisionConfig) -> Option<Topology> {
-    class_request(class, "", config).ok().map(|r| r.topology)
 }
 
 /// Stage 2: decides from the full claim and its class (None when the class does not exist).
@@ -425,10 +170,7 @@ pub fn decide_claim(
     if class.provisioner != me.provisioner {
         return Decision::Skip(SkipReason::OtherProvisioner);
     }
-    let binding_mode = match class.volume_binding_mode.as_deref() {
-        Some("WaitForFirstConsumer") => BindingMode::WaitForFirstConsumer,
-        _ => BindingMode::Immediate,
-    };
+    let binding_mode = BindingMode::of(class);
     let request = class_request(class, class_name, config);
     let uid = meta.uid.as_deref().unwrap_or_default();
 

@@ -5,143 +5,16 @@
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec};
 
 use crate::deciding::capacity::parse_bytes;
-use crate::deciding::claim::{Identity, claim_class_name};
+use crate::deciding::class::claim_class_name;
+use crate::deciding::identity::Identity;
 use crate::deciding::layout::{self, PoolPath};
 use crate::deciding::quota::QuotaMode;
+use crate::deciding::refusal::CloneRefusal;
 use crate::deciding::volume::{self, VolumeShape};
 use crate::keys;
 
 /// The only data source kind we fill (core API group).
 pub const CLAIM_KIND: &str = "PersistentVolumeClaim";
-
-/// Why a claim's data source cannot be filled (the note of the claim's `ProvisioningFailed` event).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CloneRefusal {
-    /// A snapshot: hostPath volumes have none.
-    #[error(
-        "dataSource {kind} {name:?} cannot be restored: this provisioner has no volume snapshots; only a PersistentVolumeClaim in the same namespace can be cloned"
-    )]
-    Snapshot {
-        /// The kind named.
-        kind: String,
-        /// The object named.
-        name: String,
-    },
-    /// A volume populator (any other kind, or a claim of another API group).
-    #[error(
-        "dataSource {kind} {name:?} (apiGroup {group:?}) needs a volume populator, which this provisioner does not run; only a PersistentVolumeClaim in the same namespace can be cloned"
-    )]
-    Populator {
-        /// The kind named.
-        kind: String,
-        /// Its API group.
-        group: String,
-        /// The object named.
-        name: String,
-    },
-    /// `dataSourceRef.namespace` names another namespace.
-    #[error(
-        "dataSourceRef names claim {name:?} in namespace {namespace:?}: cross-namespace clones are not supported; clone a claim of namespace {own:?}"
-    )]
-    OtherNamespace {
-        /// The source's namespace.
-        namespace: String,
-        /// The source claim.
-        name: String,
-        /// The clone's namespace.
-        own: String,
-    },
-    /// `dataSource` and `dataSourceRef` disagree (the API server normally keeps them equal).
-    #[error("dataSource and dataSourceRef name different objects; name one source")]
-    Ambiguous,
-    /// The source claim uses another class.
-    #[error(
-        "source claim {source_claim:?} uses StorageClass {source_class:?} but the clone asks for {class:?}; a clone must use the class of its source"
-    )]
-    OtherClass {
-        /// The source claim.
-        source_claim: String,
-        /// Its class.
-        source_class: String,
-        /// The clone's class.
-        class: String,
-    },
-    /// The source is bound to a PV this provisioner did not make.
-    #[error(
-        "source claim {source_claim:?} is bound to PV {pv:?}, which provisioner {provisioner} did not provision; only volumes of this provisioner can be cloned"
-    )]
-    NotOurs {
-        /// The source claim.
-        source_claim: String,
-        /// Its PV.
-        pv: String,
-        /// Our provisioner name.
-        provisioner: String,
-    },
-    /// The source volume's directory is not one this node can copy from the clone's pool.
-    #[error(
-        "source volume {pv:?} at {path:?} is not a volume directory of pool {pool} (the clone's pool): {why}; a clone is made in the pool of its source"
-    )]
-    OtherPool {
-        /// The source PV.
-        pv: String,
-        /// Its hostPath.
-        path: String,
-        /// The clone's pool.
-        pool: String,
-        /// What the path check said.
-        why: String,
-    },
-    /// The request is smaller than the source.
-    #[error(
-        "the clone requests {requested} but source claim {source_claim:?} requests {source_request}; request at least {source_request}"
-    )]
-    Smaller {
-        /// The clone's request.
-        requested: String,
-        /// The source claim.
-        source_claim: String,
-        /// The source's request.
-        source_request: String,
-    },
-    /// Every-node volumes have one copy per node, none of which is "the" source.
-    #[error("source claim {0:?} is an everyNode volume (one copy per node); cloning it is not supported")]
-    EveryNode(String),
-    /// Pinned by `kubevirt.io/provisionOnNode` to another node than the source's.
-    #[error(
-        "the clone is pinned to node {pinned} (kubevirt.io/provisionOnNode) but its source volume lives on node {source_node}; a clone is made on its source's node: set the annotation to {source_node} or remove it"
-    )]
-    PinnedElsewhere {
-        /// The annotation's node.
-        pinned: String,
-        /// The source's node.
-        source_node: String,
-    },
-    /// A `quota: enforce` clone of a source that is a plain directory (made before the class
-    /// enforced quota, or by the Go build): the copy could not be given a limit.
-    #[error(
-        "source claim {0:?} is a plain directory, not a quota volume (made before its class enforced quota, or by the Go provisioner), so its copy cannot be limited to the clone's request; clone it with a class without quota: enforce, or copy the data into a new quota volume yourself"
-    )]
-    SourceWithoutQuota(String),
-}
-
-impl CloneRefusal {
-    /// A short stable label for metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::Snapshot { .. } | Self::Populator { .. } | Self::OtherNamespace { .. } | Self::Ambiguous => {
-                "data_source"
-            }
-            Self::Smaller { .. } => "clone_smaller",
-            Self::OtherClass { .. }
-            | Self::NotOurs { .. }
-            | Self::OtherPool { .. }
-            | Self::EveryNode(_)
-            | Self::PinnedElsewhere { .. }
-            | Self::SourceWithoutQuota(_) => "clone_source",
-        }
-    }
-}
 
 /// Which claim, if any, a claim asks to be cloned from. `dataSourceRef` wins over `dataSource`
 /// (the API server mirrors one into the other when only one is set).

@@ -3,14 +3,19 @@
 
 pub mod capacity;
 pub mod claim;
+pub mod class;
 pub mod clone;
+pub mod identity;
 pub mod layout;
 pub mod mount_table;
 pub mod os_disk;
+pub mod provision;
 pub mod published_capacity;
 pub mod quota;
+pub mod refusal;
 pub mod resize;
 pub mod retention;
+pub mod settings;
 pub mod static_binding;
 pub mod topology;
 pub mod volume;

@@ -14,8 +14,9 @@ use std::time::Duration;
 use k8s_openapi::api::storage::v1::StorageClass;
 use sha2::{Digest, Sha256};
 
-use crate::deciding::claim::{DecisionConfig, class_request};
+use crate::deciding::class::class_request;
 use crate::deciding::quota::QuotaMode;
+use crate::deciding::settings::DecisionConfig;
 use crate::deciding::topology::{self, Acting, LiveNode};
 
 /// Shortest time between two updates of one object's figures (creation and removal are not
@@ -186,8 +187,8 @@ pub fn stale(listed: &[Listed], me: &str, live: &[LiveNode]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deciding::claim::ProvisionOnNodePolicy;
     use crate::deciding::layout::PoolPath;
+    use crate::deciding::settings::ProvisionOnNodePolicy;
 
     const ME: &str = "node-a";
     const PROVISIONER: &str = "hostpath.example.org";
@@ -208,6 +209,8 @@ mod tests {
             pools,
             pv_finalizer: false,
             provision_on_node: ProvisionOnNodePolicy::Allow,
+            reserved_bytes: 0,
+            pv_capacity: crate::deciding::settings::PvCapacity::Request,
         }
     }
 

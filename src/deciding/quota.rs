@@ -5,8 +5,6 @@
 
 use std::fmt;
 
-use crate::config::PvCapacity;
-
 /// StorageClass parameter naming the quota mode.
 pub const PARAMETER: &str = "quota";
 
@@ -294,14 +292,6 @@ pub fn decide(
             Err(QuotaRefusal { pool: pool.to_owned(), fs: facts.fs.to_string(), root: root.to_owned(), missing })
         }
     }
-}
-
-/// Whether a new volume's PV reports the whole filesystem's size as its capacity: only a plain
-/// volume under `PV_CAPACITY=filesystem`. A quota volume's size is its limit, the request: were
-/// the PV (and so the claim's status) to say the disk size, every expansion below it would be
-/// judged already done and silently do nothing.
-pub fn pv_reports_filesystem_size(setting: PvCapacity, volume: VolumeQuota) -> bool {
-    setting == PvCapacity::Filesystem && volume == VolumeQuota::Unlimited
 }
 
 #[cfg(test)]

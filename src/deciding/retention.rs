@@ -11,7 +11,8 @@
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 use crate::deciding::capacity::parse_bytes;
-use crate::deciding::claim::{Identity, Interest, claim_interest};
+use crate::deciding::claim::{Interest, claim_interest};
+use crate::deciding::identity::Identity;
 use crate::keys;
 
 /// Whether this node keeps `claim` in memory: a claim it may provision or must explain (any

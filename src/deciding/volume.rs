@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 
 use std::time::Duration;
 
-use crate::deciding::claim::Identity;
+use crate::deciding::identity::Identity;
 use crate::deciding::layout::{self, AcceptedPath, PathRefusal, PoolPath};
 use crate::deciding::topology::{self, Acting, LiveNode, Topology};
 use crate::keys;

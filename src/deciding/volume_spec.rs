@@ -9,10 +9,21 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::deciding::claim::{Identity, ProvisionPlan};
+use crate::deciding::claim::ProvisionPlan;
+use crate::deciding::identity::Identity;
 use crate::deciding::layout;
+use crate::deciding::quota::VolumeQuota;
+use crate::deciding::settings::PvCapacity;
 use crate::deciding::topology::Topology;
 use crate::keys;
+
+/// Whether a new volume's PV reports the whole filesystem's size as its capacity: only a plain
+/// volume under `PV_CAPACITY=filesystem`. A quota volume's size is its limit, the request: were
+/// the PV (and so the claim's status) to say the disk size, every expansion below it would be
+/// judged already done and silently do nothing.
+pub fn pv_reports_filesystem_size(setting: PvCapacity, volume: VolumeQuota) -> bool {
+    setting == PvCapacity::Filesystem && volume == VolumeQuota::Unlimited
+}
 
 /// The node a volume is placed on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,7 +112,8 @@ pub fn build_pv(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deciding::claim::{BindingMode, Decision, decide_claim};
+    use crate::deciding::claim::{Decision, decide_claim};
+    use crate::deciding::class::BindingMode;
     use crate::test_fixtures::*;
 
     fn plan_for(claim: &PersistentVolumeClaim) -> ProvisionPlan {

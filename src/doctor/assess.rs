@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 
-use crate::deciding::claim::Identity;
+use crate::deciding::identity::Identity;
 use crate::deciding::layout::{self, AcceptedPath, PoolPath};
 use crate::deciding::volume::{VolumeShape, owner_node, volume_shape};
 use crate::doctor::report::{ApiCheck, Finding, PoolReport, Severity};

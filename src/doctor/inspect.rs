@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams};
 use kube::config::KubeConfigOptions;
 
 use crate::config::Config;
-use crate::deciding::claim::Identity;
+use crate::deciding::identity::Identity;
 use crate::deciding::layout::PoolPath;
 use crate::doctor::capabilities::{self, Reflink};
 use crate::doctor::report::{

@@ -13,7 +13,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use crate::config::Config;
-use crate::deciding::claim::{DecisionConfig, Identity};
+use crate::deciding::identity::Identity;
+use crate::deciding::settings::DecisionConfig;
 use crate::deciding::volume_spec::NodeFacts;
 use crate::filesystem::pools::Pools;
 use crate::keys;
@@ -82,6 +83,8 @@ impl Context {
             default_pool: config.default_pool.clone(),
             pv_finalizer: config.pv_finalizer,
             provision_on_node: config.provision_on_node.clone(),
+            reserved_bytes: config.reserved_bytes,
+            pv_capacity: config.pv_capacity,
         };
         let membership = Membership::new(
             client.clone(),

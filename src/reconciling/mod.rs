@@ -1,14 +1,18 @@
 //! The reconcilers (fetch, decide, act) and the wiring that feeds them: watches, stores, the
 //! shared context, background tasks.
 
+pub mod claim_actions;
+pub mod claim_facts;
 pub mod claims;
 pub mod clones;
 pub mod context;
 pub mod controller;
 pub mod membership;
 pub mod orphans;
+pub mod provisioning;
 pub mod published_capacity;
 pub mod resize;
+pub mod stranded;
 pub mod upkeep;
 pub mod volumes;
 pub mod watch_backoff;

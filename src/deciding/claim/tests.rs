@@ -1,4 +1,7 @@
+use std::collections::BTreeMap;
+
 use super::*;
+use crate::deciding::settings::ProvisionOnNodePolicy;
 use crate::test_fixtures::*;
 
 fn interest(claim: ClaimBuilder) -> Interest {

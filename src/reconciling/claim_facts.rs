@@ -1,0 +1,170 @@
+//! Gathers the facts the plan for a candidate claim reads (`deciding::provision::FactsNeeded`):
+//! the live nodes, a clone's source, the PVs already there, and what the disk says about the
+//! pool. Only what is needed is read; a pool that cannot be read is a fact too (the plan decides
+//! whether it matters), and its error is kept to be reported if it does.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::Api;
+
+use crate::deciding::layout::pv_name;
+use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, SourceFacts};
+use crate::deciding::static_binding::pre_bound_volume;
+use crate::deciding::topology::LiveNode;
+use crate::error::ClaimError;
+use crate::filesystem::{PoolError, PoolRoot, VolumeDirName};
+use crate::reconciling::context::Context;
+
+/// What was gathered for one claim.
+#[derive(Default)]
+pub struct Gathered {
+    live: Vec<LiveNode>,
+    source_name: Option<String>,
+    source_claim: Option<PersistentVolumeClaim>,
+    source_pv: Option<PersistentVolume>,
+    source_is_quota_volume: Option<bool>,
+    existing_pv: Option<PersistentVolume>,
+    pre_bound_pv: Option<String>,
+    pool: Option<Arc<PoolRoot>>,
+    pool_facts: Option<PoolFacts>,
+    pool_error: Option<PoolError>,
+}
+
+/// Reads what `needs` names. API errors end the reconcile (retried with backoff); disk errors
+/// are kept as facts.
+pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsNeeded) -> Result<Gathered, ClaimError> {
+    let mut gathered = Gathered::default();
+    if needs.live_nodes {
+        gathered.live = ctx.live_nodes().await?;
+    }
+    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    if needs.existing_pv {
+        // The watch caches answer "already provisioned?" without a round trip once synced; a PV
+        // they have not seen yet is caught by AlreadyExists on create.
+        let name = pv_name(uid);
+        gathered.existing_pv = if ctx.health.all_synced() {
+            ctx.known_volume(&name).map(|pv| (*pv).clone())
+        } else {
+            Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(&name).await?
+        };
+    }
+    if needs.pre_bound_pvs {
+        // Not the PV this node made for the claim itself (it is pre-bound to the claim too).
+        let own = pv_name(uid);
+        let volumes: Vec<_> = ctx
+            .volumes
+            .iter()
+            .flat_map(|store| store.state())
+            .filter(|pv| pv.metadata.name.as_deref() != Some(own.as_str()))
+            .collect();
+        gathered.pre_bound_pv = pre_bound_volume(claim, volumes.iter().map(|pv| pv.as_ref()));
+    }
+    if let Some(pool_name) = &needs.pool {
+        match ctx.pools.usable(pool_name) {
+            None => {}
+            Some(Err(error)) => gathered.pool_error = Some(error),
+            Some(Ok(pool)) => {
+                match read_pool(&pool, needs) {
+                    Ok(facts) => gathered.pool_facts = Some(facts),
+                    Err(error) => gathered.pool_error = Some(error),
+                }
+                gathered.pool = Some(pool);
+            }
+        }
+    }
+    if let Some(source_name) = &needs.clone_source {
+        let (source, pv) = fetch_source(ctx, claim, source_name).await?;
+        if needs.quota_facts
+            && let Some(pool) = &gathered.pool
+        {
+            gathered.source_is_quota_volume = source_dir(pv.as_ref()).map(|dir| pool.is_quota_volume(&dir));
+        }
+        gathered.source_name = Some(source_name.clone());
+        gathered.source_claim = source;
+        gathered.source_pv = pv;
+    }
+    Ok(gathered)
+}
+
+impl Gathered {
+    /// The facts, as the plan reads them.
+    pub fn facts<'a>(
+        &'a self,
+        claim: &'a PersistentVolumeClaim,
+        class: Option<&'a StorageClass>,
+        ctx: &'a Context,
+    ) -> ClaimFacts<'a> {
+        let pool = match (&self.pool_facts, &self.pool_error) {
+            (Some(facts), _) => PoolState::Ready(facts),
+            (None, Some(_)) => PoolState::Unusable,
+            (None, None) => PoolState::Missing,
+        };
+        ClaimFacts {
+            claim,
+            class,
+            me: &ctx.me,
+            config: &ctx.decision,
+            live: &self.live,
+            source: self.source_name.as_deref().map(|name| SourceFacts {
+                name,
+                claim: self.source_claim.as_ref(),
+                pv: self.source_pv.as_ref(),
+                is_quota_volume: self.source_is_quota_volume,
+            }),
+            existing_pv: self.existing_pv.as_ref(),
+            pre_bound_pv: self.pre_bound_pv.as_deref(),
+            pool,
+        }
+    }
+
+    /// The pool handle, for carrying out a provision.
+    pub fn take_pool(&mut self) -> Option<Arc<PoolRoot>> {
+        self.pool.take()
+    }
+
+    /// The error the pool was read with, for reporting it.
+    pub fn take_pool_error(&mut self) -> Option<PoolError> {
+        self.pool_error.take()
+    }
+}
+
+fn read_pool(pool: &PoolRoot, needs: &FactsNeeded) -> Result<PoolFacts, PoolError> {
+    let stats = pool.stats()?;
+    let dir_exists = match needs.dir_name.as_deref().map(VolumeDirName::new) {
+        Some(Ok(dir)) => pool.volume_dir_exists(&dir)?,
+        _ => false,
+    };
+    let quota = if needs.quota_facts { Some(pool.quota_facts()?) } else { None };
+    Ok(PoolFacts { available_bytes: stats.available_bytes, total_bytes: stats.go_total_bytes, dir_exists, quota })
+}
+
+/// The directory a source PV names, as a name under a pool root (the plan checks that it is one
+/// of the clone's pool; this only says which directory to ask the disk about).
+fn source_dir(pv: Option<&PersistentVolume>) -> Option<VolumeDirName> {
+    let path = pv?.spec.as_ref()?.host_path.as_ref()?.path.as_str();
+    let name = std::path::Path::new(path).file_name()?.to_str()?;
+    VolumeDirName::new(name).ok()
+}
+
+/// The source claim and the PV it is bound to, when they exist.
+async fn fetch_source(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    source_name: &str,
+) -> Result<(Option<PersistentVolumeClaim>, Option<PersistentVolume>), kube::Error> {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let source = claims.get_opt(source_name).await?;
+    let pv_name =
+        source.as_ref().and_then(|s| s.spec.as_ref()).and_then(|s| s.volume_name.clone()).filter(|n| !n.is_empty());
+    let pv = match pv_name {
+        None => None,
+        Some(name) => match ctx.known_volume(&name) {
+            Some(pv) => Some((*pv).clone()),
+            None => Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(&name).await?,
+        },
+    };
+    Ok((source, pv))
+}

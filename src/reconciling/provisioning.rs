@@ -1,0 +1,110 @@
+//! Carries out a planned provision (`deciding::provision::Provision`): make the volume's
+//! directory as planned (plain, quota, or a copy of a clone's source), then its PV; undo the
+//! directory when the API server refused the PV.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, PostParams};
+
+use crate::deciding::provision::{MakeVolume, Provision, bound_claim_uid, may_undo_directory};
+use crate::deciding::volume_spec::build_pv;
+use crate::error::{ClaimError, reason};
+use crate::filesystem::{Created, PoolRoot, VolumeDirName};
+use crate::reconciling::claim_actions::{claim_key, claim_ref};
+use crate::reconciling::clones;
+use crate::reconciling::context::Context;
+use crate::serving::metrics::Metrics;
+
+/// Whether this call created the PV, or found it already there (only the former is timed).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Provisioned {
+    /// Created now.
+    Now,
+    /// Made by an earlier attempt.
+    Before,
+}
+
+/// Makes the volume and its PV.
+pub async fn provision(
+    ctx: &Arc<Context>,
+    claim: &PersistentVolumeClaim,
+    provision: &Provision,
+    pool: &Arc<PoolRoot>,
+) -> Result<Provisioned, ClaimError> {
+    let plan = &provision.plan;
+    let dir = VolumeDirName::new(&plan.dir_name).map_err(|e| ClaimError::Pool(e.into()))?;
+    let regarding = claim_ref(claim);
+    let cloning = matches!(provision.make, MakeVolume::Clone { .. });
+    // A plain volume is made in milliseconds, and its ProvisioningSucceeded says all a user needs:
+    // one event per volume. A copy can take minutes, so a clone announces itself first. The
+    // event must not delay the copy: it goes out on its own task.
+    if cloning {
+        let note = format!("External provisioner is provisioning volume for claim \"{}\"", claim_key(claim));
+        let (events_ctx, provisioning_ref) = (ctx.clone(), regarding.clone());
+        tokio::spawn(
+            async move { events_ctx.normal(&provisioning_ref, reason::PROVISIONING, "Provision", note).await },
+        );
+    }
+    let node = ctx.node_facts().await?;
+    let mode = ctx.config.dir_mode;
+    let created = match &provision.make {
+        MakeVolume::Plain => pool.create_volume_dir(&dir, mode)?,
+        MakeVolume::BtrfsQuota { limit_bytes } => pool.create_quota_volume(&dir, mode, *limit_bytes)?,
+        MakeVolume::ProjectQuota { limit_bytes } => pool.create_project_volume(&dir, mode, *limit_bytes)?,
+        MakeVolume::Clone { source_dir, source_claim, limit_bytes } => {
+            let source = VolumeDirName::new(source_dir).map_err(|e| ClaimError::Pool(e.into()))?;
+            let created = clones::copy(ctx, claim, source_claim, pool, &source, &dir).await?;
+            if let Some(limit_bytes) = limit_bytes {
+                pool.set_quota_limit(&dir, *limit_bytes)?;
+            }
+            created
+        }
+    };
+    let pv = build_pv(plan, claim, &ctx.me, &node, Quantity(provision.capacity.clone()));
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let claim_uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    match pvs.create(&PostParams::default(), &pv).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            // Made by an earlier attempt whose PV the watch cache had not shown yet: fine if it is
+            // for this claim, and already counted and reported by that attempt.
+            let existing = pvs.get(&plan.pv_name).await?;
+            let bound_uid = bound_claim_uid(&existing);
+            if bound_uid != claim_uid {
+                return Err(ClaimError::PvConflict { pv: plan.pv_name.clone(), other_uid: bound_uid.to_owned() });
+            }
+            return Ok(Provisioned::Before);
+        }
+        Err(create_error) => {
+            // Leave nothing behind when that is safe (deciding::provision::may_undo_directory);
+            // a directory a workload already wrote to is never touched here.
+            let refused_by_api = matches!(&create_error, kube::Error::Api(status) if (400..500).contains(&status.code));
+            if may_undo_directory(created == Created::New, refused_by_api, plan.topology) {
+                // A clone's directory holds only a copy: it goes to the trash (the source stays).
+                let undone =
+                    if cloning { pool.move_to_trash(&dir).map(|_| ()) } else { pool.remove_empty_volume_dir(&dir) };
+                if let Err(cleanup) = undone {
+                    return Err(ClaimError::Cleanup {
+                        create: create_error.to_string(),
+                        dir: pool.path().join(dir.as_str()).display().to_string(),
+                        cleanup: cleanup.to_string(),
+                    });
+                }
+            }
+            return Err(create_error.into());
+        }
+    }
+    tracing::info!(claim = %claim_key(claim), pv = %plan.pv_name, path = %pool.path().join(dir.as_str()).display(), "provisioned");
+    Metrics::outcome(&ctx.metrics.provisions, "success", "none");
+    ctx.forget_warnings(claim_uid);
+    ctx.normal(
+        &regarding,
+        reason::PROVISIONING_SUCCEEDED,
+        "Provision",
+        format!("Successfully provisioned volume {}", plan.pv_name),
+    )
+    .await;
+    Ok(Provisioned::Now)
+}
