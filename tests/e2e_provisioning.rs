@@ -145,6 +145,58 @@ async fn unsupported_claims_get_provisioning_failed_with_the_reason() {
     assert!(entries(&env.nodes[0].pool_root).is_empty(), "nothing created for refused claims");
 }
 
+/// Every claim this node declines for its class's parameters, its data source or its size says why
+/// and what to change (issue: no refusal without a word).
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_parameters_data_sources_and_sizes_are_each_explained_on_the_claim() {
+    let env = TestEnv::start("refusals", 1).await;
+    let node = env.nodes[0].name.clone();
+    let class = env.class("imm", |c| c.immediate()).await;
+    let topology = env.class("topo", |c| c.immediate().parameter("topology", "everywhere")).await;
+    let quota = env.class("quota", |c| c.immediate().parameter("quota", "strict")).await;
+    let pool = env.class("pool", |c| c.immediate().parameter("storagePool", "fast")).await;
+    let cases = [
+        (
+            fixtures::claim(&env.ns, "topology", &topology, "1Mi"),
+            "topology=\"everywhere\"; accepted: node, shared, everyNode",
+        ),
+        (fixtures::claim(&env.ns, "quota", &quota, "1Mi"), "quota=\"strict\"; accepted: none, enforce"),
+        (fixtures::claim(&env.ns, "pool", &pool, "1Mi"), "storage pool \"fast\", which node"),
+        (
+            fixtures::claim(&env.ns, "snapshot", &class, "1Mi").data_source(
+                "snapshot.storage.k8s.io",
+                "VolumeSnapshot",
+                "s",
+            ),
+            "has no volume snapshots",
+        ),
+        (
+            fixtures::claim(&env.ns, "populator", &class, "1Mi").data_source_ref("example.com", "Backup", "b"),
+            "needs a volume populator",
+        ),
+        (fixtures::claim(&env.ns, "huge", &class, "1e30"), "\"1e30\" is too large"),
+    ];
+    for (claim, expected) in cases {
+        let claim = env.create_claim(claim.provision_on_node(&node)).await;
+        let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+        assert!(note.contains(expected), "{note:?} should mention {expected:?}");
+    }
+    assert!(entries(&env.nodes[0].pool_root).is_empty(), "nothing created for refused claims");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_pinned_by_annotation_where_the_cluster_denies_it_is_explained() {
+    let env = TestEnv::start_with("pindeny", 1, |spec| spec.arg("--provision-on-node=deny")).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let claim =
+        env.create_claim(fixtures::claim(&env.ns, "pinned", &class, "1Mi").provision_on_node(&env.nodes[0].name)).await;
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(
+        note.contains("kubevirt.io/provisionOnNode is not allowed") && note.contains("WaitForFirstConsumer"),
+        "{note}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn immediate_claim_without_node_gets_exactly_one_explanation_from_the_cluster() {
     let env = TestEnv::start("explain", 2).await;

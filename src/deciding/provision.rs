@@ -18,7 +18,7 @@ use crate::deciding::layout;
 use crate::deciding::quota::{self, QuotaFacts, QuotaMode, QuotaRefusal, VolumeQuota};
 use crate::deciding::refusal::Refusal;
 use crate::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy};
-use crate::deciding::topology::{LiveNode, Topology};
+use crate::deciding::topology::{self, Acting, LiveNode, Topology};
 use crate::deciding::volume;
 use crate::deciding::volume_spec::pv_reports_filesystem_size;
 use crate::keys;
@@ -34,6 +34,9 @@ pub const NO_NODE_RECHECK: Duration = Duration::from_secs(60);
 /// How often a clone waiting for its source looks again (the source changing does not wake the
 /// clone's reconciler).
 pub const SOURCE_RECHECK: Duration = Duration::from_secs(10);
+
+/// How often an Immediate clone whose source's node runs no provisioner is looked at again.
+pub const SOURCE_NODE_RECHECK: Duration = Duration::from_secs(300);
 
 /// Which facts the plan for a claim reads; the reconciler gathers only these.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -75,9 +78,11 @@ pub fn facts_needed(
         config.use_naming_prefix,
     )
     .ok();
+    let clone_source = clone::claim_source(claim).ok().flatten();
     FactsNeeded {
-        live_nodes: request.as_ref().is_some_and(|r| r.topology != Topology::Node),
-        clone_source: clone::claim_source(claim).ok().flatten(),
+        // A clone also reads them: its source's node may have no running provisioner to make it.
+        live_nodes: request.as_ref().is_some_and(|r| r.topology != Topology::Node) || clone_source.is_some(),
+        clone_source,
         existing_pv: true,
         pre_bound_pvs: BindingMode::of(class) == BindingMode::WaitForFirstConsumer
             && keys::annotation(meta, keys::PROVISION_ON_NODE).is_none()
@@ -172,6 +177,13 @@ pub enum Explanation {
     },
     /// An Immediate clone whose source has no PV yet.
     CloneSourceNotReady(String),
+    /// An Immediate clone whose source lives on a node where no provisioner runs.
+    CloneSourceNodeAbsent {
+        /// The source claim.
+        source: String,
+        /// Its node.
+        node: String,
+    },
 }
 
 /// A failure that retrying (after a backoff, or once something changes) may cure.
@@ -347,8 +359,23 @@ fn clone_step(facts: &ClaimFacts<'_>, source: SourceFacts<'_>, decision: Decisio
 /// as if the claim were pinned there (a clone cannot be anywhere else, so this is no placement
 /// by the user and the provisionOnNode policy does not apply).
 fn unplaced_clone(facts: &ClaimFacts<'_>, source: SourceFacts<'_>) -> CloneStep {
+    let uid = facts.claim.metadata.uid.as_deref().unwrap_or_default();
     match source.pv.and_then(volume::owner_node) {
         Some(owner) if owner == facts.me.node => {}
+        // Nobody can copy the source while its node runs no provisioner: one node says so.
+        Some(owner)
+            if !facts.live.is_empty()
+                && !facts.live.iter().any(|n| n.node == owner)
+                && topology::spokesman(uid, &facts.me.node, facts.live) == Acting::Me =>
+        {
+            return CloneStep::Done(ClaimPlan::Explain {
+                explanation: Explanation::CloneSourceNodeAbsent {
+                    source: source.name.to_owned(),
+                    node: owner.to_owned(),
+                },
+                recheck: Some(SOURCE_NODE_RECHECK),
+            });
+        }
         // The owner speaks for this clone: it has the data and the pool.
         Some(_) => return CloneStep::Done(ClaimPlan::Idle(SkipReason::OtherNode)),
         None => {

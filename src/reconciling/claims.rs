@@ -180,6 +180,14 @@ async fn explain(ctx: &Context, claim: &PersistentVolumeClaim, explanation: Expl
         Explanation::CloneSourceNotReady(why) => {
             explain_once(ctx, claim, "clone-source-not-ready", reason::CLONE_SOURCE_NOT_READY, why).await;
         }
+        Explanation::CloneSourceNodeAbsent { source, node } => {
+            let note = format!(
+                "this claim clones claim {source:?}, whose volume lives on node {node}, where no hostpath-provisioner is \
+                 running: a clone is made by the node that holds its source. Check that the provisioner DaemonSet runs \
+                 there (taints it does not tolerate, its nodeSelector)"
+            );
+            explain_once(ctx, claim, "clone-source-node-absent", reason::CLONE_SOURCE_NOT_READY, note).await;
+        }
     }
 }
 

@@ -435,6 +435,45 @@ fn an_enforce_clone_into_a_project_quota_pool_fails_with_the_clones_path() {
     );
 }
 
+#[test]
+fn an_immediate_clone_whose_source_node_runs_no_provisioner_is_explained_by_one_node() {
+    let claim = claim("hpp").data_source().provisioner_annotations().build();
+    let (source, there) = (bound_source(), source_pv("gone-node"));
+    let (cfg, pool, class) = (config(), roomy(), immediate());
+    let live: Vec<LiveNode> = [NODE, OTHER_NODE]
+        .iter()
+        .map(|n| LiveNode { node: (*n).into(), pools: vec![], expires_in: std::time::Duration::from_secs(60) })
+        .collect();
+    let plans: Vec<ClaimPlan> = [NODE, OTHER_NODE]
+        .iter()
+        .map(|node| {
+            let me = Identity { provisioner: PROVISIONER.into(), node: (*node).into() };
+            let mut f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+            f.live = &live;
+            f.source = Some(SourceFacts { name: "src", claim: Some(&source), pv: Some(&there), is_quota_volume: None });
+            plan_claim(&f)
+        })
+        .collect();
+    let absent = ClaimPlan::Explain {
+        explanation: Explanation::CloneSourceNodeAbsent { source: "src".into(), node: "gone-node".into() },
+        recheck: Some(SOURCE_NODE_RECHECK),
+    };
+    assert_eq!(plans.iter().filter(|p| **p == absent).count(), 1, "{plans:?}");
+    assert_eq!(plans.iter().filter(|p| **p == ClaimPlan::Idle(SkipReason::OtherNode)).count(), 1, "{plans:?}");
+    // Its node alive: that node makes it, the others stay silent.
+    let mut with_owner = live.clone();
+    with_owner.push(LiveNode {
+        node: "gone-node".into(),
+        pools: vec![],
+        expires_in: std::time::Duration::from_secs(60),
+    });
+    let me = me();
+    let mut f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    f.live = &with_owner;
+    f.source = Some(SourceFacts { name: "src", claim: Some(&source), pv: Some(&there), is_quota_volume: None });
+    assert_eq!(plan_claim(&f), ClaimPlan::Idle(SkipReason::OtherNode));
+}
+
 // ---- shared volumes: who acts ----
 
 #[test]

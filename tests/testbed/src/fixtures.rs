@@ -153,6 +153,26 @@ impl ClaimBuilder {
         self.spec().volume_name = Some(name.to_string());
         self
     }
+    /// `spec.dataSource`: `kind` `name` of API group `group` (empty for the core group).
+    pub fn data_source(mut self, group: &str, kind: &str, name: &str) -> Self {
+        self.spec().data_source = Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
+            api_group: (!group.is_empty()).then(|| group.to_string()),
+            kind: kind.to_string(),
+            name: name.to_string(),
+        });
+        self
+    }
+    /// `spec.dataSourceRef` (the API server keeps a `dataSource` only for claims and snapshots;
+    /// a populator's kind goes here).
+    pub fn data_source_ref(mut self, group: &str, kind: &str, name: &str) -> Self {
+        self.spec().data_source_ref = Some(k8s_openapi::api::core::v1::TypedObjectReference {
+            api_group: (!group.is_empty()).then(|| group.to_string()),
+            kind: kind.to_string(),
+            name: name.to_string(),
+            namespace: None,
+        });
+        self
+    }
     pub fn build(self) -> PersistentVolumeClaim {
         self.0
     }
