@@ -1,4 +1,4 @@
-//! Command-line and environment configuration (README, configuration reference). Every flag also reads an
+//! Command-line and environment configuration (docs/configuration.md). Every flag also reads an
 //! env var; the Go build's variables (`NODE_NAME`, `PV_DIR`, `USE_NAMING_PREFIX`) work unchanged.
 
 use std::net::SocketAddr;
@@ -111,7 +111,7 @@ pub struct Args {
 }
 
 // Settings that may come from env vars are read as plain strings and checked in
-// `Args::validate`: clap's own errors name the flag over several lines, while the README
+// `Args::validate`: clap's own errors name the flag over several lines, while docs/configuration.md
 // promises one line naming the env var and the accepted values, whichever way it was set.
 
 /// The Go build's rule: true only when the lower-cased value is "true". Kept for

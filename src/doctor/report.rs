@@ -1,5 +1,5 @@
 //! What the doctor found, as plain data: serialised as is for `--output json` (the field names
-//! are the stable interface, documented in the README), and rendered as a table for people.
+//! are the stable interface, documented in docs/operating.md), and rendered as a table for people.
 
 use std::fmt::Write;
 
