@@ -1,6 +1,6 @@
 //! The shipped alerting rules load in Prometheus (`promtool check rules`), fire on the series of a
 //! broken node and stay quiet on a healthy one (`promtool test rules` with
-//! tests/alert_rules.test.yaml), and each links to a runbook section of the README that exists.
+//! tests/alert_rules.test.yaml), and each links to a runbook section of docs/operating.md that exists.
 //! promtool is built from the Go module proxy and cached by hack/build-promtool.sh.
 
 use std::path::{Path, PathBuf};

@@ -320,7 +320,7 @@ async fn every_rendered_variant_passes_server_side_dry_run() {
     }
 }
 
-/// The deploy conventions of the README every DaemonSet variant keeps.
+/// The deploy conventions of docs/install.md every DaemonSet variant keeps.
 fn assert_daemonset_conventions(variant: &str, daemonset: &Value) {
     let template = &daemonset["spec"]["template"];
     let pod = &template["spec"];
@@ -399,7 +399,7 @@ async fn the_chart_defaults_match_deploy_legacy() {
     assert_eq!(chart_class["metadata"]["name"], legacy_class["metadata"]["name"]);
 }
 
-/// kube-score checks left out, each for a reason the README ("Deploy conventions") gives. A
+/// kube-score checks left out, each for a reason docs/install.md ("Deploy conventions") gives. A
 /// check listed here that no longer fires anywhere fails the test, so the list stays honest.
 const KUBE_SCORE_IGNORED: [(&str, &str); 3] = [
     (
@@ -419,7 +419,7 @@ const KUBE_SCORE_IGNORED_WITHOUT_POLICY: &str = "pod-networkpolicy";
 fn kube_score(file: &Path, ignored: &[&str]) -> Vec<(String, String, String)> {
     let bin = deploy_tool(DeployTool::KubeScore).unwrap_or_else(|e| panic!("{e:#}"));
     let mut args = vec!["score", "--output-format", "json", "--kubernetes-version", "v1.36"];
-    // No CPU limit on purpose (README); memory limit and requests are still checked.
+    // No CPU limit on purpose (docs/install.md); memory limit and requests are still checked.
     args.push("--ignore-container-cpu-limit");
     for check in ignored {
         args.extend(["--ignore-test", check]);
@@ -468,7 +468,7 @@ fn rendered_manifests_pass_kube_score_except_the_justified_checks() {
         fired.extend(kube_score(&file, &[]).into_iter().map(|(id, _, _)| id));
     }
     for (id, reason) in KUBE_SCORE_IGNORED {
-        assert!(fired.contains(id), "{id} ({reason}) no longer fires: drop it from the list and the README");
+        assert!(fired.contains(id), "{id} ({reason}) no longer fires: drop it from the list and from docs/install.md");
     }
     assert!(fired.contains(KUBE_SCORE_IGNORED_WITHOUT_POLICY));
 }
