@@ -1,7 +1,12 @@
+use super::walker::*;
 use super::*;
+use rustix::fs::{Dir, Mode, OFlags};
+use std::ffi::{CStr, CString, OsStr};
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
