@@ -28,6 +28,7 @@ use rustix::io::Errno;
 
 use super::{Created, PoolError, PoolRoot, VolumeDirName, fs_error, inode_of};
 use crate::deciding::clone::{CopyMethod, FilesystemKind, copy_method};
+use crate::deciding::layout;
 
 /// Directory directly under a pool root that holds copies in progress (dot-prefixed, so it never
 /// matches a volume layout and the orphan cleanup leaves it alone).
@@ -117,7 +118,9 @@ impl PoolRoot {
             return Ok(report);
         }
 
-        let staging = self.clone_staging_root(node)?;
+        let staging = self.clone_staging_root(node, true)?.ok_or_else(|| {
+            fs_error("create the clone staging directory", self.path.join(CLONE_STAGING_DIR), Errno::NOENT)
+        })?;
         // A leftover from an attempt cut short (a crash, a kill) is never resumed: start afresh.
         staging.remove_volume_dir(target)?;
         let dst_path = staging.volume_path(target);
@@ -192,42 +195,33 @@ impl PoolRoot {
     /// Removes every copy this node left unfinished (a crash or kill mid-copy); returns how
     /// many. Called at start-up, before any clone can be in progress on this node.
     pub fn sweep_clone_staging(&self, node: &VolumeDirName) -> Result<u64, PoolError> {
-        match rustix::fs::statat(&self.fd, CLONE_STAGING_DIR, AtFlags::SYMLINK_NOFOLLOW) {
-            Err(Errno::NOENT) => return Ok(0),
-            Err(e) => return Err(fs_error("stat the clone staging directory", self.path.join(CLONE_STAGING_DIR), e)),
-            Ok(_) => {}
-        }
-        let staging = self.clone_staging_root(node)?;
+        let Some(staging) = self.clone_staging_root(node, false)? else { return Ok(0) };
         let mut removed = 0;
         for entry in staging.list_entries()? {
             let Ok(name) = VolumeDirName::new(&entry) else { continue };
+            // Only copies this provisioner makes: a volume directory name of a known layout.
+            if layout::uid_of_dir(name.as_str()).is_none() {
+                tracing::warn!(pool = %self.name, entry = %staging.volume_path(&name).display(), "not a copy this provisioner made; left alone");
+                continue;
+            }
             staging.remove_volume_dir(&name)?;
             removed += 1;
         }
         Ok(removed)
     }
 
-    /// `<root>/.hpp-clones/<node>` as a pool root of its own (created when missing), so that
-    /// removing a leftover has every guarantee of a volume removal.
-    fn clone_staging_root(&self, node: &VolumeDirName) -> Result<PoolRoot, PoolError> {
-        let outer = self.path.join(CLONE_STAGING_DIR);
-        match rustix::fs::mkdirat(&self.fd, CLONE_STAGING_DIR, Mode::from_raw_mode(0o700)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(fs_error("create the clone staging directory", outer, e)),
-        }
-        let outer_root = PoolRoot::open(&format!("{}-clones", self.name), &outer)?;
-        if outer_root.dev != self.dev {
-            return Err(PoolError::MountInsideVolume { path: outer });
-        }
-        match rustix::fs::mkdirat(&outer_root.fd, node.as_str(), Mode::from_raw_mode(0o700)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(fs_error("create the clone staging directory", outer_root.volume_path(node), e)),
-        }
-        let root = PoolRoot::open(&format!("{}-clones", self.name), &outer_root.volume_path(node))?;
-        if root.dev != self.dev {
-            return Err(PoolError::MountInsideVolume { path: root.path.clone() });
-        }
-        Ok(root)
+    /// `<root>/.hpp-clones/<node>` as a pool root of its own (made when `create`; `None` when
+    /// missing otherwise), so that removing a leftover has every guarantee of a volume removal.
+    /// Each level is opened from the descriptor of the one above and checked to be a plain
+    /// directory of the pool's own mount (`PoolRoot::open_own_dir`), never reopened by path.
+    fn clone_staging_root(&self, node: &VolumeDirName, create: bool) -> Result<Option<PoolRoot>, PoolError> {
+        let outer_path = self.path.join(CLONE_STAGING_DIR);
+        let Some(outer) = self.open_own_dir(self.fd.as_fd(), CLONE_STAGING_DIR, &outer_path, create)? else {
+            return Ok(None);
+        };
+        let path = outer_path.join(node.as_str());
+        let Some(inner) = self.open_own_dir(outer.as_fd(), node.as_str(), &path, create)? else { return Ok(None) };
+        self.sub_root(inner, "clones", path).map(Some)
     }
 
     /// The source volume must sit on the pool's own mount: a btrfs subvolume has a device number

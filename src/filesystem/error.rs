@@ -146,6 +146,21 @@ pub enum PoolError {
         /// Where the staged volume is.
         staged: PathBuf,
     },
+    /// A directory the provisioner keeps its own work in (the trash, the deletion staging, the
+    /// clone staging, or a level below them) is not a plain directory of the pool's own mount:
+    /// someone put a symlink, a file or a mount in its place. Nothing is done through it.
+    #[error(
+        "{}: this provisioner's bookkeeping directory is {what}, not a plain directory on the pool's own \
+         filesystem; nothing is removed or moved through it. Move it out of the way (it is not the \
+         provisioner's), and the provisioner makes its directory again",
+        .path.display()
+    )]
+    BookkeepingReplaced {
+        /// The directory.
+        path: PathBuf,
+        /// What is there instead ("a symlink or a file", "a mount").
+        what: &'static str,
+    },
     /// The kernel refused an operation (EPERM/EACCES): immutable attribute, ownership, LSM.
     #[error(
         "{}: {op} was refused ({source}); check for the immutable or append-only attribute \
@@ -300,6 +315,7 @@ impl PoolError {
             | PoolError::VolumeNotDirectory { .. }
             | PoolError::MountInsideVolume { .. }
             | PoolError::StagedPlaceTaken { .. }
+            | PoolError::BookkeepingReplaced { .. }
             | PoolError::PermissionDenied { .. }
             | PoolError::VolumeNotEmpty { .. }
             | PoolError::NotSubvolume { .. }
@@ -328,6 +344,7 @@ impl PoolError {
             PoolError::VolumeNotDirectory { .. } => "volume_not_directory",
             PoolError::MountInsideVolume { .. } => "mount_inside_volume",
             PoolError::StagedPlaceTaken { .. } => "staged_place_taken",
+            PoolError::BookkeepingReplaced { .. } => "bookkeeping_replaced",
             PoolError::PermissionDenied { .. } => "permission_denied",
             PoolError::TreeChanged { .. } => "tree_changed",
             PoolError::Io { .. } => "io",

@@ -360,6 +360,58 @@ impl PoolRoot {
         rustix::fs::openat(dirfd, name, flags, Mode::empty())
     }
 
+    /// Opens (and, when `create`, first makes, mode 0700) the directory `name` the provisioner
+    /// keeps its own work in, under `parent` (the pool root or a level of such a directory),
+    /// as a plain directory of the pool's own mount: no symlink is followed and no mount is
+    /// entered at this component, whatever sits there now (`open_beneath`, then the mount
+    /// checks of [`PoolRoot::inspect_dir`] on the descriptor itself, which is what every later
+    /// step acts through). `None` when it does not exist. `path` is for messages only.
+    pub(super) fn open_own_dir(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        path: &Path,
+        create: bool,
+    ) -> Result<Option<OwnedFd>, PoolError> {
+        if create {
+            match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                // The level above went meanwhile (another deletion's cleanup): the caller retries.
+                Err(Errno::NOENT) => return Ok(None),
+                Err(e) => return Err(fs_error("create a bookkeeping directory", path.to_owned(), e)),
+            }
+        }
+        let replaced = |what| PoolError::BookkeepingReplaced { path: path.to_owned(), what };
+        let fd = match self.open_beneath(parent, name, OFlags::RDONLY) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(Errno::LOOP | Errno::NOTDIR) => return Err(replaced("a symlink or a file")),
+            Err(Errno::XDEV) => return Err(replaced("a mount")),
+            Err(e) => return Err(fs_error("open a bookkeeping directory", path.to_owned(), e)),
+        };
+        match self.inspect_dir(fd.as_fd(), &|| path.to_owned(), Subvolumes::Refuse) {
+            Ok(_) => Ok(Some(fd)),
+            Err(PoolError::MountInsideVolume { .. }) => Err(replaced("a mount")),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A directory opened with [`PoolRoot::open_own_dir`] as a pool root of its own, so that
+    /// what is done inside it has every guarantee of a volume operation. It is never reopened by
+    /// path: its descriptor is the one checked.
+    pub(super) fn sub_root(&self, fd: OwnedFd, name: &str, path: PathBuf) -> Result<PoolRoot, PoolError> {
+        let inode = inode_of(fd.as_fd()).map_err(|e| fs_error("stat a bookkeeping directory", path.clone(), e))?;
+        Ok(PoolRoot {
+            name: format!("{}-{name}", self.name),
+            path,
+            fd,
+            dev: inode.dev,
+            ino: inode.ino,
+            mnt_id: inode.mnt_id,
+            openat2: AtomicBool::new(self.openat2.load(Ordering::Relaxed)),
+        })
+    }
+
     /// True for an inode on the pool root's own mount (same mount id, not a mount root) whose
     /// device number differs only because it sits in another btrfs subvolume: a subvolume a
     /// tenant created inside a volume (`btrfs subvolume create` needs no privilege), or inside

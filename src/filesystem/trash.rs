@@ -6,10 +6,11 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rustix::fs::{AtFlags, FileType, Mode};
+use rustix::fs::{AtFlags, FileType};
 use rustix::io::Errno;
 
 use super::{PoolError, PoolRoot, Removal, VolumeDirName, fs_error, inode_at, read_mount_table};
+use crate::deciding::layout;
 
 /// Name of the trash directory directly under a pool root. It starts with a dot so that it never
 /// matches a volume layout (and the orphan cleanup ignores it).
@@ -190,32 +191,41 @@ impl PoolRoot {
     /// Empty leftovers of a finished commit or restore are removed on the way.
     pub fn staged_deletions(&self, node: &VolumeDirName) -> Result<Vec<StagedVolume>, PoolError> {
         let mut path = self.path.join(STAGING_DIR);
-        let open = |dirfd: std::os::fd::BorrowedFd<'_>, name: &str, path: &std::path::Path| match self.open_beneath(
-            dirfd,
-            name,
-            rustix::fs::OFlags::RDONLY,
-        ) {
-            Ok(fd) => Ok(Some(fd)),
-            Err(Errno::NOENT) => Ok(None),
-            Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => {
-                Err(PoolError::VolumeNotDirectory { path: path.to_owned() })
-            }
-            Err(e) => Err(fs_error("open the deletion staging directory", path.to_owned(), e)),
+        let Some(staging) = self.open_own_dir(self.fd.as_fd(), STAGING_DIR, &path, false)? else {
+            return Ok(Vec::new());
         };
-        let Some(staging) = open(self.fd.as_fd(), STAGING_DIR, &path)? else { return Ok(Vec::new()) };
         path.push(node.as_str());
-        let Some(node_dir) = open(staging.as_fd(), node.as_str(), &path)? else { return Ok(Vec::new()) };
+        let Some(node_dir) = self.open_own_dir(staging.as_fd(), node.as_str(), &path, false)? else {
+            return Ok(Vec::new());
+        };
         let mut staged = Vec::new();
         for pv in list_dir(&node_dir, &path)? {
+            // Only what this provisioner stages: a level named after a PV, holding that PV's
+            // directory under a name of a known layout. Anything else is not ours to move.
             let Ok(pv) = VolumeDirName::new(&pv) else { continue };
+            if layout::uid_from_pv_name(pv.as_str()).is_none() {
+                tracing::warn!(pool = %self.name, entry = %path.join(pv.as_str()).display(), "not a deletion this provisioner staged; left alone");
+                continue;
+            }
             let pv_path = path.join(pv.as_str());
-            let Some(pv_dir) = open(node_dir.as_fd(), pv.as_str(), &pv_path)? else { continue };
+            let pv_dir = match self.open_own_dir(node_dir.as_fd(), pv.as_str(), &pv_path, false) {
+                Ok(Some(fd)) => fd,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(pool = %self.name, %error, "a deletion staging level is not ours; left alone");
+                    continue;
+                }
+            };
             let dirs = list_dir(&pv_dir, &pv_path)?;
             if dirs.is_empty() {
                 let _ = rustix::fs::unlinkat(&node_dir, pv.as_str(), AtFlags::REMOVEDIR);
             }
             for dir in dirs {
                 let Ok(dir) = VolumeDirName::new(&dir) else { continue };
+                if !layout::matches_layout(dir.as_str(), pv.as_str()) {
+                    tracing::warn!(pool = %self.name, entry = %pv_path.join(dir.as_str()).display(), "not a volume this provisioner staged; left alone");
+                    continue;
+                }
                 staged.push(StagedVolume { node: node.clone(), pv: pv.clone(), dir });
             }
         }
@@ -226,25 +236,40 @@ impl PoolRoot {
         Ok(staged)
     }
 
+    /// Whether any node has the volume of PV `pv` staged for deletion on this pool (on a shared
+    /// pool every node's staging is visible here): while one has, its fate is that node's to
+    /// settle, and no other node may let the PV go for want of a directory.
+    pub fn staged_by_any_node(&self, pv: &VolumeDirName) -> Result<bool, PoolError> {
+        let path = self.path.join(STAGING_DIR);
+        let Some(staging) = self.open_own_dir(self.fd.as_fd(), STAGING_DIR, &path, false)? else { return Ok(false) };
+        for node in list_dir(&staging, &path)? {
+            let node_path = path.join(&node);
+            let Some(node_dir) = self.open_own_dir(staging.as_fd(), &node, &node_path, false)? else { continue };
+            let pv_path = node_path.join(pv.as_str());
+            if let Some(pv_dir) = self.open_own_dir(node_dir.as_fd(), pv.as_str(), &pv_path, false)?
+                && !list_dir(&pv_dir, &pv_path)?.is_empty()
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Every staged volume of the pool (all nodes'), opened for reading: their project ids stay
     /// taken while they wait, since they may come back or go to the trash with their id.
     pub fn staged_volume_dirs(&self) -> Result<Vec<std::os::fd::OwnedFd>, PoolError> {
         let path = self.path.join(STAGING_DIR);
-        let staging = match self.open_beneath(self.fd.as_fd(), STAGING_DIR, rustix::fs::OFlags::RDONLY) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) => return Ok(Vec::new()),
-            Err(e) => return Err(fs_error("open the deletion staging directory", path, e)),
+        let Some(staging) = self.open_own_dir(self.fd.as_fd(), STAGING_DIR, &path, false)? else {
+            return Ok(Vec::new());
         };
         let mut dirs = Vec::new();
         for node in list_dir(&staging, &path)? {
-            let Ok(node_dir) = self.open_beneath(staging.as_fd(), node.as_str(), rustix::fs::OFlags::RDONLY) else {
-                continue;
-            };
-            for pv in list_dir(&node_dir, &path.join(&node))? {
-                let Ok(pv_dir) = self.open_beneath(node_dir.as_fd(), pv.as_str(), rustix::fs::OFlags::RDONLY) else {
-                    continue;
-                };
-                for dir in list_dir(&pv_dir, &path.join(&node).join(&pv))? {
+            let node_path = path.join(&node);
+            let Ok(Some(node_dir)) = self.open_own_dir(staging.as_fd(), &node, &node_path, false) else { continue };
+            for pv in list_dir(&node_dir, &node_path)? {
+                let pv_path = node_path.join(&pv);
+                let Ok(Some(pv_dir)) = self.open_own_dir(node_dir.as_fd(), &pv, &pv_path, false) else { continue };
+                for dir in list_dir(&pv_dir, &pv_path)? {
                     if let Ok(fd) = self.open_beneath(pv_dir.as_fd(), dir.as_str(), rustix::fs::OFlags::RDONLY) {
                         dirs.push(fd);
                     }
@@ -278,20 +303,10 @@ impl PoolRoot {
         for level in [STAGING_DIR, staged.node.as_str(), staged.pv.as_str()] {
             path.push(level);
             let parent = fd.as_ref().map_or(self.fd.as_fd(), |fd| fd.as_fd());
-            if create {
-                match rustix::fs::mkdirat(parent, level, Mode::from_raw_mode(0o700)) {
-                    Ok(()) | Err(Errno::EXIST) => {}
-                    Err(Errno::NOENT) => return Err(PoolError::RootMissing { pool: self.name.clone(), path }),
-                    Err(e) => return Err(fs_error("create the deletion staging directory", path, e)),
-                }
+            match self.open_own_dir(parent, level, &path, create)? {
+                Some(opened) => fd = Some(opened),
+                None => return Err(PoolError::RootMissing { pool: self.name.clone(), path }),
             }
-            let opened = match self.open_beneath(parent, level, rustix::fs::OFlags::RDONLY) {
-                Ok(opened) => opened,
-                Err(Errno::NOENT) => return Err(PoolError::RootMissing { pool: self.name.clone(), path }),
-                Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => return Err(PoolError::VolumeNotDirectory { path }),
-                Err(e) => return Err(fs_error("open the deletion staging directory", path, e)),
-            };
-            fd = Some(opened);
         }
         Ok(fd.expect("three levels opened"))
     }
@@ -301,8 +316,10 @@ impl PoolRoot {
     /// directory. rmdir never removes a non-empty directory; a failure leaves an empty one that
     /// the next deletion or start-up removes.
     fn remove_staged_pv_dir(&self, staged: &StagedVolume) {
-        let Ok(staging) = self.open_beneath(self.fd.as_fd(), STAGING_DIR, rustix::fs::OFlags::RDONLY) else { return };
-        if let Ok(node) = self.open_beneath(staging.as_fd(), staged.node.as_str(), rustix::fs::OFlags::RDONLY) {
+        let path = self.path.join(STAGING_DIR);
+        let Ok(Some(staging)) = self.open_own_dir(self.fd.as_fd(), STAGING_DIR, &path, false) else { return };
+        let node_path = path.join(staged.node.as_str());
+        if let Ok(Some(node)) = self.open_own_dir(staging.as_fd(), staged.node.as_str(), &node_path, false) {
             let _ = rustix::fs::unlinkat(&node, staged.pv.as_str(), AtFlags::REMOVEDIR);
         }
         self.remove_empty_staging(&staging, &staged.node);
@@ -324,6 +341,11 @@ impl PoolRoot {
         let mut first_error = None;
         for entry in trash.list_entries()? {
             let Ok(name) = VolumeDirName::new(&entry) else { continue };
+            if !is_trash_entry(&entry) {
+                // Not a name this provisioner gives: someone else put it there. Left alone.
+                tracing::warn!(pool = %self.name, entry, "an entry in the trash that this provisioner did not put there; left alone");
+                continue;
+            }
             match trash.remove_volume_dir(&name) {
                 Ok(_) => removed += 1,
                 Err(error) => {
@@ -346,26 +368,31 @@ impl PoolRoot {
     /// Bytes a directory directly under the root holds on disk. Read by path and never following
     /// a symlink: it only looks. 0 when there is no such directory.
     pub fn bytes_under(&self, entry: &str) -> Result<u64, PoolError> {
-        fn walk(dir: &std::path::Path, total: &mut u64) -> std::io::Result<()> {
-            for entry in std::fs::read_dir(dir)? {
-                let entry = entry?;
-                let meta = entry.path().symlink_metadata()?;
-                *total += std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
-                if meta.file_type().is_dir() {
-                    walk(&entry.path(), total)?;
-                }
-            }
-            Ok(())
-        }
-        let dir = self.path.join(entry);
-        match dir.symlink_metadata() {
-            Ok(meta) if meta.file_type().is_dir() => {}
-            _ => return Ok(0),
-        }
+        let path = self.path.join(entry);
+        let dir = match self.open_own_dir(self.fd.as_fd(), entry, &path, false) {
+            Ok(Some(fd)) => fd,
+            Ok(None) | Err(PoolError::BookkeepingReplaced { .. }) => return Ok(0),
+            Err(e) => return Err(e),
+        };
         let mut total = 0;
-        walk(&dir, &mut total)
-            .map_err(|e| fs_error("measure a directory", dir.clone(), Errno::from_io_error(&e).unwrap_or(Errno::IO)))?;
+        self.add_bytes(dir, &path, &mut total)?;
         Ok(total)
+    }
+
+    /// Adds the allocated bytes of everything below the open directory `dir`, descending only
+    /// into directories of the pool's own mount (descriptor by descriptor, never by path).
+    fn add_bytes(&self, dir: std::os::fd::OwnedFd, path: &std::path::Path, total: &mut u64) -> Result<(), PoolError> {
+        for name in list_dir(&dir, path)? {
+            let Ok(st) = rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) else { continue };
+            *total += u64::try_from(st.st_blocks).unwrap_or(0) * 512;
+            if FileType::from_raw_mode(st.st_mode) == FileType::Directory
+                && u64::try_from(st.st_dev).ok() == Some(self.dev)
+                && let Ok(sub) = self.open_beneath(dir.as_fd(), name.as_str(), rustix::fs::OFlags::RDONLY)
+            {
+                self.add_bytes(sub, &path.join(&name), total)?;
+            }
+        }
+        Ok(())
     }
 
     /// Entries waiting in the trash.
@@ -379,33 +406,19 @@ impl PoolRoot {
     /// The trash directory as a pool root of its own (so removal inside it has every guarantee
     /// of a volume removal), or None when there is no trash yet.
     pub(super) fn trash_root(&self) -> Result<Option<PoolRoot>, PoolError> {
-        match self.open_trash(false) {
-            Ok(_) => {}
-            Err(PoolError::RootMissing { .. }) => return Ok(None),
-            Err(e) => return Err(e),
+        let path = self.path.join(TRASH_DIR);
+        match self.open_own_dir(self.fd.as_fd(), TRASH_DIR, &path, false)? {
+            Some(fd) => self.sub_root(fd, "trash", path).map(Some),
+            None => Ok(None),
         }
-        let trash = PoolRoot::open(&format!("{}-trash", self.name), &self.path.join(TRASH_DIR))?;
-        if trash.dev != self.dev {
-            return Err(PoolError::MountInsideVolume { path: trash.path.clone() });
-        }
-        Ok(Some(trash))
     }
 
-    /// Opens (creating it when asked) the trash directory beneath the root, refusing a symlink.
+    /// Opens (creating it when asked) the trash directory beneath the root (see
+    /// [`PoolRoot::open_own_dir`]).
     fn open_trash(&self, create: bool) -> Result<std::os::fd::OwnedFd, PoolError> {
         let path = self.path.join(TRASH_DIR);
-        if create {
-            match rustix::fs::mkdirat(&self.fd, TRASH_DIR, Mode::from_raw_mode(0o700)) {
-                Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => return Err(fs_error("create the trash directory", path, e)),
-            }
-        }
-        match self.open_beneath(self.fd.as_fd(), TRASH_DIR, rustix::fs::OFlags::RDONLY) {
-            Ok(fd) => Ok(fd),
-            Err(Errno::NOENT) => Err(PoolError::RootMissing { pool: self.name.clone(), path }),
-            Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => Err(PoolError::VolumeNotDirectory { path }),
-            Err(e) => Err(fs_error("open the trash directory", path, e)),
-        }
+        self.open_own_dir(self.fd.as_fd(), TRASH_DIR, &path, create)?
+            .ok_or(PoolError::RootMissing { pool: self.name.clone(), path })
     }
 
     /// The first mount point at or below `path` in the mount table, if any.
@@ -416,6 +429,16 @@ impl PoolRoot {
         let mounts = read_mount_table()?;
         Ok(crate::deciding::mount_table::first_mount_at_or_below(&mounts, &path).map(|m| m.mount_point.clone()))
     }
+}
+
+/// Whether `name` is of the form this provisioner gives trash entries: `<nanoseconds>-<sequence>`.
+fn is_trash_entry(name: &str) -> bool {
+    name.split_once('-').is_some_and(|(nanos, sequence)| {
+        !nanos.is_empty()
+            && !sequence.is_empty()
+            && nanos.bytes().all(|b| b.is_ascii_digit())
+            && sequence.bytes().all(|b| b.is_ascii_digit())
+    })
 }
 
 /// Names in an opened directory ("." and ".." left out; names that are not UTF-8 skipped: this
@@ -469,6 +492,12 @@ mod tests {
         assert_eq!(pool.move_to_trash(&name("pvc-a")).unwrap(), Trashed::AlreadyGone);
     }
 
+    /// A PV name of the form the API server's uids give (`pvc-<uid>`), made from a short tag.
+    fn pvn(tag: &str) -> String {
+        let hash = tag.bytes().fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
+        format!("pvc-{hash:08x}-0000-4000-8000-000000000000")
+    }
+
     fn staged(pool: &PoolRoot, node: &str, pv: &str, dir: &str) -> Staged {
         pool.stage_deletion(&name(node), &name(pv), &name(dir)).unwrap()
     }
@@ -516,13 +545,13 @@ mod tests {
     #[test]
     fn a_restore_never_replaces_what_took_the_volumes_place() {
         let (tmp, pool) = pool();
-        volume_with_data(&tmp, "pvc-c");
-        let Staged::Moved(entry) = staged(&pool, "node-a", "pvc-c", "pvc-c") else { panic!("not staged") };
-        std::fs::create_dir(tmp.path().join("pool/pvc-c")).unwrap();
-        std::fs::write(tmp.path().join("pool/pvc-c/newer"), b"n").unwrap();
+        volume_with_data(&tmp, &pvn("c"));
+        let Staged::Moved(entry) = staged(&pool, "node-a", &pvn("c"), &pvn("c")) else { panic!("not staged") };
+        std::fs::create_dir(tmp.path().join("pool").join(pvn("c"))).unwrap();
+        std::fs::write(tmp.path().join("pool").join(pvn("c")).join("newer"), b"n").unwrap();
         let result = pool.restore_staged(&entry);
         assert!(matches!(result, Err(PoolError::StagedPlaceTaken { .. })), "{result:?}");
-        assert!(tmp.path().join("pool/pvc-c/newer").exists(), "what is there stays");
+        assert!(tmp.path().join("pool").join(pvn("c")).join("newer").exists(), "what is there stays");
         assert!(pool.staged_path(&entry).join("sub/file").exists(), "the staged volume stays staged");
         assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), vec![entry]);
     }
@@ -530,12 +559,12 @@ mod tests {
     #[test]
     fn leftovers_are_listed_per_node_and_empty_ones_cleared() {
         let (tmp, pool) = pool();
-        volume_with_data(&tmp, "pvc-d");
-        volume_with_data(&tmp, "pvc-e");
-        let Staged::Moved(mine) = staged(&pool, "node-a", "pvc-d", "pvc-d") else { panic!("not staged") };
-        let Staged::Moved(theirs) = staged(&pool, "node-b", "pvc-e", "pvc-e") else { panic!("not staged") };
+        volume_with_data(&tmp, &pvn("d"));
+        volume_with_data(&tmp, &pvn("e"));
+        let Staged::Moved(mine) = staged(&pool, "node-a", &pvn("d"), &pvn("d")) else { panic!("not staged") };
+        let Staged::Moved(theirs) = staged(&pool, "node-b", &pvn("e"), &pvn("e")) else { panic!("not staged") };
         // A crash between a commit's rename and its cleanup leaves an empty PV directory.
-        let empty = tmp.path().join("pool").join(STAGING_DIR).join("node-a/pvc-gone");
+        let empty = tmp.path().join("pool").join(STAGING_DIR).join("node-a").join(pvn("gone"));
         std::fs::create_dir(&empty).unwrap();
         assert_eq!(pool.staged_deletions(&name("node-a")).unwrap(), vec![mine.clone()]);
         assert!(!empty.exists());
