@@ -28,6 +28,9 @@ pub mod reason {
     pub const WAITING_FOR_NODES: &str = "WaitingForNodes";
     /// Warning, on this node's Node object: its CSIStorageCapacity objects cannot be written.
     pub const CAPACITY_PUBLISH_FAILED: &str = "CapacityPublishFailed";
+    /// Warning, on this node's Node object: a deleted volume's data waits in the deletion staging
+    /// because the trash cannot take it (with its path and size).
+    pub const STRANDED_VOLUME_DATA: &str = "StrandedVolumeData";
     /// Warning: a clone waits for its source claim (missing, being deleted, not bound yet).
     pub const CLONE_SOURCE_NOT_READY: &str = "CloneSourceNotReady";
 }

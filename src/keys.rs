@@ -74,6 +74,11 @@ pub fn trim_claim_metadata(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta
 /// mid-copy (the name the CSI external-provisioner uses for the same purpose).
 pub const CLONE_PROTECTION_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
 
+/// PV annotation written when a volume staged for deletion is kept because its PV stays: the
+/// write gives the PV a new resourceVersion, so that no node lets the PV go on what it saw
+/// before the volume was put back (`deciding::deletion`).
+pub const VOLUME_KEPT_AT: &str = "hostpath-provisioner.kubevirt.io/volume-kept-at";
+
 /// The value of annotation `key`, if the object has it.
 pub fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,

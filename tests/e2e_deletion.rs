@@ -156,11 +156,21 @@ async fn the_api_server_refuses_a_deletion_decided_on_a_stale_pv() {
     let held = env.pvs().get(&name).await.expect("PV still held");
     assert!(held.metadata.finalizers.unwrap_or_default().iter().any(|f| f.starts_with("external-provisioner")));
 
-    // With the current version both go through (the provisioner's next event carries it).
-    let current = serde_json::json!({"metadata": {
-        "resourceVersion": held.metadata.resource_version,
-        "$deleteFromPrimitiveList/finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
-    }});
-    env.pvs().patch(&name, &PatchParams::default(), &Patch::Strategic(&current)).await.expect("finalizer removed");
+    // With the current version both go through (the provisioner's next event carries it). The PV
+    // controller may update the PV's status between the read and the patch: read again then.
+    let mut current_version = held.metadata.resource_version;
+    for attempt in 0.. {
+        let current = serde_json::json!({"metadata": {
+            "resourceVersion": current_version,
+            "$deleteFromPrimitiveList/finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
+        }});
+        match env.pvs().patch(&name, &PatchParams::default(), &Patch::Strategic(&current)).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < 10 => {
+                current_version = env.pvs().get(&name).await.expect("PV").metadata.resource_version;
+            }
+            Err(e) => panic!("finalizer removal with the current version: {e}"),
+        }
+    }
     env.wait_pv_gone(&name).await;
 }

@@ -5,6 +5,7 @@ pub mod capacity;
 pub mod claim;
 pub mod class;
 pub mod clone;
+pub mod deletion;
 pub mod identity;
 pub mod layout;
 pub mod mount_table;

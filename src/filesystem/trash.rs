@@ -167,19 +167,30 @@ impl PoolRoot {
             Err(PoolError::RootMissing { .. }) => return Ok(()),
             Err(e) => return Err(e),
         };
-        match rustix::fs::renameat_with(
-            &pv_dir,
-            staged.dir.as_str(),
-            &self.fd,
-            staged.dir.as_str(),
-            rustix::fs::RenameFlags::NOREPLACE,
-        ) {
+        let put_back = || {
+            rustix::fs::renameat_with(
+                &pv_dir,
+                staged.dir.as_str(),
+                &self.fd,
+                staged.dir.as_str(),
+                rustix::fs::RenameFlags::NOREPLACE,
+            )
+        };
+        match put_back() {
             Ok(()) | Err(Errno::NOENT) => {}
-            Err(Errno::EXIST) => {
-                return Err(PoolError::StagedPlaceTaken {
-                    path: self.volume_path(&staged.dir),
-                    staged: self.staged_path(staged),
-                });
+            // Something took the place meanwhile. An empty directory there (a provisioner that
+            // made the directory again) gives way, and an empty staged one is dropped: rmdir
+            // removes nothing but an empty directory. Data on both sides stays as it is.
+            Err(Errno::EXIST | Errno::NOTEMPTY) => {
+                let occupant_gone = rustix::fs::unlinkat(&self.fd, staged.dir.as_str(), AtFlags::REMOVEDIR).is_ok();
+                let settled = (occupant_gone && put_back().is_ok())
+                    || rustix::fs::unlinkat(&pv_dir, staged.dir.as_str(), AtFlags::REMOVEDIR).is_ok();
+                if !settled {
+                    return Err(PoolError::StagedPlaceTaken {
+                        path: self.volume_path(&staged.dir),
+                        staged: self.staged_path(staged),
+                    });
+                }
             }
             Err(e) => return Err(fs_error("restore the staged volume", self.staged_path(staged), e)),
         }
@@ -277,6 +288,20 @@ impl PoolRoot {
             }
         }
         Ok(dirs)
+    }
+
+    /// Bytes a staged volume holds on disk (for reports of stranded data).
+    pub fn staged_bytes(&self, staged: &StagedVolume) -> Result<u64, PoolError> {
+        let pv_dir = self.open_staged_pv_dir(staged, false)?;
+        let mut total = 0;
+        self.add_bytes(pv_dir, &self.staged_path(staged), &mut total)?;
+        Ok(total)
+    }
+
+    /// Makes sure the trash can take a volume (it exists, or is made, as a plain directory of the
+    /// pool's own mount), before anything is let go: a deletion is refused while it cannot.
+    pub fn ensure_trash(&self) -> Result<(), PoolError> {
+        self.open_trash(true).map(|_| ())
     }
 
     /// Where a staged volume is, for messages.
@@ -386,7 +411,7 @@ impl PoolRoot {
             let Ok(st) = rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) else { continue };
             *total += u64::try_from(st.st_blocks).unwrap_or(0) * 512;
             if FileType::from_raw_mode(st.st_mode) == FileType::Directory
-                && u64::try_from(st.st_dev).ok() == Some(self.dev)
+                && st.st_dev == self.dev
                 && let Ok(sub) = self.open_beneath(dir.as_fd(), name.as_str(), rustix::fs::OFlags::RDONLY)
             {
                 self.add_bytes(sub, &path.join(&name), total)?;

@@ -53,6 +53,8 @@ pub struct Context {
     pub health: Arc<Health>,
     /// Wakes the background removal of trashed volumes.
     pub purge: tokio::sync::Notify,
+    /// Volumes staged for deletion whose fate is not settled yet.
+    pub settling: crate::reconciling::settling::Settling,
     /// Which nodes are alive and what pools they serve (for shared and every-node volumes).
     pub membership: Membership,
     recorder: Recorder,
@@ -108,6 +110,7 @@ impl Context {
             metrics,
             health,
             purge: tokio::sync::Notify::new(),
+            settling: Default::default(),
             membership,
             recorder,
             node: tokio::sync::Mutex::new(None),

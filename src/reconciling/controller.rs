@@ -18,7 +18,7 @@ use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
 use crate::reconciling::context::Context;
 use crate::reconciling::published_capacity::{self, Publisher};
-use crate::reconciling::{claims, orphans, upkeep, volumes, watches};
+use crate::reconciling::{claims, orphans, settling, upkeep, volumes, watches};
 use crate::serving::health::{self, Health, Watch};
 use crate::serving::metrics::Metrics;
 
@@ -191,7 +191,8 @@ pub async fn run(
     sweep_clone_staging(&ctx).await;
     // Before the volume controllers first run: a volume this node left staged for deletion goes
     // back to its place or to the trash before anything decides about its PV.
-    volumes::resolve_staged_deletions(&ctx).await;
+    settling::settle(&ctx).await;
+    tokio::spawn(settling::keep_settling(ctx.clone()));
     tokio::spawn(upkeep::purge_trash(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");

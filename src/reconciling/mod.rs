@@ -12,6 +12,7 @@ pub mod orphans;
 pub mod provisioning;
 pub mod published_capacity;
 pub mod resize;
+pub mod settling;
 pub mod stranded;
 pub mod upkeep;
 pub mod volumes;

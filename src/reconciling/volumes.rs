@@ -11,20 +11,26 @@ use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 
-use crate::deciding::layout::{self, AcceptedPath};
-use crate::deciding::volume::{
-    DeleteRefusal, Ignore, LetGo, LetGoAnswer, StagedFate, StagedPv, VolumeDecision, VolumeShape, decide_volume,
-    fate_after_answer, fate_at_start, how_to_let_go, volume_shape,
+use crate::deciding::deletion::{
+    LetGo, LetGoAnswer, NotInPlace, StagedFate, WhenNotInPlace, fate_after_answer, fate_after_confirm, how_to_let_go,
+    when_not_in_place,
 };
+use crate::deciding::layout::{self, AcceptedPath};
+use crate::deciding::volume::{DeleteRefusal, Ignore, VolumeDecision, VolumeShape, decide_volume, volume_shape};
 use crate::error::{Retry, VolumeError, reason};
 use crate::filesystem::{Created, PoolRoot, Staged, Trashed, VolumeDirName};
 use crate::keys;
 use crate::reconciling::context::{Context, MAX_RETRY};
+use crate::reconciling::settling;
 use crate::serving::metrics::{Metrics, VolumeClass};
 
 /// How often the node that speaks for a terminating every-node PV looks again at the nodes
 /// whose copies hold it.
 const WAITING_RECHECK: Duration = Duration::from_secs(60);
+
+/// How soon a PV whose volume another node holds staged is looked at again (that node settles
+/// the volume within a minute, or at its next start).
+const STAGED_ELSEWHERE_RECHECK: Duration = Duration::from_secs(30);
 
 /// When a PV whose deletion the API server refused (it changed since it was read) is looked at
 /// again if no event brought its new state by then.
@@ -105,20 +111,50 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
     Ok(action)
 }
 
-/// Removes the directory of a released node or shared volume, then its PV, with one request:
-/// the directory is moved aside (staged), the PV let go with the preconditions of the object
-/// decided on, and the staged directory committed to the trash or restored by the answer. The
-/// cached object suffices: a PV changed since (an admin switching it to Retain, clearing its
-/// claimRef) makes the API server refuse, and the next event decides on the new one.
+/// Removes the directory of a released node or shared volume, then its PV, with one request,
+/// following the deletion protocol (`deciding::deletion`): the directory is moved aside
+/// (staged), the PV let go with the preconditions of the object decided on, and the staged
+/// directory committed to the trash or put back by the answer, or kept staged until a lookup of
+/// the PV settles it (`reconciling::settling`). The cached object suffices: a PV changed since (an
+/// admin switching it to Retain, clearing its claimRef) makes the API server refuse, and the next
+/// event decides on the new one.
 async fn delete_volume(ctx: &Context, pv: &PersistentVolume, accepted: &AcceptedPath) -> Result<Action, VolumeError> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let started = Instant::now();
     let (pool, dir) = pool_and_dir(ctx, accepted)?;
     let node = VolumeDirName::new(&ctx.me.node).map_err(|e| VolumeError::Pool(e.into()))?;
     let pv_name = VolumeDirName::new(name).map_err(|e| VolumeError::Pool(e.into()))?;
-    // On a shared pool, two nodes racing here is harmless: one rename wins, the other finds
-    // nothing and its request is refused or finds the PV gone.
-    let staged = pool.stage_deletion(&node, &pv_name, &dir)?;
+    // Refused before anything is let go while the trash cannot take the volume (replaced by a
+    // file, a symlink or a mount): the PV stays, with this error as its event.
+    pool.ensure_trash()?;
+    let _in_flight = ctx.settling.hold(pool.name(), name);
+    let path = pool.path().join(dir.as_str());
+    let staged = match pool.stage_deletion(&node, &pv_name, &dir)? {
+        Staged::Moved(staged) => Some(staged),
+        Staged::Unlinked => {
+            tracing::info!(pv = %name, path = %path.display(), "volume was not a directory; unlinked it");
+            None
+        }
+        Staged::AlreadyGone => {
+            // Another node of a shared pool may hold it staged, and put it back if its PV stays:
+            // the PV goes only when no node can bring the directory back.
+            let seen = NotInPlace {
+                staged_by_a_node: pool.staged_by_any_node(&pv_name)?,
+                back_in_place: pool.volume_dir_exists(&dir)?,
+            };
+            match when_not_in_place(seen) {
+                WhenNotInPlace::LetGo => {
+                    tracing::info!(pv = %name, path = %path.display(), "directory already gone; deleting the PV");
+                    None
+                }
+                WhenNotInPlace::StageAgain => return Ok(Action::requeue(Duration::from_millis(100))),
+                WhenNotInPlace::WaitForTheNodeHoldingIt => {
+                    tracing::info!(pv = %name, path = %path.display(), "a node holds the volume staged for deletion; it settles it, looking again later");
+                    return Ok(Action::requeue(STAGED_ELSEWHERE_RECHECK));
+                }
+            }
+        }
+    };
     let let_go = how_to_let_go(pv);
     let result = match let_go {
         LetGo::DeleteObject { .. } => delete_pv_as_read(ctx, pv).await,
@@ -129,21 +165,34 @@ async fn delete_volume(ctx: &Context, pv: &PersistentVolume, accepted: &Accepted
         Err(kube::Error::Api(status)) => LetGoAnswer::from_status(status.code),
         Err(_) => LetGoAnswer::Unknown,
     };
-    let path = pool.path().join(dir.as_str());
-    if let Staged::Moved(staged) = &staged {
-        match fate_after_answer(answer) {
-            StagedFate::Commit => {
-                let entry = pool.commit_staged(staged).inspect_err(|error| {
-                    tracing::error!(pv = %name, staged = %pool.staged_path(staged).display(), %error, "PV deleted but its volume cannot move to the trash; it stays staged (never purged) until the next start settles it");
-                })?;
-                tracing::info!(pv = %name, path = %path.display(), trash = ?entry, "deleted volume; data is removed in the background");
-                ctx.purge.notify_one();
-            }
+    if let Some(staged) = &staged {
+        let mut fate = fate_after_answer(answer);
+        if fate == StagedFate::Confirm {
+            fate = fate_after_confirm(settling::confirm_pv(ctx, name).await);
+        }
+        match fate {
+            StagedFate::Commit => match pool.commit_staged(staged) {
+                Ok(entry) => {
+                    tracing::info!(pv = %name, path = %path.display(), trash = ?entry, "deleted volume; data is removed in the background");
+                    ctx.purge.notify_one();
+                }
+                Err(error) => {
+                    // Past the point of no return: the PV is gone. The data waits staged and is
+                    // reported until the trash takes it.
+                    ctx.settling.pv_gone(pool.name(), name);
+                    let bytes = pool.staged_bytes(staged).unwrap_or(0);
+                    settling::report_stranded(ctx, &pool, staged, bytes, &error).await;
+                }
+            },
             StagedFate::Restore => {
                 pool.restore_staged(staged).inspect_err(|error| {
-                    tracing::error!(pv = %name, staged = %pool.staged_path(staged).display(), %error, "cannot put the volume back; it stays staged (never purged) until the next start settles it");
+                    tracing::error!(pv = %name, staged = %pool.staged_path(staged).display(), %error, "cannot put the volume back; it stays staged (never purged) and is settled every minute");
                 })?;
                 tracing::debug!(pv = %name, path = %path.display(), ?answer, "volume put back: its PV stays for now");
+            }
+            StagedFate::Keep | StagedFate::Confirm => {
+                tracing::warn!(pv = %name, staged = %pool.staged_path(staged).display(), "not known whether the PV is gone; the volume stays staged (never purged) until the PV is confirmed or known gone");
+                ctx.settling.wake.notify_one();
             }
         }
     }
@@ -158,15 +207,6 @@ async fn delete_volume(ctx: &Context, pv: &PersistentVolume, accepted: &Accepted
     // With --pv-finalizer the PV waited for its data: gone now.
     if answer == LetGoAnswer::Done && let_go == (LetGo::DeleteObject { then_drop_protection: true }) {
         remove_finalizer(ctx, name, keys::PROTECTION_FINALIZER).await?;
-    }
-    match staged {
-        Staged::Moved(_) => {}
-        Staged::Unlinked => {
-            tracing::info!(pv = %name, path = %path.display(), "volume was not a directory; unlinked it and deleted the PV")
-        }
-        Staged::AlreadyGone => {
-            tracing::info!(pv = %name, path = %path.display(), "directory already gone; deleted PV")
-        }
     }
     let seconds = started.elapsed().as_secs_f64();
     ctx.metrics.delete_seconds.observe(seconds);
@@ -197,47 +237,6 @@ async fn drop_protection_as_read(ctx: &Context, pv: &PersistentVolume) -> Result
     }});
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| ())
-}
-
-/// Settles the volumes this node left staged for deletion when it stopped (a crash between
-/// moving a volume aside and the API server's answer): committed to the trash when their PV is
-/// gone, put back otherwise. Runs before the controllers act; one GET per leftover.
-pub async fn resolve_staged_deletions(ctx: &Context) {
-    let Ok(node) = VolumeDirName::new(&ctx.me.node) else { return };
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    for pool_name in ctx.pools.names() {
-        let Some(Ok(pool)) = ctx.pools.usable(pool_name) else { continue };
-        let staged = match pool.staged_deletions(&node) {
-            Ok(staged) => staged,
-            Err(error) => {
-                tracing::warn!(pool = pool_name, %error, "cannot list volumes staged for deletion; they stay where they are");
-                continue;
-            }
-        };
-        for staged in staged {
-            let lookup = match api.get_opt(staged.pv.as_str()).await {
-                Ok(Some(_)) => StagedPv::Present,
-                Ok(None) => StagedPv::Absent,
-                Err(error) => {
-                    tracing::warn!(pv = %staged.pv, %error, "cannot read the PV of a volume staged for deletion; putting the volume back");
-                    StagedPv::Unknown
-                }
-            };
-            let place = pool.volume_path(&staged.dir);
-            let result = match fate_at_start(lookup) {
-                StagedFate::Commit => pool.commit_staged(&staged).map(|entry| {
-                    tracing::info!(pool = pool_name, pv = %staged.pv, path = %place.display(), trash = ?entry, "PV gone: staged volume moved to the trash");
-                    ctx.purge.notify_one();
-                }),
-                StagedFate::Restore => pool.restore_staged(&staged).map(|()| {
-                    tracing::info!(pool = pool_name, pv = %staged.pv, path = %place.display(), "PV still there: staged volume put back");
-                }),
-            };
-            if let Err(error) = result {
-                tracing::error!(pool = pool_name, pv = %staged.pv, staged = %pool.staged_path(&staged).display(), %error, "cannot settle a volume staged for deletion; it stays staged, never purged");
-            }
-        }
-    }
 }
 
 /// The usable pool and the validated directory name of an accepted path.

@@ -228,6 +228,12 @@ pub struct Metrics {
     pub orphaned_volume_bytes: Family<PoolLabel, Gauge>,
     /// Bytes of deleted volumes the background removal cannot remove, by pool and reason.
     pub trash_stuck_bytes: Family<StuckLabel, Gauge>,
+    /// Volumes this node keeps staged for deletion whose fate is not settled yet: their PV's
+    /// answer was lost, or it is gone and the trash cannot take them (stranded).
+    pub staged_volumes: Family<PoolLabel, Gauge>,
+    /// Bytes of volumes whose PV is gone but which the trash cannot take, so that they wait in
+    /// the deletion staging (retried every minute).
+    pub stranded_volume_bytes: Family<PoolLabel, Gauge>,
     /// btrfs subvolumes found nested inside volumes (made by workloads, outside the volumes'
     /// quotas) and removed with them.
     pub nested_subvolumes_removed: Counter,
@@ -285,6 +291,18 @@ impl Metrics {
         let background_deletions_pending = Family::<PoolLabel, Gauge>::default();
         let trash_stuck_bytes = Family::<StuckLabel, Gauge>::default();
         let orphaned_volume_bytes = Family::<PoolLabel, Gauge>::default();
+        let staged_volumes = Family::<PoolLabel, Gauge>::default();
+        let stranded_volume_bytes = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "staged_volumes",
+            "Volumes this node holds staged for deletion whose fate is not settled yet (settled every minute)",
+            staged_volumes.clone(),
+        );
+        registry.register(
+            "stranded_volume_bytes",
+            "Bytes of deleted volumes (their PV gone) that the trash cannot take; they wait in the deletion staging",
+            stranded_volume_bytes.clone(),
+        );
         registry.register("provisions", "Provisioning attempts by result and reason", provisions.clone());
         registry.register("deletions", "Volume deletions by result and reason", deletions.clone());
         registry.register(
@@ -374,6 +392,8 @@ impl Metrics {
             cached_objects,
             background_deletions_pending,
             trash_stuck_bytes,
+            staged_volumes,
+            stranded_volume_bytes,
             nested_subvolumes_removed,
             orphaned_volume_bytes,
         }
