@@ -129,9 +129,16 @@ impl PoolRoot {
         }
         let staged = StagedVolume { node: node.clone(), pv: pv.clone(), dir: dir.clone() };
         let pv_dir = self.open_staged_pv_dir(&staged, true)?;
-        rustix::fs::renameat(&self.fd, dir.as_str(), &pv_dir, dir.as_str())
-            .map_err(|e| fs_error("stage the volume for deletion", self.volume_path(dir), e))?;
-        Ok(Staged::Moved(staged))
+        match rustix::fs::renameat(&self.fd, dir.as_str(), &pv_dir, dir.as_str()) {
+            Ok(()) => Ok(Staged::Moved(staged)),
+            // Another node of a shared pool moved it first: leave no empty staging level behind.
+            Err(Errno::NOENT) => {
+                drop(pv_dir);
+                self.remove_staged_pv_dir(&staged);
+                Ok(Staged::AlreadyGone)
+            }
+            Err(e) => Err(fs_error("stage the volume for deletion", self.volume_path(dir), e)),
+        }
     }
 
     /// The PV of a staged volume is gone: the volume moves into the trash (its project quota

@@ -30,7 +30,7 @@ const WAITING_RECHECK: Duration = Duration::from_secs(60);
 
 /// How soon a PV whose volume another node holds staged is looked at again (that node settles
 /// the volume within a minute, or at its next start).
-const STAGED_ELSEWHERE_RECHECK: Duration = Duration::from_secs(30);
+const STAGED_ELSEWHERE_RECHECK: Duration = Duration::from_secs(5);
 
 /// When a PV whose deletion the API server refused (it changed since it was read) is looked at
 /// again if no event brought its new state by then.
