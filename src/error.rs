@@ -31,6 +31,9 @@ pub mod reason {
     /// Warning, on this node's Node object: a deleted volume's data waits in the deletion staging
     /// because the trash cannot take it (with its path and size).
     pub const STRANDED_VOLUME_DATA: &str = "StrandedVolumeData";
+    /// Warning, on a shared or every-node PV: no node with a running provisioner serves a pool
+    /// its directory is in.
+    pub const VOLUME_NOT_SERVED: &str = "VolumeNotServed";
     /// Warning: a clone waits for its source claim (missing, being deleted, not bound yet).
     pub const CLONE_SOURCE_NOT_READY: &str = "CloneSourceNotReady";
 }

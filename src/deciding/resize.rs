@@ -11,6 +11,9 @@ use crate::deciding::volume::VolumeShape;
 pub struct ResizeFacts {
     /// The claim's `spec.resources.requests.storage`, in bytes.
     pub requested: u64,
+    /// The request as written and why it cannot be served as a size, when the API server
+    /// accepted a quantity this provisioner cannot read as bytes (`1e30`: beyond any disk).
+    pub unreadable_request: Option<String>,
     /// The claim's `status.capacity.storage`, in bytes (0 when unset).
     pub claim_capacity: u64,
     /// The PV's `spec.capacity.storage`, in bytes.
@@ -82,6 +85,9 @@ pub enum ResizeRefusal {
         /// The reserve.
         reserve: u64,
     },
+    /// The request is a quantity the API server accepts but no disk can serve.
+    #[error("cannot grow volume: {0}; request a size in bytes a pool can hold (for example 20Gi)")]
+    UnreadableRequest(String),
     /// Every-node volumes are not expanded (yet).
     #[error(
         "expansion of {shape} volumes is not supported: only node and shared volumes (topology: node or shared) can be expanded"
@@ -101,6 +107,17 @@ pub fn shared_actor_is_me(acting: &Acting) -> bool {
 
 /// Decides one claim's expansion. `room` is asked for only when growing.
 pub fn decide_resize(facts: &ResizeFacts, room: impl FnOnce() -> Option<PoolRoom>) -> ResizeDecision {
+    if facts.class_allows
+        && let Some(why) = &facts.unreadable_request
+    {
+        return match facts.shape {
+            VolumeShape::Node | VolumeShape::Shared if facts.acting_here => {
+                ResizeDecision::Refuse(ResizeRefusal::UnreadableRequest(why.clone()))
+            }
+            VolumeShape::Node | VolumeShape::Shared => ResizeDecision::NotHere,
+            VolumeShape::EveryNode => ResizeDecision::Refuse(ResizeRefusal::Shape { shape: "everyNode" }),
+        };
+    }
     if !facts.class_allows || facts.requested <= facts.claim_capacity {
         // The API server only lets a request exceed the claim's capacity on expandable classes.
         return ResizeDecision::Unchanged;
@@ -143,6 +160,7 @@ mod tests {
     fn facts(requested: u64, claim: u64, pv: u64) -> ResizeFacts {
         ResizeFacts {
             requested,
+            unreadable_request: None,
             claim_capacity: claim,
             pv_capacity: pv,
             class_allows: true,
@@ -161,6 +179,20 @@ mod tests {
             decide_resize(&facts(20 * MI, 10 * MI, 10 * MI), room(100 * MI)),
             ResizeDecision::Grow { to: 20 * MI }
         );
+    }
+
+    #[test]
+    fn a_request_the_api_server_accepts_but_no_disk_can_hold_is_refused_by_the_acting_node_only() {
+        let unreadable =
+            ResizeFacts { unreadable_request: Some("\"1e30\" is too large".into()), ..facts(0, 10 * MI, 10 * MI) };
+        assert_eq!(
+            decide_resize(&unreadable, room(100 * MI)),
+            ResizeDecision::Refuse(ResizeRefusal::UnreadableRequest("\"1e30\" is too large".into()))
+        );
+        let elsewhere = ResizeFacts { acting_here: false, ..unreadable.clone() };
+        assert_eq!(decide_resize(&elsewhere, room(100 * MI)), ResizeDecision::NotHere);
+        let not_expandable = ResizeFacts { class_allows: false, ..unreadable };
+        assert_eq!(decide_resize(&not_expandable, room(100 * MI)), ResizeDecision::Unchanged);
     }
 
     #[test]

@@ -42,7 +42,16 @@ pub fn size_change_pending(claim: &PersistentVolumeClaim) -> bool {
     let given = bytes(
         claim.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.as_str()),
     );
-    bound && matches!((requested, given), (Some(requested), Some(given)) if requested != given)
+    // A request the API server accepted but no disk can hold (`1e30`) differs too: the node
+    // holding the volume must see it to refuse it with a word.
+    let request_unreadable = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .is_some_and(|q| parse_bytes(&q.0).is_err());
+    bound && given.is_some() && (request_unreadable || matches!((requested, given), (Some(r), Some(g)) if r != g))
 }
 
 /// What a kept claim keeps: spec and status whole (the decisions read them: expansion reads the

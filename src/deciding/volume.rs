@@ -123,6 +123,20 @@ pub enum DeleteRefusal {
         /// The label key.
         key: &'static str,
     },
+    /// A shared or every-node volume whose directory is in no pool that any node with a running
+    /// provisioner serves: no node can make, keep or remove it.
+    #[error(
+        "the volume's path {path:?} is in no pool a node with a running provisioner serves (pool roots: {roots}); \
+         configure its pool on the nodes that should serve it (--pool NAME={parent}), or fix or remove the PV"
+    )]
+    NoNodeServesPath {
+        /// The PV's hostPath.
+        path: String,
+        /// Its parent directory, the pool root it would need.
+        parent: String,
+        /// The pool roots the live nodes serve.
+        roots: String,
+    },
     /// The path failed the rules of docs/architecture.md, deletion rules.
     #[error("refusing to delete {path:?}: {refusal}. Nothing was removed; check the PV and remove it by hand")]
     UnsafePath {
@@ -216,8 +230,30 @@ fn decide_shared_volume(pv: &PersistentVolume, me: &Identity, pools: &[PoolPath]
                 _ => VolumeDecision::Delete(accepted),
             }
         }
+        Err(DeleteRefusal::UnsafePath { refusal: PathRefusal::OutsidePools { .. }, .. }) => {
+            outside_my_pools(pv, me, live)
+        }
         Err(refusal) => speak(key, me, live, VolumeDecision::Refuse(refusal)),
     }
+}
+
+/// A shared or every-node PV whose directory is in none of this node's pools: another live node
+/// may serve its pool; if none does, one node says so.
+fn outside_my_pools(pv: &PersistentVolume, me: &Identity, live: &[LiveNode]) -> VolumeDecision {
+    let key = pv.metadata.name.as_deref().unwrap_or_default();
+    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.clone()).unwrap_or_default();
+    let parent = layout::normalise(&path)
+        .ok()
+        .and_then(|p| p.parent().map(|p| p.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let mut roots: Vec<&str> = live.iter().flat_map(|n| n.pools.iter().map(|k| k.root.as_str())).collect();
+    roots.sort_unstable();
+    roots.dedup();
+    if roots.contains(&parent.as_str()) {
+        return VolumeDecision::Ignore(Ignore::NotMyPool);
+    }
+    let roots = if roots.is_empty() { "none".to_owned() } else { roots.join(", ") };
+    speak(key, me, live, VolumeDecision::Refuse(DeleteRefusal::NoNodeServesPath { path, parent, roots }))
 }
 
 /// An every-node volume has a copy on each node: each node keeps its own in step with the PV.
@@ -235,7 +271,7 @@ fn decide_every_node_volume(
     let accepted = match accepted_path(pv, pools) {
         Ok(accepted) => accepted,
         Err(DeleteRefusal::UnsafePath { refusal: PathRefusal::OutsidePools { .. }, .. }) => {
-            return VolumeDecision::Ignore(Ignore::NotMyPool);
+            return outside_my_pools(pv, me, live);
         }
         Err(refusal) => return speak(key, me, live, VolumeDecision::Refuse(refusal)),
     };
@@ -536,7 +572,15 @@ mod tests {
         ));
         let mut other_root = unpinned_pv(&format!("/var/hpvolumes/{}", pv_dir()), Some("everyNode"), "Bound");
         other_root.spec.as_mut().unwrap().host_path.as_mut().unwrap().path = format!("/data/{}", pv_dir());
-        assert_eq!(decide_as("a", &other_root, &live(&["a"])), VolumeDecision::Ignore(Ignore::NotMyPool));
+        // A pool no live node serves: the one node speaking for it says so...
+        assert!(matches!(
+            decide_as("a", &other_root, &live(&["a"])),
+            VolumeDecision::Refuse(DeleteRefusal::NoNodeServesPath { ref parent, .. }) if parent == "/data"
+        ));
+        // ... while a pool another live node serves is that node's.
+        let mut served = live(&["a", "b"]);
+        served[1].pools.push(topology::PoolKey::new("data", "/data"));
+        assert_eq!(decide_as("a", &other_root, &served), VolumeDecision::Ignore(Ignore::NotMyPool));
         let mut traversal = unpinned_pv(&format!("/var/hpvolumes/{}", pv_dir()), Some("everyNode"), "Bound");
         traversal.spec.as_mut().unwrap().host_path.as_mut().unwrap().path = "/var/hpvolumes/../etc".into();
         let refusals = ["a", "b"]

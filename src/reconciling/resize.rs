@@ -151,7 +151,11 @@ async fn finish(
 
 async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolume) -> Option<ResizeFacts> {
     let bytes = |q: Option<&str>| q.and_then(|q| parse_bytes(q).ok());
-    let requested = bytes(request_quantity(claim).as_deref())?;
+    let request = request_quantity(claim)?;
+    let (requested, unreadable_request) = match parse_bytes(&request) {
+        Ok(bytes) => (bytes, None),
+        Err(why) => (0, Some(why.to_string())),
+    };
     let claim_capacity = bytes(
         claim.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.as_str()),
     )
@@ -172,7 +176,7 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolu
         VolumeShape::Shared => shared_acting_here(ctx, pv).await,
         VolumeShape::EveryNode => false,
     };
-    Some(ResizeFacts { requested, claim_capacity, pv_capacity, class_allows, shape, acting_here })
+    Some(ResizeFacts { requested, unreadable_request, claim_capacity, pv_capacity, class_allows, shape, acting_here })
 }
 
 /// Whether this node is the one the ranking picks for a shared PV (the key is the PV's name, as

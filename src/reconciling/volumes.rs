@@ -32,6 +32,9 @@ const WAITING_RECHECK: Duration = Duration::from_secs(60);
 /// the volume within a minute, or at its next start).
 const STAGED_ELSEWHERE_RECHECK: Duration = Duration::from_secs(5);
 
+/// How soon a PV whose pool no node serves is looked at again.
+const NOT_SERVED_RECHECK: Duration = Duration::from_secs(300);
+
 /// When a PV whose deletion the API server refused (it changed since it was read) is looked at
 /// again if no event brought its new state by then.
 const CHANGED_RECHECK: Duration = Duration::from_secs(30);
@@ -53,11 +56,20 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
             tracing::trace!(pv = %name, ?why, "nothing to do");
             Action::await_change()
         }
+        VolumeDecision::Refuse(DeleteRefusal::NoNodeServesPath { path, parent, roots }) => {
+            let refusal = DeleteRefusal::NoNodeServesPath { path, parent, roots };
+            tracing::warn!(pv = %name, %refusal, "no node serves the volume's pool");
+            // Looked at again: a node serving the pool may start later.
+            ctx.warn(&pv_ref(&pv), reason::VOLUME_NOT_SERVED, "Serve", refusal.to_string()).await;
+            Action::requeue(NOT_SERVED_RECHECK)
+        }
         VolumeDecision::Refuse(refusal) => {
             tracing::warn!(pv = %name, %refusal, "refusing to delete");
             let label = match refusal {
                 DeleteRefusal::OwnerMismatch { .. } => "owner_mismatch",
-                DeleteRefusal::NoHostPath | DeleteRefusal::UnsafePath { .. } => {
+                DeleteRefusal::NoHostPath
+                | DeleteRefusal::UnsafePath { .. }
+                | DeleteRefusal::NoNodeServesPath { .. } => {
                     ctx.metrics.refused_paths.inc();
                     "unsafe_path"
                 }
