@@ -304,7 +304,9 @@ impl PoolError {
             PoolError::RootNotMountpoint { .. }
             | PoolError::TreeChanged { .. }
             | PoolError::ReadOnly { .. }
-            | PoolError::RootRedirected { .. } => true,
+            | PoolError::RootRedirected { .. }
+            // Whoever put something in its place may take it away: looked at again with backoff.
+            | PoolError::BookkeepingReplaced { .. } => true,
             PoolError::Io { source, .. } => errno_is_retryable(*source),
             PoolError::InvalidRootPath { .. }
             | PoolError::RootMissing { .. }
@@ -315,7 +317,6 @@ impl PoolError {
             | PoolError::VolumeNotDirectory { .. }
             | PoolError::MountInsideVolume { .. }
             | PoolError::StagedPlaceTaken { .. }
-            | PoolError::BookkeepingReplaced { .. }
             | PoolError::PermissionDenied { .. }
             | PoolError::VolumeNotEmpty { .. }
             | PoolError::NotSubvolume { .. }
