@@ -1,7 +1,8 @@
 //! Chaos: 200 node claims, 40 shared and 20 every-node claims created and deleted while
 //! provisioners are SIGKILLed at random moments, kube-apiserver and etcd are each restarted once,
 //! and one node is cut off from the API server for 60 s (a proxy in front of it, closed and
-//! reopened). Every claim
+//! reopened); that node also keeps its liveness apart, so it and the others disagree about who
+//! is alive and both act on the shared and every-node volumes. Every claim
 //! must end bound exactly once, every released volume must be gone from disk and API, with no
 //! orphan directory (on any node, in the shared pool, or of any every-node copy) and no
 //! duplicate PV.
@@ -34,6 +35,8 @@ const PARTITION: Duration = Duration::from_secs(60);
 /// After which batch etcd is restarted.
 const ETCD_RESTART_AT: usize = 15;
 const DEADLINE: Duration = Duration::from_secs(300);
+/// Where the partitioned node keeps its liveness, apart from the others.
+const APART: &str = "chaos-lease-apart";
 
 /// xorshift64*: a reproducible random sequence from a printed seed.
 struct Rng(u64);
@@ -122,7 +125,9 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
     let every_dirs: Vec<PathBuf> =
         cluster.nodes.iter().map(|n| testbed::per_node_pool_dir(&cluster.cp, &n.name, EVERY_POOL)).collect();
 
-    // The last node talks to the API server through a proxy the test can cut.
+    // The last node talks to the API server through a proxy the test can cut, and keeps its
+    // liveness apart from the others' (a namespace of its own): it believes it is alone and acts
+    // on every shared and every-node volume, while the others never count it alive.
     let proxy = std::sync::Arc::new(
         testbed::CutProxy::start(([127, 0, 0, 1], cluster.cp.apiserver_port()).into()).await.expect("proxy"),
     );
@@ -131,9 +136,14 @@ async fn chaos_run_with_random_kills_and_an_apiserver_restart_converges() {
         let through_proxy = cluster.cp.temp_dir().join("partitioned.kubeconfig");
         let connection = cluster.cp.connection().via(proxy.addr());
         connection.write_kubeconfig(&through_proxy).expect("kubeconfig");
+        Api::<Namespace>::all(cluster.client())
+            .create(&PostParams::default(), &fixtures::namespace(APART))
+            .await
+            .expect("namespace of the disagreeing node's liveness");
         let node = &mut cluster.nodes[NODES - 1];
         let mut spec = node.provisioner.spec().clone();
         spec.kubeconfig = through_proxy;
+        spec.extra_args.extend(["--namespace".to_owned(), APART.to_owned()]);
         node.provisioner.kill();
         node.provisioner = testbed::Provisioner::spawn(spec, cluster.cp.temp_dir()).expect("respawn behind the proxy");
         node.provisioner.wait_ready(Duration::from_secs(60)).await.expect("ready behind the proxy");

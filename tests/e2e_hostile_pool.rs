@@ -92,6 +92,16 @@ async fn data_stranded_after_its_pv_went_is_reported_and_moved_to_the_trash_once
     .expect("gauge");
     assert!(stranded >= 256 << 10, "{stranded} bytes");
     assert!(std::fs::read_dir(pool.join(STAGING)).is_ok(), "the data waits staged");
+    // The doctor shows it too.
+    let doctor = std::process::Command::new(binary())
+        .arg("doctor")
+        .env_clear()
+        .env("NODE_NAME", &env.nodes[0].name)
+        .env("PV_DIR", &pool)
+        .output()
+        .expect("run the doctor");
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(report.contains("staged_volumes") && report.contains(".hpp-deleting"), "{report}");
     // The admin lifts the attribute: within the next settling pass (a minute) it goes, without
     // a restart.
     chattr("-i", &pool.join(TRASH));

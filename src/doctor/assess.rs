@@ -209,6 +209,23 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
         }
     }
     if let Some(trash) = &pool.trash
+        && trash.staged > 0
+    {
+        add(
+            Severity::Warning,
+            "staged_volumes",
+            format!(
+                "{} deleted volume{} ({}) wait in {}/{}: their PV's fate is being settled, or the trash cannot take \
+                 them (see the node's StrandedVolumeData events); the provisioner looks again every minute",
+                trash.staged,
+                if trash.staged == 1 { "" } else { "s" },
+                size(trash.staged_bytes),
+                pool.path,
+                crate::filesystem::STAGING_DIR,
+            ),
+        );
+    }
+    if let Some(trash) = &pool.trash
         && trash.stuck > 0
     {
         add(
@@ -403,11 +420,13 @@ mod tests {
         pool.filesystem.as_mut().unwrap().read_only = true;
         assert_eq!(checks(pool, false), vec![(Severity::Problem, "read_only")]);
         let mut pool = healthy_pool();
-        pool.trash = Some(TrashReport { entries: 3, bytes: 10, stuck: 1 });
+        pool.trash = Some(TrashReport { entries: 3, bytes: 10, stuck: 1, ..Default::default() });
         assert_eq!(checks(pool, false), vec![(Severity::Problem, "trash_stuck")]);
         let mut pool = healthy_pool();
-        pool.trash = Some(TrashReport { entries: 3, bytes: 10, stuck: 0 });
-        assert!(checks(pool, false).is_empty(), "a trash being emptied is normal");
+        pool.trash = Some(TrashReport { entries: 3, bytes: 10, stuck: 0, ..Default::default() });
+        assert!(checks(pool.clone(), false).is_empty(), "a trash being emptied is normal");
+        pool.trash = Some(TrashReport { staged: 1, staged_bytes: 4096, ..Default::default() });
+        assert_eq!(checks(pool, false), vec![(Severity::Warning, "staged_volumes")]);
         let mut pool = healthy_pool();
         pool.volumes.as_mut().unwrap().orphan_directories.push(OrphanDirectory { name: "pvc-x".into(), bytes: 1 });
         assert_eq!(checks(pool, false), vec![(Severity::Problem, "orphan_directory")]);

@@ -3,7 +3,6 @@
 
 use crate::deciding::quota::QuotaCapability;
 use std::collections::HashSet;
-use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
@@ -18,7 +17,7 @@ use crate::doctor::report::{
     FilesystemReport, MissingDirectory, OrphanDirectory, PoolReport, SelinuxReport, TrashReport, VolumesReport,
 };
 use crate::doctor::{DoctorError, assess};
-use crate::filesystem::{PoolRoot, TRASH_DIR};
+use crate::filesystem::PoolRoot;
 
 /// How long the doctor waits for the API server before reporting it unreachable.
 const API_TIMEOUT: Duration = Duration::from_secs(30);
@@ -167,16 +166,16 @@ fn filesystem_report(root: &PoolRoot) -> Result<FilesystemReport, DoctorError> {
 /// time in their name, else by their change time).
 fn trash_report(root: &PoolRoot) -> TrashReport {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let trash = root.path().join(TRASH_DIR);
-    let Ok(entries) = std::fs::read_dir(&trash) else { return TrashReport::default() };
-    let mut report = TrashReport { bytes: root.trash_bytes().unwrap_or(0), ..Default::default() };
-    for entry in entries.flatten() {
+    let Ok(entries) = root.trash_entries() else { return TrashReport::default() };
+    let mut report = TrashReport {
+        bytes: root.trash_bytes().unwrap_or(0),
+        staged: root.staged_volume_dirs().map(|dirs| dirs.len()).unwrap_or(0),
+        staged_bytes: root.bytes_under(crate::filesystem::STAGING_DIR).unwrap_or(0),
+        ..Default::default()
+    };
+    for (name, changed_ago) in entries {
         report.entries += 1;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let age = assess::trash_entry_age(&name, now).or_else(|| {
-            let changed = entry.metadata().ok()?.ctime();
-            Some(now.saturating_sub(Duration::from_secs(u64::try_from(changed).ok()?)))
-        });
+        let age = assess::trash_entry_age(&name, now).or(changed_ago);
         if age.is_some_and(|age| age >= assess::TRASH_STUCK_AFTER) {
             report.stuck += 1;
         }

@@ -116,6 +116,10 @@ pub struct TrashReport {
     pub bytes: u64,
     /// Entries older than the doctor's stuck threshold.
     pub stuck: usize,
+    /// Volumes (of any node) waiting in the deletion staging.
+    pub staged: usize,
+    /// Bytes they hold.
+    pub staged_bytes: u64,
 }
 
 /// Volume directories against this node's PVs.
@@ -254,6 +258,9 @@ pub fn render_table(report: &Report) -> String {
         if let Some(t) = &pool.trash {
             let entries = if t.entries == 1 { "entry" } else { "entries" };
             rows.push(("trash", format!("{} {entries}, {}, {} stuck", t.entries, size(t.bytes), t.stuck)));
+            if t.staged > 0 {
+                rows.push(("staged", format!("{} waiting for deletion, {}", t.staged, size(t.staged_bytes))));
+            }
         }
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         for (key, value) in rows {
@@ -316,7 +323,7 @@ mod tests {
                     }),
                     ..Default::default()
                 }),
-                trash: Some(TrashReport { entries: 2, bytes: 4096, stuck: 1 }),
+                trash: Some(TrashReport { entries: 2, bytes: 4096, stuck: 1, ..Default::default() }),
                 volumes: Some(VolumesReport {
                     expected: 3,
                     orphan_directories: vec![OrphanDirectory { name: "pvc-1".into(), bytes: 8192 }],

@@ -427,6 +427,18 @@ impl PoolRoot {
         Ok(())
     }
 
+    /// The trash's entries with how long ago each last changed (for the doctor), read through
+    /// the trash's descriptor.
+    pub fn trash_entries(&self) -> Result<Vec<(String, Option<std::time::Duration>)>, PoolError> {
+        let Some(trash) = self.trash_root()? else { return Ok(Vec::new()) };
+        let mut entries = Vec::new();
+        for entry in trash.list_entries()? {
+            let age = VolumeDirName::new(&entry).ok().and_then(|name| trash.entry_age(&name).ok().flatten());
+            entries.push((entry, age));
+        }
+        Ok(entries)
+    }
+
     /// Entries waiting in the trash.
     pub fn trash_pending(&self) -> Result<usize, PoolError> {
         Ok(match self.trash_root()? {
