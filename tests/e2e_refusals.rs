@@ -1,0 +1,80 @@
+//! End-to-end: no refusal without a word on the PV side. A shared or every-node PV whose
+//! directory is in no pool a live node serves, and an expansion the API server accepts but no
+//! disk can hold, are each declined with an event that says why and what to change.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Patch, PatchParams, PostParams};
+use testbed::fixtures;
+
+const TOPOLOGY_LABEL: &str = "hostpath-provisioner.kubevirt.io/topology";
+
+/// A released PV of `topology` at `path`, as this test's provisioner would have written it,
+/// whose claim is gone (the PV controller marks it Released).
+async fn released_pv(env: &TestEnv, name: &str, topology: &str, path: &str) -> String {
+    let mut pv = fixtures::host_path_volume(name, path, "1Mi")
+        .provisioned_by(&env.provisioner)
+        .label(TOPOLOGY_LABEL, topology)
+        .build();
+    pv.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: Some(env.ns.clone()),
+        name: Some(format!("{name}-gone")),
+        uid: Some("00000000-0000-0000-0000-00000000dead".into()),
+        ..Default::default()
+    });
+    let created = env.pvs().create(&PostParams::default(), &pv).await.expect("create PV");
+    env.wait_pv_phase(name, "Released").await;
+    created.metadata.uid.expect("uid")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shared_and_every_node_volumes_in_no_served_pool_are_refused_with_a_reason() {
+    let mut env = TestEnv::start("notserved", 0).await;
+    env.own_provisioner();
+    env.add_node(&format!("{}-1", env.group), &|spec| spec).await;
+    let elsewhere = env.cp.temp_dir().join(format!("{}-unserved", env.group));
+    let parent = elsewhere.display().to_string();
+    // PVs named as this provisioner names them, so that the path is all that is wrong.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    for (i, topology) in ["shared", "everyNode"].into_iter().enumerate() {
+        let name = format!("pvc-{:08x}-0000-4000-8000-{:012x}", nanos as u32, i);
+        let dir = name.clone();
+        std::fs::create_dir_all(elsewhere.join(&dir)).expect("mkdir");
+        std::fs::write(elsewhere.join(&dir).join("data"), b"keep").expect("write");
+        let uid = released_pv(&env, &name, topology, &format!("{parent}/{dir}")).await;
+        let note = env.wait_event("default", &uid, "VolumeNotServed").await;
+        assert!(
+            note.contains(&parent) && note.contains("--pool NAME="),
+            "{topology}: says which pool to serve: {note}"
+        );
+        assert!(
+            note.contains(&env.nodes[0].pool_root.display().to_string()),
+            "{topology}: names the served roots: {note}"
+        );
+        assert!(env.pvs().get_opt(&name).await.expect("get").is_some(), "{topology}: the PV stays");
+        assert_eq!(std::fs::read(elsewhere.join(&dir).join("data")).ok().as_deref(), Some(&b"keep"[..]), "{topology}");
+        env.pvs().delete(&name, &Default::default()).await.expect("clean up");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expansion_the_api_accepts_but_no_disk_holds_is_refused_on_the_claim() {
+    let env = TestEnv::start("hugegrow", 1).await;
+    let class = env.class("grow", |c| c.immediate().allow_expansion()).await;
+    let node = env.nodes[0].name.clone();
+    let claim = env.create_claim(fixtures::claim(&env.ns, "growing", &class, "1Mi").provision_on_node(&node)).await;
+    let pv = env.wait_bound("growing").await;
+    let patch = serde_json::json!({ "spec": { "resources": { "requests": { "storage": "1e30" } } } });
+    env.claims().patch("growing", &PatchParams::default(), &Patch::Merge(patch)).await.expect("the API accepts it");
+    let note = env.wait_event(&env.ns, &uid(&claim), "VolumeResizeFailed").await;
+    assert!(note.contains("1e30") && note.contains("too large"), "says what is wrong: {note}");
+    let pv = env.pvs().get(pv.metadata.name.as_deref().unwrap()).await.expect("PV");
+    assert_eq!(pv.spec.unwrap().capacity.unwrap()["storage"].0, "1Mi", "nothing changed");
+    // The claim is deleted as usual afterwards, and its volume goes.
+    env.delete_claim("growing").await;
+    env.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
+}
