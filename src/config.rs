@@ -39,8 +39,8 @@ pub struct Args {
     #[arg(long, env = "PV_DIR")]
     pub pv_dir: Option<PathBuf>,
 
-    /// More pools: NAME=PATH, or NAME=PATH,shared for a network filesystem mounted at the same path on every node. Repeatable; STORAGE_POOLS takes a comma-separated list (a=/x,b=/y,shared).
-    #[arg(long = "pool", env = "STORAGE_POOLS", value_name = "NAME=PATH[,shared]")]
+    /// More pools: NAME=PATH, then options of that pool: `shared` for a network filesystem mounted at the same path on every node, `reserve=SIZE` for free space kept unallocated in it (instead of --reserved-space). Repeatable; STORAGE_POOLS takes a comma-separated list (ssd=/mnt/ssd,reserve=10Gi,nfs=/mnt/nfs,shared).
+    #[arg(long = "pool", env = "STORAGE_POOLS", value_name = "NAME=PATH[,shared][,reserve=SIZE]")]
     pub pools: Vec<String>,
 
     /// Namespace of this node's liveness Lease (default: the pod's own, from its service account).

@@ -178,7 +178,7 @@ async fn with_published_capacity_the_scheduler_places_a_claim_too_big_for_one_no
     let huge = env.create_claim(fixtures::claim(&env.ns, "huge", &class, "1Ei")).await;
     let huge_pod = env.create_pod("huge-app", "huge").await;
     let pod_uid = huge_pod.metadata.uid.clone().expect("pod uid");
-    let note = env.wait_event(&env.ns, &pod_uid, "FailedScheduling").await;
+    let note = env.wait_event_from(&env.ns, &pod_uid, "default-scheduler", "FailedScheduling").await;
     assert!(note.contains("did not have enough free storage"), "{note}");
 
     // Claims too big for the small node only: placed on the big one, every time, without any

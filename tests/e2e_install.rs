@@ -279,10 +279,59 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
         ("config.dirMode=0999", "dirMode"),
         ("storageClass.name=typo", "storageClass"),
         ("storageClasses[0].name=x,storageClasses[0].volumeBindingMode=Later", "volumeBindingMode"),
+        // The binary reads Kubernetes quantities: `10GB` is none, and every pod would exit.
+        ("config.reservedSpace=10GB", "reservedSpace"),
+        ("pools[0].name=ssd,pools[0].path=/mnt/ssd,pools[0].reserve=10GB", "reserve"),
+        ("pools[0].name=ssd,pools[0].path=/mnt/ssd,pools[0].reserve=-1Gi", "reserve"),
     ] {
         let refused = helm_refusal(&["template", "x", CHART, "--set", set]);
         assert!(refused.contains(reason), "--set {set}: {refused}");
     }
+}
+
+/// The not-ready alert selects the scrape job by name: the chart keeps that name whatever the
+/// release is called, or a dead pod would raise nothing.
+#[test]
+fn the_alerts_find_the_scrape_job_under_any_release_name() {
+    let rules = read("deploy/helm/hostpath-provisioner/files/alerts.rules.yaml");
+    let job = rules
+        .split("up{job=\"")
+        .nth(1)
+        .and_then(|rest| rest.split_once('"'))
+        .map(|(job, _)| job.to_owned())
+        .expect("the not-ready alert selects up{job=\"...\"} by exact name");
+    for extra in [&["--set", "fullnameOverride=storage-agent"][..], &["--set", "nameOverride=hpp"][..], &[][..]] {
+        let mut args = vec!["--set", "serviceMonitor.enabled=true"];
+        args.extend_from_slice(extra);
+        let rendered = chart_template("hpp-job", &args);
+        let label = rendered
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("jobLabel:"))
+            .map(|l| l.trim().to_owned())
+            .unwrap_or_else(|| panic!("{extra:?}: the ServiceMonitor names its job by a label:\n{rendered}"));
+        let service = rendered
+            .split("\n---")
+            .find(|doc| doc.contains("kind: Service\n"))
+            .unwrap_or_else(|| panic!("{extra:?}: no metrics Service"));
+        assert!(
+            service.contains(&format!("{label}: {job}\n")),
+            "{extra:?}: the Service's {label} is {job}:\n{service}"
+        );
+    }
+}
+
+/// A pool that names no `hostPathType` gets the schema's stated default.
+#[test]
+fn the_documented_host_path_type_default_is_the_rendered_one() {
+    let schema: Value = serde_json::from_str(&read("deploy/helm/hostpath-provisioner/values.schema.json")).unwrap();
+    let default = schema["properties"]["pools"]["items"]["properties"]["hostPathType"]["default"]
+        .as_str()
+        .expect("the schema states hostPathType's default")
+        .to_owned();
+    let rendered = chart_template("hpp-type", &["--set", "pools[0].name=legacy,pools[0].path=/var/hpvolumes"]);
+    assert!(rendered.contains(&format!("type: {default}\n")), "rendered with {default}:\n{rendered}");
+    let values = read("deploy/helm/hostpath-provisioner/values.yaml");
+    assert!(values.contains(&format!("(default {default})")), "values.yaml states the default {default}");
 }
 
 /// Runs helm expecting it to fail and returns its error output.

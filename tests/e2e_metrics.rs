@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -134,4 +135,44 @@ async fn a_claim_placed_on_a_node_without_a_provisioner_is_counted_once_for_that
     .await
     .expect("reported");
     assert_eq!(total, 1.0, "one report for one claim");
+
+    // What Prometheus stores is what a scrape through the shipped ServiceMonitor makes of this:
+    // a target label of the same name as a metric's own takes its place (the metric's is renamed
+    // exported_<name>), and the alert would then name the scraped node, not the absent one.
+    let mut scraped = BTreeSet::new();
+    for node in &env.nodes {
+        scraped.extend(label_names(&node.provisioner.metrics().await.expect("metrics")));
+    }
+    assert!(scraped.contains("node"), "the absent node's label is served: {scraped:?}");
+    let monitor = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(SERVICE_MONITOR)).unwrap();
+    let mut target_labels: BTreeSet<String> = monitor
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("targetLabel:"))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .collect();
+    target_labels.extend(OPERATOR_TARGET_LABELS.iter().map(|l| l.to_string()));
+    let collisions: Vec<_> = scraped.intersection(&target_labels).collect();
+    assert!(collisions.is_empty(), "labels the scrape would rename to exported_*: {collisions:?}");
+}
+
+/// The ServiceMonitor as shipped (rendered from the chart).
+const SERVICE_MONITOR: &str = "deploy/monitoring/servicemonitor.yaml";
+/// Target labels the Prometheus Operator gives every target of a ServiceMonitor endpoint.
+const OPERATOR_TARGET_LABELS: [&str; 7] = ["job", "instance", "namespace", "service", "pod", "container", "endpoint"];
+
+/// The label names of every sample in a text exposition.
+fn label_names(exposition: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in exposition.lines().filter(|l| !l.starts_with('#')) {
+        let Some(labels) = line.split_once('{').and_then(|(_, rest)| rest.rsplit_once('}')).map(|(l, _)| l) else {
+            continue;
+        };
+        // Values are quoted and ours hold no `",` sequence: split on it.
+        for pair in labels.split("\",") {
+            if let Some((name, _)) = pair.split_once('=') {
+                names.insert(name.trim().to_owned());
+            }
+        }
+    }
+    names
 }

@@ -215,6 +215,59 @@ async fn immediate_claim_without_node_gets_exactly_one_explanation_from_the_clus
     assert_eq!(count, 1, "one event for the whole cluster, not one per node");
 }
 
+/// Posts an event about `claim` as `controller` would, with `reason` and `note`.
+async fn report(
+    env: &TestEnv,
+    claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+    controller: &str,
+    reason: &str,
+    note: &str,
+) {
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let event = Event {
+        metadata: kube::api::ObjectMeta { generate_name: Some("test-".into()), ..Default::default() },
+        event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        reporting_controller: Some(controller.into()),
+        reporting_instance: Some(format!("{controller}-test")),
+        action: Some("Provision".into()),
+        reason: Some(reason.into()),
+        note: Some(note.into()),
+        type_: Some("Warning".into()),
+        regarding: Some(k8s_openapi::api::core::v1::ObjectReference {
+            kind: Some("PersistentVolumeClaim".into()),
+            namespace: claim.metadata.namespace.clone(),
+            name: claim.metadata.name.clone(),
+            uid: claim.metadata.uid.clone(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    kube::Api::<Event>::namespaced(env.client.clone(), &env.ns)
+        .create(&kube::api::PostParams::default(), &event)
+        .await
+        .expect("post event");
+}
+
+/// The tests read this provisioner's events: kube-controller-manager reports
+/// `ProvisioningFailed` too (a conflict while it saves a claim), and a test that took it for the
+/// provisioner's answer passed or failed by chance.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_test_reading_events_takes_only_the_provisioners_own() {
+    let mut env = TestEnv::start("reporter", 0).await;
+    env.own_provisioner();
+    // A class of this test's provisioner name, which no node runs: nobody answers the claim.
+    let class = env.class("quiet", |c| c.immediate()).await;
+    let claim = env.create_claim(fixtures::claim(&env.ns, "quiet", &class, "1Mi")).await;
+    let conflict = "Error saving claim: Operation cannot be fulfilled: the object has been modified";
+    report(&env, &claim, "persistentvolume-controller", "ProvisioningFailed", conflict).await;
+    let all = env.all_events_for(&env.ns, &uid(&claim)).await;
+    assert!(all.iter().any(|e| reporting_controller(e) == "persistentvolume-controller"), "posted: {all:?}");
+    assert_eq!(env.our_event(&env.ns, &uid(&claim), "ProvisioningFailed").await, None, "not the provisioner's");
+    report(&env, &claim, &env.provisioner.clone(), "ProvisioningFailed", "the provisioner's reason").await;
+    assert_eq!(env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await, "the provisioner's reason");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_annotated_later_is_provisioned() {
     // The Go build reacted to annotation changes; so must we (a watch on metadata).

@@ -21,6 +21,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 const GUEST_ENV: &str = "HPP_VM_GUEST";
+/// Where the guest's writable scratch space is, as the host chose it.
+const SCRATCH_ENV: &str = "HPP_VM_SCRATCH";
+/// Host directories the guest may cover with its scratch tmpfs, in order of preference.
+const SCRATCH_CANDIDATES: [&str; 5] = ["/tmp", "/mnt", "/srv", "/media", "/opt"];
 const TEST_NAME: &str = "project_quota_stops_writers_on_xfs_and_ext4_in_a_vm";
 const MIB: u64 = 1 << 20;
 /// The first limit, and the one an expansion raises it to.
@@ -243,7 +247,7 @@ mod host {
         }
         let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)");
         let binary = std::env::current_exe().expect("this test binary");
-        let init = init_script(&binary);
+        let init = init_script(&binary, &guest_scratch(&binary));
 
         let mut cpio = Cpio::default();
         for dir in ["bin", "dev", "proc", "sys", "host", "modules"] {
@@ -261,7 +265,7 @@ mod host {
         std::fs::write(out, cpio.finish()).expect("write the initramfs");
     }
 
-    fn init_script(binary: &Path) -> String {
+    fn init_script(binary: &Path, scratch: &Path) -> String {
         format!(
             r#"#!/bin/busybox sh
 bb=/bin/busybox
@@ -278,15 +282,29 @@ fi
 $bb mount -t proc proc /host/proc
 $bb mount -t sysfs sys /host/sys
 $bb mount -t devtmpfs dev /host/dev
-$bb mount -t tmpfs -o size=700m tmp /host/tmp
+$bb mount -t tmpfs -o size=700m scratch '/host{scratch}'
 echo "HPPVM all kernel $($bb uname -r)"
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp RUST_BACKTRACE=1 {GUEST_ENV}=1
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME='{scratch}' TMPDIR='{scratch}' RUST_BACKTRACE=1 {GUEST_ENV}=1 {SCRATCH_ENV}='{scratch}'
 $bb chroot /host '{binary}' {TEST_NAME} --exact --nocapture --test-threads=1
 echo "HPPVM all guest-exit $?"
 $bb reboot -f
 "#,
-            binary = binary.display()
+            binary = binary.display(),
+            scratch = scratch.display(),
         )
+    }
+
+    /// The host directory the guest covers with its writable tmpfs: one that exists on the host
+    /// root and holds neither this test binary nor anything it runs (a checkout under /tmp would
+    /// otherwise be hidden from the guest).
+    pub(super) fn guest_scratch(binary: &Path) -> PathBuf {
+        let binary = binary.canonicalize().unwrap_or_else(|_| binary.to_owned());
+        SCRATCH_CANDIDATES
+            .iter()
+            .map(Path::new)
+            .find(|dir| dir.is_dir() && !binary.starts_with(dir) && !dir.is_symlink())
+            .unwrap_or_else(|| panic!("none of {SCRATCH_CANDIDATES:?} is free of {}", binary.display()))
+            .to_owned()
     }
 
     /// Module name (as `depends=` spells it: underscores) to its file.
@@ -432,7 +450,8 @@ mod guest {
         // Guest mode makes and mounts filesystems: only ever under the VM's own init.
         let init = std::fs::read("/proc/1/cmdline").unwrap_or_default();
         assert_eq!(init, b"/bin/busybox\0sh\0/init\0", "{GUEST_ENV} is set outside the test's VM");
-        let scratch = Path::new("/tmp/hpp-vm");
+        let scratch = PathBuf::from(std::env::var_os(SCRATCH_ENV).expect(SCRATCH_ENV)).join("hpp-vm");
+        let scratch = scratch.as_path();
         std::fs::create_dir_all(scratch).expect("scratch dir");
         for fs in ["xfs", "ext4"] {
             let mount = scratch.join(fs);
@@ -659,5 +678,15 @@ mod guest {
             Some(rustix::io::Errno::NOSPC) => "ENOSPC".to_owned(),
             _ => e.to_string(),
         }
+    }
+}
+
+/// A checkout under /tmp once had its test binary hidden by the guest's tmpfs.
+#[test]
+fn the_guest_scratch_never_covers_the_test_binary() {
+    for binary in ["/tmp/x/target/debug/deps/vm_project_quota-0", "/tmp/a b/t/vm", "/opt/src/target/vm"] {
+        let scratch = host::guest_scratch(Path::new(binary));
+        assert!(!Path::new(binary).starts_with(&scratch), "{} covers {binary}", scratch.display());
+        assert!(scratch.is_dir(), "{}", scratch.display());
     }
 }

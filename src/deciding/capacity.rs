@@ -1,5 +1,5 @@
 //! Sizes: parsing Kubernetes quantities into bytes and the Go build's "pretty" rounding of a
-//! filesystem's size (reference/kubevirt-legacy-spec.md section 2.3).
+//! filesystem's size (docs/configuration.md, `--pv-capacity filesystem`).
 
 const KI: u128 = 1024;
 const GIB: u64 = 1 << 30;

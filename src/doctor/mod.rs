@@ -40,7 +40,22 @@ pub const SUBCOMMAND: &str = "doctor";
     bin_name = "hostpath-provisioner doctor",
     version,
     about = "Checks this node's pools: filesystem, mount, space, capabilities, orphan and missing volume directories, trash",
-    after_help = "Exit codes: 0 healthy (warnings allowed), 1 problems found, 2 invalid configuration, 3 a check could not run (API unreachable)."
+    after_help = "Exit codes: 0 healthy (warnings allowed), 1 problems found, 2 invalid configuration, 3 a check could not run (API unreachable).",
+    // The daemon's other settings are still read (the pod's environment sets them, and a
+    // doctor run validates them as the daemon would) but change nothing in the report: kept out
+    // of the help so that it lists only what the doctor acts on.
+    mut_arg("namespace", |a| a.hide(true)),
+    mut_arg("node_lease_seconds", |a| a.hide(true)),
+    mut_arg("use_naming_prefix", |a| a.hide(true)),
+    mut_arg("pv_capacity", |a| a.hide(true)),
+    mut_arg("dir_mode", |a| a.hide(true)),
+    mut_arg("pv_finalizer", |a| a.hide(true)),
+    mut_arg("publish_capacity", |a| a.hide(true)),
+    mut_arg("provision_on_node", |a| a.hide(true)),
+    mut_arg("max_concurrency", |a| a.hide(true)),
+    mut_arg("metrics_addr", |a| a.hide(true)),
+    mut_arg("health_addr", |a| a.hide(true)),
+    mut_arg("log_format", |a| a.hide(true))
 )]
 pub struct DoctorArgs {
     /// The daemon's settings (same flags and env vars).
@@ -172,6 +187,38 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_help_lists_only_what_the_doctor_acts_on() {
+        use clap::CommandFactory;
+        let help = DoctorArgs::command().render_long_help().to_string();
+        for shown in [
+            "--node-name",
+            "--pv-dir",
+            "--pool",
+            "--provisioner-name",
+            "--kubeconfig",
+            "--require-mountpoint",
+            "--reserved-space",
+            "--output",
+        ] {
+            assert!(help.contains(shown), "{shown} missing from:\n{help}");
+        }
+        for daemon_only in [
+            "--metrics-addr",
+            "--health-addr",
+            "--max-concurrency",
+            "--log-format",
+            "--pv-finalizer",
+            "--publish-capacity",
+            "--dir-mode",
+            "--node-lease-seconds",
+        ] {
+            assert!(!help.contains(daemon_only), "{daemon_only} in the doctor's help:\n{help}");
+        }
+        // Still accepted: the pod's environment and scripts pass them.
+        assert!(DoctorArgs::try_parse_from(["doctor", "--metrics-addr", "0.0.0.0:9"]).is_ok());
+    }
 
     #[test]
     fn the_doctor_takes_the_daemons_settings_and_its_own() {

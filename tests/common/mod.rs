@@ -24,6 +24,15 @@ pub const LEASE_SECONDS: u32 = 15;
 /// Generous: the machine may be busy with parallel tests; timings are not what is tested here.
 pub const TIMEOUT: Duration = Duration::from_secs(90);
 
+/// Who reported an event: its reporting controller, or for an event written through the core
+/// API by an older recorder, the component of its source.
+pub fn reporting_controller(event: &Event) -> &str {
+    match event.reporting_controller.as_deref() {
+        Some(controller) if !controller.is_empty() => controller,
+        _ => event.deprecated_source.as_ref().and_then(|s| s.component.as_deref()).unwrap_or_default(),
+    }
+}
+
 /// The provisioner under test.
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_hostpath-provisioner"))
@@ -204,19 +213,49 @@ impl TestEnv {
         .unwrap_or_else(|e| panic!("{e:#}\n{}", self.log_tails()))
     }
 
-    /// Events (events.k8s.io) regarding the object with `uid`, in `namespace`.
-    pub async fn events_for(&self, namespace: &str, uid: &str) -> Vec<Event> {
+    /// Events (events.k8s.io) regarding the object with `uid`, in `namespace`, whoever reported
+    /// them (the scheduler, kube-controller-manager, any provisioner).
+    pub async fn all_events_for(&self, namespace: &str, uid: &str) -> Vec<Event> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let list = events.list(&ListParams::default()).await.expect("list events");
         list.items.into_iter().filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid)).collect()
     }
 
-    /// Waits for an event with `reason` about the object `uid` and returns its note.
+    /// The events this test's provisioner reported about the object with `uid`. Others report
+    /// the same reasons (kube-controller-manager's `ProvisioningFailed` for a conflict while it
+    /// saves a claim): a test reading events means ours unless it names another reporter.
+    pub async fn events_for(&self, namespace: &str, uid: &str) -> Vec<Event> {
+        let mut events = self.all_events_for(namespace, uid).await;
+        events.retain(|e| reporting_controller(e) == self.provisioner);
+        events
+    }
+
+    /// The note of an event with `reason` this test's provisioner reported about `uid`, if any.
+    pub async fn our_event(&self, namespace: &str, uid: &str, reason: &str) -> Option<String> {
+        let events = self.events_for(namespace, uid).await;
+        events.into_iter().find(|e| e.reason.as_deref() == Some(reason)).map(|e| e.note.unwrap_or_default())
+    }
+
+    /// Waits for an event with `reason` that this test's provisioner reported about the object
+    /// `uid` and returns its note.
     pub async fn wait_event(&self, namespace: &str, uid: &str, reason: &str) -> String {
         testbed::wait_for(&format!("event {reason} on {uid}"), TIMEOUT, || async {
-            let events = self.events_for(namespace, uid).await;
+            anyhow::Ok(self.our_event(namespace, uid, reason).await)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.log_tails()))
+    }
+
+    /// Waits for an event with `reason` that `controller` (for example `default-scheduler`)
+    /// reported about the object `uid` and returns its note.
+    pub async fn wait_event_from(&self, namespace: &str, uid: &str, controller: &str, reason: &str) -> String {
+        testbed::wait_for(&format!("event {reason} from {controller} on {uid}"), TIMEOUT, || async {
+            let events = self.all_events_for(namespace, uid).await;
             anyhow::Ok(
-                events.into_iter().find(|e| e.reason.as_deref() == Some(reason)).map(|e| e.note.unwrap_or_default()),
+                events
+                    .into_iter()
+                    .find(|e| reporting_controller(e) == controller && e.reason.as_deref() == Some(reason))
+                    .map(|e| e.note.unwrap_or_default()),
             )
         })
         .await
