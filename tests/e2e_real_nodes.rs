@@ -40,6 +40,10 @@ struct Ctx {
     image: std::sync::Mutex<Option<String>>,
 }
 
+#[path = "real_nodes/swap.rs"]
+mod swap;
+use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing;
+
 type Scenario = for<'a> fn(&'a Ctx) -> Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
 
 macro_rules! scenarios {
@@ -69,6 +73,8 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_rolling_update_of_the_daemonset_loses_no_volume_and_leaves_no_claim_stuck,
         a_pod_stops_at_its_quota_and_writes_past_it_after_an_online_expansion_without_restarting,
         a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
+        // Last: it replaces the DaemonSet twice.
+        a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing,
     ];
     let selected: Vec<_> =
         scenarios.iter().filter(|(name, _)| filter.as_deref().is_none_or(|f| name.contains(f))).collect();
