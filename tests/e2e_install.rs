@@ -283,6 +283,10 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
         ("config.reservedSpace=10GB", "reservedSpace"),
         ("pools[0].name=ssd,pools[0].path=/mnt/ssd,pools[0].reserve=10GB", "reserve"),
         ("pools[0].name=ssd,pools[0].path=/mnt/ssd,pools[0].reserve=-1Gi", "reserve"),
+        // Class parameters the binary would refuse on every claim are refused at render time.
+        ("storageClasses[0].name=x,storageClasses[0].parameters.volumeType=Local", "volumeType"),
+        ("storageClasses[0].name=x,storageClasses[0].parameters.nodeLocalSharing=yes", "nodeLocalSharing"),
+        ("storageClasses[0].name=x,storageClasses[0].parameters.typo=1", "typo"),
     ] {
         let refused = helm_refusal(&["template", "x", CHART, "--set", set]);
         assert!(refused.contains(reason), "--set {set}: {refused}");

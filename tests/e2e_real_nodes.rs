@@ -40,6 +40,12 @@ struct Ctx {
     image: std::sync::Mutex<Option<String>>,
 }
 
+#[path = "real_nodes/local_volumes.rs"]
+mod local_volumes;
+use local_volumes::{
+    a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
+    two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
+};
 #[path = "real_nodes/swap.rs"]
 mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing;
@@ -73,6 +79,8 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_rolling_update_of_the_daemonset_loses_no_volume_and_leaves_no_claim_stuck,
         a_pod_stops_at_its_quota_and_writes_past_it_after_an_online_expansion_without_restarting,
         a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
+        a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
+        two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
         // Last: it replaces the DaemonSet twice.
         a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing,
     ];

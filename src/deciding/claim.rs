@@ -95,6 +95,8 @@ pub struct ProvisionPlan {
     pub clone_of: Option<String>,
     /// The class's `quota` parameter.
     pub quota: QuotaMode,
+    /// The kind of PV to write (the class's `volumeType`).
+    pub volume_type: crate::deciding::class::VolumeType,
 }
 
 /// Why a claim is skipped silently.
@@ -292,12 +294,19 @@ fn plan(
     if access_modes.is_empty() {
         return Err(Refusal::NoAccessModes);
     }
-    let supported = request.topology.access_modes();
+    let supported = request.access_modes();
     if let Some(mode) = access_modes.iter().find(|m| !supported.contains(&m.as_str())) {
+        let many = mode == "ReadWriteMany" || mode == "ReadOnlyMany";
+        let hint = if many && request.topology == Topology::Node {
+            "; to let several pods of the volume's node share it, set nodeLocalSharing: \"true\" on the class"
+        } else {
+            ""
+        };
         return Err(Refusal::AccessMode {
             mode: mode.clone(),
             topology: request.topology,
             supported: supported.join(", "),
+            hint,
         });
     }
     if class.mount_options.as_ref().is_some_and(|o| !o.is_empty()) {
@@ -330,6 +339,7 @@ fn plan(
         pinned_by_annotation,
         clone_of,
         quota: request.quota,
+        volume_type: request.volume_type,
     })
 }
 

@@ -42,7 +42,44 @@ pub fn claim_class_name(claim: &PersistentVolumeClaim) -> Option<&str> {
 /// StorageClass parameters we understand. Anything else is refused so that a typo never
 /// silently provisions something other than what the admin asked for. `pvDir` is the torchbox
 /// provisioner's parameter, accepted when it names a configured shared pool's root.
-pub const KNOWN_PARAMETERS: &[&str] = &["storagePool", topology::PARAMETER, "pvDir", quota::PARAMETER];
+pub const KNOWN_PARAMETERS: &[&str] =
+    &["storagePool", topology::PARAMETER, "pvDir", quota::PARAMETER, VOLUME_TYPE, NODE_LOCAL_SHARING];
+
+/// Class parameter: which kind of PV is written (`hostPath`, the default, or `local`).
+pub const VOLUME_TYPE: &str = "volumeType";
+/// Class parameter: `"true"` lets several pods of the volume's node share a node volume
+/// (ReadWriteMany and ReadOnlyMany accepted; the PV keeps its node affinity).
+pub const NODE_LOCAL_SHARING: &str = "nodeLocalSharing";
+
+/// The kind of PV written for a volume. The directory, the node affinity and the reclaim are the
+/// same; what differs is what the kubelet does with it: a `local` PV gets the pod's `fsGroup`
+/// applied and its usage reported in the kubelet's volume stats, and file-system backup tools
+/// that skip hostPath volumes back it up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VolumeType {
+    /// `spec.hostPath` (the Go build's PVs).
+    #[default]
+    HostPath,
+    /// `spec.local`, bound to its node by the node affinity.
+    Local,
+}
+
+impl VolumeType {
+    /// Accepted parameter values.
+    pub const ALL: [VolumeType; 2] = [VolumeType::HostPath, VolumeType::Local];
+
+    /// The parameter value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeType::HostPath => "hostPath",
+            VolumeType::Local => "local",
+        }
+    }
+
+    fn parse(value: &str) -> Option<VolumeType> {
+        Self::ALL.into_iter().find(|t| t.as_str() == value)
+    }
+}
 
 /// What a class asks for, once its parameters are read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +90,23 @@ pub struct ClassRequest {
     pub pool: Option<String>,
     /// The `quota` parameter.
     pub quota: QuotaMode,
+    /// The `volumeType` parameter.
+    pub volume_type: VolumeType,
+    /// The `nodeLocalSharing` parameter.
+    pub node_local_sharing: bool,
+}
+
+impl ClassRequest {
+    /// Access modes a volume of this class can honour: the shape's, and for a node volume shared
+    /// by the pods of its node, the many-pod modes too (every user is on that node).
+    pub fn access_modes(&self) -> &'static [&'static str] {
+        match self.topology {
+            Topology::Node if self.node_local_sharing => {
+                &["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany", "ReadOnlyMany"]
+            }
+            topology => topology.access_modes(),
+        }
+    }
 }
 
 /// Reads a class's parameters: unknown keys and values are refusals. Needs no pool of this node
@@ -101,10 +155,33 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
         pool = Some(shared.name.clone());
         topology = Some(topology.unwrap_or(Topology::Shared));
     }
+    let topology = topology.unwrap_or(Topology::Node);
+    let volume_type = match params.get(VOLUME_TYPE) {
+        None => VolumeType::HostPath,
+        Some(value) => VolumeType::parse(value)
+            .ok_or_else(|| bad(VOLUME_TYPE, value, VolumeType::ALL.map(VolumeType::as_str).join(", ")))?,
+    };
+    if volume_type == VolumeType::Local && topology != Topology::Node {
+        let accepted = format!(
+            "hostPath for topology {topology} (a local PV belongs to one node; a {topology} volume is reached from every node)"
+        );
+        return Err(bad(VOLUME_TYPE, volume_type.as_str(), accepted));
+    }
+    let node_local_sharing = match params.get(NODE_LOCAL_SHARING).map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(value) => return Err(bad(NODE_LOCAL_SHARING, value, "true, false".to_owned())),
+    };
+    if node_local_sharing && topology != Topology::Node {
+        let accepted = format!("false for topology {topology}, whose volumes take ReadWriteMany already");
+        return Err(bad(NODE_LOCAL_SHARING, "true", accepted));
+    }
     Ok(ClassRequest {
-        topology: topology.unwrap_or(Topology::Node),
+        topology,
         pool: pool.or_else(|| config.default_pool.clone()),
         quota,
+        volume_type,
+        node_local_sharing,
     })
 }
 

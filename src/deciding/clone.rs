@@ -200,7 +200,7 @@ pub fn check_source(
     if let Some(owner) = owner.filter(|owner| *owner != me.node) {
         return SourceVerdict::Elsewhere(owner);
     }
-    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.as_str()).unwrap_or_default();
+    let path = volume::volume_path(pv).unwrap_or_default();
     let dir_name = match layout::accept_delete_path(path, pv_name, pools) {
         Ok(accepted) => accepted.dir_name,
         Err(why) => {

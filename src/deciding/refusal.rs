@@ -19,7 +19,7 @@ pub enum Refusal {
     #[error("{0}")]
     DataSource(#[from] CloneRefusal),
     /// A mode the volume's shape cannot honour.
-    #[error("access mode {mode} is not supported by topology {topology} (supported: {supported})")]
+    #[error("access mode {mode} is not supported by topology {topology} (supported: {supported}){hint}")]
     AccessMode {
         /// The refused mode.
         mode: String,
@@ -27,6 +27,8 @@ pub enum Refusal {
         topology: Topology,
         /// Modes it supports, for the message.
         supported: String,
+        /// What would make it supported, if anything.
+        hint: &'static str,
     },
     /// No access mode at all.
     #[error("the claim has no access modes")]

@@ -93,7 +93,7 @@ pub fn volume_shape(pv: &PersistentVolume, pools: &[PoolPath]) -> VolumeShape {
         Some(Topology::EveryNode) => return VolumeShape::EveryNode,
         Some(Topology::Node) | None => {}
     }
-    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.as_str());
+    let path = volume_path(pv);
     let pool = path
         .and_then(|p| layout::normalise(p).ok())
         .and_then(|p| p.parent().and_then(|parent| pools.iter().find(|pool| pool.root == parent)).cloned());
@@ -108,7 +108,9 @@ pub fn volume_shape(pv: &PersistentVolume, pools: &[PoolPath]) -> VolumeShape {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DeleteRefusal {
     /// No `spec.hostPath` (the Go build crashed here).
-    #[error("PV has no spec.hostPath; refusing to delete anything. Remove the PV by hand once its data is dealt with")]
+    #[error(
+        "PV has neither spec.hostPath nor spec.local; refusing to delete anything. Remove the PV by hand once its data is dealt with"
+    )]
     NoHostPath,
     /// The owner annotation names another node than the node label: the annotation's node does
     /// not watch this PV (it watches its own label), so without this report no node would act.
@@ -145,6 +147,13 @@ pub enum DeleteRefusal {
         /// Which rule.
         refusal: PathRefusal,
     },
+}
+
+/// The directory of a PV of ours: `spec.hostPath.path`, or `spec.local.path` for a class with
+/// `volumeType: local`. Every decision about a PV's data reads its path through this.
+pub fn volume_path(pv: &PersistentVolume) -> Option<&str> {
+    let spec = pv.spec.as_ref()?;
+    spec.host_path.as_ref().map(|h| h.path.as_str()).or_else(|| spec.local.as_ref().map(|l| l.path.as_str()))
 }
 
 /// The node that owns a PV: the `kubevirt.io/provisionOnNode` annotation, or for PVs lacking it
@@ -241,7 +250,7 @@ fn decide_shared_volume(pv: &PersistentVolume, me: &Identity, pools: &[PoolPath]
 /// may serve its pool; if none does, one node says so.
 fn outside_my_pools(pv: &PersistentVolume, me: &Identity, live: &[LiveNode]) -> VolumeDecision {
     let key = pv.metadata.name.as_deref().unwrap_or_default();
-    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.clone()).unwrap_or_default();
+    let path = volume_path(pv).unwrap_or_default().to_owned();
     let parent = layout::normalise(&path)
         .ok()
         .and_then(|p| p.parent().map(|p| p.to_string_lossy().into_owned()))
@@ -356,12 +365,12 @@ fn not_to_delete(pv: &PersistentVolume, me: &Identity) -> Option<Ignore> {
 
 /// The PV's directory, if its path passes the rules of deletion.
 fn accepted_path(pv: &PersistentVolume, pools: &[PoolPath]) -> Result<AcceptedPath, DeleteRefusal> {
-    let Some(host_path) = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()) else {
+    let Some(path) = volume_path(pv) else {
         return Err(DeleteRefusal::NoHostPath);
     };
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
-    layout::accept_delete_path(&host_path.path, pv_name, pools)
-        .map_err(|refusal| DeleteRefusal::UnsafePath { path: host_path.path.clone(), refusal })
+    layout::accept_delete_path(path, pv_name, pools)
+        .map_err(|refusal| DeleteRefusal::UnsafePath { path: path.to_owned(), refusal })
 }
 
 /// A refusal about a volume without an owning node is reported by one node only.

@@ -3,13 +3,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, PersistentVolume,
-    PersistentVolumeClaim, PersistentVolumeSpec, VolumeNodeAffinity,
+    HostPathVolumeSource, LocalVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference,
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, VolumeNodeAffinity,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::deciding::claim::ProvisionPlan;
+use crate::deciding::class::VolumeType;
 use crate::deciding::identity::Identity;
 use crate::deciding::layout;
 use crate::deciding::quota::VolumeQuota;
@@ -73,7 +74,20 @@ pub fn build_pv(
             }],
         }),
     });
-    let path = plan.pool.root.join(&plan.dir_name);
+    let path = plan.pool.root.join(&plan.dir_name).to_string_lossy().into_owned();
+    let (host_path, local) = match plan.volume_type {
+        VolumeType::HostPath => (
+            Some(HostPathVolumeSource {
+                path,
+                // A missing directory must fail the pod, not silently create one on the root disk.
+                type_: Some("Directory".into()),
+            }),
+            None,
+        ),
+        // The kubelet mounts a local PV's directory as it is (a missing one fails the pod) and
+        // needs the node affinity above, which every node volume has.
+        VolumeType::Local => (None, Some(LocalVolumeSource { path, fs_type: None })),
+    };
     PersistentVolume {
         metadata: ObjectMeta {
             name: Some(plan.pv_name.clone()),
@@ -97,11 +111,8 @@ pub fn build_pv(
             storage_class_name: Some(plan.class_name.clone()),
             persistent_volume_reclaim_policy: Some(plan.reclaim_policy.clone()),
             volume_mode: Some("Filesystem".into()),
-            host_path: Some(HostPathVolumeSource {
-                path: path.to_string_lossy().into_owned(),
-                // A missing directory must fail the pod, not silently create one on the root disk.
-                type_: Some("Directory".into()),
-            }),
+            host_path,
+            local,
             node_affinity,
             ..Default::default()
         }),
@@ -166,6 +177,78 @@ mod tests {
         assert_eq!(exprs[0].key, "kubernetes.io/hostname");
         assert_eq!(exprs[0].operator, "In");
         assert_eq!(exprs[0].values, Some(vec!["node-a.example.com".to_owned()]), "hostname label value, not node name");
+    }
+
+    fn decide_in(class: &k8s_openapi::api::storage::v1::StorageClass, claim: &PersistentVolumeClaim) -> Decision {
+        decide_claim(claim, Some(class), &me(), &config(), &[])
+    }
+
+    fn with_params(params: &[(&str, &str)]) -> k8s_openapi::api::storage::v1::StorageClass {
+        let mut c = class("hpp", "WaitForFirstConsumer");
+        c.parameters = Some(params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        c
+    }
+
+    #[test]
+    fn a_local_volume_type_writes_a_local_pv_of_the_same_directory_and_node() {
+        let claim = claim("hpp").selected(NODE).build();
+        let Decision::Provision(plan) = decide_in(&with_params(&[("volumeType", "local")]), &claim) else {
+            panic!("provisioned")
+        };
+        let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        let spec = pv.spec.as_ref().unwrap();
+        assert!(spec.host_path.is_none(), "one volume source only");
+        assert_eq!(spec.local.as_ref().unwrap().path, format!("/var/hpvolumes/pvc-{UID}"));
+        assert!(spec.node_affinity.is_some(), "a local PV needs its node affinity");
+        assert_eq!(pv.metadata.annotations.as_ref().unwrap()[keys::PROVISION_ON_NODE], NODE);
+        // Its path is read, and accepted for deletion, like a hostPath PV's.
+        assert_eq!(crate::deciding::volume::volume_path(&pv), Some(format!("/var/hpvolumes/pvc-{UID}").as_str()));
+        assert!(
+            layout::accept_delete_path(&format!("/var/hpvolumes/pvc-{UID}"), &plan.pv_name, &config().pools).is_ok()
+        );
+        let hostpath = match decide_in(&with_params(&[("volumeType", "hostPath")]), &claim) {
+            Decision::Provision(plan) => build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into())),
+            other => panic!("{other:?}"),
+        };
+        assert!(hostpath.spec.unwrap().local.is_none());
+    }
+
+    #[test]
+    fn volume_type_and_node_local_sharing_refuse_what_they_cannot_do_with_the_reason() {
+        let claim = claim("hpp").selected(NODE).build();
+        for (params, says) in [
+            (vec![("volumeType", "block")], "accepted: hostPath, local"),
+            (vec![("volumeType", "local"), ("topology", "shared")], "a local PV belongs to one node"),
+            (vec![("volumeType", "local"), ("topology", "everyNode")], "a local PV belongs to one node"),
+            (vec![("nodeLocalSharing", "yes")], "accepted: true, false"),
+            (vec![("nodeLocalSharing", "true"), ("topology", "shared")], "take ReadWriteMany already"),
+        ] {
+            match decide_in(&with_params(&params), &claim) {
+                Decision::Refuse(refusal) => assert!(refusal.to_string().contains(says), "{params:?}: {refusal}"),
+                other => panic!("{params:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn node_local_sharing_lets_pods_of_the_node_share_a_node_volume() {
+        for mode in ["ReadWriteMany", "ReadOnlyMany"] {
+            let claim = claim("hpp").selected(NODE).access_modes(&[mode]).build();
+            match decide_in(&class("hpp", "WaitForFirstConsumer"), &claim) {
+                Decision::Refuse(refusal) => {
+                    let text = refusal.to_string();
+                    assert!(text.contains(mode) && text.contains("nodeLocalSharing"), "{text}")
+                }
+                other => panic!("{mode} without sharing: {other:?}"),
+            }
+            let Decision::Provision(plan) = decide_in(&with_params(&[("nodeLocalSharing", "true")]), &claim) else {
+                panic!("{mode} with sharing is provisioned")
+            };
+            let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+            let spec = pv.spec.unwrap();
+            assert_eq!(spec.access_modes, Some(vec![mode.to_owned()]));
+            assert!(spec.node_affinity.is_some(), "every user of the volume is on its node");
+        }
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub fn volume_here(
         return None;
     }
     let name = pv.metadata.name.as_deref()?;
-    let accepted = layout::accept_delete_path(&spec.host_path.as_ref()?.path, name, pools).ok()?;
+    let accepted = layout::accept_delete_path(crate::deciding::volume::volume_path(pv)?, name, pools).ok()?;
     let mine = match volume_shape(pv, pools) {
         VolumeShape::Node => {
             let by_annotation = annotations.is_some_and(|a| a.contains_key(keys::PROVISION_ON_NODE));

@@ -143,7 +143,7 @@ fn read_pool(pool: &PoolRoot, needs: &FactsNeeded) -> Result<PoolFacts, PoolErro
 /// The directory a source PV names, as a name under a pool root (the plan checks that it is one
 /// of the clone's pool; this only says which directory to ask the disk about).
 fn source_dir(pv: Option<&PersistentVolume>) -> Option<VolumeDirName> {
-    let path = pv?.spec.as_ref()?.host_path.as_ref()?.path.as_str();
+    let path = crate::deciding::volume::volume_path(pv?)?;
     let name = std::path::Path::new(path).file_name()?.to_str()?;
     VolumeDirName::new(name).ok()
 }

@@ -184,7 +184,7 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolu
 /// to another node or the next event.
 async fn shared_acting_here(ctx: &Context, pv: &PersistentVolume) -> bool {
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
-    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.as_str()).unwrap_or_default();
+    let path = crate::deciding::volume::volume_path(pv).unwrap_or_default();
     let Ok(accepted) = layout::accept_delete_path(path, pv_name, &ctx.config.pools) else { return false };
     let Some(pool) = ctx.config.pools.iter().find(|p| p.name == accepted.pool).map(|p| p.key()) else { return false };
     match ctx.live_nodes().await {
@@ -220,7 +220,7 @@ fn locate(
     ctx: &Context,
     pv: &PersistentVolume,
 ) -> Result<(std::sync::Arc<crate::filesystem::PoolRoot>, VolumeDirName), ResizeError> {
-    let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.clone()).unwrap_or_default();
+    let path = crate::deciding::volume::volume_path(pv).unwrap_or_default().to_owned();
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
     let accepted =
         layout::accept_delete_path(&path, pv_name, &ctx.config.pools).map_err(|_| ResizeError::Path(path.clone()))?;

@@ -645,6 +645,11 @@ impl Layout<'_> {
             format!("--tls-cert-file={}", pki.serving_cert_file.display()),
             format!("--tls-private-key-file={}", pki.serving_key_file.display()),
             format!("--client-ca-file={}", pki.ca_cert_file.display()),
+            // How it proves itself to kubelets for nodes/proxy (the lane's kubelets trust the CA).
+            format!("--kubelet-client-certificate={}", pki.kubelet_client_cert_file.display()),
+            format!("--kubelet-client-key={}", pki.kubelet_client_key_file.display()),
+            // Node names do not resolve here; the lane's kubelets report their --node-ip.
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
             // Never written to (we pass certificates), but its default lies outside the temp dir.
             format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
             format!("--token-auth-file={}", self.token_file.display()),

@@ -22,6 +22,10 @@ pub(crate) struct Pki {
     pub ca_cert_file: PathBuf,
     pub serving_cert_file: PathBuf,
     pub serving_key_file: PathBuf,
+    /// The API server's client certificate towards kubelets (for `nodes/proxy`: a kubelet's
+    /// stats summary, logs), signed by the CA the lane's kubelets trust.
+    pub kubelet_client_cert_file: PathBuf,
+    pub kubelet_client_key_file: PathBuf,
     /// ECDSA P-256 private key (PKCS#8) signing ServiceAccount tokens.
     pub sa_signing_key_file: PathBuf,
     /// Its public half, for verifying them.
@@ -54,6 +58,14 @@ impl Pki {
         serving_params.use_authority_key_identifier_extension = true;
         let serving_cert = serving_params.signed_by(&serving_key, &ca)?;
 
+        let kubelet_client_key = KeyPair::generate()?;
+        let mut kubelet_client_params = CertificateParams::new(Vec::<String>::new())?;
+        kubelet_client_params.distinguished_name.push(DnType::CommonName, "kube-apiserver-kubelet-client");
+        kubelet_client_params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        kubelet_client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        kubelet_client_params.use_authority_key_identifier_extension = true;
+        let kubelet_client_cert = kubelet_client_params.signed_by(&kubelet_client_key, &ca)?;
+
         let sa_key = KeyPair::generate()?;
 
         let pki = Pki {
@@ -62,12 +74,16 @@ impl Pki {
             ca_cert_file: dir.join("ca.crt"),
             serving_cert_file: dir.join("serving.crt"),
             serving_key_file: dir.join("serving.key"),
+            kubelet_client_cert_file: dir.join("kubelet-client.crt"),
+            kubelet_client_key_file: dir.join("kubelet-client.key"),
             sa_signing_key_file: dir.join("sa.key"),
             sa_public_key_file: dir.join("sa.pub"),
         };
         write(&pki.ca_cert_file, &pki.ca_pem)?;
         write(&pki.serving_cert_file, &serving_cert.pem())?;
         write(&pki.serving_key_file, &serving_key.serialize_pem())?;
+        write(&pki.kubelet_client_cert_file, &kubelet_client_cert.pem())?;
+        write(&pki.kubelet_client_key_file, &kubelet_client_key.serialize_pem())?;
         write(&pki.sa_signing_key_file, &sa_key.serialize_pem())?;
         write(&pki.sa_public_key_file, &sa_key.public_key_pem())?;
         Ok(pki)

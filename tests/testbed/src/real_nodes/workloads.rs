@@ -32,6 +32,8 @@ pub struct PodRun {
     pub node: Option<String>,
     /// Return once the pod runs instead of waiting for it to finish.
     pub keep_running: bool,
+    /// The pod's `fsGroup`: the kubelet gives the volumes that support it this group.
+    pub fs_group: Option<i64>,
 }
 
 impl PodRun {
@@ -47,6 +49,7 @@ impl PodRun {
             gid: None,
             node: None,
             keep_running: false,
+            fs_group: None,
         }
     }
     /// Mounts `claim` at `/data` (the first claim) or `/data<N>`.
@@ -70,6 +73,10 @@ impl PodRun {
     }
     pub fn keep_running(mut self) -> Self {
         self.keep_running = true;
+        self
+    }
+    pub fn fs_group(mut self, gid: i64) -> Self {
+        self.fs_group = Some(gid);
         self
     }
 
@@ -116,7 +123,7 @@ impl PodRun {
                 restart_policy: Some("Never".into()),
                 automount_service_account_token: Some(false),
                 termination_grace_period_seconds: Some(1),
-                security_context: Some(PodSecurityContext::default()),
+                security_context: Some(PodSecurityContext { fs_group: self.fs_group, ..PodSecurityContext::default() }),
                 node_selector: self
                     .node
                     .as_ref()
@@ -240,7 +247,7 @@ impl Lane {
         .await
     }
 
-    /// The host directory of the PV bound to `claim` (its `hostPath.path`).
+    /// The host directory of the PV bound to `claim` (its `hostPath.path` or `local.path`).
     pub async fn volume_dir(&self, namespace: &str, claim: &str) -> Result<PathBuf> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client(), namespace);
         let pv_name = claims
@@ -250,8 +257,9 @@ impl Lane {
             .and_then(|s| s.volume_name)
             .with_context(|| format!("claim {namespace}/{claim} is not bound"))?;
         let pv = Api::<PersistentVolume>::all(self.client()).get(&pv_name).await?;
-        let Some(path) = pv.spec.and_then(|s| s.host_path).map(|h| h.path) else {
-            bail!("PV {pv_name} has no hostPath");
+        let spec = pv.spec.unwrap_or_default();
+        let Some(path) = spec.host_path.map(|h| h.path).or(spec.local.map(|l| l.path)) else {
+            bail!("PV {pv_name} has neither hostPath nor local");
         };
         Ok(PathBuf::from(path))
     }
