@@ -108,6 +108,10 @@ pub struct Args {
     /// Log format: text or json; the level comes from RUST_LOG (default info).
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+
+    /// Off unless set: delete the Released PV objects (reclaim Delete) of a node whose Node object has been gone this long, e.g. 24h (its data went with it; one node speaks for the cluster).
+    #[arg(long, env = "REAP_VOLUMES_OF_REMOVED_NODES", default_value = "", value_name = "DURATION")]
+    pub reap_volumes_of_removed_nodes: String,
 }
 
 // Settings that may come from env vars are read as plain strings and checked in
@@ -259,6 +263,8 @@ pub struct Config {
     pub health_addr: Option<SocketAddr>,
     /// Log format.
     pub log_format: LogFormat,
+    /// How long a Node object must be gone before its Released PVs are deleted (off: `None`).
+    pub reap_volumes_of_removed_nodes: Option<std::time::Duration>,
 }
 
 impl Args {
@@ -370,7 +376,26 @@ impl Args {
             metrics_addr: parse_addr("METRICS_ADDR", &self.metrics_addr)?,
             health_addr: parse_addr("HEALTH_ADDR", &self.health_addr)?,
             log_format,
+            reap_volumes_of_removed_nodes: parse_reap_grace(&self.reap_volumes_of_removed_nodes)?,
         })
+    }
+}
+
+/// `REAP_VOLUMES_OF_REMOVED_NODES`: empty is off; else a positive duration written as `24h`, `90m`,
+/// `1h 30m` or ISO 8601 `PT24H` (jiff's parser, already in the build through k8s-openapi). How
+/// long is safe is the admin's call (docs/operating.md): a node re-created under the same name
+/// within it keeps its volumes.
+fn parse_reap_grace(value: &str) -> Result<Option<std::time::Duration>, ConfigError> {
+    let value = value.trim();
+    if value.is_empty() || value == "off" {
+        return Ok(None);
+    }
+    let accepted = "a positive duration such as 24h, 90m or 1h 30m, or empty (off)";
+    let duration: jiff::SignedDuration =
+        value.parse().map_err(|_| invalid("REAP_VOLUMES_OF_REMOVED_NODES", value, accepted))?;
+    match std::time::Duration::try_from(duration) {
+        Ok(d) if !d.is_zero() => Ok(Some(d)),
+        _ => Err(invalid("REAP_VOLUMES_OF_REMOVED_NODES", value, accepted)),
     }
 }
 
@@ -490,6 +515,21 @@ mod tests {
         assert_eq!(c.pv_capacity, PvCapacity::Request);
         assert!(!c.use_naming_prefix);
         assert_eq!(c.metrics_addr, Some("0.0.0.0:8080".parse().unwrap()));
+    }
+
+    #[test]
+    fn reaping_volumes_of_removed_nodes_is_off_unless_given_a_duration() {
+        let off = parse(&["--node-name", "n", "--pv-dir", "/p"]).unwrap();
+        assert_eq!(off.reap_volumes_of_removed_nodes, None);
+        for (value, secs) in [("24h", 86_400), ("90m", 5_400), ("1h 30m", 5_400), ("PT2H", 7_200), ("3s", 3)] {
+            let c = parse(&["--node-name", "n", "--pv-dir", "/p", "--reap-volumes-of-removed-nodes", value]).unwrap();
+            assert_eq!(c.reap_volumes_of_removed_nodes, Some(std::time::Duration::from_secs(secs)), "{value}");
+        }
+        for bad in ["0s", "-1h", "soon", "24"] {
+            let flag = format!("--reap-volumes-of-removed-nodes={bad}");
+            let err = parse(&["--node-name", "n", "--pv-dir", "/p", &flag]).unwrap_err();
+            assert!(err.to_string().contains("REAP_VOLUMES_OF_REMOVED_NODES"), "{bad}: {err}");
+        }
     }
 
     #[test]

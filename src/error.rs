@@ -36,6 +36,9 @@ pub mod reason {
     pub const VOLUME_NOT_SERVED: &str = "VolumeNotServed";
     /// Warning: a clone waits for its source claim (missing, being deleted, not bound yet).
     pub const CLONE_SOURCE_NOT_READY: &str = "CloneSourceNotReady";
+    /// Warning, on a PV: deleted because its node's Node object was gone past
+    /// `--reap-volumes-of-removed-nodes` (names the node).
+    pub const REMOVED_NODE_VOLUME_DELETED: &str = "RemovedNodeVolumeDeleted";
 }
 
 /// Whether and how soon to try again.

@@ -13,6 +13,7 @@ pub mod os_disk;
 pub mod provision;
 pub mod published_capacity;
 pub mod quota;
+pub mod reaping;
 pub mod refusal;
 pub mod resize;
 pub mod retention;

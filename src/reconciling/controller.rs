@@ -18,7 +18,7 @@ use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
 use crate::reconciling::context::Context;
 use crate::reconciling::published_capacity::{self, Publisher};
-use crate::reconciling::{claims, orphans, settling, upkeep, volumes, watches};
+use crate::reconciling::{claims, orphans, reaping, settling, upkeep, volumes, watches};
 use crate::serving::health::{self, Health, Watch};
 use crate::serving::metrics::Metrics;
 
@@ -194,6 +194,7 @@ pub async fn run(
     settling::settle(&ctx).await;
     tokio::spawn(settling::keep_settling(ctx.clone()));
     tokio::spawn(upkeep::purge_trash(ctx.clone()));
+    tokio::spawn(reaping::run(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");
     futures::join!(claim_controller, own_volumes, legacy_volumes);

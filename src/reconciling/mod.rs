@@ -11,6 +11,7 @@ pub mod membership;
 pub mod orphans;
 pub mod provisioning;
 pub mod published_capacity;
+pub mod reaping;
 pub mod resize;
 pub mod settling;
 pub mod stranded;

@@ -212,6 +212,8 @@ pub struct Metrics {
     pub delete_seconds: Histogram,
     /// PV paths refused for deletion.
     pub refused_paths: Counter,
+    /// PV objects of removed nodes deleted (`--reap-volumes-of-removed-nodes`).
+    pub reaped_volumes: Counter,
     /// Pool size in bytes.
     pub pool_capacity_bytes: Family<PoolLabel, Gauge>,
     /// Pool free bytes (available to unprivileged users, as statvfs f_bavail).
@@ -283,6 +285,7 @@ impl Metrics {
         let provision_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let delete_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 18));
         let refused_paths = Counter::default();
+        let reaped_volumes = Counter::default();
         let pool_capacity_bytes = Family::<PoolLabel, Gauge>::default();
         let pool_free_bytes = Family::<PoolLabel, Gauge>::default();
         let watch_restarts = Family::<WatchLabel, Counter>::default();
@@ -316,6 +319,11 @@ impl Metrics {
             delete_seconds.clone(),
         );
         registry.register("refused_paths", "PV paths refused for deletion by the path rules", refused_paths.clone());
+        registry.register(
+            "reaped_volumes",
+            "Released PVs of nodes whose Node object was gone past --reap-volumes-of-removed-nodes, deleted",
+            reaped_volumes.clone(),
+        );
         registry.register(
             "pool_capacity_bytes",
             "Size of each pool's filesystem in bytes",
@@ -385,6 +393,7 @@ impl Metrics {
             provision_seconds,
             delete_seconds,
             refused_paths,
+            reaped_volumes,
             pool_capacity_bytes,
             pool_free_bytes,
             pool_usable,

@@ -1,0 +1,116 @@
+//! `--reap-volumes-of-removed-nodes`: the node that speaks for the cluster looks, once per pass,
+//! for Released PVs of ours whose node's Node object is gone, and deletes those gone past the
+//! grace period (`deciding::reaping` decides). Off unless configured.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use kube::Resource;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+
+use crate::deciding::reaping::{ReapFacts, owners_to_check, plan_reaping};
+use crate::deciding::topology::{self, Acting};
+use crate::error::reason;
+use crate::keys;
+use crate::reconciling::context::Context;
+
+/// The key the cluster-wide ranking picks the speaking node by.
+const SPOKESMAN_KEY: &str = "reap-volumes-of-removed-nodes";
+/// Passes are at most this far apart (and a quarter of the grace period when that is shorter).
+const MAX_PASS_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Runs the passes for as long as the provisioner runs.
+pub async fn run(ctx: Arc<Context>) {
+    let Some(grace) = ctx.config.reap_volumes_of_removed_nodes else { return };
+    let interval = (grace / 4).clamp(Duration::from_secs(1), MAX_PASS_INTERVAL);
+    tracing::info!(grace = ?grace, "deleting the Released PVs of nodes gone for longer than the grace period");
+    let mut absent_since = BTreeMap::new();
+    loop {
+        tokio::time::sleep(interval).await;
+        match pass(&ctx, grace, &absent_since).await {
+            Ok(Some(next)) => absent_since = next,
+            // Another node speaks for the cluster: its clock counts, ours starts again if it dies.
+            Ok(None) => absent_since.clear(),
+            Err(error) => tracing::warn!(%error, "looking for volumes of removed nodes failed; next pass retries"),
+        }
+    }
+}
+
+/// One pass; `None` when another node speaks for the cluster.
+async fn pass(
+    ctx: &Context,
+    grace: Duration,
+    absent_since: &BTreeMap<String, Instant>,
+) -> Result<Option<BTreeMap<String, Instant>>, kube::Error> {
+    let live = ctx.live_nodes().await?;
+    if let Acting::Other { .. } = topology::spokesman(SPOKESMAN_KEY, &ctx.me.node, &live) {
+        return Ok(None);
+    }
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let listed = pvs.list(&ListParams::default()).await?.items;
+    // One GET per owner of a Released PV (few), rather than a list of every Node: the
+    // provisioner's RBAC has nodes `get` only.
+    let mut existing = BTreeSet::new();
+    for owner in owners_to_check(&listed, &ctx.me.provisioner) {
+        if Api::<Node>::all(ctx.client.clone()).get_metadata_opt(owner).await?.is_some() {
+            existing.insert(owner.to_owned());
+        }
+    }
+    let plan = plan_reaping(&ReapFacts {
+        pvs: &listed,
+        nodes: &existing,
+        absent_since,
+        now: Instant::now(),
+        grace,
+        provisioner: &ctx.me.provisioner,
+    });
+    for (node, left) in &plan.waiting {
+        tracing::debug!(%node, left = ?left, "a node with Released volumes is gone; waiting out the grace period");
+    }
+    for reap in &plan.reap {
+        let Some(pv) = listed.iter().find(|pv| pv.metadata.name.as_deref() == Some(&reap.pv)) else { continue };
+        let note = format!(
+            "deleted: node {} has had no Node object for longer than {:?} (--reap-volumes-of-removed-nodes); \
+             the volume's data was on that node and went with it",
+            reap.node, grace
+        );
+        if !reap.already_deleted {
+            let preconditions =
+                Preconditions { uid: Some(reap.uid.clone()), resource_version: Some(reap.resource_version.clone()) };
+            match pvs.delete(&reap.pv, &DeleteParams { preconditions: Some(preconditions), ..Default::default() }).await
+            {
+                Ok(_) => {}
+                // Changed since the list (switched to Retain, rebound) or gone: the next pass decides.
+                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        if reap.remove_finalizer {
+            remove_protection(&pvs, pv).await?;
+        }
+        tracing::warn!(pv = %reap.pv, node = %reap.node, "deleted the PV of a removed node");
+        ctx.metrics.reaped_volumes.inc();
+        ctx.warn(&pv.object_ref(&()), reason::REMOVED_NODE_VOLUME_DELETED, "Delete", note).await;
+    }
+    Ok(Some(plan.absent_since))
+}
+
+/// Removes our deletion-protection finalizer, which only the PV's (gone) owner would remove.
+async fn remove_protection(pvs: &Api<PersistentVolume>, pv: &PersistentVolume) -> Result<(), kube::Error> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let Some(index) = pv.metadata.finalizers.iter().flatten().position(|f| f == keys::PROTECTION_FINALIZER) else {
+        return Ok(());
+    };
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        { "op": "test", "path": format!("/metadata/finalizers/{index}"), "value": keys::PROTECTION_FINALIZER },
+        { "op": "remove", "path": format!("/metadata/finalizers/{index}") },
+    ]))
+    .expect("a valid JSON patch");
+    match pvs.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 => Ok(()),
+        Err(error) => Err(error),
+    }
+}
