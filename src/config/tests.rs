@@ -1,0 +1,304 @@
+//! Tests of the configuration: every setting's parsing and refusal.
+
+use super::*;
+
+fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+    let mut argv = vec!["hostpath-provisioner"];
+    argv.extend_from_slice(args);
+    Args::try_parse_from(argv).expect("clap parse").validate()
+}
+
+fn parse_on_node(args: &[&str]) -> Result<Config, ConfigError> {
+    let mut all = vec!["--node-name", "n"];
+    all.extend_from_slice(args);
+    parse(&all)
+}
+
+#[test]
+fn minimal_go_style_settings_work() {
+    let c = parse(&["--node-name", "node-a", "--pv-dir", "/var/hpvolumes/"]).unwrap();
+    assert_eq!(c.node_name, "node-a");
+    assert_eq!(c.pools, vec![PoolPath::local("legacy", "/var/hpvolumes")]);
+    assert_eq!(c.provisioner_name, "kubevirt.io/hostpath-provisioner");
+    assert_eq!(c.dir_mode, 0o777);
+    assert_eq!(c.pv_capacity, PvCapacity::Request);
+    assert!(!c.use_naming_prefix);
+    assert_eq!(c.metrics_addr, Some("0.0.0.0:8080".parse().unwrap()));
+}
+
+#[test]
+fn reaping_volumes_of_removed_nodes_is_off_unless_given_a_duration() {
+    let off = parse(&["--node-name", "n", "--pv-dir", "/p"]).unwrap();
+    assert_eq!(off.reap_volumes_of_removed_nodes, None);
+    for (value, secs) in [("24h", 86_400), ("90m", 5_400), ("1h 30m", 5_400), ("PT2H", 7_200), ("3s", 3)] {
+        let c = parse(&["--node-name", "n", "--pv-dir", "/p", "--reap-volumes-of-removed-nodes", value]).unwrap();
+        assert_eq!(c.reap_volumes_of_removed_nodes, Some(std::time::Duration::from_secs(secs)), "{value}");
+    }
+    for bad in ["0s", "-1h", "soon", "24"] {
+        let flag = format!("--reap-volumes-of-removed-nodes={bad}");
+        let err = parse(&["--node-name", "n", "--pv-dir", "/p", &flag]).unwrap_err();
+        assert!(err.to_string().contains("REAP_VOLUMES_OF_REMOVED_NODES"), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn naming_prefix_follows_the_go_rule() {
+    for (value, want) in [("true", true), ("TRUE", true), ("True", true), ("1", false), ("yes", false), ("", false)] {
+        let c = parse(&["--node-name", "n", "--pv-dir", "/p", "--use-naming-prefix", value]).unwrap();
+        assert_eq!(c.use_naming_prefix, want, "{value:?}");
+    }
+}
+
+#[test]
+fn missing_node_or_dir_names_the_setting() {
+    let e = parse(&["--pv-dir", "/p"]).unwrap_err().to_string();
+    assert!(e.contains("NODE_NAME"), "{e}");
+    let e = parse(&["--node-name", "n"]).unwrap_err().to_string();
+    assert!(e.contains("PV_DIR"), "{e}");
+    assert!(parse(&["--node-name", "n", "--pool", "ssd=/mnt/ssd"]).is_ok(), "pools stand in for PV_DIR");
+}
+
+#[test]
+fn invalid_values_name_the_setting_and_accepted_values() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["--pv-dir", "relative"], "PV_DIR"),
+        (&["--pv-dir", "/"], "PV_DIR"),
+        (&["--pv-dir", "/a/../b"], "PV_DIR"),
+        (&["--pv-dir", "/p", "--dir-mode", "999"], "DIR_MODE"),
+        (&["--pv-dir", "/p", "--metrics-addr", "nope"], "METRICS_ADDR"),
+        (&["--pv-dir", "/p", "--provision-on-node", "Bad_NS"], "PROVISION_ON_NODE"),
+    ];
+    for (args, setting) in cases {
+        let mut all = vec!["--node-name", "n"];
+        all.extend_from_slice(args);
+        let e = parse(&all).unwrap_err().to_string();
+        assert!(e.starts_with(setting), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn pools_come_from_flags_env_style_lists_and_pv_dir() {
+    let c = parse_on_node(&[
+        "--pv-dir",
+        "/var/hpvolumes",
+        "--pool",
+        "ssd=/mnt/ssd",
+        "--pool",
+        "nfs=/mnt/nfs/,shared",
+        "--pool",
+        "hdd=/mnt/hdd,reserve=10Gi,scratch=/mnt/scratch",
+    ])
+    .unwrap();
+    assert_eq!(
+        c.pools,
+        vec![
+            PoolPath::local("legacy", "/var/hpvolumes"),
+            PoolPath::local("ssd", "/mnt/ssd"),
+            PoolPath::shared("nfs", "/mnt/nfs"),
+            PoolPath { reserve: Some(10 << 30), ..PoolPath::local("hdd", "/mnt/hdd") },
+            PoolPath::local("scratch", "/mnt/scratch"),
+        ]
+    );
+    assert_eq!(c.default_pool.as_deref(), Some("legacy"));
+    let only = parse_on_node(&["--pool", "ssd=/mnt/ssd"]).unwrap();
+    assert_eq!(only.default_pool.as_deref(), Some("ssd"), "a single pool is the default");
+    let two = parse_on_node(&["--pool", "ssd=/mnt/ssd,hdd=/mnt/hdd"]).unwrap();
+    assert_eq!(two.default_pool, None, "classes must name one of several pools");
+}
+
+#[test]
+fn bad_pools_are_refused_naming_the_setting() {
+    for bad in [
+        "ssd",
+        "=/x",
+        "Bad_Name=/x",
+        "ssd=relative",
+        "ssd=/",
+        "ssd=/a/../b",
+        "shared",
+        "ssd=/x,fast",
+        "reserve=1Gi",
+        "ssd=/x,reserve=lots",
+        "ssd=/x,ssd=/y",
+        "a=/x,b=/x/y",
+        "legacy=/other",
+    ] {
+        let e = parse_on_node(&["--pv-dir", "/var/hpvolumes", "--pool", bad]).unwrap_err().to_string();
+        assert!(e.starts_with("STORAGE_POOLS"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn lease_settings_are_checked() {
+    let c = parse_on_node(&["--pv-dir", "/p", "--namespace", "hpp", "--node-lease-seconds", "9"]).unwrap();
+    assert_eq!((c.namespace.as_str(), c.node_lease.as_secs()), ("hpp", 9));
+    let e = parse_on_node(&["--pv-dir", "/p", "--node-lease-seconds", "1"]).unwrap_err().to_string();
+    assert!(e.starts_with("NODE_LEASE_SECONDS"), "{e}");
+    let e = parse_on_node(&["--pv-dir", "/p", "--namespace", "Not A Namespace"]).unwrap_err().to_string();
+    assert!(e.starts_with("POD_NAMESPACE"), "{e}");
+}
+
+#[test]
+fn go_style_listen_addresses_and_policies_parse() {
+    let c = parse(&[
+        "--node-name",
+        "n",
+        "--pv-dir",
+        "/p",
+        "--health-addr",
+        ":9000",
+        "--metrics-addr",
+        "",
+        "--provision-on-node",
+        "vms, db",
+        "--dir-mode",
+        "0750",
+        "--reserved-space",
+        "1Gi",
+    ])
+    .unwrap();
+    assert_eq!(c.health_addr, Some("0.0.0.0:9000".parse().unwrap()));
+    assert_eq!(c.metrics_addr, None);
+    assert_eq!(c.provision_on_node, ProvisionOnNodePolicy::Namespaces(vec!["vms".into(), "db".into()]));
+    assert_eq!(c.dir_mode, 0o750);
+    assert_eq!(c.reserved_bytes, 1 << 30);
+}
+
+#[test]
+fn switches_accept_the_usual_spellings_in_any_case() {
+    for (value, want) in [
+        ("true", true),
+        ("TRUE", true),
+        ("yes", true),
+        ("Yes", true),
+        ("on", true),
+        ("ON", true),
+        ("1", true),
+        (" true ", true),
+        ("false", false),
+        ("No", false),
+        ("off", false),
+        ("0", false),
+    ] {
+        assert_eq!(parse_switch("REQUIRE_MOUNTPOINT", value).ok(), Some(want), "{value:?}");
+    }
+}
+
+#[test]
+fn switches_refuse_other_spellings_naming_the_setting_on_one_line() {
+    for value in ["", "enabled", "y", "2", "truee", "t", "-1", "on\noff"] {
+        let e = parse_switch("REQUIRE_MOUNTPOINT", value).unwrap_err().to_string();
+        assert!(e.starts_with("REQUIRE_MOUNTPOINT: "), "{value:?}: {e}");
+        assert!(e.contains(SWITCH_SPELLINGS), "{e}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+}
+
+#[test]
+fn require_mountpoint_yes_1_and_on_turn_the_check_on() {
+    for value in ["yes", "1", "on", "True"] {
+        let c = parse_on_node(&["--pv-dir", "/p", "--require-mountpoint", value]).unwrap();
+        assert!(c.require_mountpoint, "{value:?}");
+    }
+    assert!(parse_on_node(&["--pv-dir", "/p", "--require-mountpoint"]).unwrap().require_mountpoint);
+    assert!(!parse_on_node(&["--pv-dir", "/p"]).unwrap().require_mountpoint, "off by default");
+    assert!(!parse_on_node(&["--pv-dir", "/p"]).unwrap().pv_finalizer, "off by default: rollback stays possible");
+    assert!(parse_on_node(&["--pv-dir", "/p", "--pv-finalizer", "yes"]).unwrap().pv_finalizer);
+    let e = parse_on_node(&["--pv-dir", "/p", "--pv-finalizer", "maybe"]).unwrap_err().to_string();
+    assert!(e.starts_with("PV_FINALIZER"), "{e}");
+    let e = parse_on_node(&["--pv-dir", "/p", "--require-mountpoint", "enabled"]).unwrap_err().to_string();
+    assert!(e.starts_with("REQUIRE_MOUNTPOINT"), "{e}");
+}
+
+#[test]
+fn typed_settings_are_refused_by_validate_naming_the_env_var() {
+    let cases: [(&str, &str, &str); 5] = [
+        ("--log-format", "xml", "LOG_FORMAT"),
+        ("--pv-capacity", "all", "PV_CAPACITY"),
+        ("--max-concurrency", "many", "MAX_CONCURRENCY"),
+        ("--max-concurrency", "0", "MAX_CONCURRENCY"),
+        ("--node-lease-seconds", "-5", "NODE_LEASE_SECONDS"),
+    ];
+    for (flag, value, setting) in cases {
+        let flag_value = format!("{flag}={value}");
+        let argv = ["hostpath-provisioner", "--node-name", "n", "--pv-dir", "/p", &flag_value];
+        let args = Args::try_parse_from(argv).unwrap_or_else(|e| panic!("{flag} {value}: clap refused it itself: {e}"));
+        let e = args.validate().unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{setting}: ")), "{flag} {value}: {e}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+    let c = parse_on_node(&["--pv-dir", "/p", "--log-format", "JSON", "--pv-capacity", "Filesystem"]).unwrap();
+    assert_eq!((c.log_format, c.pv_capacity), (LogFormat::Json, PvCapacity::Filesystem));
+}
+
+#[test]
+fn publish_capacity_is_off_by_default_and_needs_a_provisioner_name_that_is_an_object_name() {
+    assert!(!parse_on_node(&["--pv-dir", "/p"]).unwrap().publish_capacity, "opt-in");
+    let c =
+        parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "--provisioner-name", "hostpath.example.org"]).unwrap();
+    assert!(c.publish_capacity);
+    let e = parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "yes"]).unwrap_err().to_string();
+    assert!(e.starts_with("PUBLISH_CAPACITY: "), "{e}");
+    assert!(e.contains("hostpath.example.org") && e.contains("CSIDriver"), "says what to do: {e}");
+    assert!(e.contains("\"kubevirt.io/hostpath-provisioner\""), "names the value: {e}");
+    assert!(!e.contains('\n'), "one line: {e:?}");
+    assert!(parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "off"]).is_ok(), "off needs nothing");
+    let e = parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "sometimes"]).unwrap_err().to_string();
+    assert!(e.starts_with("PUBLISH_CAPACITY: ") && e.contains(SWITCH_SPELLINGS), "{e}");
+}
+
+#[test]
+fn rust_log_that_does_not_parse_is_refused_naming_it() {
+    use std::ffi::OsStr;
+    assert!(log_filter(None).is_ok());
+    assert!(log_filter(Some(OsStr::new(""))).is_ok());
+    assert!(log_filter(Some(OsStr::new("info,hostpath_provisioner=debug"))).is_ok());
+    for bad in ["info,hostpath_provisioner=loud", "=debug", "[{"] {
+        let e = log_filter(Some(OsStr::new(bad))).unwrap_err().to_string();
+        assert!(e.starts_with("RUST_LOG: "), "{bad:?}: {e}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+}
+
+#[test]
+fn kubeconfig_lists_split_like_kubectl() {
+    use std::ffi::OsStr;
+    let split = |s: &str| split_kubeconfig_paths(OsStr::new(s));
+    assert_eq!(split("/a"), vec![PathBuf::from("/a")]);
+    assert_eq!(split("/a:/b"), vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+    assert_eq!(split(":/a::/b:"), vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+    assert!(split("").is_empty());
+    let c = parse_on_node(&["--pv-dir", "/p", "--kubeconfig", "/etc/a.yaml:/etc/b.yaml"]).unwrap();
+    assert_eq!(c.kubeconfig, vec![PathBuf::from("/etc/a.yaml"), PathBuf::from("/etc/b.yaml")]);
+}
+
+fn kubeconfig_file(dir: &std::path::Path, name: &str, current: &str, server: &str, extra_context: &str) -> PathBuf {
+    let path = dir.join(name);
+    let text = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: {current}\n\
+         clusters:\n- name: shared\n  cluster:\n    server: {server}\n\
+         users:\n- name: admin\n  user:\n    token: t-{name}\n\
+         contexts:\n- name: {current}\n  context:\n    cluster: shared\n    user: admin\n\
+         - name: {extra_context}\n  context:\n    cluster: shared\n    user: admin\n"
+    );
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+#[test]
+fn kubeconfig_lists_merge_and_the_first_file_wins() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let first = kubeconfig_file(dir.path(), "first", "ctx-first", "https://first:6443", "only-first");
+    let second = kubeconfig_file(dir.path(), "second", "ctx-second", "https://second:6443", "only-second");
+    let missing = dir.path().join("missing");
+    let merged = read_kubeconfigs(&[missing.clone(), first, second]).expect("merged");
+    assert_eq!(merged.current_context.as_deref(), Some("ctx-first"));
+    let servers: Vec<_> = merged.clusters.iter().filter_map(|c| c.cluster.as_ref()?.server.clone()).collect();
+    assert_eq!(servers, vec!["https://first:6443".to_owned()], "conflicting cluster: first file wins");
+    let contexts: Vec<_> = merged.contexts.iter().map(|c| c.name.as_str()).collect();
+    for name in ["ctx-first", "only-first", "ctx-second", "only-second"] {
+        assert!(contexts.contains(&name), "{name} in {contexts:?}");
+    }
+    let e = read_kubeconfigs(&[missing]).unwrap_err().to_string();
+    assert!(e.starts_with("KUBECONFIG"), "{e}");
+}
