@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::deciding::capacity::CapacityAccounting;
 use crate::deciding::layout::{self, PoolPath};
 use crate::deciding::settings::ProvisionOnNodePolicy;
 pub use crate::deciding::settings::PvCapacity;
@@ -39,8 +40,12 @@ pub struct Args {
     #[arg(long, env = "PV_DIR")]
     pub pv_dir: Option<PathBuf>,
 
-    /// More pools: NAME=PATH, then options of that pool: `shared` for a network filesystem mounted at the same path on every node, `reserve=SIZE` for free space kept unallocated in it (instead of --reserved-space). Repeatable; STORAGE_POOLS takes a comma-separated list (ssd=/mnt/ssd,reserve=10Gi,nfs=/mnt/nfs,shared).
-    #[arg(long = "pool", env = "STORAGE_POOLS", value_name = "NAME=PATH[,shared][,reserve=SIZE]")]
+    /// More pools: NAME=PATH, then options of that pool: `shared` for a network filesystem mounted at the same path on every node, `reserve=SIZE` for free space kept unallocated in it (instead of --reserved-space), `accounting=free|requests` (instead of --capacity-accounting). Repeatable; STORAGE_POOLS takes a comma-separated list (ssd=/mnt/ssd,reserve=10Gi,nfs=/mnt/nfs,shared).
+    #[arg(
+        long = "pool",
+        env = "STORAGE_POOLS",
+        value_name = "NAME=PATH[,shared][,reserve=SIZE][,accounting=requests]"
+    )]
     pub pools: Vec<String>,
 
     /// Namespace of this node's liveness Lease (default: the pod's own, from its service account).
@@ -92,6 +97,10 @@ pub struct Args {
     /// Free space (bytes or a quantity like 1Gi) kept unallocated in each pool.
     #[arg(long, env = "RESERVED_SPACE", default_value = "0")]
     pub reserved_space: String,
+
+    /// How a pool's room is counted: free (free space now) or requests (also the pool's size minus the requests of its volumes, so promises never exceed the pool). A pool's accounting=... overrides it.
+    #[arg(long, env = "CAPACITY_ACCOUNTING", default_value = "free")]
+    pub capacity_accounting: String,
 
     /// Most claims (and, separately, volumes) reconciled at once; there is no client-side QPS throttle.
     #[arg(long, env = "MAX_CONCURRENCY", default_value = "16")]
@@ -340,6 +349,21 @@ impl Args {
                 ProvisionOnNodePolicy::Namespaces(namespaces)
             }
         };
+        let accounting = CapacityAccounting::parse(&self.capacity_accounting)
+            .ok_or_else(|| invalid("CAPACITY_ACCOUNTING", &self.capacity_accounting, "free or requests"))?;
+        for pool in &mut pools {
+            pool.accounting = Some(pool.accounting.unwrap_or(accounting));
+        }
+        if pv_capacity == PvCapacity::Filesystem
+            && let Some(pool) = pools.iter().find(|p| p.accounting == Some(CapacityAccounting::Requests))
+        {
+            // Requests are summed from the PVs' capacities, which would all be the whole disk.
+            return Err(invalid(
+                "CAPACITY_ACCOUNTING",
+                &format!("requests (pool {})", pool.name),
+                "free while PV_CAPACITY=filesystem: the PVs then state the filesystem's size, not their requests",
+            ));
+        }
         let reserved_bytes = crate::deciding::capacity::parse_bytes(&self.reserved_space).map_err(|e| {
             invalid("RESERVED_SPACE", &self.reserved_space, &format!("a size such as 0, 10Gi or 500M ({e})"))
         })?;
@@ -422,9 +446,16 @@ fn pool_root(path: &str) -> Option<PathBuf> {
 /// So `--pool nfs=/mnt/nfs,shared` and `STORAGE_POOLS=ssd=/mnt/ssd,reserve=10Gi,nfs=/mnt/nfs,shared`
 /// read the same way (`shared` and `reserve` cannot be pool names).
 pub fn parse_pool_specs(value: &str) -> Result<Vec<PoolPath>, ConfigError> {
-    const ACCEPTED: &str = "NAME=PATH[,shared][,reserve=SIZE] entries separated by commas, NAME a DNS-1123 label, PATH an absolute directory other than /";
+    const ACCEPTED: &str = "NAME=PATH[,shared][,reserve=SIZE][,accounting=free|requests] entries separated by commas, NAME a DNS-1123 label, PATH an absolute directory other than /";
     let mut pools: Vec<PoolPath> = Vec::new();
     for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        if let Some(value) = token.strip_prefix("accounting=") {
+            let (Some(pool), Some(accounting)) = (pools.last_mut(), CapacityAccounting::parse(value)) else {
+                return Err(invalid("STORAGE_POOLS", value, ACCEPTED));
+            };
+            pool.accounting = Some(accounting);
+            continue;
+        }
         if let Some(size) = token.strip_prefix("reserve=") {
             let (Some(pool), Ok(bytes)) = (pools.last_mut(), crate::deciding::capacity::parse_bytes(size)) else {
                 return Err(invalid("STORAGE_POOLS", value, ACCEPTED));

@@ -187,6 +187,7 @@ mod tests {
             requested: 1 << 60,
             available: 69_409_710_080,
             reserved: 0,
+            promised: None,
         });
         assert_eq!(
             error.to_string(),

@@ -95,6 +95,16 @@ impl ClaimBuilder {
         self.0.metadata.namespace = Some(ns.into());
         self
     }
+    /// `resources.requests.storage`.
+    pub fn request(self, size: &str) -> Self {
+        let size = size.to_owned();
+        self.spec(move |s| {
+            s.resources.get_or_insert_with(Default::default).requests = Some(BTreeMap::from([(
+                "storage".to_owned(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(size),
+            )]))
+        })
+    }
     pub fn access_modes(self, modes: &[&str]) -> Self {
         self.spec(|s| s.access_modes = Some(modes.iter().map(|m| (*m).to_owned()).collect()))
     }

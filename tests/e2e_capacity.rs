@@ -278,3 +278,32 @@ fn publish_capacity_with_the_default_provisioner_name_is_refused_with_one_line()
     assert!(lines[0].contains("PUBLISH_CAPACITY") && lines[0].contains("CSIDriver"), "{stderr}");
     assert!(lines[0].contains("kubevirt.io/hostpath-provisioner"), "names the offending value: {stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_requests_accounting_the_promises_never_exceed_the_pool_though_space_is_free() {
+    let mut env = TestEnv::start("promised", 0).await;
+    let node = format!("{}-1", env.group);
+    let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
+    env.add_node(&node, &|spec| spec.env("CAPACITY_ACCOUNTING", "requests")).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    // Two volumes of 24 MiB promise 48 of the disk's about 60 MiB; nothing is written in them.
+    for name in ["first", "second"] {
+        env.create_claim(fixtures::claim(&env.ns, name, &class, "24Mi").provision_on_node(&node)).await;
+        env.wait_bound(name).await;
+    }
+    let free = disk_free(&disk.dir);
+    assert!(free > 24 << 20, "the disk still has {free} bytes free");
+    let third = env.create_claim(fixtures::claim(&env.ns, "third", &class, "24Mi").provision_on_node(&node)).await;
+    let note = env.wait_event(&env.ns, &uid(&third), "ProvisioningFailed").await;
+    assert!(note.contains("not enough unpromised space") && note.contains("48 MiB promised"), "{note}");
+    assert!(env.pvs().get_opt(&format!("pvc-{}", uid(&third))).await.unwrap().is_none());
+    // A promise released makes room: the claim is provisioned on its next attempt.
+    env.delete_claim("first").await;
+    env.wait_bound("third").await;
+}
+
+/// Bytes free for unprivileged writers on the filesystem holding `dir`.
+fn disk_free(dir: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("df").args(["-B1", "--output=avail"]).arg(dir).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().nth(1).unwrap().trim().parse().unwrap()
+}

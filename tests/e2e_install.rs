@@ -228,7 +228,7 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
     // Each setting of the binary, as the maximal values file sets it.
     for (name, value) in [
         ("PV_DIR", "/var/hpvolumes"),
-        ("STORAGE_POOLS", "ssd=/mnt/ssd,reserve=20Gi,nfs=/mnt/nfs,shared"),
+        ("STORAGE_POOLS", "ssd=/mnt/ssd,reserve=20Gi,accounting=free,nfs=/mnt/nfs,shared"),
         ("PROVISIONER_NAME", "hostpath.example.com"),
         ("USE_NAMING_PREFIX", "true"),
         ("PV_CAPACITY", "filesystem"),
@@ -238,6 +238,8 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
         ("PUBLISH_CAPACITY", "true"),
         ("PROVISION_ON_NODE", "team-a,team-b"),
         ("RESERVED_SPACE", "10Gi"),
+        ("CAPACITY_ACCOUNTING", "requests"),
+        ("REAP_VOLUMES_OF_REMOVED_NODES", "24h"),
         ("MAX_CONCURRENCY", "32"),
         ("NODE_LEASE_SECONDS", "60"),
         ("LOG_FORMAT", "json"),

@@ -14,11 +14,41 @@ fn parse_on_node(args: &[&str]) -> Result<Config, ConfigError> {
     parse(&all)
 }
 
+/// A pool as validation leaves it: counted the default way (free space).
+fn counted(pool: PoolPath) -> PoolPath {
+    PoolPath { accounting: Some(CapacityAccounting::Free), ..pool }
+}
+
+#[test]
+fn capacity_accounting_is_free_unless_asked_and_a_pool_can_differ() {
+    let c = parse_on_node(&["--pv-dir", "/p", "--pool", "ssd=/mnt/ssd,accounting=requests"]).unwrap();
+    let by_name = |name: &str| c.pools.iter().find(|p| p.name == name).unwrap().accounting;
+    assert_eq!(by_name("legacy"), Some(CapacityAccounting::Free));
+    assert_eq!(by_name("ssd"), Some(CapacityAccounting::Requests));
+    let c = parse_on_node(&["--pv-dir", "/p", "--capacity-accounting", "requests", "--pool", "hdd=/h,accounting=free"])
+        .unwrap();
+    let by_name = |name: &str| c.pools.iter().find(|p| p.name == name).unwrap().accounting;
+    assert_eq!(
+        (by_name("legacy"), by_name("hdd")),
+        (Some(CapacityAccounting::Requests), Some(CapacityAccounting::Free))
+    );
+    for bad in [
+        &["--pv-dir", "/p", "--capacity-accounting", "promised"][..],
+        &["--pv-dir", "/p", "--pool", "a=/a,accounting=x"],
+    ] {
+        assert!(parse_on_node(bad).is_err(), "{bad:?}");
+    }
+    // The PVs' capacities are what is summed: with the filesystem's size on every PV, refused.
+    let err = parse_on_node(&["--pv-dir", "/p", "--capacity-accounting", "requests", "--pv-capacity", "filesystem"])
+        .unwrap_err();
+    assert!(err.to_string().contains("CAPACITY_ACCOUNTING") && err.to_string().contains("PV_CAPACITY"), "{err}");
+}
+
 #[test]
 fn minimal_go_style_settings_work() {
     let c = parse(&["--node-name", "node-a", "--pv-dir", "/var/hpvolumes/"]).unwrap();
     assert_eq!(c.node_name, "node-a");
-    assert_eq!(c.pools, vec![PoolPath::local("legacy", "/var/hpvolumes")]);
+    assert_eq!(c.pools, vec![counted(PoolPath::local("legacy", "/var/hpvolumes"))]);
     assert_eq!(c.provisioner_name, "kubevirt.io/hostpath-provisioner");
     assert_eq!(c.dir_mode, 0o777);
     assert_eq!(c.pv_capacity, PvCapacity::Request);
@@ -92,11 +122,11 @@ fn pools_come_from_flags_env_style_lists_and_pv_dir() {
     assert_eq!(
         c.pools,
         vec![
-            PoolPath::local("legacy", "/var/hpvolumes"),
-            PoolPath::local("ssd", "/mnt/ssd"),
-            PoolPath::shared("nfs", "/mnt/nfs"),
-            PoolPath { reserve: Some(10 << 30), ..PoolPath::local("hdd", "/mnt/hdd") },
-            PoolPath::local("scratch", "/mnt/scratch"),
+            counted(PoolPath::local("legacy", "/var/hpvolumes")),
+            counted(PoolPath::local("ssd", "/mnt/ssd")),
+            counted(PoolPath::shared("nfs", "/mnt/nfs")),
+            counted(PoolPath { reserve: Some(10 << 30), ..PoolPath::local("hdd", "/mnt/hdd") }),
+            counted(PoolPath::local("scratch", "/mnt/scratch")),
         ]
     );
     assert_eq!(c.default_pool.as_deref(), Some("legacy"));

@@ -146,13 +146,70 @@ impl std::fmt::Display for Size {
     }
 }
 
-/// A pool without room for a claim's request (after its reserve).
+/// How a pool's room for a new volume is counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CapacityAccounting {
+    /// Free space now, minus the reserve: volumes that have not filled up yet leave room that
+    /// later writes may take back (the Go build's way).
+    #[default]
+    Free,
+    /// Also what is promised: the pool's size minus its reserve minus the requests of its live
+    /// volumes, so the sum of the requests never exceeds the pool.
+    Requests,
+}
+
+impl CapacityAccounting {
+    /// Accepted values.
+    pub const ALL: [CapacityAccounting; 2] = [CapacityAccounting::Free, CapacityAccounting::Requests];
+
+    /// The setting's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapacityAccounting::Free => "free",
+            CapacityAccounting::Requests => "requests",
+        }
+    }
+
+    /// Parses a setting's value.
+    pub fn parse(value: &str) -> Option<CapacityAccounting> {
+        Self::ALL.into_iter().find(|a| a.as_str().eq_ignore_ascii_case(value.trim()))
+    }
+}
+
+/// What a pool holds and has promised, for deciding whether a new volume fits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolRoom {
+    /// Bytes free for unprivileged writers now.
+    pub available: u64,
+    /// The filesystem's size.
+    pub total: u64,
+    /// The reserve.
+    pub reserved: u64,
+    /// Sum of the requests of the pool's live volumes, when counted ([`CapacityAccounting::Requests`]).
+    pub promised: Option<u64>,
+}
+
+impl PoolRoom {
+    /// Bytes a new volume may take: free space after the reserve, and with requests accounting
+    /// no more than the size after the reserve less what is promised.
+    pub fn room(&self) -> u64 {
+        let free = self.available.saturating_sub(self.reserved);
+        match self.promised {
+            None => free,
+            Some(promised) => free.min(self.total.saturating_sub(self.reserved).saturating_sub(promised)),
+        }
+    }
+}
+
+/// A pool without room for a claim's request (after its reserve, and what is promised).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "not enough free space in pool {pool} on node {node}: the claim requests {}, {} available (reserve {})",
+    "not enough {} in pool {pool} on node {node}: the claim requests {}, {} available (reserve {}{})",
+    if .promised.is_some() { "unpromised space" } else { "free space" },
     Size(*.requested),
     Size(*.available),
-    Size(*.reserved)
+    Size(*.reserved),
+    .promised.map(|p| format!("; {} promised to the pool's volumes", Size(p))).unwrap_or_default()
 )]
 pub struct ShortOfSpace {
     /// Pool name.
@@ -161,10 +218,12 @@ pub struct ShortOfSpace {
     pub node: String,
     /// Requested bytes.
     pub requested: u64,
-    /// Available bytes after the reserve.
+    /// Bytes a new volume may take ([`PoolRoom::room`]).
     pub available: u64,
     /// The reserve.
     pub reserved: u64,
+    /// With requests accounting, the requests of the pool's live volumes.
+    pub promised: Option<u64>,
 }
 
 #[cfg(test)]

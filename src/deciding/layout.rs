@@ -22,17 +22,20 @@ pub struct PoolPath {
     pub shared: bool,
     /// Bytes kept free in this pool (`reserve=SIZE`), instead of `RESERVED_SPACE`.
     pub reserve: Option<u64>,
+    /// How room is counted in this pool (`accounting=free|requests`), instead of
+    /// `--capacity-accounting`.
+    pub accounting: Option<crate::deciding::capacity::CapacityAccounting>,
 }
 
 impl PoolPath {
     /// A node-local pool.
     pub fn local(name: &str, root: impl Into<PathBuf>) -> PoolPath {
-        PoolPath { name: name.to_owned(), root: root.into(), shared: false, reserve: None }
+        PoolPath { name: name.to_owned(), root: root.into(), shared: false, reserve: None, accounting: None }
     }
 
     /// A pool on a network filesystem mounted at the same path on every node.
     pub fn shared(name: &str, root: impl Into<PathBuf>) -> PoolPath {
-        PoolPath { name: name.to_owned(), root: root.into(), shared: true, reserve: None }
+        PoolPath { name: name.to_owned(), root: root.into(), shared: true, reserve: None, accounting: None }
     }
 
     /// How the pool is advertised to, and matched against, other nodes.

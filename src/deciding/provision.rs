@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use crate::deciding::capacity::{ShortOfSpace, format_binary_si, round_down_pretty};
+use crate::deciding::capacity::{CapacityAccounting, PoolRoom, ShortOfSpace, format_binary_si, round_down_pretty};
 use crate::deciding::claim::{Decision, ProvisionPlan, SkipReason, annotated_for_provisioning, decide_claim};
 use crate::deciding::class::{BindingMode, claim_class_name, class_request};
 use crate::deciding::clone::{self, CloneActor, CloneRequest, Placement, SourceVerdict};
@@ -56,6 +56,8 @@ pub struct FactsNeeded {
     pub dir_name: Option<String>,
     /// The pool's quota facts (a quotactl and two reads of /proc: only enforce classes).
     pub quota_facts: bool,
+    /// The requests of the pool's live volumes (a pool with `requests` capacity accounting).
+    pub promised: bool,
 }
 
 /// Names the facts the plan for `claim` (a candidate of this node, `Interest::Candidate`) reads.
@@ -88,6 +90,9 @@ pub fn facts_needed(
             && keys::annotation(meta, keys::PROVISION_ON_NODE).is_none()
             && !annotated_for_provisioning(meta),
         quota_facts: pool.is_some() && request.as_ref().is_some_and(|r| r.quota == QuotaMode::Enforce),
+        promised: pool.as_ref().is_some_and(|name| {
+            config.pools.iter().any(|p| p.name == *name && p.accounting == Some(CapacityAccounting::Requests))
+        }),
         pool,
         dir_name,
     }
@@ -104,6 +109,8 @@ pub struct PoolFacts {
     pub dir_exists: bool,
     /// Quota facts, when [`FactsNeeded::quota_facts`].
     pub quota: Option<QuotaFacts>,
+    /// The requests of the pool's live volumes, when [`FactsNeeded::promised`].
+    pub promised_bytes: Option<u64>,
 }
 
 /// The pool's state as gathered.
@@ -501,7 +508,13 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
         (_, None) => return ClaimPlan::Fail(Failure::PoolUnusable),
     };
     let reserved = plan.pool.reserve.unwrap_or(facts.config.reserved_bytes);
-    let available = pool.available_bytes.saturating_sub(reserved);
+    let room = PoolRoom {
+        available: pool.available_bytes,
+        total: pool.total_bytes,
+        reserved,
+        promised: pool.promised_bytes.filter(|_| plan.pool.accounting == Some(CapacityAccounting::Requests)),
+    };
+    let available = room.room();
     if plan.request_bytes > available && !pool.dir_exists {
         let short = ShortOfSpace {
             pool: plan.pool.name.clone(),
@@ -509,6 +522,7 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
             requested: plan.request_bytes,
             available,
             reserved,
+            promised: room.promised,
         };
         // Another node has room of its own; a shared pool is the same filesystem everywhere.
         if scheduled && plan.topology != Topology::Shared {

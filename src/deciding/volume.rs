@@ -156,6 +156,22 @@ pub fn volume_path(pv: &PersistentVolume) -> Option<&str> {
     spec.host_path.as_ref().map(|h| h.path.as_str()).or_else(|| spec.local.as_ref().map(|l| l.path.as_str()))
 }
 
+/// The requests promised in the pool at `root`: the capacity of every PV whose directory is in it
+/// (any phase: a Released volume's data is still there until it is removed).
+pub fn promised_bytes<'a>(pvs: impl IntoIterator<Item = &'a PersistentVolume>, root: &std::path::Path) -> u64 {
+    pvs.into_iter()
+        .filter(|pv| volume_path(pv).and_then(|p| layout::normalise(p).ok()).is_some_and(|p| p.parent() == Some(root)))
+        .filter_map(|pv| {
+            pv.spec
+                .as_ref()?
+                .capacity
+                .as_ref()?
+                .get("storage")
+                .and_then(|q| crate::deciding::capacity::parse_bytes(&q.0).ok())
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
 /// The node that owns a PV: the `kubevirt.io/provisionOnNode` annotation, or for PVs lacking it
 /// (written before August 2019) the single value of its `kubernetes.io/hostname` node affinity.
 pub fn owner_node(pv: &PersistentVolume) -> Option<&str> {

@@ -93,6 +93,8 @@ pub fn pool_report(pool: &PoolPath, config: &Config, cluster: Option<&ClusterFac
         path: pool.root.display().to_string(),
         shared_pool: pool.shared,
         reserve_bytes: pool.reserve.unwrap_or(config.reserved_bytes),
+        accounting: pool.accounting.unwrap_or_default().as_str(),
+        promised_bytes: cluster.map(|c| crate::deciding::volume::promised_bytes(&c.pvs, &pool.root)),
         ..Default::default()
     };
     let root = match PoolRoot::open(&pool.name, &pool.root) {

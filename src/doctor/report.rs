@@ -47,6 +47,11 @@ pub struct PoolReport {
     pub shared_pool: bool,
     /// Bytes kept free (`reserve=` of the pool, else `RESERVED_SPACE`).
     pub reserve_bytes: u64,
+    /// How room is counted: `free` or `requests` (`--capacity-accounting`, `accounting=`).
+    pub accounting: &'static str,
+    /// The requests of the PVs whose directories are in this pool (from the API; absent when it
+    /// was not asked), what `requests` accounting counts against the pool's size.
+    pub promised_bytes: Option<u64>,
     /// Why the root could not be opened or examined; the other fields are then absent.
     pub error: Option<String>,
     /// The filesystem under the root.
@@ -224,6 +229,18 @@ pub fn render_table(report: &Report) -> String {
                     size(pool.reserve_bytes)
                 ),
             ));
+            if let Some(promised) = pool.promised_bytes {
+                let room = fs.size_bytes.saturating_sub(pool.reserve_bytes).saturating_sub(promised);
+                rows.push((
+                    "promised",
+                    format!(
+                        "{} requested by volumes, {} not promised (accounting: {})",
+                        size(promised),
+                        size(room),
+                        pool.accounting
+                    ),
+                ));
+            }
             if fs.inodes_total > 0 {
                 rows.push(("inodes", format!("{} available of {}", fs.inodes_available, fs.inodes_total)));
             }
@@ -306,6 +323,8 @@ mod tests {
                 name: "legacy".into(),
                 path: "/var/hpvolumes".into(),
                 reserve_bytes: 1 << 30,
+                accounting: "requests",
+                promised_bytes: Some(70 << 30),
                 filesystem: Some(FilesystemReport {
                     fs_type: "xfs".into(),
                     source: Some("/dev/sdb".into()),
@@ -352,6 +371,7 @@ mod tests {
             "mount point    yes",
             "is on OS disk  no",
             "space          40 GiB available of 100 GiB, reserve 1 GiB",
+            "promised       70 GiB requested by volumes, 29 GiB not promised (accounting: requests)",
             "reflink        supported",
             "quota          project (quota: enforce served); mount options: prjquota",
             "selinux        enforcing, root labelled system_u:object_r:container_file_t:s0",

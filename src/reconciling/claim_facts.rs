@@ -13,6 +13,7 @@ use crate::deciding::layout::pv_name;
 use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, SourceFacts};
 use crate::deciding::static_binding::pre_bound_volume;
 use crate::deciding::topology::LiveNode;
+use crate::deciding::volume::promised_bytes;
 use crate::error::ClaimError;
 use crate::filesystem::{PoolError, PoolRoot, VolumeDirName};
 use crate::reconciling::context::Context;
@@ -67,7 +68,21 @@ pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsN
             Some(Err(error)) => gathered.pool_error = Some(error),
             Some(Ok(pool)) => {
                 match read_pool(&pool, needs) {
-                    Ok(facts) => gathered.pool_facts = Some(facts),
+                    Ok(mut facts) => {
+                        if needs.promised {
+                            // The watch caches hold this node's PVs and every PV no node label
+                            // names (shared, every-node, the Go build's): every volume of a pool
+                            // this node may provision in. The claim's own PV is not a promise yet.
+                            let own = pv_name(uid);
+                            let volumes: Vec<_> = ctx.volumes.iter().flat_map(|store| store.state()).collect();
+                            let others = volumes
+                                .iter()
+                                .map(|pv| pv.as_ref())
+                                .filter(|pv| pv.metadata.name.as_deref() != Some(own.as_str()));
+                            facts.promised_bytes = Some(promised_bytes(others, pool.path()));
+                        }
+                        gathered.pool_facts = Some(facts)
+                    }
                     Err(error) => gathered.pool_error = Some(error),
                 }
                 gathered.pool = Some(pool);
@@ -137,7 +152,13 @@ fn read_pool(pool: &PoolRoot, needs: &FactsNeeded) -> Result<PoolFacts, PoolErro
         _ => false,
     };
     let quota = if needs.quota_facts { Some(pool.quota_facts()?) } else { None };
-    Ok(PoolFacts { available_bytes: stats.available_bytes, total_bytes: stats.go_total_bytes, dir_exists, quota })
+    Ok(PoolFacts {
+        available_bytes: stats.available_bytes,
+        total_bytes: stats.go_total_bytes,
+        dir_exists,
+        quota,
+        promised_bytes: None,
+    })
 }
 
 /// The directory a source PV names, as a name under a pool root (the plan checks that it is one

@@ -54,7 +54,7 @@ pub struct Context {
     /// Wakes the background removal of trashed volumes.
     pub purge: tokio::sync::Notify,
     /// Volumes staged for deletion whose fate is not settled yet.
-    pub settling: crate::reconciling::settling::Settling,
+    pub settling: crate::reconciling::staging_memory::Settling,
     /// Which nodes are alive and what pools they serve (for shared and every-node volumes).
     pub membership: Membership,
     recorder: Recorder,

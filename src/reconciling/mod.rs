@@ -14,6 +14,7 @@ pub mod published_capacity;
 pub mod reaping;
 pub mod resize;
 pub mod settling;
+pub mod staging_memory;
 pub mod stranded;
 pub mod upkeep;
 pub mod volumes;

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 
-use crate::deciding::capacity::{format_binary_si, format_size, parse_bytes};
+use crate::deciding::capacity::{CapacityAccounting, PoolRoom, format_binary_si, format_size, parse_bytes};
 use crate::deciding::layout;
 use crate::deciding::published_capacity::{self, Listed, PoolSpace, Published, Wanted, Write};
 use crate::deciding::quota::{self, QuotaCapability};
+use crate::deciding::volume::promised_bytes;
 use crate::error::reason;
 use crate::keys;
 use crate::reconciling::context::Context;
@@ -278,16 +279,23 @@ async fn settle(
     }
 }
 
-/// Free space per pool now, minus each pool's reserve (the same figure the provisioning check uses).
+/// Room per pool now: free space minus each pool's reserve, and with requests accounting no more
+/// than what is not promised (the same figure the provisioning check uses).
 fn measure(ctx: &Context) -> Vec<PoolSpace> {
+    let volumes: Vec<_> = ctx.volumes.iter().flat_map(|store| store.state()).collect();
     ctx.config
         .pools
         .iter()
         .map(|pool| {
             let reserve = pool.reserve.unwrap_or(ctx.config.reserved_bytes);
+            let promised = (pool.accounting == Some(CapacityAccounting::Requests))
+                .then(|| promised_bytes(volumes.iter().map(|pv| pv.as_ref()), &pool.root));
             let (usable_bytes, enforces_quota) = match ctx.pools.usable(&pool.name) {
                 Some(Ok(root)) => (
-                    root.stats().ok().map(|s| s.available_bytes.saturating_sub(reserve)),
+                    root.stats().ok().map(|s| {
+                        PoolRoom { available: s.available_bytes, total: s.go_total_bytes, reserved: reserve, promised }
+                            .room()
+                    }),
                     root.quota_facts().is_ok_and(|f| !matches!(quota::capability(&f), QuotaCapability::Unable(_))),
                 ),
                 _ => (None, false),

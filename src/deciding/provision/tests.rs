@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
+use crate::deciding::capacity::CapacityAccounting;
 use crate::deciding::layout::PoolPath;
 use crate::deciding::quota::{FsKind, ProjectQuotaState};
 use crate::deciding::refusal::CloneRefusal;
@@ -31,7 +32,13 @@ fn with_params(mut class: StorageClass, params: &[(&str, &str)]) -> StorageClass
 }
 
 fn roomy() -> PoolFacts {
-    PoolFacts { available_bytes: 100 * GIB, total_bytes: 200 * GIB, dir_exists: false, quota: None }
+    PoolFacts {
+        available_bytes: 100 * GIB,
+        total_bytes: 200 * GIB,
+        dir_exists: false,
+        quota: None,
+        promised_bytes: None,
+    }
 }
 
 fn btrfs_with_quota() -> QuotaFacts {
@@ -519,4 +526,55 @@ fn a_directory_is_undone_only_when_made_now_refused_by_the_api_and_not_shared() 
             }
         }
     }
+}
+
+#[test]
+fn with_requests_accounting_a_claim_is_refused_when_the_promises_would_exceed_the_pool() {
+    // 100 GiB free of 200 GiB: plenty of free space, but 150 GiB already promised.
+    let big = claim("hpp").on_node(NODE).request("60Gi").build();
+    let pool = PoolFacts { promised_bytes: Some(150 * GIB), ..roomy() };
+    let me = me();
+    let mut cfg = config();
+    let class = wffc();
+    // Counted by free space (the default), it fits; the promises are not even read.
+    let f = facts(&big, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    assert!(matches!(plan_claim(&f), ClaimPlan::Provision(_)));
+    cfg.pools[0].accounting = Some(CapacityAccounting::Requests);
+    assert!(facts_needed(&big, Some(&class), &me, &cfg).promised, "the promises are gathered");
+    let f = facts(&big, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    match plan_claim(&f) {
+        ClaimPlan::Fail(Failure::ShortOfSpace(short)) => {
+            assert_eq!((short.available, short.promised), (50 * GIB, Some(150 * GIB)));
+            let text = short.to_string();
+            assert!(text.contains("not enough unpromised space") && text.contains("150 GiB promised"), "{text}");
+        }
+        other => panic!("expected ShortOfSpace, got {other:?}"),
+    }
+    // 50 GiB still fits, and free space still counts: a full disk refuses whatever is promised.
+    let fits = claim("hpp").on_node(NODE).request("50Gi").build();
+    let f = facts(&fits, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    assert!(matches!(plan_claim(&f), ClaimPlan::Provision(_)));
+    let full = PoolFacts { available_bytes: GIB, promised_bytes: Some(0), ..roomy() };
+    let f = facts(&fits, Some(&class), &cfg, &me, PoolState::Ready(&full));
+    assert!(matches!(plan_claim(&f), ClaimPlan::Fail(Failure::ShortOfSpace(_))));
+}
+
+#[test]
+fn the_promises_of_a_pool_are_the_capacities_of_the_pvs_in_it() {
+    let sized = |path: &str, size: &str| {
+        let mut pv = pv(path, "Bound").build();
+        pv.spec.as_mut().unwrap().capacity = Some(BTreeMap::from([(
+            "storage".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(size.into()),
+        )]));
+        pv
+    };
+    let pvs = [
+        sized("/var/hpvolumes/pvc-a", "10Gi"),
+        sized("/var/hpvolumes/pvc-b", "5Gi"),
+        sized("/var/hpvolumes/sub/pvc-c", "100Gi"),
+        sized("/mnt/other/pvc-d", "100Gi"),
+    ];
+    let promised = crate::deciding::volume::promised_bytes(pvs.iter(), std::path::Path::new("/var/hpvolumes"));
+    assert_eq!(promised, 15 * GIB);
 }

@@ -59,7 +59,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- if eq .name "legacy" }}pv-volume{{ else }}pool-{{ .name }}{{ end }}
 {{- end }}
 
-{{/* STORAGE_POOLS: every pool but legacy, as NAME=PATH[,shared][,reserve=SIZE], comma-separated. */}}
+{{/* STORAGE_POOLS: every pool but legacy, as NAME=PATH[,shared][,reserve=SIZE][,accounting=MODE], comma-separated. */}}
 {{- define "hpp.storagePools" -}}
 {{- $entries := list }}
 {{- range .Values.pools }}
@@ -67,6 +67,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- $entry := printf "%s=%s" .name .path }}
 {{- if .shared }}{{ $entry = printf "%s,shared" $entry }}{{ end }}
 {{- if .reserve }}{{ $entry = printf "%s,reserve=%s" $entry (toString .reserve) }}{{ end }}
+{{- if .accounting }}{{ $entry = printf "%s,accounting=%s" $entry .accounting }}{{ end }}
 {{- $entries = append $entries $entry }}
 {{- end }}
 {{- end }}
