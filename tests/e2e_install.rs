@@ -26,6 +26,7 @@ use testbed::{DeployTool, deploy_tool, fixtures};
 
 const CHART: &str = "deploy/helm/hostpath-provisioner";
 const MAX_VALUES: &str = "deploy/helm/hostpath-provisioner/ci/max-values.yaml";
+const NODE_GROUPS_VALUES: &str = "deploy/helm/hostpath-provisioner/ci/node-groups-values.yaml";
 /// Namespace and names of the objects `deploy/legacy` creates.
 const LEGACY_NAMESPACE: &str = "kubevirt-hostpath-provisioner";
 const LEGACY_SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-admin";
@@ -167,6 +168,7 @@ fn rendered_variants() -> Vec<(&'static str, String)> {
     vec![
         ("chart-default", chart_template("hpp-chart", &[])),
         ("chart-max-values", chart_template("hpp-chart", &["-f", MAX_VALUES])),
+        ("chart-node-groups", chart_template("hpp-chart", &["-f", NODE_GROUPS_VALUES])),
         ("install-yaml", read("deploy/install.yaml")),
         ("monitoring", monitoring_manifests()),
     ]
@@ -338,6 +340,43 @@ fn the_documented_host_path_type_default_is_the_rendered_one() {
     assert!(rendered.contains(&format!("type: {default}\n")), "rendered with {default}:\n{rendered}");
     let values = read("deploy/helm/hostpath-provisioner/values.yaml");
     assert!(values.contains(&format!("(default {default})")), "values.yaml states the default {default}");
+}
+
+/// Nodes whose data disks are mounted at different paths: one DaemonSet per group, each with its
+/// own node selector (over the common one) and pools, pod selectors that cannot overlap, and
+/// groups that could select the same node refused at render time.
+#[test]
+fn node_groups_render_one_daemonset_per_group_and_overlapping_groups_are_refused() {
+    let rendered = chart_template("hpp-groups", &["-f", NODE_GROUPS_VALUES]);
+    let daemonsets: Vec<&str> =
+        rendered.split("\n---").filter(|doc| doc.contains("\nkind: DaemonSet\n")).collect();
+    assert_eq!(daemonsets.len(), 2, "{rendered}");
+    for (group, disk, pv_dir) in [("nvme", "nvme", "/mnt/nvme/hpvolumes"), ("sata", "sata", "/srv/data/hpvolumes")] {
+        let ds = daemonsets
+            .iter()
+            .find(|d| d.contains(&format!("name: hostpath-provisioner-{group}\n")))
+            .unwrap_or_else(|| panic!("no DaemonSet of group {group}:\n{rendered}"));
+        let selector = ds.split("selector:").nth(1).and_then(|s| s.split("updateStrategy").next()).unwrap();
+        assert!(selector.contains(&format!("hostpath-provisioner.kubevirt.io/node-group: {group}")), "{selector}");
+        assert!(ds.contains(&format!("example.com/disk: {disk}")) && ds.contains("kubernetes.io/os: linux"), "{ds}");
+        assert!(ds.contains(&format!("- name: PV_DIR\n              value: \"{pv_dir}\"")), "{ds}");
+        assert!(ds.contains("- name: PROVISIONER_NAME\n              value: \"kubevirt.io/hostpath-provisioner\""));
+    }
+    assert!(daemonsets[0].contains("STORAGE_POOLS") && !daemonsets[1].contains("STORAGE_POOLS"), "pools per group");
+
+    let group = |i: usize, selector: &str| {
+        format!("nodeGroups[{i}].name=g{i},nodeGroups[{i}].nodeSelector.{selector},nodeGroups[{i}].pools[0].name=legacy,nodeGroups[{i}].pools[0].path=/d{i}")
+    };
+    for (set, says) in [
+        // The same label value: both select the node.
+        (format!("{},{}", group(0, "disk=a"), group(1, "disk=a")), "may select the same node"),
+        // Different keys: a node can carry both labels.
+        (format!("{},{}", group(0, "disk=a"), group(1, "zone=b")), "may select the same node"),
+        (format!("{},{}", group(0, "disk=a"), group(1, "disk=b").replace("name=g1", "name=g0")), "listed twice"),
+    ] {
+        let refused = helm_refusal(&["template", "x", CHART, "--set", &set]);
+        assert!(refused.contains(says), "--set {set}: {refused}");
+    }
 }
 
 /// Runs helm expecting it to fail and returns its error output.

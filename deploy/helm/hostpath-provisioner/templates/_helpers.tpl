@@ -59,10 +59,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- if eq .name "legacy" }}pv-volume{{ else }}pool-{{ .name }}{{ end }}
 {{- end }}
 
-{{/* STORAGE_POOLS: every pool but legacy, as NAME=PATH[,shared][,reserve=SIZE][,accounting=MODE], comma-separated. */}}
+{{/* STORAGE_POOLS (of a list of pools): every pool but legacy, as NAME=PATH[,shared][,reserve=SIZE][,accounting=MODE], comma-separated. */}}
 {{- define "hpp.storagePools" -}}
 {{- $entries := list }}
-{{- range .Values.pools }}
+{{- range . }}
 {{- if ne .name "legacy" }}
 {{- $entry := printf "%s=%s" .name .path }}
 {{- if .shared }}{{ $entry = printf "%s,shared" $entry }}{{ end }}
@@ -74,7 +74,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- join "," $entries }}
 {{- end }}
 
-{{/* The legacy pool, or an empty dict. */}}
+{{/* The legacy pool of a list of pools, or an empty dict. */}}
 {{- define "hpp.legacyPool" -}}
-{{- range .Values.pools }}{{ if eq .name "legacy" }}{{ toYaml . }}{{ end }}{{ end }}
+{{- range . }}{{ if eq .name "legacy" }}{{ toYaml . }}{{ end }}{{ end }}
 {{- end }}
