@@ -348,8 +348,7 @@ fn the_documented_host_path_type_default_is_the_rendered_one() {
 #[test]
 fn node_groups_render_one_daemonset_per_group_and_overlapping_groups_are_refused() {
     let rendered = chart_template("hpp-groups", &["-f", NODE_GROUPS_VALUES]);
-    let daemonsets: Vec<&str> =
-        rendered.split("\n---").filter(|doc| doc.contains("\nkind: DaemonSet\n")).collect();
+    let daemonsets: Vec<&str> = rendered.split("\n---").filter(|doc| doc.contains("\nkind: DaemonSet\n")).collect();
     assert_eq!(daemonsets.len(), 2, "{rendered}");
     for (group, disk, pv_dir) in [("nvme", "nvme", "/mnt/nvme/hpvolumes"), ("sata", "sata", "/srv/data/hpvolumes")] {
         let ds = daemonsets
@@ -365,7 +364,9 @@ fn node_groups_render_one_daemonset_per_group_and_overlapping_groups_are_refused
     assert!(daemonsets[0].contains("STORAGE_POOLS") && !daemonsets[1].contains("STORAGE_POOLS"), "pools per group");
 
     let group = |i: usize, selector: &str| {
-        format!("nodeGroups[{i}].name=g{i},nodeGroups[{i}].nodeSelector.{selector},nodeGroups[{i}].pools[0].name=legacy,nodeGroups[{i}].pools[0].path=/d{i}")
+        format!(
+            "nodeGroups[{i}].name=g{i},nodeGroups[{i}].nodeSelector.{selector},nodeGroups[{i}].pools[0].name=legacy,nodeGroups[{i}].pools[0].path=/d{i}"
+        )
     };
     for (set, says) in [
         // The same label value: both select the node.

@@ -20,7 +20,9 @@ pub enum QuantityError {
 }
 
 /// Parses a Kubernetes quantity (`1Gi`, `500M`, `1.5Gi`, `1e9`, `100m`) into bytes, rounding a
-/// fractional byte count up, as Kubernetes does for storage.
+/// fractional byte count up, as Kubernetes does for storage. Hand-written: k8s-openapi keeps a
+/// quantity as text, and the crates that parse one go through a decimal type without the exact
+/// integer rounding and the refusal of what no disk holds (`1e30`) that this needs.
 pub fn parse_bytes(quantity: &str) -> Result<u64, QuantityError> {
     let s = quantity.trim();
     let err = || QuantityError::Syntax(quantity.to_owned());

@@ -7,6 +7,9 @@
 //! bind mount of a subdirectory), the mount point, per-mount options, a variable number of
 //! optional fields ended by `-`, then type, source and per-superblock options. Paths are resolved
 //! (no symlinks) and the kernel escapes space, tab, newline and backslash in octal (`\040`).
+//!
+//! Hand-written, not `procfs`'s `MountInfo`: that one reads lines as UTF-8 and keeps the octal
+//! escapes, so a pool under a path with a space or non-UTF-8 bytes would match no mount.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
