@@ -459,10 +459,9 @@ fn a_subvolume_whose_limit_cannot_be_set_is_removed_again() {
 fn without_cap_sys_admin(dir: &Path) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let script = dir.join("hpp-without-sys-admin");
-    let text = format!(
-        "#!/bin/sh\nexec setpriv --inh-caps -sys_admin --bounding-set -sys_admin -- {} \"$@\"\n",
-        binary().display()
-    );
+    // Quoted for the shell: the checkout may live under a path with spaces.
+    let quoted = format!("'{}'", binary().display().to_string().replace('\'', "'\\''"));
+    let text = format!("#!/bin/sh\nexec setpriv --inh-caps -sys_admin --bounding-set -sys_admin -- {quoted} \"$@\"\n");
     std::fs::write(&script, text).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     script
