@@ -24,6 +24,15 @@ fn kubectl(env: &TestEnv, args: &[&str]) -> String {
     env.cp.run_kubectl(&repo(), args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// `kubectl apply -k deploy/legacy`, one at a time: the tests of this binary share a control
+/// plane, and two applies racing to create the same StorageClass make one fail with
+/// AlreadyExists (seen in a CI run).
+fn apply_deploy_legacy(env: &TestEnv) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    kubectl(env, &["apply", "-k", "deploy/legacy"]);
+}
+
 async fn ensure_namespace(env: &TestEnv) {
     match Api::<Namespace>::all(env.client.clone())
         .create(&PostParams::default(), &fixtures::namespace(NAMESPACE))
@@ -84,7 +93,7 @@ async fn the_opt_in_csidriver_passes_server_side_dry_run_and_stays_out_of_the_ku
 #[tokio::test(flavor = "multi_thread")]
 async fn capacity_is_published_and_withdrawn_under_exactly_the_deploy_rbac() {
     let mut env = TestEnv::start("rbaccap", 0).await;
-    kubectl(&env, &["apply", "-k", "deploy/legacy"]);
+    apply_deploy_legacy(&env);
     let kubeconfig = service_account_kubeconfig(&env).await;
     env.provisioner = format!("{}.hostpath.test", env.group);
     let node = format!("{}-1", env.group);
@@ -110,7 +119,7 @@ async fn capacity_is_published_and_withdrawn_under_exactly_the_deploy_rbac() {
 #[tokio::test(flavor = "multi_thread")]
 async fn capacity_that_cannot_be_written_is_reported_on_the_node() {
     let mut env = TestEnv::start("capdenied", 0).await;
-    kubectl(&env, &["apply", "-k", "deploy/legacy"]);
+    apply_deploy_legacy(&env);
     let kubeconfig = service_account_kubeconfig(&env).await;
     env.provisioner = format!("{}.hostpath.test", env.group);
     let node = format!("{}-1", env.group);
@@ -151,7 +160,7 @@ async fn service_account_kubeconfig(env: &TestEnv) -> PathBuf {
 #[tokio::test(flavor = "multi_thread")]
 async fn provisioner_works_under_exactly_the_deploy_rbac() {
     let mut env = TestEnv::start("rbac", 0).await;
-    kubectl(&env, &["apply", "-k", "deploy/legacy"]);
+    apply_deploy_legacy(&env);
 
     // A token of the DaemonSet's ServiceAccount, as the kubelet would mount it.
     let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), NAMESPACE);
