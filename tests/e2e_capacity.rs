@@ -302,6 +302,56 @@ async fn with_requests_accounting_the_promises_never_exceed_the_pool_though_spac
     env.wait_bound("third").await;
 }
 
+/// Claims of one pool planned at the same time, or before the watch shows the last one's PV, each
+/// counted the others out and together promised more than the pool holds. They now reserve their
+/// size under one lock (src/deciding/reservations.rs enumerates the interleavings); here a burst
+/// of claims, created at once, never gets more promised than the disk's size.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_claims_under_requests_accounting_never_promises_more_than_the_pool() {
+    let mut env = TestEnv::start("promised-burst", 0).await;
+    let node = format!("{}-1", env.group);
+    let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
+    env.add_node(&node, &|spec| spec.env("CAPACITY_ACCOUNTING", "requests").env("RESERVED_SPACE", "0")).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    let size = disk_size(&disk.dir);
+    // Ten claims of 10 MiB, 100 MiB in all, on a disk of 64 MiB: at most six fit.
+    let names: Vec<String> = (0..10).map(|i| format!("burst-{i}")).collect();
+    let created = futures::future::join_all(
+        names
+            .iter()
+            .map(|name| env.create_claim(fixtures::claim(&env.ns, name, &class, "10Mi").provision_on_node(&node))),
+    )
+    .await;
+    // Every claim ends bound or refused by this provisioner (nothing waits silently).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let (bound, refused) = loop {
+        let mut bound = 0u64;
+        let mut refused = 0u64;
+        for claim in &created {
+            let name = claim.metadata.name.as_deref().unwrap();
+            let phase = env.claims().get(name).await.unwrap().status.and_then(|s| s.phase).unwrap_or_default();
+            if phase == "Bound" {
+                bound += 1;
+            } else if env.our_event(&env.ns, &uid(claim), "ProvisioningFailed").await.is_some() {
+                refused += 1;
+            }
+        }
+        if bound + refused == created.len() as u64 {
+            break (bound, refused);
+        }
+        assert!(std::time::Instant::now() < deadline, "{bound} bound, {refused} refused\n{}", env.log_tails());
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    assert!(bound * (10 << 20) <= size, "{bound} volumes of 10 MiB promised on a disk of {size} bytes");
+    assert!(refused > 0 && bound > 0, "the burst must reach the limit: {bound} bound, {refused} refused");
+}
+
+/// The size of the filesystem holding `dir`, in bytes.
+fn disk_size(dir: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("df").args(["-B1", "--output=size"]).arg(dir).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().nth(1).unwrap().trim().parse().unwrap()
+}
+
 /// Bytes free for unprivileged writers on the filesystem holding `dir`.
 fn disk_free(dir: &std::path::Path) -> u64 {
     let out = std::process::Command::new("df").args(["-B1", "--output=avail"]).arg(dir).output().unwrap();

@@ -15,6 +15,7 @@ pub mod published_capacity;
 pub mod quota;
 pub mod reaping;
 pub mod refusal;
+pub mod reservations;
 pub mod resize;
 pub mod retention;
 pub mod settings;

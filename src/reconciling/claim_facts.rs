@@ -4,6 +4,7 @@
 //! whether it matters), and its error is kept to be reported if it does.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -11,6 +12,7 @@ use kube::api::Api;
 
 use crate::deciding::layout::pv_name;
 use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, SourceFacts};
+use crate::deciding::reservations::Reservations;
 use crate::deciding::static_binding::pre_bound_volume;
 use crate::deciding::topology::LiveNode;
 use crate::deciding::volume::promised_bytes;
@@ -67,22 +69,10 @@ pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsN
             None => {}
             Some(Err(error)) => gathered.pool_error = Some(error),
             Some(Ok(pool)) => {
+                // What the pool has promised is read later, under the planning lock
+                // (`promise_check`), so that it and the volumes being made are one snapshot.
                 match read_pool(&pool, needs) {
-                    Ok(mut facts) => {
-                        if needs.promised {
-                            // The watch caches hold this node's PVs and every PV no node label
-                            // names (shared, every-node, the Go build's): every volume of a pool
-                            // this node may provision in. The claim's own PV is not a promise yet.
-                            let own = pv_name(uid);
-                            let volumes: Vec<_> = ctx.volumes.iter().flat_map(|store| store.state()).collect();
-                            let others = volumes
-                                .iter()
-                                .map(|pv| pv.as_ref())
-                                .filter(|pv| pv.metadata.name.as_deref() != Some(own.as_str()));
-                            facts.promised_bytes = Some(promised_bytes(others, pool.path()));
-                        }
-                        gathered.pool_facts = Some(facts)
-                    }
+                    Ok(facts) => gathered.pool_facts = Some(facts),
                     Err(error) => gathered.pool_error = Some(error),
                 }
                 gathered.pool = Some(pool);
@@ -104,6 +94,23 @@ pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsN
 }
 
 impl Gathered {
+    /// Fills in what the claim's pool has promised (requests accounting): the capacity of the
+    /// pool's volumes in the watch caches plus the volumes being made that the caches do not show
+    /// yet. Call with the ledger locked and keep it locked until the plan's volume is reserved.
+    pub fn count_promised(&mut self, ctx: &Context, claim_uid: &str, ledger: &Reservations, now: Instant) {
+        let (Some(pool), Some(facts)) = (&self.pool, &mut self.pool_facts) else { return };
+        // The watch caches hold this node's PVs and every PV no node label names (shared,
+        // every-node, the Go build's): every volume of a pool this node may provision in. The
+        // claim's own PV is not a promise yet.
+        let own = pv_name(claim_uid);
+        let volumes: Vec<_> = ctx.volumes.iter().flat_map(|store| store.state()).collect();
+        let others =
+            volumes.iter().map(|pv| pv.as_ref()).filter(|pv| pv.metadata.name.as_deref() != Some(own.as_str()));
+        let cached = promised_bytes(others, pool.path());
+        let in_flight = ledger.outstanding(pool.name(), &own, |name| ctx.known_volume(name).is_some(), now);
+        facts.promised_bytes = Some(cached.saturating_add(in_flight));
+    }
+
     /// The facts, as the plan reads them.
     pub fn facts<'a>(
         &'a self,

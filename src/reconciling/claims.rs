@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
+use crate::deciding::capacity::parse_bytes;
 use crate::deciding::claim::{Interest, claim_interest};
 use crate::deciding::class::claim_class_name;
 use crate::deciding::layout::pv_name;
@@ -85,7 +86,25 @@ async fn candidate(ctx: &Arc<Context>, claim: &PersistentVolumeClaim) -> Result<
     let class = claim_class_name(claim).and_then(|class| ctx.classes.get(&ObjectRef::new(class)));
     let needs = provision::facts_needed(claim, class.as_deref(), &ctx.me, &ctx.decision);
     let mut gathered = claim_facts::gather(ctx, claim, &needs).await?;
-    let plan = plan_claim(&gathered.facts(claim, class.as_deref(), ctx));
+    if !needs.promised {
+        let plan = plan_claim(&gathered.facts(claim, class.as_deref(), ctx));
+        return carry_out(ctx, claim, plan, &mut gathered).await;
+    }
+    // Requests accounting: what the pool has promised, the plan and the reservation of the new
+    // volume are one step under the ledger's lock, so claims planned at the same time (or before
+    // the watch shows the last one's PV) see each other (deciding::reservations).
+    let plan = {
+        let mut ledger = ctx.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        gathered.count_promised(ctx, claim.metadata.uid.as_deref().unwrap_or_default(), &ledger, now);
+        let plan = plan_claim(&gathered.facts(claim, class.as_deref(), ctx));
+        if let ClaimPlan::Provision(provision) = &plan {
+            let bytes = parse_bytes(&provision.capacity).unwrap_or(provision.plan.request_bytes);
+            let cached = |name: &str| ctx.known_volume(name).is_some();
+            ledger.reserve(&provision.plan.pool.name, &provision.plan.pv_name, bytes, cached, now);
+        }
+        plan
+    };
     carry_out(ctx, claim, plan, &mut gathered).await
 }
 
@@ -143,7 +162,10 @@ async fn carry_out(
             return Err(gathered.error_for(failure));
         }
         ClaimPlan::Provision(provision) => {
-            let pool = gathered.take_pool().ok_or_else(|| ClaimError::UnknownPool(provision.plan.pool.name.clone()))?;
+            let Some(pool) = gathered.take_pool() else {
+                ctx.reservations.lock().unwrap_or_else(|e| e.into_inner()).release(&provision.plan.pv_name);
+                return Err(ClaimError::UnknownPool(provision.plan.pool.name.clone()));
+            };
             let started = Instant::now();
             // The library's count points: a PV created, or an attempt that failed. A PV found
             // already there is neither.
@@ -155,6 +177,9 @@ async fn carry_out(
                 }
                 Ok(Provisioned::Before) => {}
                 Err(error) => {
+                    // Nothing was made, so nothing is promised (a no-op for pools without
+                    // requests accounting).
+                    ctx.reservations.lock().unwrap_or_else(|e| e.into_inner()).release(&provision.plan.pv_name);
                     ctx.metrics.library.provision_failed(&library_labels);
                     return Err(error);
                 }

@@ -14,6 +14,7 @@ use kube::runtime::reflector::Store;
 
 use crate::config::Config;
 use crate::deciding::identity::Identity;
+use crate::deciding::reservations::Reservations;
 use crate::deciding::settings::DecisionConfig;
 use crate::deciding::volume_spec::NodeFacts;
 use crate::filesystem::pools::Pools;
@@ -57,6 +58,8 @@ pub struct Context {
     pub settling: crate::reconciling::staging_memory::Settling,
     /// Which nodes are alive and what pools they serve (for shared and every-node volumes).
     pub membership: Membership,
+    /// Volumes being made in pools with requests accounting, and the lock their plans take.
+    pub reservations: Mutex<Reservations>,
     recorder: Recorder,
     node: tokio::sync::Mutex<Option<NodeFacts>>,
     backoffs: Mutex<HashMap<String, ExponentialBackoff>>,
@@ -112,6 +115,7 @@ impl Context {
             purge: tokio::sync::Notify::new(),
             settling: Default::default(),
             membership,
+            reservations: Mutex::new(Reservations::default()),
             recorder,
             node: tokio::sync::Mutex::new(None),
             backoffs: Mutex::new(HashMap::new()),
