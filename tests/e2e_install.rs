@@ -328,6 +328,29 @@ fn the_alerts_find_the_scrape_job_under_any_release_name() {
     }
 }
 
+/// Alertmanager needs absolute runbook links: with a base URL each alert links to its own
+/// section under it; without one no alert carries a (relative, useless) runbook_url; a relative
+/// base is refused by the schema.
+#[test]
+fn alerts_link_to_their_runbooks_by_absolute_url_only() {
+    let base = "https://git.example.com/storage/hpp/-/raw/v0.1.0/";
+    let rendered = chart_template(
+        "hpp-runbooks",
+        &["--set", "prometheusRule.enabled=true", "--set", &format!("prometheusRule.runbookBaseURL={base}")],
+    );
+    let rules: Vec<&str> = rendered.split("- alert:").skip(1).collect();
+    assert_eq!(rules.len(), 6, "{rendered}");
+    for rule in rules {
+        let alert = rule.split_whitespace().next().unwrap().to_lowercase();
+        let want = format!("runbook_url: https://git.example.com/storage/hpp/-/raw/v0.1.0/docs/operating.md#{alert}\n");
+        assert!(rule.contains(&want), "{alert} lacks {want}in:\n{rule}");
+    }
+    let plain = chart_template("hpp-runbooks", &["--set", "prometheusRule.enabled=true"]);
+    assert!(plain.contains("runbook: docs/operating.md#") && !plain.contains("runbook_url"), "{plain}");
+    let refused = helm_refusal(&["template", "x", CHART, "--set", "prometheusRule.runbookBaseURL=docs/operating.md"]);
+    assert!(refused.contains("runbookBaseURL"), "{refused}");
+}
+
 /// A pool that names no `hostPathType` gets the schema's stated default.
 #[test]
 fn the_documented_host_path_type_default_is_the_rendered_one() {
