@@ -244,3 +244,79 @@ async fn provisioner_works_under_exactly_the_deploy_rbac() {
 fn env_claims(client: &kube::Client, ns: &str) -> Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> {
     Api::namespaced(client.clone(), ns)
 }
+
+/// deploy/node-groups, the kustomize form of node groups: it passes server-side dry-run and
+/// gives two DaemonSets that each mount at the host path they name in PV_DIR, select their own
+/// pods only, and split any node set between them: every node, labelled or not, gets exactly
+/// one provisioner (two would make two volumes for one claim; none leaves claims waiting).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_node_groups_overlay_gives_each_node_exactly_one_provisioner_with_its_own_pool() {
+    let env = TestEnv::start("nodegroups", 0).await;
+    ensure_namespace(&env).await;
+    let out = kubectl(&env, &["apply", "--dry-run=server", "-o", "json", "-k", "deploy/node-groups"]);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let daemonsets: Vec<&serde_json::Value> =
+        list["items"].as_array().expect("a List").iter().filter(|o| o["kind"] == "DaemonSet").collect();
+    assert_eq!(daemonsets.len(), 2, "{out}");
+    let mut pools = Vec::new();
+    for ds in &daemonsets {
+        let name = ds["metadata"]["name"].as_str().unwrap();
+        let pod = &ds["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        let pv_dir =
+            container["env"].as_array().unwrap().iter().find(|e| e["name"] == "PV_DIR").unwrap()["value"].clone();
+        assert_eq!(container["volumeMounts"][0]["mountPath"], pv_dir, "{name}: mounted where PV_DIR says");
+        assert_eq!(pod["volumes"][0]["hostPath"]["path"], pv_dir, "{name}: the host path is the same path");
+        pools.push(pv_dir);
+        for other in &daemonsets {
+            let selects =
+                labels_match(&other["spec"]["selector"]["matchLabels"], &ds["spec"]["template"]["metadata"]["labels"]);
+            assert_eq!(
+                selects,
+                std::ptr::eq(*other, *ds),
+                "{name}'s pods and {}'s selector",
+                other["metadata"]["name"]
+            );
+        }
+    }
+    assert_ne!(pools[0], pools[1], "each group has its own pool");
+    let linux = serde_json::json!({"kubernetes.io/os": "linux"});
+    let nvme = serde_json::json!({"kubernetes.io/os": "linux", "hostpath-provisioner.kubevirt.io/node-group": "nvme"});
+    let other = serde_json::json!({"kubernetes.io/os": "linux", "hostpath-provisioner.kubevirt.io/node-group": "ssd"});
+    for node in [&linux, &nvme, &other] {
+        let serving: Vec<&str> = daemonsets
+            .iter()
+            .filter(|ds| runs_on(&ds["spec"]["template"]["spec"], node))
+            .map(|ds| ds["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(serving.len(), 1, "node {node} is served by {serving:?}");
+    }
+}
+
+/// Whether every label of `selector` is in `labels`.
+fn labels_match(selector: &serde_json::Value, labels: &serde_json::Value) -> bool {
+    selector.as_object().unwrap().iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Whether a pod spec's nodeSelector and required node affinity admit a node with `labels`
+/// (the operators the overlay may use: In, NotIn, Exists, DoesNotExist).
+fn runs_on(pod: &serde_json::Value, labels: &serde_json::Value) -> bool {
+    let selector_ok = pod["nodeSelector"].as_object().is_none_or(|s| s.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    let terms = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+    let affinity_ok = terms.as_array().is_none_or(|terms| {
+        terms.iter().any(|term| {
+            term["matchExpressions"].as_array().into_iter().flatten().all(|e| {
+                let value = labels.get(e["key"].as_str().unwrap());
+                let listed = || e["values"].as_array().unwrap().iter().any(|v| Some(v) == value);
+                match e["operator"].as_str().unwrap() {
+                    "In" => listed(),
+                    "NotIn" => !listed(),
+                    "Exists" => value.is_some(),
+                    "DoesNotExist" => value.is_none(),
+                    op => panic!("operator {op}"),
+                }
+            })
+        })
+    });
+    selector_ok && affinity_ok
+}
