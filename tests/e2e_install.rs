@@ -351,6 +351,16 @@ fn alerts_link_to_their_runbooks_by_absolute_url_only() {
     assert!(refused.contains("runbookBaseURL"), "{refused}");
 }
 
+/// Chart.yaml's kubeVersion is a real gate: Helm refuses a cluster older than the APIs the chart
+/// needs and renders for the oldest it accepts.
+#[test]
+fn the_chart_refuses_clusters_older_than_its_declared_kubernetes_version() {
+    let refused = helm_refusal(&["template", "x", CHART, "--kube-version", "1.23.17"]);
+    assert!(refused.contains("kubeVersion"), "{refused}");
+    let rendered = helm(&["template", "x", CHART, "--kube-version", "1.24.0"]);
+    assert!(rendered.contains("kind: DaemonSet"), "{rendered}");
+}
+
 /// A pool that names no `hostPathType` gets the schema's stated default.
 #[test]
 fn the_documented_host_path_type_default_is_the_rendered_one() {
