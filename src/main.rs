@@ -9,10 +9,14 @@ use kube::config::KubeConfigOptions;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // `hostpath-provisioner doctor ...` is the node health report; anything else is the daemon,
-    // whose command line takes no positional argument.
+    // `hostpath-provisioner doctor ...` is the node health report; anything else but the
+    // subcommands below is the daemon, whose command line takes no positional argument.
     if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::doctor::SUBCOMMAND) {
         std::process::exit(hostpath_provisioner::doctor::main(std::env::args_os().skip(1)).await);
+    }
+    // `hostpath-provisioner check-volume DIR`: the Helm chart's test pod checks a new volume.
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::doctor::volume_check::SUBCOMMAND) {
+        std::process::exit(hostpath_provisioner::doctor::volume_check::main(std::env::args_os().skip(2)));
     }
     let configured = Args::parse()
         .validate()

@@ -46,6 +46,9 @@ use local_volumes::{
     a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
     two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
 };
+#[path = "real_nodes/helm_test.rs"]
+mod helm_test;
+use helm_test::helm_test_provisions_a_volume_a_non_root_pod_writes_into_and_fails_when_it_cannot;
 #[path = "real_nodes/swap.rs"]
 mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing;
@@ -81,6 +84,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
         a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
+        helm_test_provisions_a_volume_a_non_root_pod_writes_into_and_fails_when_it_cannot,
         // Last: it replaces the DaemonSet twice.
         a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing,
     ];

@@ -21,6 +21,7 @@ pub mod assess;
 pub mod capabilities;
 pub mod inspect;
 pub mod report;
+pub mod volume_check;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -688,10 +688,11 @@ impl Layout<'_> {
         if self.options.real_nodes.is_some() {
             // Real pods and `kubectl apply -k`: DaemonSets, each namespace's `default`
             // ServiceAccount and `kube-root-ca.crt` (projected token volumes need both),
-            // namespace deletion (`kubectl delete -k` hangs without it) and owner references.
+            // namespace deletion (`kubectl delete -k` hangs without it), owner references, and
+            // the claims of pods' ephemeral volumes (the Helm chart's test pod has one).
             controllers.push_str(
                 ",daemonset-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,\
-                 namespace-controller,garbage-collector-controller",
+                 namespace-controller,garbage-collector-controller,ephemeral-volume-controller",
             );
         }
         let mut args = vec![
