@@ -46,9 +46,19 @@ use local_volumes::{
     a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
     two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
 };
+#[path = "real_nodes/two_nodes.rs"]
+mod two_nodes;
+use two_nodes::{
+    a_daemonset_rollout_across_two_nodes_loses_nothing_two_nodes,
+    a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes,
+    an_every_node_volume_gives_each_nodes_pod_its_own_directory_two_nodes,
+};
 #[path = "real_nodes/swap.rs"]
 mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing;
+
+/// Suffix of the scenarios that run with the second real node; the others run without it.
+const TWO_NODES: &str = "_two_nodes";
 
 type Scenario = for<'a> fn(&'a Ctx) -> Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
 
@@ -81,6 +91,10 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
         a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
+        // The second real node joins for these (names end in TWO_NODES) and leaves after them.
+        a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes,
+        an_every_node_volume_gives_each_nodes_pod_its_own_directory_two_nodes,
+        a_daemonset_rollout_across_two_nodes_loses_nothing_two_nodes,
         // Last: it replaces the DaemonSet twice.
         a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing,
     ];
@@ -136,6 +150,18 @@ async fn run(filter: Option<String>) -> ExitCode {
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     for (name, scenario) in selected {
+        if !name.ends_with(TWO_NODES) && ctx.lane.has_second_node() {
+            let started = Instant::now();
+            match ctx.lane.remove_second_node().await {
+                Ok(()) => println!("second real node removed in {:.1} s", started.elapsed().as_secs_f64()),
+                Err(err) => {
+                    println!("test {name} ... FAILED (the second real node did not leave)");
+                    eprintln!("---- {name} ----\n{err:#}\n{}", ctx.lane.log_tails(20));
+                    failed.push(name.to_string());
+                    continue;
+                }
+            }
+        }
         let started = Instant::now();
         let run = tokio::time::timeout(Duration::from_secs(600), AssertUnwindSafe(scenario(&ctx)).catch_unwind());
         let outcome = tokio::select! {
