@@ -2,15 +2,11 @@
 //! real pods mount the volumes the provisioner makes, and the project's image runs as a
 //! DaemonSet from `deploy/legacy`.
 //!
-//! One kubelet, plus optional simulated nodes (a Node object and a host provisioner process, as
-//! elsewhere in the testbed) tainted so that neither the DaemonSet nor ordinary pods land on
-//! them. Why not two kubelets on one host: the DaemonSet's pool is one hostPath, so both of
-//! its pods would share one pool directory, which no real cluster does (each node has its own
-//! disk; a provisioner may treat another node's directories as its orphans). Besides, two
-//! kubelets on one containerd kill each other's pods as unknown (so two containerds, pod
-//! ranges and cgroup roots), and both hard-code `/var/lib/kubelet/device-plugins`. What a real
-//! node proves (mounts, uids, capabilities, the image, probes, rollouts) is per node;
-//! multi-node scheduling is covered with simulated nodes, here and in the other suites.
+//! One kubelet on the host, a second real node on demand ([`Lane::join_second_node`], see
+//! [`second_node`]: its own network and mount namespaces, containerd, kubelet and cgroup root,
+//! and its own directories at the local pools' paths, as two machines would have), plus
+//! optional simulated nodes (a Node object and a host provisioner process, as elsewhere in the
+//! testbed) tainted so that neither the DaemonSet nor ordinary pods land on them.
 //!
 //! ```no_run
 //! # async fn demo() -> testbed::Result<()> {
