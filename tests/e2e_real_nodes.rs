@@ -49,9 +49,19 @@ use local_volumes::{
 #[path = "real_nodes/helm_test.rs"]
 mod helm_test;
 use helm_test::helm_test_provisions_a_volume_a_non_root_pod_writes_into_and_fails_when_it_cannot;
+#[path = "real_nodes/two_nodes.rs"]
+mod two_nodes;
+use two_nodes::{
+    a_daemonset_rollout_across_two_nodes_loses_nothing_two_nodes,
+    a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes,
+    an_every_node_volume_gives_each_nodes_pod_its_own_directory_two_nodes,
+};
 #[path = "real_nodes/swap.rs"]
 mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing;
+
+/// Suffix of the scenarios that run with the second real node; the others run without it.
+const TWO_NODES: &str = "_two_nodes";
 
 type Scenario = for<'a> fn(&'a Ctx) -> Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
 
@@ -77,14 +87,15 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_non_root_pod_writes_into_a_wffc_volume_and_the_file_is_on_the_host_with_its_owner_and_mode,
         reclaim_removes_what_several_uids_left_in_0700_1777_and_0500_directories,
         a_pod_that_plants_symlinks_out_of_its_volume_changes_nothing_outside_it_when_the_claim_goes,
-        a_shared_volume_written_by_one_pod_is_read_by_another,
-        an_every_node_volume_gives_the_pod_its_own_nodes_directory,
-        a_rolling_update_of_the_daemonset_loses_no_volume_and_leaves_no_claim_stuck,
         a_pod_stops_at_its_quota_and_writes_past_it_after_an_online_expansion_without_restarting,
         a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
         a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
         helm_test_provisions_a_volume_a_non_root_pod_writes_into_and_fails_when_it_cannot,
+        // The second real node joins for these (names end in TWO_NODES) and leaves after them.
+        a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes,
+        an_every_node_volume_gives_each_nodes_pod_its_own_directory_two_nodes,
+        a_daemonset_rollout_across_two_nodes_loses_nothing_two_nodes,
         // Last: it replaces the DaemonSet twice.
         a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing,
     ];
@@ -140,6 +151,18 @@ async fn run(filter: Option<String>) -> ExitCode {
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     for (name, scenario) in selected {
+        if !name.ends_with(TWO_NODES) && ctx.lane.has_second_node() {
+            let started = Instant::now();
+            match ctx.lane.remove_second_node().await {
+                Ok(()) => println!("second real node removed in {:.1} s", started.elapsed().as_secs_f64()),
+                Err(err) => {
+                    println!("test {name} ... FAILED (the second real node did not leave)");
+                    eprintln!("---- {name} ----\n{err:#}\n{}", ctx.lane.log_tails(20));
+                    failed.push(name.to_string());
+                    continue;
+                }
+            }
+        }
         let started = Instant::now();
         let run = tokio::time::timeout(Duration::from_secs(600), AssertUnwindSafe(scenario(&ctx)).catch_unwind());
         let outcome = tokio::select! {
@@ -449,62 +472,6 @@ async fn a_non_root_pod_writes_into_a_wffc_volume_and_the_file_is_on_the_host_wi
     Ok(())
 }
 
-async fn a_shared_volume_written_by_one_pod_is_read_by_another(ctx: &Ctx) -> Result<()> {
-    ctx.deployed().await?;
-    let ns = ctx.namespace("shared").await?;
-    let class = ctx.class(&ns, &[("storagePool", "nfs"), ("topology", "shared")]).await?;
-    // Immediate binding and no node named: a live node makes it (here the only one with the pool).
-    let pv = ctx.bound_rwx_claim(&ns, "data", &class).await?;
-    let spec = pv.spec.as_ref().context("spec")?;
-    ensure!(spec.node_affinity.is_none(), "a shared volume is not pinned to a node");
-    let dir = ctx.lane.volume_dir(&ns, "data").await?;
-    ensure!(dir.parent() == Some(ctx.lane.shared_pool()), "{} in the shared pool", dir.display());
-
-    let writer = PodRun::new(&ns, "writer", "echo from-writer > /data/note && id -u").claim("data").as_user(1000, 1000);
-    let outcome = ctx.lane.run_pod(&writer.on_node(ctx.lane.node_name())).await?;
-    ensure!(outcome.exit_code == Some(0), "writer exited {:?}: {}", outcome.exit_code, outcome.logs);
-    // Another uid: the writer's file is its own (0644), so the reader answers in a file of its own.
-    let reader = PodRun::new(&ns, "reader", "cat /data/note && echo from-reader > /data/reply")
-        .claim("data")
-        .as_user(2000, 2000)
-        .on_node(ctx.lane.node_name());
-    let outcome = ctx.lane.run_pod(&reader).await?;
-    ensure!(outcome.exit_code == Some(0), "reader exited {:?}: {}", outcome.exit_code, outcome.logs);
-    ensure!(outcome.logs.trim() == "from-writer", "the reader sees the writer's file: {:?}", outcome.logs);
-    ensure!(std::fs::read_to_string(dir.join("note"))? == "from-writer\n", "the writer's file on the host");
-    ensure!(std::fs::read_to_string(dir.join("reply"))? == "from-reader\n", "the reader's file on the host");
-    let owners = (std::fs::metadata(dir.join("note"))?.uid(), std::fs::metadata(dir.join("reply"))?.uid());
-    ensure!(owners == (1000, 2000), "each file owned by its pod's uid: {owners:?}");
-
-    ctx.lane.delete_pod(&ns, "writer").await?;
-    ctx.lane.delete_pod(&ns, "reader").await?;
-    ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
-    Ok(())
-}
-
-async fn an_every_node_volume_gives_the_pod_its_own_nodes_directory(ctx: &Ctx) -> Result<()> {
-    ctx.deployed().await?;
-    let ns = ctx.namespace("every").await?;
-    let class = ctx.class(&ns, &[("storagePool", "edge"), ("topology", "everyNode")]).await?;
-    let pv = ctx.bound_rwx_claim(&ns, "data", &class).await?;
-    ensure!(pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).is_none(), "not pinned");
-    let finalizers = pv.metadata.finalizers.clone().unwrap_or_default();
-    let copy = format!("copies.hostpath-provisioner.kubevirt.io/{}", ctx.lane.node_name());
-    ensure!(finalizers.contains(&copy), "the real node's copy holds the PV: {finalizers:?}");
-    let dir = ctx.lane.volume_dir(&ns, "data").await?;
-    ensure!(dir.parent() == Some(ctx.lane.edge_pool()), "{} in the edge pool", dir.display());
-
-    let script = "hostname > /data/node && ls -a /data";
-    let run = PodRun::new(&ns, "app", script).claim("data").as_user(1000, 1000).on_node(ctx.lane.node_name());
-    let outcome = ctx.lane.run_pod(&run).await?;
-    ensure!(outcome.exit_code == Some(0), "pod exited {:?}: {}", outcome.exit_code, outcome.logs);
-    ensure!(std::fs::read_to_string(dir.join("node"))?.trim() == "app", "the pod wrote into this node's copy");
-
-    ctx.lane.delete_pod(&ns, "app").await?;
-    ctx.delete_claim_and_wait_reclaimed(&ns, "data").await?;
-    Ok(())
-}
-
 async fn reclaim_removes_what_several_uids_left_in_0700_1777_and_0500_directories(ctx: &Ctx) -> Result<()> {
     ctx.deployed().await?;
     let ns = ctx.namespace("reclaim").await?;
@@ -595,78 +562,6 @@ fn entries(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-async fn a_rolling_update_of_the_daemonset_loses_no_volume_and_leaves_no_claim_stuck(ctx: &Ctx) -> Result<()> {
-    let image = ctx.deployed().await?;
-    let ns = ctx.namespace("rollout").await?;
-    // Two workloads keep their volumes mounted through the update.
-    let mut dirs = Vec::new();
-    for name in ["a", "b"] {
-        ctx.create_claim(&ns, name).await?;
-        let script = format!("echo {name} > /data/{name} && sleep 3600");
-        ctx.lane.run_pod(&PodRun::new(&ns, name, &script).claim(name).keep_running()).await?;
-        dirs.push((name, ctx.lane.volume_dir(&ns, name).await?));
-    }
-    let old_pods: Vec<String> = ctx.provisioner_pods().await?.into_iter().filter_map(|p| p.metadata.uid).collect();
-
-    // The same image under a second tag, as a new release would arrive.
-    let rollout_image = match image.rsplit_once(':') {
-        Some((name, tag)) if !tag.contains('/') => format!("{name}:{tag}-rollout"),
-        _ => format!("{image}:rollout"),
-    };
-    ctx.lane.tag_image(&images::normalize_reference(&image), &images::normalize_reference(&rollout_image))?;
-    let container = format!("kubevirt-hostpath-provisioner={rollout_image}");
-    ctx.lane.cp().run_kubectl(
-        &ctx.repo,
-        &["-n", DEPLOY_NAMESPACE, "set", "image", &format!("daemonset/{DEPLOY_DAEMONSET}"), &container],
-    )?;
-    // A claim made while the pod is being replaced must still be served.
-    ctx.create_claim(&ns, "during").await?;
-    let during = PodRun::new(&ns, "during", "echo during > /data/during").claim("during");
-    let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), &ns);
-    pods.create(&PostParams::default(), &during.build()).await?;
-
-    ctx.lane.wait_daemonset_rolled_out().await?;
-    let new_pods = ctx.provisioner_pods().await?;
-    ensure!(new_pods.len() == 1, "one provisioner pod after the rollout");
-    let new_pod = &new_pods[0];
-    ensure!(!old_pods.contains(new_pod.metadata.uid.as_ref().context("uid")?), "the pod was replaced");
-    let running = new_pod.spec.as_ref().map(|s| s.containers[0].image.clone().unwrap_or_default());
-    ensure!(running.as_deref() == Some(rollout_image.as_str()), "new pod runs {running:?}");
-
-    let finished = testbed::wait_until(
-        "pod during finished",
-        LANE_TIMEOUT,
-        || pods.get("during"),
-        |p| p.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed"),
-    )
-    .await?;
-    ensure!(
-        finished.status.and_then(|s| s.phase).as_deref() == Some("Succeeded"),
-        "the claim made during the update works"
-    );
-
-    for (name, dir) in &dirs {
-        let pod = pods.get(name).await?;
-        let status = pod.status.as_ref().context("status")?;
-        ensure!(status.phase.as_deref() == Some("Running"), "{name} still running");
-        let restarts: i32 = status.container_statuses.iter().flatten().map(|c| c.restart_count).sum();
-        ensure!(restarts == 0, "{name} restarted {restarts} times");
-        ensure!(std::fs::read_to_string(dir.join(name))? == format!("{name}\n"), "{name}'s data kept");
-        let pv = ctx.pv_of(&ns, name).await?;
-        ensure!(pv.status.and_then(|s| s.phase).as_deref() == Some("Bound"), "{name}'s PV still Bound");
-    }
-
-    // The new pod serves new claims and reclaims old ones.
-    ctx.create_claim(&ns, "after").await?;
-    let after = ctx.lane.run_pod(&PodRun::new(&ns, "after", "echo after > /data/after").claim("after")).await?;
-    ensure!(after.exit_code == Some(0), "a claim after the update works: {}", after.logs);
-    for name in ["a", "b", "during", "after"] {
-        ctx.lane.delete_pod(&ns, name).await?;
-        ctx.delete_claim_and_wait_reclaimed(&ns, name).await?;
-    }
-    Ok(())
 }
 
 /// Gives the DaemonSet's container `CAP_SYS_ADMIN`, as the README tells admins of quota pools:

@@ -200,6 +200,11 @@ fn cleanup(state: &serde_json::Value) -> Result<()> {
         std::thread::sleep(Duration::from_millis(250));
     }
 
+    // The second node, if one ran: its processes, namespaces (with its veth pair) and cgroups.
+    if let Err(err) = super::second_node::remove(&dir) {
+        problems.push(format!("{err:#}"));
+    }
+
     // 2. Mounts under the lane directory, deepest first: container root file systems, pod
     // volumes and tokens, the kubelet's own root dir bind, network namespaces, the pool.
     if let Err(err) = unmount_all_under(&dir) {
@@ -374,9 +379,14 @@ pub fn cgroup_hierarchies() -> Vec<PathBuf> {
 }
 
 fn kubepods_pids() -> Vec<libc::pid_t> {
+    pids_in_cgroup("kubepods")
+}
+
+/// Every task in cgroup `name` (relative to each hierarchy's root) and below it.
+pub(crate) fn pids_in_cgroup(name: &str) -> Vec<libc::pid_t> {
     let mut pids = Vec::new();
     for hierarchy in cgroup_hierarchies() {
-        collect_procs(&hierarchy.join("kubepods"), &mut pids);
+        collect_procs(&hierarchy.join(name), &mut pids);
     }
     pids
 }
@@ -396,7 +406,7 @@ fn collect_procs(dir: &Path, pids: &mut Vec<libc::pid_t>) {
 
 /// Processes with an argument naming a path under `dir` (our kubelet, containerd and shims;
 /// shims get `-address <dir>/containerd.sock`), except this process.
-fn pids_with_arg_under(dir: &Path) -> Vec<libc::pid_t> {
+pub(crate) fn pids_with_arg_under(dir: &Path) -> Vec<libc::pid_t> {
     let me = std::process::id();
     let needle = dir.to_string_lossy().into_owned();
     let Ok(entries) = fs::read_dir("/proc") else {
@@ -414,7 +424,7 @@ fn pids_with_arg_under(dir: &Path) -> Vec<libc::pid_t> {
         .collect()
 }
 
-fn remove_cgroup_tree(dir: &Path) -> Result<()> {
+pub(crate) fn remove_cgroup_tree(dir: &Path) -> Result<()> {
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {

@@ -2,15 +2,11 @@
 //! real pods mount the volumes the provisioner makes, and the project's image runs as a
 //! DaemonSet from `deploy/legacy`.
 //!
-//! One kubelet, plus optional simulated nodes (a Node object and a host provisioner process, as
-//! elsewhere in the testbed) tainted so that neither the DaemonSet nor ordinary pods land on
-//! them. Why not two kubelets on one host: the DaemonSet's pool is one hostPath, so both of
-//! its pods would share one pool directory, which no real cluster does (each node has its own
-//! disk; a provisioner may treat another node's directories as its orphans). Besides, two
-//! kubelets on one containerd kill each other's pods as unknown (so two containerds, pod
-//! ranges and cgroup roots), and both hard-code `/var/lib/kubelet/device-plugins`. What a real
-//! node proves (mounts, uids, capabilities, the image, probes, rollouts) is per node;
-//! multi-node scheduling is covered with simulated nodes, here and in the other suites.
+//! One kubelet on the host, a second real node on demand ([`Lane::join_second_node`], see
+//! [`second_node`]: its own network and mount namespaces, containerd, kubelet and cgroup root,
+//! and its own directories at the local pools' paths, as two machines would have), plus
+//! optional simulated nodes (a Node object and a host provisioner process, as elsewhere in the
+//! testbed) tainted so that neither the DaemonSet nor ordinary pods land on them.
 //!
 //! ```no_run
 //! # async fn demo() -> testbed::Result<()> {
@@ -31,9 +27,11 @@
 pub mod host;
 pub mod images;
 mod node;
+pub mod second_node;
 mod workloads;
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -47,6 +45,7 @@ use crate::control_plane::{ControlPlane, Options, RealNodeAccess};
 use crate::process::{ManagedChild, tail_file};
 use crate::provisioner::ProvisionerSpec;
 use node::NodeLayout;
+pub use second_node::NODE2_NAME;
 pub use workloads::{PodOutcome, PodRun};
 
 /// The real node's name (and `kubernetes.io/hostname`).
@@ -103,6 +102,11 @@ pub struct Lane {
     edge_pool: PathBuf,
     /// A local pool (`btrfs`) on a loop-mounted btrfs with quota enabled, for quota volumes.
     quota_pool: PathBuf,
+    /// The second real node, once [`Lane::join_second_node`] started it.
+    second: Mutex<Option<SecondNode>>,
+    /// Every image import and tag so far, replayed on a node that joins later.
+    image_steps: Mutex<Vec<ImageStep>>,
+    bin_dir: PathBuf,
     started_in: Duration,
     host_cleaned: bool,
     cp: Option<ControlPlane>,
@@ -122,7 +126,7 @@ impl Lane {
         host::ensure_no_foreign_kubelet()?;
         host::write_state()?;
         let dir = host::lane_dir();
-        let layout = NodeLayout { dir: dir.join("node") };
+        let layout = NodeLayout::host_node(dir.join("node"));
         let mut lane = Lane {
             sim_nodes: Vec::new(),
             kubelet: None,
@@ -132,6 +136,9 @@ impl Lane {
             shared_pool: dir.join("nfs"),
             edge_pool: dir.join("edge"),
             quota_pool: dir.join("btrfs"),
+            second: Mutex::new(None),
+            image_steps: Mutex::new(Vec::new()),
+            bin_dir: bin_dir.clone(),
             started_in: Duration::ZERO,
             host_cleaned: false,
             cp: None,
@@ -163,7 +170,7 @@ impl Lane {
         host::create_bridge()?;
         let access = RealNodeAccess {
             serving_ips: vec![host::SERVICE_IP.parse()?, host::GATEWAY.parse()?],
-            kubelets: vec![NODE_NAME.to_string()],
+            kubelets: vec![NODE_NAME.to_string(), NODE2_NAME.to_string()],
         };
         let options_cp = Options { real_nodes: Some(access), ..Options::default() };
         let cp = self.cp.insert(ControlPlane::start_with(options_cp).await?);
@@ -180,8 +187,10 @@ impl Lane {
             self.import_image(&images.join(archive))?;
         }
 
-        self.kubelet = Some(node::start_kubelet(&self.layout, bin_dir, NODE_NAME, &connection, &ca_file)?);
-        self.wait_node_ready().await?;
+        let mut kubelet = node::start_kubelet(&self.layout, bin_dir, NODE_NAME, &connection, &ca_file)?;
+        let ready = wait_node_ready(self.client(), NODE_NAME, &mut kubelet).await;
+        self.kubelet = Some(kubelet);
+        ready?;
 
         for i in 1..=options.simulated_nodes {
             let binary = options.simulated_node_binary.clone().context("simulated nodes need a provisioner binary")?;
@@ -199,28 +208,6 @@ impl Lane {
             self.sim_nodes.push(sim);
         }
         Ok(())
-    }
-
-    async fn wait_node_ready(&mut self) -> Result<()> {
-        let nodes: Api<Node> = Api::all(self.cp().admin_client());
-        let deadline = Instant::now() + LANE_TIMEOUT;
-        loop {
-            if let Some(status) = self.kubelet.as_mut().and_then(ManagedChild::exit_status) {
-                bail!("the kubelet exited with {status}");
-            }
-            let node = nodes.get_opt(NODE_NAME).await.ok().flatten();
-            let ready = node
-                .as_ref()
-                .and_then(|n| n.status.as_ref()?.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            if ready {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("node {NODE_NAME} not Ready after {LANE_TIMEOUT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
     }
 
     /// The DaemonSet's shared pool `nfs` (see [`Lane::deploy_legacy`]).
@@ -273,17 +260,42 @@ impl Lane {
         self.started_in
     }
 
-    /// Imports an OCI archive into the node's containerd (namespace `k8s.io`, where CRI looks).
+    /// Imports an OCI archive into every node's containerd (namespace `k8s.io`, where CRI
+    /// looks), and into a node that joins later.
     pub fn import_image(&self, archive: &Path) -> Result<()> {
-        node::ctr(&self.layout, &["images", "import", &archive.display().to_string()])
-            .with_context(|| format!("importing {}", archive.display()))?;
+        let step = ImageStep::Import(archive.to_path_buf());
+        for layout in self.node_layouts() {
+            step.apply(&layout)?;
+        }
+        self.image_steps.lock().expect("image steps lock").push(step);
         Ok(())
     }
 
-    /// Gives the image `source` a second name (both full references).
+    /// Gives the image `source` a second name (both full references), on every node.
     pub fn tag_image(&self, source: &str, target: &str) -> Result<()> {
-        node::ctr(&self.layout, &["images", "tag", "--force", source, target])?;
+        let step = ImageStep::Tag(source.into(), target.into());
+        for layout in self.node_layouts() {
+            step.apply(&layout)?;
+        }
+        self.image_steps.lock().expect("image steps lock").push(step);
         Ok(())
+    }
+
+    /// Node 1's layout, and the second node's while it runs.
+    fn node_layouts(&self) -> Vec<NodeLayout> {
+        let mut layouts = vec![self.layout.clone()];
+        layouts.extend(self.second.lock().expect("second node lock").as_ref().map(|n| n.layout.clone()));
+        layouts
+    }
+
+    /// The layout of the node named `node` (node 1's for any other name).
+    fn layout_of(&self, node: Option<&str>) -> NodeLayout {
+        if node == Some(NODE2_NAME)
+            && let Some(second) = self.second.lock().expect("second node lock").as_ref()
+        {
+            return second.layout.clone();
+        }
+        self.layout.clone()
     }
 
     /// Image references containerd holds.
@@ -305,6 +317,110 @@ impl Lane {
             }
         }
         Ok(pids)
+    }
+
+    /// Starts the second real node ([`NODE2_NAME`], see [`second_node`]) unless it runs:
+    /// namespaces, containerd with every image imported so far, the kubelet; waits until the
+    /// Node is Ready. DaemonSets then extend to it.
+    pub async fn join_second_node(&self) -> Result<()> {
+        if self.second.lock().expect("second node lock").is_some() {
+            return Ok(());
+        }
+        let cp = self.cp();
+        let mut node1_mounts = host::mounts_under(&self.layout.dir);
+        node1_mounts.extend(host::mounts_under(&self.quota_pool));
+        let layout = second_node::create(
+            &host::lane_dir(),
+            &[&self.pool, &self.edge_pool, &self.quota_pool],
+            &[&self.shared_pool],
+            &node1_mounts,
+            cp.apiserver_port(),
+        )?;
+        // From inside its namespace the node reaches the API server at node 1's bridge
+        // gateway (routed through the veth), an address the serving certificate names.
+        let gateway: std::net::IpAddr = host::GATEWAY.parse()?;
+        let connection = cp
+            .kubelet_connection(NODE2_NAME)
+            .context("kubelet token")?
+            .via(std::net::SocketAddr::new(gateway, cp.apiserver_port()));
+        let mut containerd = node::start_containerd(&layout)?;
+        let steps = self.image_steps.lock().expect("image steps lock").clone();
+        for step in &steps {
+            if let Err(err) = step.apply(&layout) {
+                containerd.terminate(Duration::from_secs(10));
+                return Err(err);
+            }
+        }
+        let mut kubelet = node::start_kubelet(&layout, &self.bin_dir, NODE2_NAME, &connection, cp.ca_cert_file())?;
+        let ready = wait_node_ready(self.client(), NODE2_NAME, &mut kubelet).await;
+        *self.second.lock().expect("second node lock") = Some(SecondNode { layout, kubelet, containerd });
+        ready.map_err(|e| e.context(self.log_tails(30)))
+    }
+
+    /// Whether the second node runs.
+    pub fn has_second_node(&self) -> bool {
+        self.second.lock().expect("second node lock").is_some()
+    }
+
+    /// Takes the second node out as an admin would: a `NoExecute` taint makes the DaemonSet
+    /// controller remove its pod (the kubelet stops it), then the kubelet and containerd stop,
+    /// the Node object is deleted and the namespaces and cgroups go. Other pods must be gone
+    /// already (the scenarios delete theirs).
+    pub async fn remove_second_node(&self) -> Result<()> {
+        if !self.has_second_node() {
+            return Ok(());
+        }
+        let nodes: Api<Node> = Api::all(self.client());
+        let taint =
+            json!({"spec": {"taints": [{"key": "hpp-testbed/leaving", "value": "true", "effect": "NoExecute"}]}});
+        nodes.patch(NODE2_NAME, &PatchParams::default(), &Patch::Merge(&taint)).await?;
+        let pods: Api<Pod> = Api::all(self.client());
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={NODE2_NAME}"));
+        // The DaemonSet's pod goes by the taint; what a failed scenario left is deleted, as
+        // a drain would.
+        for pod in pods.list(&on_node).await?.items {
+            let (Some(ns), Some(name)) = (pod.metadata.namespace, pod.metadata.name) else { continue };
+            if ns != DEPLOY_NAMESPACE {
+                let params = DeleteParams { grace_period_seconds: Some(1), ..DeleteParams::default() };
+                let _ = Api::<Pod>::namespaced(self.client(), &ns).delete(&name, &params).await;
+            }
+        }
+        let drained = crate::wait_for(&format!("pods on {NODE2_NAME} gone"), LANE_TIMEOUT, || async {
+            anyhow::Ok(pods.list(&on_node).await?.items.is_empty().then_some(()))
+        })
+        .await;
+        if let Some(mut second) = self.second.lock().expect("second node lock").take() {
+            second.kubelet.terminate(Duration::from_secs(10));
+            second.containerd.terminate(Duration::from_secs(10));
+        }
+        second_node::remove(&host::lane_dir())?;
+        // Pod objects the stopped kubelet can no longer finish go by force.
+        for pod in pods.list(&on_node).await?.items {
+            let (Some(ns), Some(name)) = (pod.metadata.namespace, pod.metadata.name) else { continue };
+            let params = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+            let _ = Api::<Pod>::namespaced(self.client(), &ns).delete(&name, &params).await;
+        }
+        match nodes.delete(NODE2_NAME, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) => return Err(err.into()),
+        }
+        drained
+    }
+
+    /// Where the host holds `path` as node `node` sees it: node 2 has its own directories at
+    /// the paths of the local pools ([`second_node::own_pool_dir`]); everything else is the
+    /// same file on both.
+    pub fn host_path_on(&self, node: &str, path: &Path) -> PathBuf {
+        if node != NODE2_NAME {
+            return path.to_path_buf();
+        }
+        for pool in [&self.pool, &self.edge_pool, &self.quota_pool] {
+            if let Ok(rest) = path.strip_prefix(pool) {
+                return second_node::own_pool_dir(&host::lane_dir(), pool).join(rest);
+            }
+        }
+        path.to_path_buf()
     }
 
     /// Deploys `deploy/legacy` from `repo` with `kubectl apply -k`, through an overlay that
@@ -445,7 +561,7 @@ patches:
     /// component's log.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
-        for (name, path) in [("kubelet", self.layout.kubelet_log()), ("containerd", self.layout.containerd_log())] {
+        for (name, path) in self.node_log_paths() {
             out.push_str(&format!("===== {name} ({}) =====\n{}\n", path.display(), tail_file(&path, lines)));
         }
         if let Some(cp) = &self.cp {
@@ -454,10 +570,22 @@ patches:
         out
     }
 
-    /// Log files of the node and control plane, by name (the demo copies them).
-    pub fn log_paths(&self) -> Vec<(String, PathBuf)> {
+    /// The kubelet's and containerd's logs of each node that ran (node 2's stay after it left).
+    fn node_log_paths(&self) -> Vec<(String, PathBuf)> {
         let mut paths =
             vec![("kubelet".into(), self.layout.kubelet_log()), ("containerd".into(), self.layout.containerd_log())];
+        let second = second_node::node_dir(&host::lane_dir());
+        for (name, file) in [("kubelet-node2", "kubelet.log"), ("containerd-node2", "containerd.log")] {
+            if second.join(file).exists() {
+                paths.push((name.into(), second.join(file)));
+            }
+        }
+        paths
+    }
+
+    /// Log files of the node and control plane, by name (the demo copies them).
+    pub fn log_paths(&self) -> Vec<(String, PathBuf)> {
+        let mut paths = self.node_log_paths();
         if let Some(cp) = &self.cp {
             paths.extend(cp.log_paths().into_iter().map(|(n, p)| (n.to_string(), p.to_path_buf())));
         }
@@ -468,6 +596,7 @@ patches:
     /// has stopped their containers, then stops everything and undoes the host changes.
     pub async fn teardown(mut self) -> Result<()> {
         let client = self.client();
+        let has_second = self.has_second_node();
         let graceful = async {
             let daemonsets: Api<DaemonSet> = Api::all(client.clone());
             for ds in daemonsets.list(&ListParams::default()).await?.items {
@@ -482,9 +611,15 @@ patches:
                 let params = DeleteParams { grace_period_seconds: Some(1), ..DeleteParams::default() };
                 let _ = Api::<Pod>::namespaced(client.clone(), &ns).delete(&name, &params).await;
             }
-            crate::wait_for("pods on the real node gone", Duration::from_secs(60), || async {
-                let left = pods.list(&ListParams::default().fields(&format!("spec.nodeName={NODE_NAME}"))).await?;
-                anyhow::Ok(left.items.is_empty().then_some(()))
+            crate::wait_for("pods on the real nodes gone", Duration::from_secs(60), || async {
+                let mut left = 0;
+                // Only nodes whose kubelet runs can stop their pods.
+                let nodes = if has_second { vec![NODE_NAME, NODE2_NAME] } else { vec![NODE_NAME] };
+                for node in nodes {
+                    left +=
+                        pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await?.items.len();
+                }
+                anyhow::Ok((left == 0).then_some(()))
             })
             .await
         };
@@ -503,6 +638,10 @@ patches:
     /// Stops the kubelet and containerd and undoes the host changes; idempotent.
     fn shutdown(&mut self) {
         self.sim_nodes.clear();
+        if let Some(mut second) = self.second.lock().map(|mut s| s.take()).ok().flatten() {
+            second.kubelet.terminate(Duration::from_secs(10));
+            second.containerd.terminate(Duration::from_secs(10));
+        }
         if let Some(mut kubelet) = self.kubelet.take() {
             kubelet.terminate(Duration::from_secs(10));
         }
@@ -526,6 +665,54 @@ impl Drop for Lane {
             eprintln!("testbed: test panicked; real-node lane logs:\n{}", self.log_tails(40));
         }
         self.shutdown();
+    }
+}
+
+/// The second node's processes and files.
+struct SecondNode {
+    layout: NodeLayout,
+    kubelet: ManagedChild,
+    containerd: ManagedChild,
+}
+
+/// An image import or tag, kept to bring a later node's containerd to the same images.
+#[derive(Clone, Debug)]
+enum ImageStep {
+    Import(PathBuf),
+    Tag(String, String),
+}
+
+impl ImageStep {
+    fn apply(&self, layout: &NodeLayout) -> Result<()> {
+        match self {
+            ImageStep::Import(archive) => node::ctr(layout, &["images", "import", &archive.display().to_string()])
+                .with_context(|| format!("importing {}", archive.display())),
+            ImageStep::Tag(source, target) => node::ctr(layout, &["images", "tag", "--force", source, target]),
+        }
+        .map(|_| ())
+    }
+}
+
+/// Waits until Node `name` is Ready, failing early if its kubelet exits.
+async fn wait_node_ready(client: kube::Client, name: &str, kubelet: &mut ManagedChild) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client);
+    let deadline = Instant::now() + LANE_TIMEOUT;
+    loop {
+        if let Some(status) = kubelet.exit_status() {
+            bail!("the kubelet of {name} exited with {status}");
+        }
+        let node = nodes.get_opt(name).await.ok().flatten();
+        let ready = node
+            .as_ref()
+            .and_then(|n| n.status.as_ref()?.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("node {name} not Ready after {LANE_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 

@@ -14,13 +14,62 @@ use super::images::PAUSE_IMAGE;
 use crate::kubeconfig::Connection;
 use crate::process::{ManagedChild, ProcessSpec, free_port, tail_file};
 
-/// Files of one node under the lane directory.
+/// Files, network and cgroups of one node.
 #[derive(Clone, Debug)]
 pub struct NodeLayout {
+    /// Under the lane directory: configs, logs, containerd's and the kubelet's state.
     pub dir: PathBuf,
+    /// The pod bridge (made by the lane before the node starts), its subnet and gateway.
+    pub bridge: String,
+    pub pod_subnet: String,
+    pub gateway: String,
+    /// The node's InternalIP: where the API server reaches its kubelet.
+    pub node_ip: String,
+    /// Network and mount namespaces the node's processes run in (`None`: the host's).
+    pub namespaces: Option<Namespaces>,
+    /// The kubelet's `cgroupRoot` (`None`: `/`, so its pods are under `/kubepods`).
+    pub cgroup_root: Option<String>,
+}
+
+/// Files that hold a node's own namespaces open (`nsenter --net= --mount=` takes them).
+#[derive(Clone, Debug)]
+pub struct Namespaces {
+    pub net: PathBuf,
+    pub mount: PathBuf,
 }
 
 impl NodeLayout {
+    /// The node that runs on the host itself: the lane's bridge, the host's namespaces.
+    pub fn host_node(dir: PathBuf) -> NodeLayout {
+        NodeLayout {
+            dir,
+            bridge: BRIDGE.into(),
+            pod_subnet: POD_SUBNET.into(),
+            gateway: GATEWAY.into(),
+            node_ip: GATEWAY.into(),
+            namespaces: None,
+            cgroup_root: None,
+        }
+    }
+
+    /// `program` with `args`, run inside the node's namespaces (through `nsenter`, which
+    /// execs it: the PID, and the death signal the spawner sets, stay the program's).
+    fn command(&self, program: PathBuf, args: Vec<String>) -> (PathBuf, Vec<String>) {
+        match &self.namespaces {
+            None => (program, args),
+            Some(ns) => {
+                let mut wrapped = vec![
+                    format!("--net={}", ns.net.display()),
+                    format!("--mount={}", ns.mount.display()),
+                    "--".into(),
+                    program.display().to_string(),
+                ];
+                wrapped.extend(args);
+                (PathBuf::from("nsenter"), wrapped)
+            }
+        }
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.join("containerd.sock")
     }
@@ -50,13 +99,13 @@ pub fn start_containerd(layout: &NodeLayout) -> Result<ManagedChild> {
         "name": CNI_NETWORK,
         "plugins": [{
             "type": "bridge",
-            "bridge": BRIDGE,
+            "bridge": layout.bridge,
             "isGateway": true,
             "ipMasq": false,
             "hairpinMode": true,
             "ipam": {
                 "type": "host-local",
-                "ranges": [[{ "subnet": POD_SUBNET, "gateway": GATEWAY }]],
+                "ranges": [[{ "subnet": layout.pod_subnet, "gateway": layout.gateway }]],
                 "routes": [{ "dst": "0.0.0.0/0" }],
                 "dataDir": dir.join("cni/ipam"),
             },
@@ -107,10 +156,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     );
     let config_path = dir.join("containerd.toml");
     fs::write(&config_path, config)?;
+    let (program, args) =
+        layout.command(PathBuf::from("containerd"), vec!["--config".into(), config_path.display().to_string()]);
     let spec = ProcessSpec {
         name: "containerd".into(),
-        program: PathBuf::from("containerd"),
-        args: vec!["--config".into(), config_path.display().to_string()],
+        program,
+        args,
         env: Vec::new(),
         clean_env: false,
         log_path: layout.containerd_log(),
@@ -190,24 +241,30 @@ pub fn start_kubelet(
         "resolvConf": "",
         "serializeImagePulls": false,
         "registerNode": true,
+        // A second node's pods go under a cgroup of their own, apart from the first node's.
+        "cgroupRoot": layout.cgroup_root.as_deref().unwrap_or("/"),
         "nodeStatusUpdateFrequency": "5s",
         "syncFrequency": "5s",
     });
     let config_path = dir.join("kubelet-config.json");
     fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
-    let spec = ProcessSpec {
-        name: "kubelet".into(),
-        program: bin_dir.join("kubelet"),
-        args: vec![
+    let (program, args) = layout.command(
+        bin_dir.join("kubelet"),
+        vec![
             format!("--config={}", config_path.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--root-dir={}", layout.kubelet_root().display()),
             format!("--cert-dir={}", dir.join("kubelet-pki").display()),
             format!("--hostname-override={node}"),
-            // The bridge gateway: the API server and probes reach the node there.
-            format!("--node-ip={GATEWAY}"),
+            // The API server reaches the kubelet there (node 1: the bridge gateway).
+            format!("--node-ip={}", layout.node_ip),
             "--v=1".into(),
         ],
+    );
+    let spec = ProcessSpec {
+        name: format!("kubelet-{node}"),
+        program,
+        args,
         env: Vec::new(),
         clean_env: false,
         log_path: layout.kubelet_log(),

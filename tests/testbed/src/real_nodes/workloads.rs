@@ -216,7 +216,8 @@ impl Lane {
         else {
             return String::new();
         };
-        let dir = self.layout.pod_logs().join(format!("{ns}_{name}_{uid}")).join(container);
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let dir = self.layout_of(node).pod_logs().join(format!("{ns}_{name}_{uid}")).join(container);
         let mut files: Vec<PathBuf> =
             std::fs::read_dir(&dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
         files.sort();
