@@ -92,36 +92,59 @@ pub fn go_build(env: &Env) -> String {
     }
 }
 
-/// A compared figure: its label, how it is read off a run, whether higher is better.
-type Figure = (&'static str, fn(&Run) -> Option<f64>, bool);
+/// A compared figure: its label, how it is read off a run, whether higher is better, and the
+/// least value told apart from zero (a ratio takes smaller values as this).
+type Figure = (&'static str, fn(&Run) -> Option<f64>, bool, f64);
+
+/// The bench's latency resolution (see METHOD).
+const LATENCY_RESOLUTION_MS: f64 = 1.0;
 
 fn figures(mode: Mode) -> Vec<Figure> {
     let mut rows: Vec<Figure> = vec![
-        ("PVs/s (first to last PV)", |r| r.provisioned.pvs_per_sec, true),
-        ("latency p50, ms", |r| Some(r.provisioned.latency.p50), false),
-        ("latency p99, ms", |r| Some(r.provisioned.latency.p99), false),
+        ("PVs/s (first to last PV)", |r| r.provisioned.pvs_per_sec, true, 0.0),
+        ("latency p50, ms", |r| Some(r.provisioned.latency.p50), false, LATENCY_RESOLUTION_MS),
+        ("latency p99, ms", |r| Some(r.provisioned.latency.p99), false, LATENCY_RESOLUTION_MS),
     ];
     if mode == Mode::WaitForFirstConsumer {
-        rows.push(("  after the kcm annotation p50, ms", |r| Some(r.provisioned.from_both_annotations.p50), false));
-        rows.push(("  after the kcm annotation p99, ms", |r| Some(r.provisioned.from_both_annotations.p99), false));
+        rows.extend::<[Figure; 2]>([
+            (
+                "  after the kcm annotation p50, ms",
+                |r| Some(r.provisioned.from_both_annotations.p50),
+                false,
+                LATENCY_RESOLUTION_MS,
+            ),
+            (
+                "  after the kcm annotation p99, ms",
+                |r| Some(r.provisioned.from_both_annotations.p99),
+                false,
+                LATENCY_RESOLUTION_MS,
+            ),
+        ]);
     }
     rows.extend::<[Figure; 5]>([
         (
             "API requests/volume, provisioning",
             |r| r.provisioned.window.requests_per_volume(r.provisioned.sent.len()),
             false,
+            0.0,
         ),
-        ("API requests/volume, deletion", |r| r.deleted.window.requests_per_volume(r.provisioned.sent.len()), false),
-        ("deletion PVs/s", |r| r.deleted.pvs_deleted_per_sec, true),
-        ("peak RSS, MiB (largest process)", |r| Some(mib(r.peak_rss_kib)), false),
-        ("CPU ms/volume (all processes)", Run::cpu_ms_per_volume, false),
+        (
+            "API requests/volume, deletion",
+            |r| r.deleted.window.requests_per_volume(r.provisioned.sent.len()),
+            false,
+            0.0,
+        ),
+        ("deletion PVs/s", |r| r.deleted.pvs_deleted_per_sec, true, 0.0),
+        ("peak RSS, MiB (largest process)", |r| Some(mib(r.peak_rss_kib)), false, 0.0),
+        ("CPU ms/volume (all processes)", Run::cpu_ms_per_volume, false, 0.0),
     ]);
     rows
 }
 
-/// How much better ours is: ours/Go where higher is better, Go/ours where lower is.
-fn advantage(ours: Option<f64>, go: Option<f64>, higher_is_better: bool) -> Option<f64> {
-    let (ours, go) = (ours?, go?);
+/// How much better ours is: ours/Go where higher is better, Go/ours where lower is; values
+/// below `floor` count as `floor`.
+fn advantage(ours: Option<f64>, go: Option<f64>, higher_is_better: bool, floor: f64) -> Option<f64> {
+    let (ours, go) = (ours?.max(floor), go?.max(floor));
     let (better, worse) = if higher_is_better { (ours, go) } else { (go, ours) };
     (worse > 0.0).then(|| better / worse)
 }
@@ -149,9 +172,9 @@ pub fn print(env: &Env, runs: &[Run]) {
         let spec = &ours.provisioned.spec;
         let rate = spec.rate.map_or("burst".to_string(), |r| format!("{r}/s"));
         table.row(vec![format!("{}: {} ({rate})", spec.id, spec.title), String::new(), String::new(), String::new()]);
-        for (label, read, higher_is_better) in figures(spec.mode) {
+        for (label, read, higher_is_better, floor) in figures(spec.mode) {
             let (o, g) = (read(ours), read(go));
-            let better = advantage(o, g, higher_is_better).map_or("-".to_string(), |x| format!("{x:.1}x"));
+            let better = advantage(o, g, higher_is_better, floor).map_or("-".to_string(), |x| format!("{x:.1}x"));
             table.row(vec![format!("  {label}"), opt(o, 1), opt(g, 1), better]);
         }
         let missing = |r: &Run| format!("{} of {}", r.provisioned.missing, r.provisioned.sent.len());
@@ -170,9 +193,9 @@ pub fn json(env: &Env, runs: &[Run]) -> Value {
         .map(|(ours, go)| {
             let figures: serde_json::Map<String, Value> = figures(ours.provisioned.spec.mode)
                 .into_iter()
-                .map(|(label, read, higher)| {
+                .map(|(label, read, higher, floor)| {
                     let value = json!({ "ours": read(ours), "go": read(go),
-                                        "ours_better_by": advantage(read(ours), read(go), higher) });
+                                        "ours_better_by": advantage(read(ours), read(go), higher, floor) });
                     (label.trim().to_string(), value)
                 })
                 .collect();
@@ -212,10 +235,12 @@ mod tests {
 
     #[test]
     fn advantage_reads_each_figure_the_right_way_up() {
-        assert_eq!(advantage(Some(100.0), Some(10.0), true), Some(10.0));
-        assert_eq!(advantage(Some(5.0), Some(50.0), false), Some(10.0));
-        assert_eq!(advantage(Some(50.0), Some(5.0), false), Some(0.1));
-        assert_eq!(advantage(Some(1.0), Some(0.0), true), None);
-        assert_eq!(advantage(None, Some(1.0), true), None);
+        assert_eq!(advantage(Some(100.0), Some(10.0), true, 0.0), Some(10.0));
+        assert_eq!(advantage(Some(5.0), Some(50.0), false, 0.0), Some(10.0));
+        assert_eq!(advantage(Some(50.0), Some(5.0), false, 0.0), Some(0.1));
+        assert_eq!(advantage(Some(1.0), Some(0.0), true, 0.0), None);
+        assert_eq!(advantage(None, Some(1.0), true, 0.0), None);
+        // Below the resolution, a latency counts as the resolution.
+        assert_eq!(advantage(Some(0.1), Some(500.0), false, 1.0), Some(500.0));
     }
 }
