@@ -18,6 +18,9 @@
 //! cluster, 100 of them a fresh provisioner's; it stops kube-controller-manager and the other
 //! provisioners, so nothing runs after it. `--memory-only` runs only this.
 //!
+//! `--peer PATH` (`make bench-vs-go`) runs only a, b and c, each by ours then by the Go build
+//! this project replaces on the same nodes, and prints their ratios (`bench/vs_peer.rs`).
+//!
 //! Every figure is printed with its goal beside it and gathered in a table of goals at the end.
 //! Method notes: `bench/report.rs` (printed at the end).
 
