@@ -6,7 +6,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build release control-plane promtool deploy-tools manifests image test lint unit e2e demo bench fmt clean-cache
+.PHONY: all build release control-plane promtool deploy-tools manifests image test lint unit e2e demo bench bench-vs-go fmt clean-cache
 
 all: build
 
@@ -68,6 +68,21 @@ demo: control-plane
 bench: control-plane
 	$(CARGO) build --release -p hostpath-provisioner
 	$(CARGO) run --release -q -p testbed --bin bench -- --provisioner target/release/hostpath-provisioner $(BENCH_ARGS)
+
+# The same scenarios run by ours and by the Go provisioner this project replaces, in turn, and
+# their ratios (docs/performance.md). The Go build comes from its source archive
+# (hack/build-go-legacy.sh; HPP_GO_LEGACY_ARCHIVE, else looked for in ../shared/go-legacy,
+# ../../shared/go-legacy and /work/shared/go-legacy, as .ci/run does). BENCH_ARGS as for bench.
+GO_LEGACY_ARCHIVE_NAME := kubevirt-hostpath-provisioner-7c142255.tar.gz
+bench-vs-go: control-plane
+	$(CARGO) build --release -p hostpath-provisioner
+	@archive="$${HPP_GO_LEGACY_ARCHIVE:-}"; \
+	for dir in ../shared/go-legacy ../../shared/go-legacy /work/shared/go-legacy; do \
+	  [ -n "$$archive" ] || [ ! -f "$$dir/$(GO_LEGACY_ARCHIVE_NAME)" ] || archive="$$dir/$(GO_LEGACY_ARCHIVE_NAME)"; \
+	done; \
+	go="$$(HPP_GO_LEGACY_ARCHIVE="$$archive" bash hack/build-go-legacy.sh)" && \
+	$(CARGO) run --release -q -p testbed --bin bench -- --provisioner target/release/hostpath-provisioner \
+	  --peer "$$go/kubevirt-legacy-provisioner" --out target/bench-vs-go.json $(BENCH_ARGS)
 
 fmt:
 	$(CARGO) fmt --all

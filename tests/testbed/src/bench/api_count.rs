@@ -231,14 +231,14 @@ impl AuditLog {
     }
 }
 
-/// The audit policy: metadata of every request by users in `group`, nothing else.
-pub fn audit_policy(group: &str) -> Value {
+/// The audit policy: metadata of every request by users in `groups`, nothing else.
+pub fn audit_policy(groups: &[String]) -> Value {
     serde_json::json!({
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
         "omitStages": ["RequestReceived"],
         "rules": [
-            { "level": "Metadata", "userGroups": [group] },
+            { "level": "Metadata", "userGroups": groups },
             { "level": "None" },
         ],
     })

@@ -29,6 +29,10 @@ usage: bench --provisioner PATH [options]
   --scale-curve N1,N2,...
                    only the scale curve: provisioners grown to N1, N2, ... (e.g. 1,10,50,100)
                    against --claims claims (--nodes is ignored)
+  --peer PATH      also run the Go build this project replaces (the kubevirt-legacy-provisioner
+                   binary of hack/build-go-legacy.sh's cache; `make bench-vs-go`): scenarios
+                   a, b and c, each run by ours then by the Go build on the same nodes, and
+                   their ratios; what the Go build does not do is skipped with a line saying so
   --rust-log SPEC  RUST_LOG of the provisioners (default info)
   --provisioner-env NAME=VALUE
                    extra environment of the provisioners (repeatable), e.g. MALLOC_ARENA_MAX=2";
@@ -37,6 +41,8 @@ usage: bench --provisioner PATH [options]
 #[derive(Clone, Debug)]
 pub struct Args {
     pub provisioner: PathBuf,
+    /// `--peer`: the Go build's binary, run in turn with ours (`bench/vs_peer.rs`).
+    pub peer: Option<PathBuf>,
     pub nodes: usize,
     pub claims: usize,
     pub rate: f64,
@@ -79,7 +85,7 @@ impl Args {
                 }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
                 | "--idle-secs" | "--reference-rounds" | "--out" | "--rust-log" | "--scale-curve"
-                | "--grow-to" | "--memory-claims") => {
+                | "--grow-to" | "--memory-claims" | "--peer") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
                     values.insert(flag.trim_start_matches("--").to_string(), value);
                 }
@@ -96,6 +102,14 @@ impl Args {
         let provisioner = provisioner.canonicalize().with_context(|| {
             format!("{} not found (cargo build --release -p hostpath-provisioner)", provisioner.display())
         })?;
+        let peer = match values.get("peer") {
+            Some(path) => Some(
+                PathBuf::from(path)
+                    .canonicalize()
+                    .with_context(|| format!("--peer {path}: not found (make bench-vs-go builds it)"))?,
+            ),
+            None => None,
+        };
         let scale_curve = match values.get("scale-curve") {
             Some(list) => parse_steps(list)?,
             None => Vec::new(),
@@ -108,6 +122,7 @@ impl Args {
         };
         let parsed = Args {
             provisioner,
+            peer,
             // The scale curve adds every node itself, the first step's too.
             nodes: if scale_curve.is_empty() { number("nodes", 10.0, 3.0)? as usize } else { 0 },
             claims: number("claims", 1000.0, 100.0)? as usize,

@@ -38,6 +38,11 @@ pub fn opt(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
 }
 
+/// `count` per volume; `None` without volumes.
+pub fn per_volume(count: u64, volumes: usize) -> Option<f64> {
+    (volumes > 0).then(|| count as f64 / volumes as f64)
+}
+
 /// How each figure is obtained; printed at the end and stored in the JSON.
 pub const METHOD: &[&str] = &[
     "latency: each watch event is stamped with the bench's monotonic clock on arrival (API \

@@ -16,7 +16,7 @@ use testbed::fixtures;
 
 use super::api_count::BenchCalls;
 use super::reference::{self, REFERENCE_CLASS};
-use super::setup::{Env, PROVISIONER, WFFC_CLASS};
+use super::setup::{Env, IMMEDIATE_CLASS, PROVISIONER, WFFC_CLASS};
 use super::stats::{self, Summary};
 use super::window::{self, Closed};
 
@@ -41,6 +41,30 @@ pub struct Spec {
     pub class: &'static str,
     /// Claims per second; `None`: as fast as the clients can create them.
     pub rate: Option<f64>,
+}
+
+/// The scenarios of a run, in order (namespace `bench-<id>`; a and b at `rate` claims/s):
+/// a. Immediate class, claims pinned with `kubevirt.io/provisionOnNode` round-robin;
+/// b. WaitForFirstConsumer, one pod per claim pinned round-robin by nodeSelector;
+/// r. as c, provisioned by the reference (`reference.rs`), the limit of this machine's pipeline;
+/// c. as a, created as fast as the clients can (throughput), right after r.
+pub fn standard(rate: f64) -> Vec<Spec> {
+    [
+        ("a", "provisionOnNode, Immediate", Mode::PinnedImmediate, IMMEDIATE_CLASS, Some(rate)),
+        ("b", "WaitForFirstConsumer, pods pinned", Mode::WaitForFirstConsumer, WFFC_CLASS, Some(rate)),
+        ("r", "as c, reference provisioner (the limit)", Mode::PinnedImmediate, REFERENCE_CLASS, None),
+        ("c", "provisionOnNode, burst", Mode::PinnedImmediate, IMMEDIATE_CLASS, None),
+    ]
+    .into_iter()
+    .map(|(id, title, mode, class, rate)| Spec {
+        id,
+        title: title.to_string(),
+        namespace: format!("bench-{id}"),
+        mode,
+        class,
+        rate,
+    })
+    .collect()
 }
 
 /// The provisioning half of a scenario.
@@ -198,7 +222,7 @@ pub async fn delete(env: &Env, provisioned: &Provisioned) -> Result<Deleted> {
     })
     .await;
     let all_pvs_gone_after = started.elapsed();
-    let pools: Vec<_> = env.nodes.iter().map(|n| n.pool_root.clone()).collect();
+    let pools = env.pool_roots();
     let dirs_left = || pools.iter().flat_map(|p| pv_names.iter().map(move |n| p.join(n))).any(|d| d.exists());
     while dirs_left() && started.elapsed() < timeout {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -302,8 +326,10 @@ async fn create_one(
     Ok((created.metadata.uid.unwrap_or_default(), sent))
 }
 
-/// Polls `pending` (how many are not done yet) until zero or `timeout`, printing progress
-/// every 5 s; returns what is still pending.
+/// Polls `pending` (how many are not done yet) until zero, or until it has not gone down for
+/// `timeout` (a slow provisioner, such as the Go build under its client's default 5 requests/s,
+/// is waited for as long as it makes progress), printing progress every 5 s; returns what is
+/// still pending.
 async fn wait_progress(
     env: &Env,
     spec: &Spec,
@@ -312,13 +338,17 @@ async fn wait_progress(
 ) -> usize {
     let started = Instant::now();
     let mut last_report = Instant::now();
+    let (mut fewest, mut last_progress) = (usize::MAX, Instant::now());
     loop {
         let left = env.observer.with(&pending);
         if left == 0 {
             return 0;
         }
-        if started.elapsed() > timeout {
-            eprintln!("bench: scenario {}: giving up after {:.0?} with {left} pending", spec.id, timeout);
+        if left < fewest {
+            (fewest, last_progress) = (left, Instant::now());
+        }
+        if last_progress.elapsed() > timeout {
+            eprintln!("bench: scenario {}: giving up, {left} pending and none done for {timeout:.0?}", spec.id);
             return left;
         }
         if last_report.elapsed() > Duration::from_secs(5) {

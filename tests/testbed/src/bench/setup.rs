@@ -17,6 +17,7 @@ use testbed::{ControlPlane, Options, Provisioner, ProvisionerSpec, SimNode, fixt
 use super::api_count::{AuditLog, BenchCalls, audit_policy};
 use super::args::Args;
 use super::observe::Observer;
+use super::peer::{PEER_SA_NAMESPACE, Peer, Side};
 use super::reference::{REFERENCE_CLASS, REFERENCE_PROVISIONER};
 
 pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
@@ -34,6 +35,10 @@ pub const WFFC_CLASS: &str = "bench-wffc";
 pub struct Env {
     pub observer: Observer,
     pub nodes: Vec<SimNode>,
+    /// With `--peer`: the Go build, run on the same nodes in turn with ours (`peer.rs`).
+    pub peer: Option<Peer>,
+    /// Which of the two serves the nodes now.
+    pub side: Side,
     pub cp: ControlPlane,
     pub client: Client,
     pub audit: AuditLog,
@@ -77,8 +82,9 @@ pub async fn start(args: &Args) -> Result<Env> {
     std::fs::create_dir_all(&scratch.0).with_context(|| format!("creating {}", scratch.0.display()))?;
     let policy = scratch.0.join("audit-policy.json");
     let audit_path = scratch.0.join("audit.log");
-    let group = format!("system:serviceaccounts:{SA_NAMESPACE}");
-    std::fs::write(&policy, serde_json::to_string_pretty(&audit_policy(&group))?)?;
+    // Ours and, with --peer, the Go build's accounts (`peer.rs`): one runs at a time.
+    let groups = [service_account_group(SA_NAMESPACE), service_account_group(PEER_SA_NAMESPACE)];
+    std::fs::write(&policy, serde_json::to_string_pretty(&audit_policy(&groups))?)?;
     let options = Options {
         // Never the bottleneck: the binder and the scheduler get far more than client-go's 20/30.
         controller_manager_qps: 2000,
@@ -115,6 +121,12 @@ pub async fn start(args: &Args) -> Result<Env> {
         nodes.push(add_node(&cp, &client, args, &node_name(i)).await?);
     }
     eprintln!("bench: {} provisioners ready", nodes.len());
+    let peer = match &args.peer {
+        Some(binary) => {
+            Some(Peer::prepare(&cp, &client, binary, &nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>()).await?)
+        }
+        None => None,
+    };
 
     let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(client.clone());
     for class in [
@@ -128,7 +140,19 @@ pub async fn start(args: &Args) -> Result<Env> {
     let audit = AuditLog::new(&audit_path);
     audit.mark()?;
     let epoch = std::time::Instant::now();
-    Ok(Env { observer, nodes, cp, client, audit, calls: Arc::default(), args: args.clone(), epoch, _scratch: scratch })
+    Ok(Env {
+        observer,
+        nodes,
+        peer,
+        side: Side::Ours,
+        cp,
+        client,
+        audit,
+        calls: Arc::default(),
+        args: args.clone(),
+        epoch,
+        _scratch: scratch,
+    })
 }
 
 /// A file of this repository, whatever the working directory.
@@ -156,13 +180,8 @@ pub async fn add_node_within(
     name: &str,
     ready_timeout: Duration,
 ) -> Result<SimNode> {
-    let account = ServiceAccount {
-        metadata: ObjectMeta { name: Some(name.to_string()), ..ObjectMeta::default() },
-        ..ServiceAccount::default()
-    };
-    Api::<ServiceAccount>::namespaced(client.clone(), SA_NAMESPACE).create(&PostParams::default(), &account).await?;
     let kubeconfig = cp.temp_dir().join(format!("{name}.kubeconfig"));
-    cp.write_kubeconfig_for_token(&token_for(client, name).await?, &kubeconfig)?;
+    cp.write_kubeconfig_for_token(&account_token(client, SA_NAMESPACE, name).await?, &kubeconfig)?;
     let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(cp, name), &kubeconfig)
         .env("RUST_LOG", &args.rust_log)
         .env("POD_NAMESPACE", DEPLOY_NAMESPACE);
@@ -182,31 +201,27 @@ pub async fn add_node_within(
 /// Binds the deploy ClusterRole, and the deploy Role of the node leases, to the group of all
 /// ServiceAccounts in [`SA_NAMESPACE`], so a node added later needs only its ServiceAccount.
 async fn bind_service_accounts(client: &Client) -> Result<()> {
-    let role_ref = |kind: &str| RoleRef {
-        api_group: Some("rbac.authorization.k8s.io".into()),
-        kind: kind.into(),
-        name: CLUSTER_ROLE.into(),
-    };
-    let subjects = Some(vec![Subject {
-        kind: "Group".into(),
-        name: format!("system:serviceaccounts:{SA_NAMESPACE}"),
-        api_group: Some("rbac.authorization.k8s.io".into()),
-        ..Subject::default()
-    }]);
+    let subjects = Some(vec![accounts_of(SA_NAMESPACE)]);
     let metadata = ObjectMeta { name: Some("hpp-bench-provisioners".into()), ..ObjectMeta::default() };
     let binding = ClusterRoleBinding {
         metadata: metadata.clone(),
-        role_ref: role_ref("ClusterRole"),
+        role_ref: role_ref("ClusterRole", CLUSTER_ROLE),
         subjects: subjects.clone(),
     };
     Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await?;
-    let binding = RoleBinding { metadata, role_ref: role_ref("Role"), subjects };
+    let binding = RoleBinding { metadata, role_ref: role_ref("Role", CLUSTER_ROLE), subjects };
     Api::<RoleBinding>::namespaced(client.clone(), DEPLOY_NAMESPACE).create(&PostParams::default(), &binding).await?;
     Ok(())
 }
 
-async fn token_for(client: &Client, account: &str) -> Result<String> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), SA_NAMESPACE);
+/// Creates ServiceAccount `namespace/account` and returns a token of it (valid a day).
+pub async fn account_token(client: &Client, namespace: &str, account: &str) -> Result<String> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let object = ServiceAccount {
+        metadata: ObjectMeta { name: Some(account.to_string()), ..ObjectMeta::default() },
+        ..ServiceAccount::default()
+    };
+    accounts.create(&PostParams::default(), &object).await?;
     let request = TokenRequest {
         spec: Some(TokenRequestSpec { expiration_seconds: Some(24 * 3600), ..Default::default() }),
         ..Default::default()
@@ -217,6 +232,25 @@ async fn token_for(client: &Client, account: &str) -> Result<String> {
         .status
         .and_then(|s| s.token)
         .context("a TokenRequest answer carries the token")
+}
+
+/// A reference to the `kind` (ClusterRole or Role) called `name`.
+pub fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: kind.into(), name: name.into() }
+}
+
+/// RBAC subject: every ServiceAccount of `namespace` (its group).
+pub fn accounts_of(namespace: &str) -> Subject {
+    Subject {
+        kind: "Group".into(),
+        name: service_account_group(namespace),
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        ..Subject::default()
+    }
+}
+
+pub fn service_account_group(namespace: &str) -> String {
+    format!("system:serviceaccounts:{namespace}")
 }
 
 /// Simulated nodes accept 110 pods; the WaitForFirstConsumer scenario needs more.

@@ -7,7 +7,9 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::api_count::{self, AuditCounts, Counts};
+use super::peer::Side;
 use super::procfs::{self, ProcSample};
+use super::report::per_volume;
 use super::setup::Env;
 
 /// State at the start of a window.
@@ -105,7 +107,7 @@ pub async fn close(env: &Env, opened: Opened) -> Result<Closed> {
 }
 
 fn samples(env: &Env) -> Result<Vec<ProcSample>> {
-    env.nodes.iter().map(|n| procfs::sample(n.provisioner.pid())).collect()
+    env.provisioner_pids().into_iter().map(procfs::sample).collect()
 }
 
 /// The control-plane components and the bench itself.
@@ -118,6 +120,9 @@ fn other_samples(env: &Env) -> Vec<(String, ProcSample)> {
 /// Per provisioner: totals of its [provision, delete] duration histograms.
 async fn histograms(env: &Env) -> Vec<[HistogramTotals; 2]> {
     let mut out = Vec::new();
+    if env.side != Side::Ours {
+        return out; // the Go build exports no metrics
+    }
     for node in &env.nodes {
         let text = node.provisioner.metrics().await.unwrap_or_default();
         let totals = |name: &str| {
@@ -145,6 +150,11 @@ pub async fn provisioner_request_metric(env: &Env) -> Option<String> {
 }
 
 impl Closed {
+    /// All the provisioners' requests in the window (audit) per volume.
+    pub fn requests_per_volume(&self, volumes: usize) -> Option<f64> {
+        per_volume(self.audit.total().values().sum(), volumes)
+    }
+
     pub fn provisioner_writes(&self, events: bool) -> u64 {
         api_count::sum(&self.audit.total(), |k| k.is_write() && k.is_event() == events)
     }

@@ -18,12 +18,16 @@
 //! cluster, 100 of them a fresh provisioner's; it stops kube-controller-manager and the other
 //! provisioners, so nothing runs after it. `--memory-only` runs only this.
 //!
+//! `--peer PATH` (`make bench-vs-go`) runs only a, b and c, each by ours then by the Go build
+//! this project replaces on the same nodes, and prints their ratios (`bench/vs_peer.rs`).
+//!
 //! Every figure is printed with its goal beside it and gathered in a table of goals at the end.
 //! Method notes: `bench/report.rs` (printed at the end).
 
 #[path = "../bench/mod.rs"]
 mod bench;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -38,10 +42,11 @@ use bench::plot::{self, Series};
 use bench::procfs::{self, ProcSample, mib};
 use bench::quota_latency::{self, QuotaLatency};
 use bench::reference::{REFERENCE_CLASS, Reference};
-use bench::report::{METHOD, Table, opt};
+use bench::report::{METHOD, Table, opt, per_volume};
 use bench::scale_curve;
 use bench::scenario::{self, Deleted, Mode, Provisioned, Spec};
-use bench::setup::{self, Env, IMMEDIATE_CLASS, WFFC_CLASS};
+use bench::setup::{self, Env, IMMEDIATE_CLASS};
+use bench::vs_peer;
 use bench::window::{self, Closed};
 
 #[tokio::main]
@@ -63,7 +68,7 @@ async fn main() -> ExitCode {
         Some(Err(err)) => {
             eprintln!("bench FAILED: {err:#}");
             if let Some(env) = &env {
-                env.nodes.iter().take(3).for_each(|n| eprintln!("--- {} ---\n{}", n.name, n.provisioner.log_tail(10)));
+                env.log_tails(3, 10).iter().for_each(|(name, tail)| eprintln!("--- {name} ---\n{tail}"));
             }
             ExitCode::FAILURE
         }
@@ -123,6 +128,15 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         if args.quick { " (quick)" } else { "" }
     );
     let env = slot.insert(setup::start(args).await?);
+    if args.peer.is_some() {
+        let runs = vs_peer::run(env).await?;
+        vs_peer::print(env, &runs);
+        write_json(&args.out, &json!({ "config": config_json(args), "vs_peer": vs_peer::json(env, &runs) }))?;
+        let svg = args.out.with_extension("svg");
+        std::fs::write(&svg, vs_peer::plot(env, &runs)).with_context(|| format!("writing {}", svg.display()))?;
+        println!("SVG: {}", svg.display());
+        return Ok(());
+    }
     if args.clones_only {
         let clones = clones::run(env).await?;
         print_clones(&clones);
@@ -142,18 +156,12 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     }
     let own_metric = window::provisioner_request_metric(env).await;
     let at_start = samples(env)?;
-    let specs = [
-        ("a", "provisionOnNode, Immediate", Mode::PinnedImmediate, IMMEDIATE_CLASS, Some(args.rate)),
-        ("b", "WaitForFirstConsumer, pods pinned", Mode::WaitForFirstConsumer, WFFC_CLASS, Some(args.rate)),
-        ("r", "as c, reference provisioner (the limit)", Mode::PinnedImmediate, REFERENCE_CLASS, None),
-        ("c", "provisionOnNode, burst", Mode::PinnedImmediate, IMMEDIATE_CLASS, None),
-    ];
     let mut scenarios: Vec<(Provisioned, Deleted)> = Vec::new();
     let mut idle = None;
     let mut reference_errors = Vec::new();
-    for (id, title, mode, class, rate) in specs {
-        let spec = Spec { id, title: title.to_string(), namespace: format!("bench-{id}"), mode, class, rate };
-        eprintln!("bench: scenario {id}: {title}");
+    for spec in scenario::standard(args.rate) {
+        let (id, class) = (spec.id, spec.class);
+        eprintln!("bench: scenario {id}: {}", spec.title);
         // Runs only during its own scenario, so it adds no watch to the others; a client of its
         // own, so it shares no connection with the bench's watches.
         let reference = (class == REFERENCE_CLASS).then(|| Reference::start(env.cp.admin_client()));
@@ -301,8 +309,10 @@ fn samples(env: &Env) -> Result<Vec<ProcSample>> {
 /// Copies every log out of the control plane's temp dir, which is removed on exit.
 fn save_logs(env: &Env, dir: &std::path::Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    let nodes = env.nodes.iter().map(|n| n.provisioner.log_path());
-    for source in nodes.chain(env.cp.log_paths().into_iter().map(|(_, p)| p)) {
+    let mut sources: Vec<PathBuf> = env.nodes.iter().map(|n| n.provisioner.log_path().to_owned()).collect();
+    sources.extend(env.peer.iter().flat_map(|p| p.log_paths()));
+    sources.extend(env.cp.log_paths().into_iter().map(|(_, p)| p.to_owned()));
+    for source in &sources {
         let name = source.file_name().context("log file name")?;
         std::fs::copy(source, dir.join(name)).with_context(|| format!("copying {}", source.display()))?;
     }
@@ -320,15 +330,6 @@ fn print_clones(clones: &Clones) {
 /// Issue 13, point 2: every request of the provisioners (reads, writes, events) per volume.
 const PROVISION_REQUESTS_GOAL: f64 = 2.0;
 const DELETE_REQUESTS_GOAL: f64 = 1.5;
-
-/// All the provisioners' requests in `window` (audit) per volume.
-fn requests_per_volume(window: &Closed, volumes: usize) -> Option<f64> {
-    per_volume(window.audit.total().values().sum(), volumes)
-}
-
-fn per_volume(count: u64, volumes: usize) -> Option<f64> {
-    (volumes > 0).then(|| count as f64 / volumes as f64)
-}
 
 fn print_results(env: &Env, all: &Results) {
     let (results, idle, many) = (&all.scenarios, &all.idle, &all.many);
@@ -373,7 +374,7 @@ fn print_results(env: &Env, all: &Results) {
     });
     add("prov. event writes/volume", &|p, _| opt(per_volume(p.window.provisioner_writes(true), p.sent.len()), 2));
     add(&format!("prov. requests/volume (all; goal <= {PROVISION_REQUESTS_GOAL})"), &|p, _| {
-        opt(requests_per_volume(&p.window, p.sent.len()), 2)
+        opt(p.window.requests_per_volume(p.sent.len()), 2)
     });
     add("prov. failed requests (>=400)", &|p, _| p.window.audit.failed_total().to_string());
     add("events: objects / occurrences", &|p, _| {
@@ -405,7 +406,7 @@ fn print_results(env: &Env, all: &Results) {
         opt(per_volume(d.window.provisioner_writes(true), p.sent.len()), 2)
     });
     add(&format!("deletion: prov. requests/vol (all; goal <= {DELETE_REQUESTS_GOAL})"), &|p, d| {
-        opt(requests_per_volume(&d.window, p.sent.len()), 2)
+        opt(d.window.requests_per_volume(p.sent.len()), 2)
     });
     add("deletion: PVs left at timeout", &|_, d| d.remaining.to_string());
     table.print();
@@ -598,7 +599,7 @@ fn targets(env: &Env, all: &Results) -> Vec<(String, String, String)> {
             .iter()
             .filter_map(|(p, d)| {
                 let window = if deletion { &d.window } else { &p.window };
-                Some((p.spec.id, requests_per_volume(window, p.sent.len())?))
+                Some((p.spec.id, window.requests_per_volume(p.sent.len())?))
             })
             .collect();
         let worst = per.iter().map(|(_, v)| *v).fold(0.0, f64::max);
@@ -714,6 +715,7 @@ fn config_json(args: &Args) -> Value {
         "files": args.files, "idle_s": args.idle_secs, "quick": args.quick, "rust_log": args.rust_log,
         "provisioner_env": args.provisioner_env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
         "provisioner": args.provisioner,
+        "peer": args.peer,
         "scale_curve": args.scale_curve,
         "memory_claims": args.memory_claims,
         "grow_to": args.grow_to,
