@@ -158,10 +158,11 @@ async fn still_running_with_their_data(ctx: &Ctx, ns: &str, names: &[&str]) -> R
     Ok(())
 }
 
-/// On each node, stops the pod of `name-N`, deletes its claim and waits until the PV and the
-/// directory in that node's pool are gone.
+/// On each node at once, stops the pod of `name-N`, deletes its claim and waits until the PV
+/// and the directory in that node's pool are gone.
 async fn reclaim_on_each_node(ctx: &Ctx, ns: &str, name: &str) -> Result<()> {
-    for (node, suffix) in real_nodes(ctx).iter().zip(["-1", "-2"]) {
+    let nodes = real_nodes(ctx);
+    let each = nodes.iter().zip(["-1", "-2"]).map(|(node, suffix)| async move {
         let claim = format!("{name}{suffix}");
         ctx.lane.delete_pod(ns, &claim).await?;
         let dir = dir_on(ctx, node, ns, &claim).await?;
@@ -174,18 +175,20 @@ async fn reclaim_on_each_node(ctx: &Ctx, ns: &str, name: &str) -> Result<()> {
             anyhow::Ok((pvs.get_opt(&pv).await?.is_none() && !dir.exists()).then_some(()))
         })
         .await
-        .map_err(|e| e.context(ctx.provisioner_logs()))?;
-    }
+        .map_err(|e| e.context(ctx.provisioner_logs()))
+    });
+    futures::future::try_join_all(each).await?;
     Ok(())
 }
 
-/// A claim `name-N` with its writer on each node, in turn.
+/// A claim `name-N` with its writer on each node, both nodes at once (each node's provisioner
+/// serves its own claims), in node order.
 async fn claims_with_writers(ctx: &Ctx, ns: &str, name: &str, pinned: bool) -> Result<Vec<PersistentVolume>> {
-    let mut pvs = Vec::new();
-    for (node, suffix) in real_nodes(ctx).iter().zip(["-1", "-2"]) {
-        pvs.push(claim_with_writer(ctx, ns, &format!("{name}{suffix}"), node, pinned).await?);
-    }
-    Ok(pvs)
+    let nodes = real_nodes(ctx);
+    let each = nodes.iter().zip(["-1", "-2"]).map(|(node, suffix)| async move {
+        claim_with_writer(ctx, ns, &format!("{name}{suffix}"), node, pinned).await
+    });
+    futures::future::try_join_all(each).await
 }
 
 /// Each node's pool root as the host has it, and its entries (the trash aside).
@@ -235,9 +238,9 @@ pub(super) async fn a_swap_from_the_go_build_to_this_one_and_back_loses_and_orph
         }
     }
     roll_to_go(ctx, &go, true).await?;
-    for (node, suffix) in real_nodes(ctx).iter().zip(["-1", "-2"]) {
+    let prefixed = claims_with_writers(ctx, &ns, "go-prefixed", false).await?;
+    for ((node, suffix), pv) in real_nodes(ctx).iter().zip(["-1", "-2"]).zip(prefixed) {
         let name = format!("go-prefixed{suffix}");
-        let pv = claim_with_writer(ctx, &ns, &name, node, false).await?;
         ensure!(!made_by_us(&pv), "{name}: made by the Go build");
         let dir = dir_on(ctx, node, &ns, &name).await?;
         let base = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
