@@ -58,7 +58,7 @@ use two_nodes::{
 };
 #[path = "real_nodes/swap.rs"]
 mod swap;
-use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing;
+use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes;
 
 /// Suffix of the scenarios that run with the second real node; the others run without it.
 const TWO_NODES: &str = "_two_nodes";
@@ -96,8 +96,8 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes,
         an_every_node_volume_gives_each_nodes_pod_its_own_directory_two_nodes,
         a_daemonset_rollout_across_two_nodes_loses_nothing_two_nodes,
-        // Last: it replaces the DaemonSet twice.
-        a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing,
+        // Last: it replaces the DaemonSet twice, on both nodes.
+        a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes,
     ];
     let selected: Vec<_> =
         scenarios.iter().filter(|(name, _)| filter.as_deref().is_none_or(|f| name.contains(f))).collect();

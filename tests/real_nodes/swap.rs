@@ -1,11 +1,15 @@
-//! The drop-in promise on a real node: the Go provisioner this project replaces, built from its
-//! source (hack/build-go-legacy.sh) and deployed with its own upstream manifest, provisions
-//! volumes that real pods use; `kubectl apply -k deploy/legacy` replaces it in place while the
-//! pods keep running; this build serves new claims and reclaims the Go-made volumes; rolling
-//! back to the Go DaemonSet (docs/migrating.md, "Rolling back") serves and reclaims again,
-//! this build's volumes included; nothing is orphaned in either direction.
+//! The drop-in promise on two real nodes: the Go provisioner this project replaces, built from
+//! its source (hack/build-go-legacy.sh) and deployed with its own upstream manifest, runs a pod
+//! on each node and provisions volumes that real pods on each node use; `kubectl apply -k
+//! deploy/legacy` replaces it in place, node after node, while the pods keep running; this
+//! build serves new claims on both nodes and reclaims the Go-made volumes, each in its own
+//! node's pool; rolling back to the Go DaemonSet (docs/migrating.md, "Rolling back") serves and
+//! reclaims again on both nodes, this build's volumes included; nothing is orphaned on either
+//! node in either direction. The second node (`real-node-2`) has its own directory at the pool
+//! root, so a volume made on it is found, and must be gone, there and not in node 1's.
 
 use super::*;
+use testbed::real_nodes::NODE2_NAME;
 
 /// The Go build's image, as the lane imports it (never pulled).
 const GO_IMAGE: &str = "kubevirt/hostpath-provisioner-go:7c142255";
@@ -59,31 +63,62 @@ async fn roll_to_go(ctx: &Ctx, go: &Path, naming_prefix: bool) -> Result<()> {
     only_pods_of(ctx, GO_IMAGE).await
 }
 
-/// Waits until the one provisioner pod left runs `image` (the replaced one may still be
-/// terminating when the DaemonSet reports the rollout done).
+/// The two real nodes, node 1 first.
+fn real_nodes(ctx: &Ctx) -> [String; 2] {
+    [ctx.lane.node_name().to_owned(), NODE2_NAME.to_owned()]
+}
+
+/// Waits until the provisioner pods left are one per real node, each running `image` (a
+/// replaced one may still be terminating when the DaemonSet reports the rollout done).
 async fn only_pods_of(ctx: &Ctx, image: &str) -> Result<()> {
-    testbed::wait_for(&format!("only {image} runs"), LANE_TIMEOUT, || async {
+    let nodes = real_nodes(ctx);
+    testbed::wait_for(&format!("only {image} runs, one pod on each of {nodes:?}"), LANE_TIMEOUT, || async {
         let pods = ctx.provisioner_pods().await?;
         let images: Vec<_> = pods.iter().filter_map(|p| p.spec.as_ref()?.containers[0].image.clone()).collect();
-        anyhow::Ok((images == [image]).then_some(()))
+        let mut on: Vec<&str> = pods.iter().filter_map(|p| p.spec.as_ref()?.node_name.as_deref()).collect();
+        on.sort_unstable();
+        anyhow::Ok((images == [image, image] && on == nodes).then_some(()))
     })
     .await
 }
 
-/// A claim (`pinned`: the Go deploy's Immediate class with `kubevirt.io/provisionOnNode`; else
-/// the WaitForFirstConsumer class) and a pod that writes its name into it and keeps running.
-async fn claim_with_writer(ctx: &Ctx, ns: &str, name: &str, pinned: bool) -> Result<PersistentVolume> {
+/// The directory of `claim`'s volume on the host, as `node` has it (node 2's pool root is a
+/// directory of its own).
+async fn dir_on(ctx: &Ctx, node: &str, ns: &str, claim: &str) -> Result<PathBuf> {
+    Ok(ctx.lane.host_path_on(node, &ctx.lane.volume_dir(ns, claim).await?))
+}
+
+/// The claim's volume is `node`'s: its PV is pinned there and its directory is in that node's
+/// pool and not at the same path in the other node's.
+async fn on_its_node(ctx: &Ctx, node: &str, ns: &str, claim: &str) -> Result<PathBuf> {
+    let pv = ctx.pv_of(ns, claim).await?;
+    let affinity = serde_json::to_string(&pv.spec.as_ref().and_then(|s| s.node_affinity.clone()))?;
+    ensure!(affinity.contains(&format!("\"{node}\"")), "{claim}'s PV pinned to {node}: {affinity}");
+    let dir = dir_on(ctx, node, ns, claim).await?;
+    ensure!(dir.is_dir(), "{claim}'s directory {} in {node}'s pool", dir.display());
+    for other in real_nodes(ctx).iter().filter(|n| *n != node) {
+        let elsewhere = dir_on(ctx, other, ns, claim).await?;
+        ensure!(!elsewhere.exists(), "{claim} made on {node} only, yet {} exists", elsewhere.display());
+    }
+    Ok(dir)
+}
+
+/// A claim on `node` (`pinned`: the Go deploy's Immediate class with `kubevirt.io/provisionOnNode`
+/// naming the node; else the WaitForFirstConsumer class, placed by its pod's nodeSelector) and a
+/// pod on that node that writes its name into it and keeps running.
+async fn claim_with_writer(ctx: &Ctx, ns: &str, name: &str, node: &str, pinned: bool) -> Result<PersistentVolume> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
     let claim = if pinned {
-        fixtures::claim(ns, name, GO_CLASS, "16Mi").provision_on_node(ctx.lane.node_name()).build()
+        fixtures::claim(ns, name, GO_CLASS, "16Mi").provision_on_node(node).build()
     } else {
         fixtures::claim(ns, name, CLASS, "16Mi").build()
     };
     claims.create(&PostParams::default(), &claim).await?;
     let script = format!("echo {name} > /data/{name} && sleep 3600");
-    ctx.lane.run_pod(&PodRun::new(ns, name, &script).claim(name).keep_running()).await?;
+    let writer = PodRun::new(ns, name, &script).claim(name).on_node(node).keep_running();
+    ctx.lane.run_pod(&writer).await.map_err(|e| e.context(ctx.provisioner_logs()))?;
     let pv = ctx.pv_of(ns, name).await?;
-    let dir = ctx.lane.volume_dir(ns, name).await?;
+    let dir = on_its_node(ctx, node, ns, name).await?;
     testbed::wait_for(&format!("{name} written"), LANE_TIMEOUT, || async {
         anyhow::Ok(
             (std::fs::read_to_string(dir.join(name)).ok().as_deref() == Some(&format!("{name}\n"))).then_some(()),
@@ -101,30 +136,76 @@ fn annotation<'a>(pv: &'a PersistentVolume, key: &str) -> Option<&'a str> {
     pv.metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
-/// The pods still run, never restarted, and their data is where it was.
+/// The pods still run on their node, never restarted, and their data is where it was, in
+/// their node's pool.
 async fn still_running_with_their_data(ctx: &Ctx, ns: &str, names: &[&str]) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), ns);
-    for name in names {
-        let status = pods.get(name).await?.status.context("status")?;
-        ensure!(status.phase.as_deref() == Some("Running"), "{name} still running");
-        let restarts: i32 = status.container_statuses.iter().flatten().map(|c| c.restart_count).sum();
-        ensure!(restarts == 0, "{name} restarted {restarts} times");
-        let dir = ctx.lane.volume_dir(ns, name).await?;
-        ensure!(std::fs::read_to_string(dir.join(name))? == format!("{name}\n"), "{name}'s data kept");
-        let pv = ctx.pv_of(ns, name).await?;
-        ensure!(pv.status.and_then(|s| s.phase).as_deref() == Some("Bound"), "{name}'s PV still Bound");
+    for (node, suffix) in real_nodes(ctx).iter().zip(["-1", "-2"]) {
+        for name in names.iter().map(|n| format!("{n}{suffix}")) {
+            let pod = pods.get(&name).await?;
+            let ran_on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
+            ensure!(ran_on == node, "{name} runs on {node}, not {ran_on:?}");
+            let status = pod.status.context("status")?;
+            ensure!(status.phase.as_deref() == Some("Running"), "{name} still running");
+            let restarts: i32 = status.container_statuses.iter().flatten().map(|c| c.restart_count).sum();
+            ensure!(restarts == 0, "{name} restarted {restarts} times");
+            let dir = on_its_node(ctx, node, ns, &name).await?;
+            ensure!(std::fs::read_to_string(dir.join(&name))? == format!("{name}\n"), "{name}'s data kept");
+            let pv = ctx.pv_of(ns, &name).await?;
+            ensure!(pv.status.and_then(|s| s.phase).as_deref() == Some("Bound"), "{name}'s PV still Bound");
+        }
     }
     Ok(())
 }
 
-/// Stops the pod, deletes its claim and waits until the PV and the directory are gone.
-async fn reclaim(ctx: &Ctx, ns: &str, name: &str) -> Result<()> {
-    ctx.lane.delete_pod(ns, name).await?;
-    ctx.delete_claim_and_wait_reclaimed(ns, name).await?;
+/// On each node at once, stops the pod of `name-N`, deletes its claim and waits until the PV
+/// and the directory in that node's pool are gone.
+async fn reclaim_on_each_node(ctx: &Ctx, ns: &str, name: &str) -> Result<()> {
+    let nodes = real_nodes(ctx);
+    let each = nodes.iter().zip(["-1", "-2"]).map(|(node, suffix)| async move {
+        let claim = format!("{name}{suffix}");
+        ctx.lane.delete_pod(ns, &claim).await?;
+        let dir = dir_on(ctx, node, ns, &claim).await?;
+        let pv = ctx.pv_of(ns, &claim).await?.metadata.name.unwrap_or_default();
+        Api::<PersistentVolumeClaim>::namespaced(ctx.lane.client(), ns)
+            .delete(&claim, &DeleteParams::default())
+            .await?;
+        let pvs: Api<PersistentVolume> = Api::all(ctx.lane.client());
+        testbed::wait_for(&format!("PV {pv} and {} on {node} gone", dir.display()), LANE_TIMEOUT, || async {
+            anyhow::Ok((pvs.get_opt(&pv).await?.is_none() && !dir.exists()).then_some(()))
+        })
+        .await
+        .map_err(|e| e.context(ctx.provisioner_logs()))
+    });
+    futures::future::try_join_all(each).await?;
     Ok(())
 }
 
-pub(super) async fn a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing(ctx: &Ctx) -> Result<()> {
+/// A claim `name-N` with its writer on each node, both nodes at once (each node's provisioner
+/// serves its own claims), in node order.
+async fn claims_with_writers(ctx: &Ctx, ns: &str, name: &str, pinned: bool) -> Result<Vec<PersistentVolume>> {
+    let nodes = real_nodes(ctx);
+    let each = nodes.iter().zip(["-1", "-2"]).map(|(node, suffix)| async move {
+        claim_with_writer(ctx, ns, &format!("{name}{suffix}"), node, pinned).await
+    });
+    futures::future::try_join_all(each).await
+}
+
+/// Each node's pool root as the host has it, and its entries (the trash aside).
+fn pools(ctx: &Ctx) -> Vec<(String, PathBuf, Vec<String>)> {
+    real_nodes(ctx)
+        .into_iter()
+        .map(|node| {
+            let pool = ctx.lane.host_path_on(&node, ctx.lane.pool_root());
+            let names = entries(&pool);
+            (node, pool, names)
+        })
+        .collect()
+}
+
+pub(super) async fn a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes(
+    ctx: &Ctx,
+) -> Result<()> {
     // The Go source archive is not served by any registry this project can reach: a machine
     // without it cannot run this scenario, and says so loudly (.ci/run finds it on CI).
     if std::env::var_os("HPP_GO_LEGACY_ARCHIVE").is_none() && go_build(&ctx.repo).is_err() {
@@ -133,58 +214,70 @@ pub(super) async fn a_swap_from_the_go_build_to_this_one_and_back_loses_and_orph
     }
     let go = go_build(&ctx.repo)?;
     let started = Instant::now();
-    ctx.deployed().await?;
+    super::two_nodes::two_nodes(ctx).await?;
+    let pools_before = pools(ctx);
+    // The lane imports into every node's containerd, the second node's included.
     let archive = images::image_dir(&ctx.repo).join("go-legacy.oci.tar");
     images::provisioner_image(&go.join("kubevirt-legacy-provisioner"), GO_IMAGE).write(&archive)?;
     ctx.lane.import_image(&archive)?;
     let ns = ctx.namespace("swap").await?;
     let mut timings = Vec::new();
 
-    // The Go build as upstream deploys it, naming prefix off then on: both placements.
+    // The Go build as upstream deploys it, naming prefix off then on: both placements on both
+    // nodes (claims and pods are named `<what>-<node number>`).
     roll_to_go(ctx, &go, false).await?;
     timings.push(("to the Go build", started.elapsed()));
     for (name, pinned) in [("go-wffc", false), ("go-pinned", true)] {
-        let pv = claim_with_writer(ctx, &ns, name, pinned).await?;
-        ensure!(!made_by_us(&pv), "{name}: made by the Go build");
-        ensure!(annotation(&pv, "hostPathProvisionerIdentity") == Some(PROVISIONER), "{name}: Go's identity");
-        let dir = ctx.lane.volume_dir(&ns, name).await?;
-        let base = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
-        ensure!(base.starts_with("pvc-"), "{name}: no naming prefix: {base}");
+        for pv in claims_with_writers(ctx, &ns, name, pinned).await? {
+            let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+            ensure!(!made_by_us(&pv), "{name}: {pv_name} made by the Go build");
+            ensure!(annotation(&pv, "hostPathProvisionerIdentity") == Some(PROVISIONER), "{name}: Go's identity");
+            let path = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.clone());
+            let base = path.as_deref().and_then(|p| Path::new(p).file_name()).unwrap_or_default().to_string_lossy();
+            ensure!(base.starts_with("pvc-"), "{name}: no naming prefix: {base}");
+        }
     }
     roll_to_go(ctx, &go, true).await?;
-    let pv = claim_with_writer(ctx, &ns, "go-prefixed", false).await?;
-    ensure!(!made_by_us(&pv), "go-prefixed: made by the Go build");
-    let dir = ctx.lane.volume_dir(&ns, "go-prefixed").await?;
-    ensure!(dir.file_name().unwrap_or_default().to_string_lossy().starts_with("go-prefixed-pvc-"), "prefixed: {dir:?}");
+    let prefixed = claims_with_writers(ctx, &ns, "go-prefixed", false).await?;
+    for ((node, suffix), pv) in real_nodes(ctx).iter().zip(["-1", "-2"]).zip(prefixed) {
+        let name = format!("go-prefixed{suffix}");
+        ensure!(!made_by_us(&pv), "{name}: made by the Go build");
+        let dir = dir_on(ctx, node, &ns, &name).await?;
+        let base = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        ensure!(base.starts_with(&format!("{name}-pvc-")), "prefixed: {dir:?}");
+    }
 
-    // This build over it, as docs/migrating.md says: the pods keep running.
+    // This build over it, as docs/migrating.md says: the pods keep running on both nodes.
     let swap = Instant::now();
     let ours = ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
     only_pods_of(ctx, &ours).await?;
     timings.push(("Go build to this one", swap.elapsed()));
-    let go_made = ["go-wffc", "go-pinned", "go-prefixed"];
-    still_running_with_their_data(ctx, &ns, &go_made).await?;
+    still_running_with_their_data(ctx, &ns, &["go-wffc", "go-pinned", "go-prefixed"]).await?;
     for (name, pinned) in [("ours-wffc", false), ("ours-pinned", true)] {
-        let pv = claim_with_writer(ctx, &ns, name, pinned).await?;
-        ensure!(made_by_us(&pv), "{name}: made by this build");
+        for pv in claims_with_writers(ctx, &ns, name, pinned).await? {
+            ensure!(made_by_us(&pv), "{name}: {:?} made by this build", pv.metadata.name);
+        }
     }
-    // The Go-made volumes are reclaimed by this build, prefixed or not.
-    reclaim(ctx, &ns, "go-wffc").await?;
-    reclaim(ctx, &ns, "go-prefixed").await?;
+    // The Go-made volumes are reclaimed by this build on each node, prefixed or not.
+    reclaim_on_each_node(ctx, &ns, "go-wffc").await?;
+    reclaim_on_each_node(ctx, &ns, "go-prefixed").await?;
 
-    // Back to the Go build: it serves, and reclaims this build's volumes and its own.
+    // Back to the Go build: it serves, and reclaims this build's volumes and its own, on both
+    // nodes.
     let back = Instant::now();
     roll_to_go(ctx, &go, false).await?;
     timings.push(("back to the Go build", back.elapsed()));
     still_running_with_their_data(ctx, &ns, &["go-pinned", "ours-wffc", "ours-pinned"]).await?;
-    let pv = claim_with_writer(ctx, &ns, "go-again", true).await?;
-    ensure!(!made_by_us(&pv), "go-again: made by the Go build");
+    for pv in claims_with_writers(ctx, &ns, "go-again", true).await? {
+        ensure!(!made_by_us(&pv), "go-again: {:?} made by the Go build", pv.metadata.name);
+    }
     for name in ["ours-wffc", "ours-pinned", "go-pinned", "go-again"] {
-        reclaim(ctx, &ns, name).await?;
+        reclaim_on_each_node(ctx, &ns, name).await?;
     }
 
     // Nothing orphaned: no PV of the namespace is left, every directory went with its claim
-    // (checked by each reclaim), and what this build moved to its trash is purged.
+    // (checked by each reclaim), each node's pool holds what it held before, and what this
+    // build moved to each node's trash is purged.
     let pvs = Api::<PersistentVolume>::all(ctx.lane.client()).list(&ListParams::default()).await?.items;
     let left: Vec<_> = pvs
         .iter()
@@ -195,15 +288,19 @@ pub(super) async fn a_swap_from_the_go_build_to_this_one_and_back_loses_and_orph
         .filter_map(|pv| pv.metadata.name.clone())
         .collect();
     ensure!(left.is_empty(), "PVs left: {left:?}");
-    let trash = ctx.lane.pool_root().join(".hpp-trash");
-    testbed::wait_for("the trash purged", LANE_TIMEOUT, || async {
-        anyhow::Ok(entries(&trash).is_empty().then_some(()))
-    })
-    .await
-    .with_context(|| format!("left in the trash: {:?}", entries(&trash)))?;
+    for ((node, pool, before), (_, _, after)) in pools_before.iter().zip(pools(ctx)) {
+        ensure!(*before == after, "{node}'s pool {} held {before:?}, now {after:?}", pool.display());
+        let trash = pool.join(".hpp-trash");
+        testbed::wait_for(&format!("{node}'s trash purged"), LANE_TIMEOUT, || async {
+            anyhow::Ok(entries(&trash).is_empty().then_some(()))
+        })
+        .await
+        .with_context(|| format!("left in {node}'s trash: {:?}", entries(&trash)))?;
+    }
 
     // This build again, as the lane began.
     ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
+    only_pods_of(ctx, &ours).await?;
     for (step, took) in timings {
         println!("    {step}: rolled out in {:.1} s", took.as_secs_f64());
     }

@@ -17,7 +17,7 @@ use super::Ctx;
 
 /// Deploys if needed, starts the second node and waits until the DaemonSet runs a ready pod
 /// on each node.
-async fn two_nodes(ctx: &Ctx) -> Result<String> {
+pub(super) async fn two_nodes(ctx: &Ctx) -> Result<String> {
     let image = ctx.deployed().await?;
     if !ctx.lane.has_second_node() {
         let started = Instant::now();
