@@ -1,0 +1,5 @@
+//! The operator's decisions: the `HostPathProvisioner` resource ([`resource`]), the objects a
+//! resource makes ([`render`]), the status it reports ([`status`]), and which operator replica
+//! acts ([`lease`]). Pure: the I/O is in `crate::operating`.
+
+pub mod resource;
