@@ -2,4 +2,5 @@
 //! resource makes ([`render`]), the status it reports ([`status`]), and which operator replica
 //! acts ([`lease`]). Pure: the I/O is in `crate::operating`.
 
+pub mod render;
 pub mod resource;
