@@ -2,5 +2,7 @@
 //! resource makes ([`render`]), the status it reports ([`status`]), and which operator replica
 //! acts ([`lease`]). Pure: the I/O is in `crate::operating`.
 
+pub mod lease;
 pub mod render;
 pub mod resource;
+pub mod status;
