@@ -9,10 +9,14 @@ use kube::config::KubeConfigOptions;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // `hostpath-provisioner doctor ...` is the node health report; anything else is the daemon,
+    // `hostpath-provisioner doctor ...` is the node health report, `operator` the operator of
+    // HostPathProvisioner resources (src/operating); anything else is the daemon,
     // whose command line takes no positional argument.
     if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::doctor::SUBCOMMAND) {
         std::process::exit(hostpath_provisioner::doctor::main(std::env::args_os().skip(1)).await);
+    }
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::operating::SUBCOMMAND) {
+        std::process::exit(hostpath_provisioner::operating::main(std::env::args_os().skip(1)).await);
     }
     let configured = Args::parse()
         .validate()

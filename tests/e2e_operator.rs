@@ -6,14 +6,20 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use common::*;
-use kube::api::{Api, DynamicObject, PostParams};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
-const CRD: &str = "deploy/operator/crd.yaml";
+/// deploy/operator's namespace and the operator's ServiceAccount.
+const OPERATOR_NAMESPACE: &str = "hostpath-provisioner";
+const OPERATOR_ACCOUNT: &str = "hostpath-provisioner-operator";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -23,12 +29,12 @@ fn kubectl(env: &TestEnv, args: &[&str]) -> String {
     env.cp.run_kubectl(&repo(), args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// Applies the CRD (idempotent; the tests of this binary share a control plane) and waits until
-/// the API server serves it.
+/// Applies deploy/operator, CRD included (idempotent, one at a time: the tests of this binary
+/// share a control plane), and waits until the API server serves the CRD.
 fn apply_crd(env: &TestEnv) {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    kubectl(env, &["apply", "--server-side", "-f", CRD]);
+    kubectl(env, &["apply", "--server-side", "-k", "deploy/operator"]);
     kubectl(
         env,
         &[
@@ -134,4 +140,255 @@ async fn crd_refuses_bad_resources_with_a_message_saying_what_to_change() {
     for spec in fine {
         try_create(&env, &resource("fine", spec.clone())).await.unwrap_or_else(|e| panic!("{spec} refused: {e}"));
     }
+}
+
+/// The operator process, stopped (SIGTERM, then SIGKILL) when dropped; its log is kept in a
+/// file and printed when the test fails.
+struct Operator {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl Operator {
+    /// Runs `hostpath-provisioner operator` in deploy/operator's namespace with a token of its
+    /// ServiceAccount: exactly the rights of deploy/operator/rbac.yaml.
+    async fn start(env: &TestEnv, image: &str) -> Operator {
+        let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+            ..Default::default()
+        };
+        let token = accounts
+            .create_token_request(OPERATOR_ACCOUNT, &PostParams::default(), &request)
+            .await
+            .expect("TokenRequest")
+            .status
+            .and_then(|s| s.token)
+            .expect("a token");
+        let kubeconfig = env.cp.temp_dir().join(format!("{}-operator.kubeconfig", env.group));
+        env.cp.write_kubeconfig_for_token(&token, &kubeconfig).expect("kubeconfig");
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-operator.log", env.ns));
+        let file = std::fs::File::create(&log).expect("operator log");
+        let child = std::process::Command::new(binary())
+            .args(["operator", "--namespace", OPERATOR_NAMESPACE, "--node-image", image, "--lease-seconds", "6"])
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env("RUST_LOG", "info,hostpath_provisioner=debug")
+            .env_remove("POD_NAME")
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file)
+            .spawn()
+            .expect("start the operator");
+        Operator { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        for _ in 0..50 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- operator log ---\n{}", self.log());
+        }
+    }
+}
+
+const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+const NODE_DAEMONSET: &str = "kubevirt-hostpath-provisioner";
+
+/// The node DaemonSet's container env as NAME=VALUE lines, and its pull policy and image.
+fn node_container(daemonset: &DaemonSet) -> (BTreeMap<String, String>, Option<String>, Option<String>) {
+    let pod = daemonset.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("pod spec");
+    let container = pod.containers.iter().find(|c| c.name == NODE_DAEMONSET).expect("node container");
+    let env = container.env.iter().flatten().filter_map(|e| Some((e.name.clone(), e.value.clone()?))).collect();
+    (env, container.image.clone(), container.image_pull_policy.clone())
+}
+
+async fn wait_daemonset(env: &TestEnv, what: &str, done: impl Fn(&DaemonSet) -> bool) -> DaemonSet {
+    let api: Api<DaemonSet> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+    testbed::wait_for(what, WAIT, || {
+        let api = api.clone();
+        let done = &done;
+        async move { api.get_opt(NODE_DAEMONSET).await.map(|d| d.filter(|d| done(d))) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn condition<'a>(object: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
+    object.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+}
+
+async fn wait_resource(env: &TestEnv, name: &str, what: &str, done: impl Fn(&DynamicObject) -> bool) -> DynamicObject {
+    let api = resources(env);
+    testbed::wait_for(what, WAIT, || {
+        let api = api.clone();
+        let done = &done;
+        async move { api.get_opt(name).await.map(|r| r.filter(|r| done(r))) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// One test for the whole life of a resource: a cluster has one acting resource, and the tests
+/// of this binary share a control plane.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
+    let env = TestEnv::start("hpp-operator", 0).await;
+    apply_crd(&env);
+    let operator = Operator::start(&env, "registry.example/hostpath-provisioner:e2e").await;
+    let name = env.group.clone();
+    let example = repo().join("deploy/operator/examples/storage-pool.yaml");
+    let mut resource: DynamicObject =
+        serde_saphyr::from_str(&std::fs::read_to_string(example).expect("example")).expect("example parses");
+    resource.metadata.name = Some(name.clone());
+    resources(&env).create(&PostParams::default(), &resource).await.expect("create the resource");
+
+    // The storage pool example: one pool, the operator's image, the resource's pull policy.
+    let daemonset = wait_daemonset(&env, "the node DaemonSet", |_| true).await;
+    let (vars, image, pull) = node_container(&daemonset);
+    assert_eq!(vars.get("STORAGE_POOLS").map(String::as_str), Some("local=/var/hpvolumes"));
+    assert!(!vars.contains_key("PV_DIR"));
+    assert_eq!(image.as_deref(), Some("registry.example/hostpath-provisioner:e2e"));
+    assert_eq!(pull.as_deref(), Some("Always"));
+    let owner = &daemonset.metadata.owner_references.as_ref().expect("owner")[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("HostPathProvisioner", name.as_str()));
+    let selector = format!("hostpathprovisioner.kubevirt.io/resource={name}");
+    for kind in ["serviceaccount", "role", "rolebinding"] {
+        let made = kubectl(&env, &["get", "-n", OPERATOR_NAMESPACE, kind, "-o", "name", "-l", &selector]);
+        assert_eq!(made.lines().count(), 1, "{kind}: {made}");
+    }
+    let labelled = kubectl(
+        &env,
+        &[
+            "get",
+            "clusterrole,clusterrolebinding",
+            "-o",
+            "name",
+            "-l",
+            &format!("hostpathprovisioner.kubevirt.io/resource={name}"),
+        ],
+    );
+    assert_eq!(labelled.lines().count(), 2, "{labelled}");
+    let reported = wait_resource(&env, &name, "a status", |r| condition(r, "Degraded").is_some()).await;
+    assert_eq!(condition(&reported, "Degraded").expect("Degraded")["status"], "False", "{:#}", reported.data["status"]);
+    assert_eq!(reported.data["status"]["storagePoolStatuses"][0]["name"], "local");
+    assert_eq!(reported.data["status"]["operatorVersion"], env!("CARGO_PKG_VERSION"));
+    assert!(reported.metadata.finalizers.iter().flatten().any(|f| f == "hostpathprovisioner.kubevirt.io/cleanup"));
+
+    // Editing the resource rolls the DaemonSet: a new pool is a new template.
+    let generation = daemonset.metadata.generation.expect("generation");
+    let patch = json!({"spec": {"storagePools": [
+        {"name": "local", "path": "/var/hpvolumes"},
+        {"name": "fast", "path": "/mnt/fast"},
+    ]}});
+    resources(&env).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("add a pool");
+    let rolled = wait_daemonset(&env, "the second pool in the DaemonSet", |d| {
+        node_container(d).0.get("STORAGE_POOLS").map(String::as_str) == Some("local=/var/hpvolumes,fast=/mnt/fast")
+    })
+    .await;
+    assert!(rolled.metadata.generation.expect("generation") > generation, "the template changed");
+
+    // The legacy form: PV_DIR and the naming prefix, no named pools.
+    let patch = json!({"spec": {"storagePools": null, "pathConfig": {"path": "/srv/hp", "useNamingPrefix": true}}});
+    resources(&env).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("to pathConfig");
+    let legacy = wait_daemonset(&env, "the legacy layout", |d| {
+        node_container(d).0.get("PV_DIR").map(String::as_str) == Some("/srv/hp")
+    })
+    .await;
+    let (vars, _, _) = node_container(&legacy);
+    assert_eq!(vars.get("USE_NAMING_PREFIX").map(String::as_str), Some("true"));
+    assert!(!vars.contains_key("STORAGE_POOLS"));
+
+    // A malformed affinity passes the schema (a free-form object) but not the operator: the
+    // status and an Event say what to fix, and the running DaemonSet is left as it was.
+    let patch = json!({"spec": {"workload": {"affinity": {"nodeAffinity": "everywhere"}}}});
+    resources(&env).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("bad affinity");
+    let degraded = wait_resource(&env, &name, "Degraded InvalidAffinity", |r| {
+        condition(r, "Degraded").is_some_and(|c| c["reason"] == "InvalidAffinity")
+    })
+    .await;
+    let message =
+        condition(&degraded, "Degraded").expect("Degraded")["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("spec.workload.affinity"), "{message}");
+    let uid = degraded.metadata.uid.clone().expect("uid");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "default");
+    testbed::wait_for("the InvalidAffinity Event", WAIT, || {
+        let events = events.clone();
+        let uid = uid.clone();
+        async move {
+            let list = events.list(&Default::default()).await?;
+            Ok::<_, kube::Error>(list.items.into_iter().find(|e| {
+                e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+                    && e.reason.as_deref() == Some("InvalidAffinity")
+            }))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let unchanged = wait_daemonset(&env, "the DaemonSet", |_| true).await;
+    assert_eq!(node_container(&unchanged).0.get("PV_DIR").map(String::as_str), Some("/srv/hp"));
+
+    // A PV of ours, standing for a volume's data: deleting the resource must leave it.
+    let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-pv")},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "hostPath": {"path": "/srv/hp/pvc-kept"},
+            "storageClassName": "hostpath-provisioner",
+        },
+    }))
+    .expect("pv");
+    env.pvs().create(&PostParams::default(), &pv).await.expect("create a PV");
+
+    resources(&env).delete(&name, &Default::default()).await.expect("delete the resource");
+    testbed::wait_for("the resource to be gone", WAIT, || {
+        let api = resources(&env);
+        let name = name.clone();
+        async move { api.get_opt(&name).await.map(|r| r.is_none().then_some(())) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let left = kubectl(
+        &env,
+        &[
+            "get",
+            "daemonset,serviceaccount,role,rolebinding",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-o",
+            "name",
+            "-l",
+            &format!("hostpathprovisioner.kubevirt.io/resource={name}"),
+        ],
+    );
+    assert_eq!(left.trim(), "", "namespaced objects left behind");
+    let left = kubectl(
+        &env,
+        &[
+            "get",
+            "clusterrole,clusterrolebinding",
+            "-o",
+            "name",
+            "-l",
+            &format!("hostpathprovisioner.kubevirt.io/resource={name}"),
+        ],
+    );
+    assert_eq!(left.trim(), "", "cluster objects left behind");
+    assert!(env.pvs().get_opt(&format!("{name}-pv")).await.expect("read the PV").is_some(), "the PV was kept");
+    env.pvs().delete(&format!("{name}-pv"), &Default::default()).await.expect("remove the test PV");
+    assert!(operator.log().contains("holding the operator Lease"), "{}", operator.log());
 }
