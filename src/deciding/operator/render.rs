@@ -35,6 +35,8 @@ const PROMETHEUS_RULE: &str = include_str!("../../../deploy/monitoring/prometheu
 
 /// The namespace deploy/legacy names, replaced by the operator's.
 const LEGACY_NAMESPACE: &str = "kubevirt-hostpath-provisioner";
+/// The pool PV_DIR is served as by the node binary (its configuration's name for it).
+const LEGACY_POOL: &str = "legacy";
 /// The node container's name in daemonset.yaml.
 pub const NODE_CONTAINER: &str = "kubevirt-hostpath-provisioner";
 /// The pool root volume of daemonset.yaml (the legacy pool), kept for `pathConfig`.
@@ -207,7 +209,7 @@ pub fn claim_template(pool: &StoragePool) -> Result<Option<PersistentVolumeClaim
 /// The pools the DaemonSet serves, each problem of a pool recorded and that pool left out.
 fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> Vec<ServedPool> {
     if let Some(path_config) = &resource.spec.path_config {
-        return vec![ServedPool { name: crate::config::LEGACY_POOL.to_owned(), path: path_config.path.clone() }];
+        return vec![ServedPool { name: LEGACY_POOL.to_owned(), path: path_config.path.clone() }];
     }
     let mut served = Vec::new();
     for pool in &resource.spec.storage_pools {
