@@ -392,3 +392,17 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     env.pvs().delete(&format!("{name}-pv"), &Default::default()).await.expect("remove the test PV");
     assert!(operator.log().contains("holding the operator Lease"), "{}", operator.log());
 }
+
+/// deploy/operator/install.yaml is deploy/operator rendered (`make manifests` regenerates it),
+/// and the one file applies.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_one_file_install_is_the_kustomization_rendered_and_applies() {
+    let env = TestEnv::start("hpp-onefile", 0).await;
+    let rendered = kubectl(&env, &["kustomize", "deploy/operator"]);
+    let file = std::fs::read_to_string(repo().join("deploy/operator/install.yaml")).expect("install.yaml");
+    let body: String = file.lines().skip_while(|l| l.starts_with('#')).map(|l| format!("{l}\n")).collect();
+    assert!(body == rendered, "deploy/operator/install.yaml is stale: run `make manifests` and commit the result");
+    apply_crd(&env);
+    let out = kubectl(&env, &["apply", "--server-side", "--dry-run=server", "-f", "deploy/operator/install.yaml"]);
+    assert!(out.contains("deployment.apps/hostpath-provisioner-operator"), "{out}");
+}
