@@ -3,6 +3,7 @@
 //! acts ([`lease`]). Pure: the I/O is in `crate::operating`.
 
 pub mod lease;
+pub mod pool_claims;
 pub mod render;
 pub mod resource;
 pub mod status;
