@@ -152,7 +152,7 @@ struct Operator {
 impl Operator {
     /// Runs `hostpath-provisioner operator` in deploy/operator's namespace with a token of its
     /// ServiceAccount: exactly the rights of deploy/operator/rbac.yaml.
-    async fn start(env: &TestEnv, image: &str) -> Operator {
+    async fn start(env: &TestEnv, image: &str, replica: &str) -> Operator {
         let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
         let request = TokenRequest {
             spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
@@ -167,14 +167,15 @@ impl Operator {
             .expect("a token");
         let kubeconfig = env.cp.temp_dir().join(format!("{}-operator.kubeconfig", env.group));
         env.cp.write_kubeconfig_for_token(&token, &kubeconfig).expect("kubeconfig");
-        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-operator.log", env.ns));
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-operator-{replica}.log", env.ns));
         let file = std::fs::File::create(&log).expect("operator log");
         let child = std::process::Command::new(binary())
             .args(["operator", "--namespace", OPERATOR_NAMESPACE, "--node-image", image, "--lease-seconds", "6"])
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .env("RUST_LOG", "info,hostpath_provisioner=debug")
-            .env_remove("POD_NAME")
+            // The replica's name in the Lease, as the downward API gives it in a pod.
+            .env("POD_NAME", format!("{}-{replica}", env.group))
             .stdout(file.try_clone().expect("log"))
             .stderr(file)
             .spawn()
@@ -203,6 +204,14 @@ impl Drop for Operator {
             eprintln!("--- operator log ---\n{}", self.log());
         }
     }
+}
+
+async fn wait_log(operator: &Operator, line: &str) {
+    testbed::wait_for(line, WAIT, || async {
+        Ok::<_, std::convert::Infallible>(operator.log().contains(line).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", operator.log()));
 }
 
 const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -248,7 +257,11 @@ async fn wait_resource(env: &TestEnv, name: &str, what: &str, done: impl Fn(&Dyn
 async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     let env = TestEnv::start("hpp-operator", 0).await;
     apply_crd(&env);
-    let operator = Operator::start(&env, "registry.example/hostpath-provisioner:e2e").await;
+    // Two replicas: the first takes the Lease, the second stands by.
+    let first = Operator::start(&env, "registry.example/hostpath-provisioner:e2e", "a").await;
+    wait_log(&first, "holding the operator Lease").await;
+    let second = Operator::start(&env, "registry.example/hostpath-provisioner:e2e", "b").await;
+    wait_log(&second, "another replica holds the operator Lease").await;
     let name = env.group.clone();
     let example = repo().join("deploy/operator/examples/storage-pool.yaml");
     let mut resource: DynamicObject =
@@ -300,6 +313,11 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     })
     .await;
     assert!(rolled.metadata.generation.expect("generation") > generation, "the template changed");
+
+    // The acting replica stops (it releases the Lease); the standby takes over and acts.
+    assert!(!second.log().contains("holding the operator Lease"), "two replicas acting:\n{}", second.log());
+    drop(first);
+    wait_log(&second, "holding the operator Lease").await;
 
     // The legacy form: PV_DIR and the naming prefix, no named pools.
     let patch = json!({"spec": {"storagePools": null, "pathConfig": {"path": "/srv/hp", "useNamingPrefix": true}}});
@@ -390,7 +408,6 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     assert_eq!(left.trim(), "", "cluster objects left behind");
     assert!(env.pvs().get_opt(&format!("{name}-pv")).await.expect("read the PV").is_some(), "the PV was kept");
     env.pvs().delete(&format!("{name}-pv"), &Default::default()).await.expect("remove the test PV");
-    assert!(operator.log().contains("holding the operator Lease"), "{}", operator.log());
 }
 
 /// deploy/operator/install.yaml is deploy/operator rendered (`make manifests` regenerates it),
