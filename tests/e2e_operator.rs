@@ -423,3 +423,45 @@ async fn the_one_file_install_is_the_kustomization_rendered_and_applies() {
     let out = kubectl(&env, &["apply", "--server-side", "--dry-run=server", "-f", "deploy/operator/install.yaml"]);
     assert!(out.contains("deployment.apps/hostpath-provisioner-operator"), "{out}");
 }
+
+/// The chart's copy of the CRD is deploy/operator's.
+#[test]
+fn the_charts_crd_is_deploy_operators() {
+    let read = |path: &str| std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert!(
+        read("deploy/helm/hostpath-provisioner/files/operator-crd.yaml") == read("deploy/operator/crd.yaml"),
+        "copy deploy/operator/crd.yaml to deploy/helm/hostpath-provisioner/files/operator-crd.yaml"
+    );
+}
+
+/// `operator.enabled`: the chart installs the operator (and a resource from values) instead of
+/// the node DaemonSet, and what it renders passes server-side dry-run.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chart_installs_the_operator_instead_of_the_daemonset() {
+    let env = TestEnv::start("hpp-chart", 0).await;
+    apply_crd(&env);
+    let helm = testbed::deploy_tool(testbed::DeployTool::Helm).unwrap_or_else(|e| panic!("{e:#}"));
+    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
+    let output = std::process::Command::new(helm)
+        .args(["template", "hpp", "deploy/helm/hostpath-provisioner", "--namespace", &env.ns])
+        .args(["--set", "operator.enabled=true", "--set-json"])
+        .arg(r#"operator.resource={"storagePools":[{"name":"local","path":"/var/hpvolumes"}]}"#)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .current_dir(repo())
+        .output()
+        .expect("helm");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let rendered = String::from_utf8_lossy(&output.stdout).into_owned();
+    let kinds: Vec<&str> = rendered.lines().filter_map(|l| l.strip_prefix("kind: ")).collect();
+    for kind in ["CustomResourceDefinition", "Deployment", "HostPathProvisioner", "ClusterRole", "Role"] {
+        assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
+    }
+    assert!(!kinds.contains(&"DaemonSet"), "the operator makes the DaemonSet, not the chart");
+    assert!(rendered.contains("helm.sh/resource-policy: keep"), "the CRD outlives the release");
+    let file = env.cp.temp_dir().join(format!("{}-chart.yaml", env.group));
+    std::fs::write(&file, &rendered).expect("write");
+    let out = kubectl(&env, &["apply", "--server-side", "--dry-run=server", "-f", file.to_str().expect("utf-8")]);
+    assert!(out.contains("hostpathprovisioner.hostpathprovisioner.kubevirt.io/hostpath-provisioner"), "{out}");
+}
