@@ -329,6 +329,12 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     let (vars, _, _) = node_container(&legacy);
     assert_eq!(vars.get("USE_NAMING_PREFIX").map(String::as_str), Some("true"));
     assert!(!vars.contains_key("STORAGE_POOLS"));
+    // The legacy form has no pool statuses (as with the kubevirt operator): the old ones go.
+    wait_resource(&env, &name, "the pool statuses gone", |r| {
+        r.data["status"].get("storagePoolStatuses").is_none()
+            && condition(r, "Degraded").is_some_and(|c| c["observedGeneration"] == json!(r.metadata.generation))
+    })
+    .await;
 
     // A malformed affinity passes the schema (a free-form object) but not the operator: the
     // status and an Event say what to fix, and the running DaemonSet is left as it was.

@@ -101,8 +101,15 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
     let previous = resource.status.clone().unwrap_or_default();
     if new_status != previous {
         report_changes(resource, &previous, &new_status, ctx).await;
-        let patch = serde_json::json!({ "status": new_status });
-        if let Err(error) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        // Server-side apply of the whole status: a field left out (the pool statuses after a
+        // switch to pathConfig) is removed, which a merge patch would keep.
+        let patch = serde_json::json!({
+            "apiVersion": crate::deciding::operator::resource::API_VERSION,
+            "kind": crate::deciding::operator::resource::KIND,
+            "status": new_status,
+        });
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        if let Err(error) = api.patch_status(&name, &params, &Patch::Apply(&patch)).await {
             let error = OperatorError::api(format!("write the status of HostPathProvisioner {name}"), error);
             publish(ctx, resource, EventType::Warning, reason::STATUS_FAILED, &error.to_string()).await;
             return Err(error);
