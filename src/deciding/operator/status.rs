@@ -67,6 +67,9 @@ pub fn status(observed: &Observed) -> Status {
     let (available, available_reason, available_message) = match (&observed.superseded_by, rollout) {
         (Some(other), _) => (false, "Superseded", superseded_message(other)),
         (None, None) => (false, "NotDeployed", "the node DaemonSet does not exist yet (see Degraded)".to_owned()),
+        (None, Some(r)) if !r.current => {
+            (false, "Deploying", "the DaemonSet controller has not acted on the current pod template yet".to_owned())
+        }
         (None, Some(r)) if r.desired == 0 => (
             false,
             "NoNodeSelected",

@@ -93,6 +93,9 @@ fn no_selected_node_is_not_available_and_says_why() {
     let available = find(&status, "Available");
     assert_eq!((available.status.as_str(), available.reason.as_str()), ("False", "NoNodeSelected"));
     assert!(available.message.contains("spec.workload selects no node"));
+    // Before the DaemonSet controller has counted the nodes, zero means nothing yet.
+    let unseen = Rollout { current: false, ..rolled(0) };
+    assert_eq!(find(&observe(&resource(pools()), Some(unseen), NOW), "Available").reason, "Deploying");
 }
 
 #[test]
