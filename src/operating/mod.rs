@@ -138,8 +138,16 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         })
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "controller step");
+            match result {
+                // A watch that cannot run (the CRD missing, RBAC): said loudly, retried by the
+                // watcher with backoff.
+                Err(kube::runtime::controller::Error::QueueError(error)) => tracing::warn!(
+                    %error,
+                    "cannot watch HostPathProvisioners or their DaemonSets (is the CRD of deploy/operator installed?); retrying"
+                ),
+                // Reconcile failures are logged by the error policy, with their resource.
+                Err(error) => tracing::debug!(%error, "controller step"),
+                Ok(_) => {}
             }
         });
     let code = tokio::select! {
