@@ -10,10 +10,14 @@ use kube::config::KubeConfigOptions;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // `hostpath-provisioner doctor ...` is the node health report, `operator` the operator of
-    // HostPathProvisioner resources (src/operating); anything else is the daemon,
+    // HostPathProvisioner resources (src/operating), `pool-mount` its per-node mounter; anything
+    // else is the daemon,
     // whose command line takes no positional argument.
     if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::doctor::SUBCOMMAND) {
         std::process::exit(hostpath_provisioner::doctor::main(std::env::args_os().skip(1)).await);
+    }
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::operating::pool_mount::SUBCOMMAND) {
+        std::process::exit(hostpath_provisioner::operating::pool_mount::main(std::env::args_os().skip(1)).await);
     }
     if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::operating::SUBCOMMAND) {
         std::process::exit(hostpath_provisioner::operating::main(std::env::args_os().skip(1)).await);
