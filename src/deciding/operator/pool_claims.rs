@@ -163,3 +163,122 @@ pub fn may_release(pool_path: &str, node: Option<&str>, pvs: &[PersistentVolume]
 #[cfg(test)]
 #[path = "pool_claims_tests.rs"]
 mod tests;
+
+/// Label on a pool's claims and mounters: the pool's name.
+pub const POOL_LABEL: &str = "hostpathprovisioner.kubevirt.io/pool";
+/// Annotation on a pool's claims and mounters: the node it serves (absent on a shared claim);
+/// an annotation, as a node name may be longer than a label value.
+pub const NODE_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/node";
+/// Annotation on a pool's claims and mounters: the pool path, for the hold-back rule after the
+/// pool was removed from the resource or moved.
+pub const PATH_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/pool-path";
+/// Where the image has the binary (the Dockerfile's entrypoint), for the mounter's probe.
+const BINARY: &str = "/hostpath-provisioner";
+/// Where the mounter's pod sees the claim.
+const CLAIM_MOUNT: &str = "/claim";
+
+/// What the pool's claim and mounter objects share.
+pub struct PoolObjects<'a> {
+    /// The resource's name, for [`super::render::OWNER_LABEL`].
+    pub resource: &'a str,
+    pub namespace: &'a str,
+    pub image: &'a str,
+    pub pool: &'a str,
+    pub path: &'a str,
+}
+
+impl PoolObjects<'_> {
+    fn metadata(&self, name: &str, node: Option<&str>) -> serde_json::Value {
+        let mut annotations = serde_json::json!({ PATH_ANNOTATION: self.path });
+        if let Some(node) = node {
+            annotations[NODE_ANNOTATION] = serde_json::json!(node);
+        }
+        // No owner reference: the garbage collector would take a claim away under live volumes;
+        // the operator removes claims and mounters itself, under the hold-back rule.
+        serde_json::json!({
+            "name": name,
+            "namespace": self.namespace,
+            "labels": {
+                super::render::OWNER_LABEL: self.resource,
+                POOL_LABEL: self.pool,
+                "app.kubernetes.io/managed-by": "hostpath-provisioner-operator",
+            },
+            "annotations": annotations,
+        })
+    }
+
+    /// The claim `name` from the template (None for `node`: the shared claim).
+    pub fn claim(&self, name: &str, node: Option<&str>, template: &PersistentVolumeClaimSpec) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": self.metadata(name, node),
+            "spec": template,
+        })
+    }
+
+    /// The mounter of `claim` on `node`: one replica pinned to the node, the claim as a volume,
+    /// exactly the pool path as a Bidirectional hostPath (which Kubernetes allows only to a
+    /// privileged container), running `pool-mount`.
+    pub fn mounter(&self, node: &str, claim: &str) -> serde_json::Value {
+        let name = claim_name(self.pool, Some(node));
+        let digest = Sha256::digest(name.as_bytes());
+        let selector_value: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let selector = serde_json::json!({ "hostpathprovisioner.kubevirt.io/mounter": selector_value });
+        let mut pod_labels = selector.clone();
+        pod_labels[POOL_LABEL] = serde_json::json!(self.pool);
+        let mount_args = ["--source", CLAIM_MOUNT, "--target", self.path];
+        let mut probe = vec![BINARY, "pool-mount", "--check"];
+        probe.extend(mount_args);
+        let mut args = vec!["pool-mount"];
+        args.extend(mount_args);
+        serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": self.metadata(&name, Some(node)),
+            "spec": {
+                "replicas": 1,
+                // Never two mounters of one pool on one node.
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {"labels": pod_labels},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "priorityClassName": "system-node-critical",
+                        "terminationGracePeriodSeconds": 30,
+                        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]}]
+                        }}},
+                        // A pool's mount must hold wherever the node provisioner runs.
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{
+                            "name": "mounter",
+                            "image": self.image,
+                            "args": args,
+                            "readinessProbe": {"exec": {"command": probe}, "periodSeconds": 10},
+                            "resources": {"requests": {"cpu": "1m", "memory": "8Mi"}, "limits": {"memory": "32Mi"}},
+                            "securityContext": {
+                                // Required by Bidirectional propagation; the only host path it
+                                // sees is the pool's.
+                                "privileged": true,
+                                "runAsUser": 0,
+                                "readOnlyRootFilesystem": true,
+                            },
+                            "volumeMounts": [
+                                {"name": "claim", "mountPath": CLAIM_MOUNT},
+                                {"name": "pool", "mountPath": self.path, "mountPropagation": "Bidirectional"},
+                            ],
+                        }],
+                        "volumes": [
+                            {"name": "claim", "persistentVolumeClaim": {"claimName": claim}},
+                            {"name": "pool", "hostPath": {"path": self.path, "type": "DirectoryOrCreate"}},
+                        ],
+                    },
+                },
+            },
+        })
+    }
+}

@@ -137,3 +137,48 @@ fn a_volume_whose_node_cannot_be_read_holds_every_node() {
     let pvs = vec![pv("pvc-old", "/var/hpvolumes/pvc-old", None, OURS)];
     assert_eq!(may_release("/var/hpvolumes", Some("worker-1"), &pvs, OURS), Release::HoldBack(vec!["pvc-old".into()]));
 }
+
+fn objects() -> PoolObjects<'static> {
+    PoolObjects { resource: "hpp", namespace: "ops", image: "img:1", pool: "local", path: "/var/hpvolumes" }
+}
+
+#[test]
+fn a_pool_claim_is_the_template_labelled_and_never_owned() {
+    let claim = objects().claim("hpp-pool-local-worker-1", Some("worker-1"), &template(&["ReadWriteOnce"]));
+    assert_eq!(claim["metadata"]["namespace"], "ops");
+    assert_eq!(claim["metadata"]["labels"][POOL_LABEL], "local");
+    assert_eq!(claim["metadata"]["labels"][super::super::render::OWNER_LABEL], "hpp");
+    assert_eq!(claim["metadata"]["annotations"][NODE_ANNOTATION], "worker-1");
+    assert_eq!(claim["metadata"]["annotations"][PATH_ANNOTATION], "/var/hpvolumes");
+    assert!(claim["metadata"].get("ownerReferences").is_none(), "the garbage collector must not take it");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "5Gi");
+    let shared = objects().claim("hpp-pool-local", None, &template(&["ReadWriteMany"]));
+    assert!(shared["metadata"]["annotations"].get(NODE_ANNOTATION).is_none());
+}
+
+#[test]
+fn a_mounter_is_pinned_to_its_node_and_sees_only_the_pool_path_and_its_claim() {
+    let mounter = objects().mounter("worker-1", "hpp-pool-local");
+    assert_eq!(mounter["metadata"]["name"], "hpp-pool-local-worker-1");
+    let pod = &mounter["spec"]["template"]["spec"];
+    let term =
+        &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
+    assert_eq!(term["matchFields"][0], json!({"key": "metadata.name", "operator": "In", "values": ["worker-1"]}));
+    let container = &pod["containers"][0];
+    assert_eq!(container["args"], json!(["pool-mount", "--source", "/claim", "--target", "/var/hpvolumes"]));
+    assert_eq!(
+        container["readinessProbe"]["exec"]["command"],
+        json!(["/hostpath-provisioner", "pool-mount", "--check", "--source", "/claim", "--target", "/var/hpvolumes"])
+    );
+    assert_eq!(
+        container["volumeMounts"][1],
+        json!({"name": "pool", "mountPath": "/var/hpvolumes", "mountPropagation": "Bidirectional"})
+    );
+    assert_eq!(pod["volumes"][0]["persistentVolumeClaim"]["claimName"], "hpp-pool-local", "the shared claim");
+    assert_eq!(pod["volumes"][1]["hostPath"]["path"], "/var/hpvolumes", "the pool path, not /");
+    assert_eq!(pod["automountServiceAccountToken"], false, "no API access");
+    assert_eq!(mounter["spec"]["strategy"]["type"], "Recreate");
+    // Distinct nodes, distinct selectors.
+    let other = objects().mounter("worker-2", "hpp-pool-local");
+    assert_ne!(mounter["spec"]["selector"], other["spec"]["selector"]);
+}
