@@ -319,6 +319,8 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     drop(first);
     wait_log(&second, "holding the operator Lease").await;
 
+    pools_on_a_claim_are_mounted_per_node_and_held_back_by_volumes(&env, &name).await;
+
     // The legacy form: PV_DIR and the naming prefix, no named pools.
     let patch = json!({"spec": {"storagePools": null, "pathConfig": {"path": "/srv/hp", "useNamingPrefix": true}}});
     resources(&env).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("to pathConfig");
@@ -414,6 +416,115 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     assert_eq!(left.trim(), "", "cluster objects left behind");
     assert!(env.pvs().get_opt(&format!("{name}-pv")).await.expect("read the PV").is_some(), "the PV was kept");
     env.pvs().delete(&format!("{name}-pv"), &Default::default()).await.expect("remove the test PV");
+}
+
+/// A pool on a claim: each node the placement selects gets its claim and mounter Deployment,
+/// the DaemonSet serves the pool only while it is a mount point; removing the pool while a PV
+/// of ours lives there keeps that node's claim and mounter, and the status names the PV; they
+/// go when the PV goes. (No kubelet here: the mounters never run, the pool stays Mounting.)
+async fn pools_on_a_claim_are_mounted_per_node_and_held_back_by_volumes(env: &TestEnv, name: &str) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+    let nodes_api: Api<Node> = Api::all(env.client.clone());
+    let nodes = [format!("{}-n1", env.group), format!("{}-n2", env.group)];
+    for node in &nodes {
+        let mut object = testbed::fixtures::node(node, node);
+        object.metadata.labels.get_or_insert_default().insert("hpp-e2e".into(), env.group.clone());
+        nodes_api.create(&PostParams::default(), &object).await.expect("create a node");
+    }
+    let claimed = json!({"name": "claimed", "path": "/mnt/claimed", "pvcTemplate": {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "san",
+    }});
+    let patch = json!({"spec": {
+        "workload": {"nodeSelector": {"hpp-e2e": env.group}},
+        "storagePools": [{"name": "local", "path": "/var/hpvolumes"}, claimed],
+    }});
+    resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("add a pool on a claim");
+    wait_daemonset(env, "the pool on a claim served only while mounted", |d| {
+        node_container(d).0.get("STORAGE_POOLS").map(String::as_str)
+            == Some("local=/var/hpvolumes,claimed=/mnt/claimed,mountpoint")
+    })
+    .await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+    let mounters: Api<Deployment> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+    let object_names = |node: &str| format!("hpp-pool-claimed-{node}");
+    for node in &nodes {
+        let claim = wait_present(&claims, &object_names(node), true).await;
+        let spec = claim.spec.expect("claim spec");
+        assert_eq!(spec.storage_class_name.as_deref(), Some("san"), "the template's class");
+        assert!(claim.metadata.owner_references.is_none(), "never collected with the resource");
+        let mounter = wait_present(&mounters, &object_names(node), true).await;
+        let pod = mounter.spec.and_then(|s| s.template.spec).expect("mounter pod");
+        let affinity = serde_json::to_string(&pod.affinity).expect("affinity");
+        assert!(affinity.contains(node.as_str()), "pinned to its node: {affinity}");
+    }
+    let reported = wait_resource(env, name, "the pool Mounting on both nodes", |r| {
+        r.data["status"]["storagePoolStatuses"].as_array().is_some_and(|pools| {
+            pools.iter().any(|p| p["name"] == "claimed" && p["phase"] == "Mounting" && p["desiredReady"] == 2)
+        })
+    })
+    .await;
+    let pools = reported.data["status"]["storagePoolStatuses"].to_string();
+    assert!(pools.contains(&object_names(&nodes[0])), "the claims' statuses: {pools}");
+
+    // A volume of ours in the pool on the first node, then the pool is removed.
+    let pv_name = format!("{}-in-claimed", env.group);
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv_name, "annotations": {
+            "pv.kubernetes.io/provisioned-by": "kubevirt.io/hostpath-provisioner",
+            "kubevirt.io/provisionOnNode": nodes[0],
+        }},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "hostPath": {"path": "/mnt/claimed/pvc-held"}, "storageClassName": "hostpath-provisioner"},
+    }))
+    .expect("pv");
+    env.pvs().create(&PostParams::default(), &pv).await.expect("create a PV in the pool");
+    let patch = json!({"spec": {"storagePools": [{"name": "local", "path": "/var/hpvolumes"}]}});
+    resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("remove the pool");
+    let held = wait_resource(env, name, "Degraded PoolHeldBack", |r| {
+        condition(r, "Degraded").is_some_and(|c| c["reason"] == "PoolHeldBack")
+    })
+    .await;
+    let message = condition(&held, "Degraded").expect("Degraded")["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains(&pv_name) && message.contains(&nodes[0]), "names the PV and node: {message}");
+    wait_present(&mounters, &object_names(&nodes[1]), false).await;
+    wait_present(&claims, &object_names(&nodes[1]), false).await;
+    assert!(mounters.get_opt(&object_names(&nodes[0])).await.expect("read").is_some(), "held: {message}");
+    assert!(claims.get_opt(&object_names(&nodes[0])).await.expect("read").is_some(), "held: {message}");
+
+    // The volume goes: so do the claim and the mounter.
+    env.pvs().delete(&pv_name, &Default::default()).await.expect("delete the PV");
+    wait_present(&mounters, &object_names(&nodes[0]), false).await;
+    wait_present(&claims, &object_names(&nodes[0]), false).await;
+    wait_resource(env, name, "no longer held back", |r| {
+        condition(r, "Degraded").is_some_and(|c| c["reason"] != "PoolHeldBack")
+    })
+    .await;
+    let patch = json!({"spec": {"workload": null}});
+    resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("placement back");
+    for node in &nodes {
+        nodes_api.delete(node, &Default::default()).await.expect("remove the test node");
+    }
+}
+
+/// Waits until `name` exists (`present`) or is gone or being deleted (a claim's protection
+/// finalizer may outlive the test's control plane controllers).
+async fn wait_present<K>(api: &Api<K>, name: &str, present: bool) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Default,
+{
+    let what = format!("{name} {}", if present { "made" } else { "removed" });
+    testbed::wait_for(&what, WAIT, || async {
+        let found = api.get_opt(name).await?;
+        let live = found.clone().filter(|o| o.meta().deletion_timestamp.is_none());
+        Ok::<_, kube::Error>(match (present, live) {
+            (true, Some(object)) => Some(object),
+            (false, None) => Some(found.unwrap_or_default()),
+            _ => None,
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// deploy/operator/install.yaml is deploy/operator rendered (`make manifests` regenerates it),

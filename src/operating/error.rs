@@ -8,6 +8,8 @@ pub mod reason {
     pub const STATUS_FAILED: &str = "StatusUpdateFailed";
     /// Warning: the objects made for a deleted resource could not be removed.
     pub const CLEANUP_FAILED: &str = "CleanupFailed";
+    /// Warning: a pool's claim or mounter is kept because PVs of ours live there.
+    pub const POOL_HELD_BACK: &str = "PoolHeldBack";
     /// Normal: every object of the resource applied.
     pub const APPLIED: &str = "Applied";
 }
@@ -25,6 +27,9 @@ pub enum OperatorError {
     /// The operator's own settings are unusable.
     #[error("configuration: {0}")]
     Config(String),
+    /// The resource's deletion waits: PVs of ours live in pools on a claim.
+    #[error("{0}")]
+    PoolHeldBack(String),
     /// Another replica took the Lease over: this one must stop acting at once.
     #[error("lost the operator Lease to {0:?}; exiting so that only one replica acts")]
     LeaseLost(String),
@@ -39,6 +44,7 @@ impl OperatorError {
     pub fn reason(&self) -> &'static str {
         match self {
             OperatorError::Api { .. } | OperatorError::Config(_) | OperatorError::LeaseLost(_) => reason::APPLY_FAILED,
+            OperatorError::PoolHeldBack(_) => reason::POOL_HELD_BACK,
         }
     }
 }

@@ -87,6 +87,17 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
             }
         }
     }
+    // Pools on a claim, once the node objects rendered (a blocked render must not release
+    // the pools' claims).
+    let mut pools = super::pool_claims::Outcome::default();
+    if superseded_by.is_none() && !rendered.objects.is_empty() {
+        pools =
+            super::pool_claims::reconcile(&pool_target(resource, ctx), &rendered.pools_on_claim, &rendered.placement)
+                .await?;
+        if let Some(failure) = pools.failure.take() {
+            apply_failure.get_or_insert(failure);
+        }
+    }
     let rollout = if superseded_by.is_none() { rollout(ctx, &rendered).await? } else { None };
     let now = jiff::Timestamp::now().to_string();
     let new_status = status::status(&Observed {
@@ -95,6 +106,8 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
         apply_failure: apply_failure.clone(),
         rollout,
         superseded_by,
+        pools_on_claim: &pools.states,
+        held_back: &pools.held_back,
         version: crate::serving::build_info::VERSION,
         now: &now,
     });
@@ -115,7 +128,10 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
             return Err(error);
         }
     }
-    let settling = new_status.conditions.iter().any(|c| c.type_ == status::PROGRESSING && c.status == "True");
+    // Pools on a claim follow nodes, mounters and PVs, which do not wake the operator: look again soon.
+    let settling = new_status.conditions.iter().any(|c| c.type_ == status::PROGRESSING && c.status == "True")
+        || !pools.held_back.is_empty()
+        || new_status.storage_pool_statuses.iter().any(|p| p.phase != status::READY);
     Ok(match (apply_failure, settling) {
         (Some(_), _) => Action::requeue(Duration::from_secs(30)),
         (None, true) => Action::requeue(Duration::from_secs(10)),
@@ -176,6 +192,16 @@ async fn environment(ctx: &Context) -> Environment {
     }
 }
 
+fn pool_target<'a>(resource: &'a HostPathProvisioner, ctx: &'a Context) -> super::pool_claims::Target<'a> {
+    super::pool_claims::Target {
+        client: &ctx.client,
+        namespace: &ctx.namespace,
+        image: &ctx.image,
+        resource: resource.metadata.name.as_deref().unwrap_or_default(),
+        field_manager: FIELD_MANAGER,
+    }
+}
+
 fn api_for(client: &Client, object: &Desired) -> Api<DynamicObject> {
     let (group, version) = object.api_version.rsplit_once('/').unwrap_or(("", object.api_version.as_str()));
     let gvk = GroupVersionKind::gvk(group, version, &object.kind);
@@ -232,6 +258,14 @@ const MADE_KINDS: [(&str, &str, &str, bool); 10] = [
 async fn cleanup(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, OperatorError> {
     let name = resource.name_any();
     let uid = resource.uid().unwrap_or_default();
+    // Pools on a claim first: while PVs of ours live in one, everything stays (the node
+    // provisioner too, to serve and release those volumes) and the finalizer holds.
+    let pools = super::pool_claims::reconcile(&pool_target(resource, ctx), &[], &Default::default()).await?;
+    if !pools.held_back.is_empty() {
+        let message = format!("deletion of HostPathProvisioner {name} waits: {}", pools.held_back.join("; "));
+        publish(ctx, resource, EventType::Warning, reason::POOL_HELD_BACK, &message).await;
+        return Err(OperatorError::PoolHeldBack(message));
+    }
     let environment = environment(ctx).await;
     for (api_version, kind, plural, namespaced) in MADE_KINDS {
         let optional_group = match api_version {

@@ -4,6 +4,7 @@
 
 pub mod lease;
 pub mod pool_claims;
+pub mod pool_plan;
 pub mod render;
 pub mod resource;
 pub mod status;

@@ -2,9 +2,7 @@
 //! claims a pool needs (one per selected node, or one shared by all for a ReadWriteMany
 //! template, named as the kubevirt operator names them), and when a pool's claim and mount may
 //! go: never while a PersistentVolume of ours lives in it on that node (the hold-back rule).
-//!
-//! The mounting itself (a per-node mounter) is not built yet; docs/operator.md says what the
-//! operator does with such pools meanwhile.
+//! The objects themselves ([`PoolObjects`]) are planned per reconcile by [`super::pool_plan`].
 
 use std::collections::BTreeMap;
 

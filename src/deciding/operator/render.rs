@@ -98,6 +98,28 @@ pub struct Rendered {
     pub not_acted_upon: Vec<String>,
     /// The pools the DaemonSet serves, in spec order (`legacy` for pathConfig).
     pub served_pools: Vec<String>,
+    /// The served pools on a claim (`pvcTemplate`), whose claims and mounters the operator
+    /// makes per node ([`super::pool_plan`]).
+    pub pools_on_claim: Vec<PoolOnClaim>,
+    /// Where the node DaemonSet's pods may run (its file's placement plus the resource's): the
+    /// nodes that get a pool's claim and mounter.
+    pub placement: NodePlacement,
+}
+
+/// A pool on a claim as the DaemonSet serves it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolOnClaim {
+    pub name: String,
+    pub path: String,
+    pub template: PersistentVolumeClaimSpec,
+}
+
+/// The node DaemonSet pods' placement.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodePlacement {
+    pub node_selector: BTreeMap<String, String>,
+    pub affinity: Option<Affinity>,
+    pub tolerations: Vec<Toleration>,
 }
 
 impl Rendered {
@@ -108,10 +130,14 @@ impl Rendered {
 }
 
 /// A pool the node DaemonSet serves: its name in STORAGE_POOLS and its root on the node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 struct ServedPool {
     name: String,
     path: String,
+    /// The pool's claim template: the pool is served only while something is mounted at its
+    /// path (its `mountpoint` option), so that no volume lands on the root disk before the
+    /// claim is mounted there, after a reboot too.
+    template: Option<PersistentVolumeClaimSpec>,
 }
 
 /// Renders `resource` for `environment`.
@@ -135,8 +161,28 @@ pub fn render(resource: &HostPathProvisioner, environment: &Environment) -> Rend
         return rendered;
     }
     rendered.served_pools = pools.iter().map(|p| p.name.clone()).collect();
+    rendered.pools_on_claim = pools
+        .iter()
+        .filter_map(|p| {
+            let template = p.template.clone()?;
+            Some(PoolOnClaim { name: p.name.clone(), path: p.path.clone(), template })
+        })
+        .collect();
     match objects(resource, environment, &placement, &pools) {
-        Ok(objects) => rendered.objects = objects,
+        Ok(objects) => {
+            rendered.placement = objects
+                .iter()
+                .find(|o| o.kind == "DaemonSet")
+                .and_then(|o| o.body.pointer("/spec/template/spec").cloned())
+                .and_then(|pod| serde_json::from_value::<k8s_openapi::api::core::v1::PodSpec>(pod).ok())
+                .map(|pod| NodePlacement {
+                    node_selector: pod.node_selector.unwrap_or_default(),
+                    affinity: pod.affinity,
+                    tolerations: pod.tolerations.unwrap_or_default(),
+                })
+                .unwrap_or_default();
+            rendered.objects = objects;
+        }
         Err(message) => rendered.problems.push(Problem { reason: "RenderFailed", message, pool: None }),
     }
     rendered
@@ -209,7 +255,7 @@ pub fn claim_template(pool: &StoragePool) -> Result<Option<PersistentVolumeClaim
 /// The pools the DaemonSet serves, each problem of a pool recorded and that pool left out.
 fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> Vec<ServedPool> {
     if let Some(path_config) = &resource.spec.path_config {
-        return vec![ServedPool { name: LEGACY_POOL.to_owned(), path: path_config.path.clone() }];
+        return vec![ServedPool { name: LEGACY_POOL.to_owned(), path: path_config.path.clone(), template: None }];
     }
     let mut served = Vec::new();
     for pool in &resource.spec.storage_pools {
@@ -226,15 +272,7 @@ fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> 
         }
         match claim_template(pool) {
             Err(problem) => problems.push(problem),
-            Ok(Some(_)) => problems.push(Problem {
-                reason: "PoolOnClaimNotServed",
-                message: format!(
-                    "storage pool {:?}: pools on a claim (pvcTemplate) are not mounted by this version of the operator yet, so the pool is left out rather than filling {} on the nodes' root disks",
-                    pool.name, pool.path
-                ),
-                pool: Some(pool.name.clone()),
-            }),
-            Ok(None) => served.push(ServedPool { name: pool.name.clone(), path: pool.path.clone() }),
+            Ok(template) => served.push(ServedPool { name: pool.name.clone(), path: pool.path.clone(), template }),
         }
     }
     served
@@ -364,7 +402,13 @@ fn daemonset(
         None => {
             set_env(container, "PV_DIR", None);
             volumes.retain(|v| v.name != LEGACY_VOLUME);
-            let entries: Vec<String> = pools.iter().map(|p| format!("{}={}", p.name, p.path)).collect();
+            let entries: Vec<String> = pools
+                .iter()
+                .map(|p| {
+                    let mountpoint = if p.template.is_some() { ",mountpoint" } else { "" };
+                    format!("{}={}{mountpoint}", p.name, p.path)
+                })
+                .collect();
             set_env(container, "STORAGE_POOLS", Some(&entries.join(",")));
             let mounts = container.volume_mounts.get_or_insert_default();
             mounts.retain(|m| m.name != LEGACY_VOLUME);

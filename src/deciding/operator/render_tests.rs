@@ -169,20 +169,42 @@ fn image_pull_policy_is_the_resources_or_else_the_files() {
 }
 
 #[test]
-fn pools_on_a_claim_are_left_out_and_said_so_until_they_can_be_mounted() {
+fn pools_on_a_claim_are_served_only_while_mounted_and_listed_for_their_claims() {
     for file in ["pvc-template.yaml", "shared-pvc-template.yaml"] {
         let rendered = render(&example(file), &environment());
-        assert!(rendered.objects.is_empty(), "{file}: its only pool is not served");
-        let reasons: Vec<_> = rendered.problems.iter().map(|p| p.reason).collect();
-        assert_eq!(reasons, ["PoolOnClaimNotServed", "NoPoolServed"], "{file}");
+        assert!(rendered.problems.is_empty(), "{file}: {:?}", rendered.problems);
+        assert_eq!(rendered.pools_on_claim.len(), 1, "{file}");
+        let pool = &rendered.pools_on_claim[0];
+        let storage_pools = env_value(&rendered, "STORAGE_POOLS").expect("STORAGE_POOLS");
+        assert_eq!(storage_pools, format!("{}={},mountpoint", pool.name, pool.path), "{file}");
     }
     let spec = json!({"storagePools": [
         {"name": "disk", "path": "/mnt/disk"},
         {"name": "claim", "path": "/mnt/claim", "pvcTemplate": {"resources": {"requests": {"storage": "1Gi"}}}},
     ]});
     let rendered = render(&with_spec(spec), &environment());
-    assert_eq!(rendered.served_pools, ["disk"], "the directory pool is served all the same");
-    assert!(!rendered.blocked());
+    assert_eq!(rendered.served_pools, ["disk", "claim"]);
+    assert_eq!(env_value(&rendered, "STORAGE_POOLS").as_deref(), Some("disk=/mnt/disk,claim=/mnt/claim,mountpoint"));
+    assert_eq!(rendered.pools_on_claim.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["claim"]);
+    // The claims' nodes are the DaemonSet's: its file's placement is kept.
+    assert_eq!(rendered.placement.node_selector.get("kubernetes.io/os").map(String::as_str), Some("linux"));
+    assert!(
+        rendered
+            .placement
+            .tolerations
+            .iter()
+            .any(|t| t.key.as_deref() == Some("node-role.kubernetes.io/control-plane"))
+    );
+}
+
+fn env_value(rendered: &Rendered, name: &str) -> Option<String> {
+    let daemonset = rendered.objects.iter().find(|o| o.kind == "DaemonSet")?;
+    daemonset
+        .body
+        .pointer("/spec/template/spec/containers/0/env")?
+        .as_array()?
+        .iter()
+        .find_map(|e| (e["name"] == name).then(|| e["value"].as_str().map(str::to_owned)).flatten())
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! writes nothing (a write would wake it again).
 
 use super::render::Rendered;
-use super::resource::{Condition, HostPathProvisioner, Status, StoragePoolStatus};
+use super::resource::{ClaimStatus, Condition, HostPathProvisioner, Status, StoragePoolStatus};
 
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
@@ -39,6 +39,19 @@ impl Rollout {
     }
 }
 
+/// A pool on a claim as the cluster shows it: its claims and per-node mounters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolOnClaimState {
+    pub name: String,
+    /// Nodes that get a mounter.
+    pub desired: i32,
+    /// Mounters whose pod is Ready (the claim mounted at the pool path on that node).
+    pub ready: i32,
+    /// Every claim of the pool exists.
+    pub claims_made: bool,
+    pub claim_statuses: Vec<ClaimStatus>,
+}
+
 /// Everything the status is made from.
 #[derive(Clone, Debug)]
 pub struct Observed<'a> {
@@ -50,6 +63,10 @@ pub struct Observed<'a> {
     pub rollout: Option<Rollout>,
     /// Another resource is the one acting for this cluster (its name).
     pub superseded_by: Option<String>,
+    /// The pools on a claim, as the cluster shows them.
+    pub pools_on_claim: &'a [PoolOnClaimState],
+    /// Why pool claims or mounters are kept against the spec (the PVs that hold them).
+    pub held_back: &'a [String],
     /// This operator's version: the node pods run the operator's own image.
     pub version: &'a str,
     /// RFC 3339, for the times of changed conditions.
@@ -93,6 +110,7 @@ pub fn status(observed: &Observed) -> Status {
         _ => (false, "AsExpected", "nothing is being rolled out".to_owned()),
     };
     let mut problems: Vec<(&str, String)> = rendered.problems.iter().map(|p| (p.reason, p.message.clone())).collect();
+    problems.extend(observed.held_back.iter().map(|message| ("PoolHeldBack", message.clone())));
     if let Some(failure) = &observed.apply_failure {
         problems.insert(0, ("ApplyFailed", failure.clone()));
     }
@@ -142,7 +160,8 @@ fn superseded_message(other: &str) -> String {
 }
 
 /// One status per pool of `spec.storagePools` (the legacy pathConfig has none, as with the
-/// kubevirt operator): served pools count the nodes whose pod is available; a pool left out
+/// kubevirt operator): served pools count the nodes whose pod is available, pools on a claim
+/// the nodes whose mounter is Ready (Preparing until their claims exist); a pool left out
 /// stays Preparing, and Degraded says why.
 fn pool_statuses(observed: &Observed) -> Vec<StoragePoolStatus> {
     let rollout = observed.rollout.unwrap_or_default();
@@ -153,6 +172,22 @@ fn pool_statuses(observed: &Observed) -> Vec<StoragePoolStatus> {
         .iter()
         .map(|pool| {
             let served = observed.superseded_by.is_none() && observed.rendered.served_pools.contains(&pool.name);
+            if let Some(state) = observed.pools_on_claim.iter().find(|p| p.name == pool.name).filter(|_| served) {
+                let phase = if !state.claims_made {
+                    PREPARING
+                } else if state.desired > 0 && state.ready >= state.desired && rollout.complete() {
+                    READY
+                } else {
+                    MOUNTING
+                };
+                return StoragePoolStatus {
+                    name: pool.name.clone(),
+                    phase: phase.to_owned(),
+                    desired_ready: state.desired,
+                    current_ready: state.ready,
+                    claim_statuses: state.claim_statuses.clone(),
+                };
+            }
             let current = if served { rollout.available.min(rollout.desired) } else { 0 };
             let phase = if !served {
                 PREPARING

@@ -24,6 +24,8 @@ fn observe(resource: &HostPathProvisioner, rollout: Option<Rollout>, now: &str) 
         apply_failure: None,
         rollout,
         superseded_by: None,
+        pools_on_claim: &[],
+        held_back: &[],
         version: "0.1.0",
         now,
     })
@@ -122,6 +124,8 @@ fn an_apply_failure_comes_first_in_degraded() {
         apply_failure: Some("DaemonSet kubevirt-hostpath-provisioner: forbidden".into()),
         rollout: Some(rolled(1)),
         superseded_by: None,
+        pools_on_claim: &[],
+        held_back: &[],
         version: "0.1.0",
         now: NOW,
     });
@@ -185,10 +189,50 @@ fn the_oldest_resource_acts_and_the_others_are_superseded() {
         apply_failure: None,
         rollout: None,
         superseded_by: Some("old".into()),
+        pools_on_claim: &[],
+        held_back: &[],
         version: "0.1.0",
         now: NOW,
     });
     assert_eq!(find(&status, "Degraded").reason, "Superseded");
     assert!(find(&status, "Available").message.contains("delete this one or merge its pools into \"old\""));
     assert!(status.storage_pool_statuses.iter().all(|p| p.phase == "Preparing"));
+}
+
+#[test]
+fn a_pool_on_a_claim_prepares_mounts_and_is_ready_by_its_mounters() {
+    let resource = resource(json!({"storagePools": [
+        {"name": "big", "path": "/mnt/big", "pvcTemplate": {"resources": {"requests": {"storage": "1Gi"}}}},
+    ]}));
+    let rendered = render(&resource, &environment());
+    let phase = |state: PoolOnClaimState, held_back: &[String]| {
+        let status = status(&Observed {
+            resource: &resource,
+            rendered: &rendered,
+            apply_failure: None,
+            rollout: Some(rolled(2)),
+            superseded_by: None,
+            pools_on_claim: &[state],
+            held_back,
+            version: "0.1.0",
+            now: NOW,
+        });
+        let pool = status.storage_pool_statuses[0].clone();
+        (pool.phase, pool.desired_ready, pool.current_ready, find(&status, "Degraded").clone())
+    };
+    let state = |ready, claims_made| PoolOnClaimState {
+        name: "big".into(),
+        desired: 2,
+        ready,
+        claims_made,
+        claim_statuses: Vec::new(),
+    };
+    assert_eq!(phase(state(0, false), &[]).0, "Preparing");
+    assert_eq!(phase(state(1, true), &[]).0, "Mounting");
+    let (ready, desired, current, degraded) = phase(state(2, true), &[]);
+    assert_eq!((ready.as_str(), desired, current, degraded.status.as_str()), ("Ready", 2, 2, "False"));
+    let held = ["storage pool \"old\" ... pvc-1".to_owned()];
+    let degraded = phase(state(2, true), &held).3;
+    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "PoolHeldBack"));
+    assert!(degraded.message.contains("pvc-1"), "{}", degraded.message);
 }
