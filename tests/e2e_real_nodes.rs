@@ -46,6 +46,9 @@ use local_volumes::{
     a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
     two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
 };
+#[path = "real_nodes/operator.rs"]
+mod operator;
+use operator::the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives;
 #[path = "real_nodes/swap.rs"]
 mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing;
@@ -81,6 +84,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
         a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
+        the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives,
         // Last: it replaces the DaemonSet twice.
         a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing,
     ];

@@ -91,9 +91,14 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
     // the pools' claims).
     let mut pools = super::pool_claims::Outcome::default();
     if superseded_by.is_none() && !rendered.objects.is_empty() {
-        pools =
-            super::pool_claims::reconcile(&pool_target(resource, ctx), &rendered.pools_on_claim, &rendered.placement)
-                .await?;
+        let target = pool_target(resource, ctx);
+        pools = match super::pool_claims::reconcile(&target, &rendered.pools_on_claim, &rendered.placement).await {
+            Ok(pools) => pools,
+            Err(error) => {
+                publish(ctx, resource, EventType::Warning, error.reason(), &error.to_string()).await;
+                return Err(error);
+            }
+        };
         if let Some(failure) = pools.failure.take() {
             apply_failure.get_or_insert(failure);
         }
