@@ -489,6 +489,12 @@ async fn pools_on_a_claim_are_mounted_per_node_and_held_back_by_volumes(env: &Te
     assert!(message.contains(&pv_name) && message.contains(&nodes[0]), "names the PV and node: {message}");
     wait_present(&mounters, &object_names(&nodes[1]), false).await;
     wait_present(&claims, &object_names(&nodes[1]), false).await;
+    // The DaemonSet keeps serving the held pool, so that its volume can still be used and released.
+    let served = wait_daemonset(env, "the DaemonSet", |_| true).await;
+    assert_eq!(
+        node_container(&served).0.get("STORAGE_POOLS").map(String::as_str),
+        Some("local=/var/hpvolumes,claimed=/mnt/claimed,mountpoint")
+    );
     assert!(mounters.get_opt(&object_names(&nodes[0])).await.expect("read").is_some(), "held: {message}");
     assert!(claims.get_opt(&object_names(&nodes[0])).await.expect("read").is_some(), "held: {message}");
 
@@ -498,6 +504,10 @@ async fn pools_on_a_claim_are_mounted_per_node_and_held_back_by_volumes(env: &Te
     wait_present(&claims, &object_names(&nodes[0]), false).await;
     wait_resource(env, name, "no longer held back", |r| {
         condition(r, "Degraded").is_some_and(|c| c["reason"] != "PoolHeldBack")
+    })
+    .await;
+    wait_daemonset(env, "the released pool no longer served", |d| {
+        node_container(d).0.get("STORAGE_POOLS").map(String::as_str) == Some("local=/var/hpvolumes")
     })
     .await;
     let patch = json!({"spec": {"workload": null}});

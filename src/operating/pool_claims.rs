@@ -35,21 +35,28 @@ pub struct Target<'a> {
     pub field_manager: &'a str,
 }
 
-/// Brings the claims and mounters of `pools` (empty: the resource is being deleted) to what
-/// the placement asks, keeping those that PVs of ours still need.
-pub async fn reconcile(
-    target: &Target<'_>,
-    pools: &[PoolOnClaim],
-    placement: &NodePlacement,
-) -> Result<Outcome, OperatorError> {
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(target.client.clone(), target.namespace);
-    let mounters: Api<Deployment> = Api::namespaced(target.client.clone(), target.namespace);
+/// The pool objects of a resource and what decides about them, read from the cluster.
+#[derive(Debug, Default)]
+pub struct Found {
+    claims: Vec<PersistentVolumeClaim>,
+    mounters: Vec<Deployment>,
+    nodes: Vec<Node>,
+    pvs: Vec<PersistentVolume>,
+}
+
+/// Reads the resource's pool claims and mounters, and when there are any (or `pools` is not
+/// empty) the nodes and PVs that decide about them.
+pub async fn read(target: &Target<'_>, any_pools: bool) -> Result<Found, OperatorError> {
     let selector = ListParams::default().labels(&format!("{OWNER_LABEL}={},{POOL_LABEL}", target.resource));
-    let found_claims = claims.list(&selector).await.map_err(|e| OperatorError::api("list the pool claims", e))?.items;
-    let found_mounters =
-        mounters.list(&selector).await.map_err(|e| OperatorError::api("list the pool mounter Deployments", e))?.items;
-    if pools.is_empty() && found_claims.is_empty() && found_mounters.is_empty() {
-        return Ok(Outcome::default());
+    let claims =
+        claims_api(target).list(&selector).await.map_err(|e| OperatorError::api("list the pool claims", e))?.items;
+    let mounters = mounters_api(target)
+        .list(&selector)
+        .await
+        .map_err(|e| OperatorError::api("list the pool mounter Deployments", e))?
+        .items;
+    if !any_pools && claims.is_empty() && mounters.is_empty() {
+        return Ok(Found::default());
     }
     let nodes = Api::<Node>::all(target.client.clone())
         .list(&ListParams::default())
@@ -61,11 +68,53 @@ pub async fn reconcile(
         .await
         .map_err(|e| OperatorError::api("list the PersistentVolumes that may hold a pool back", e))?
         .items;
-    let mut existing: Vec<Existing> = found_claims.iter().filter_map(|c| read_existing(Kind::Claim, c)).collect();
-    existing.extend(found_mounters.iter().filter_map(|d| read_existing(Kind::Mounter, d)));
+    Ok(Found { claims, mounters, nodes, pvs })
+}
+
+fn claims_api(target: &Target<'_>) -> Api<PersistentVolumeClaim> {
+    Api::namespaced(target.client.clone(), target.namespace)
+}
+
+fn mounters_api(target: &Target<'_>) -> Api<Deployment> {
+    Api::namespaced(target.client.clone(), target.namespace)
+}
+
+fn plan(target: &Target<'_>, found: &Found, pools: &[PoolOnClaim], placement: &NodePlacement) -> pool_plan::Plan {
+    let mut existing: Vec<Existing> = found.claims.iter().filter_map(|c| read_existing(Kind::Claim, c)).collect();
+    existing.extend(found.mounters.iter().filter_map(|d| read_existing(Kind::Mounter, d)));
     let objects =
         PoolObjects { resource: target.resource, namespace: target.namespace, image: target.image, pool: "", path: "" };
-    let plan = pool_plan::plan(pools, placement, &nodes, &existing, &pvs, &objects);
+    pool_plan::plan(pools, placement, &found.nodes, &existing, &found.pvs, &objects)
+}
+
+/// The pools (name, path) held back against `pools`: the DaemonSet keeps serving them.
+pub fn held_pools(
+    target: &Target<'_>,
+    found: &Found,
+    pools: &[PoolOnClaim],
+    placement: &NodePlacement,
+) -> Vec<(String, String)> {
+    let mut held: Vec<(String, String)> =
+        plan(target, found, pools, placement).held_back.into_iter().map(|h| (h.pool, h.path)).collect();
+    held.sort();
+    held.dedup();
+    held
+}
+
+/// Brings the claims and mounters of `pools` (empty: the resource is being deleted) to what
+/// the placement asks, keeping those that PVs of ours still need.
+pub async fn reconcile(
+    target: &Target<'_>,
+    found: &Found,
+    pools: &[PoolOnClaim],
+    placement: &NodePlacement,
+) -> Outcome {
+    let (claims, mounters) = (claims_api(target), mounters_api(target));
+    let (found_claims, found_mounters) = (&found.claims, &found.mounters);
+    if pools.is_empty() && found_claims.is_empty() && found_mounters.is_empty() {
+        return Outcome::default();
+    }
+    let plan = plan(target, found, pools, placement);
 
     let mut outcome = Outcome { held_back: plan.held_back.iter().map(|h| h.message()).collect(), ..Outcome::default() };
     let params = PatchParams::apply(target.field_manager).force();
@@ -133,7 +182,7 @@ pub async fn reconcile(
             }
         })
         .collect();
-    Ok(outcome)
+    outcome
 }
 
 fn kind_name(kind: Kind) -> &'static str {

@@ -75,8 +75,29 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
     let all = api.list(&ListParams::default()).await.map_err(|e| OperatorError::api("list HostPathProvisioners", e))?;
     let acting = status::acting_resource(&all.items);
     let superseded_by = acting.filter(|a| *a != name);
-    let environment = environment(ctx).await;
-    let rendered = render(resource, &environment);
+    let mut environment = environment(ctx).await;
+    let mut rendered = render(resource, &environment);
+    // Pools on a claim, once the node objects rendered (a blocked render must not release
+    // the pools' claims). A pool whose claims PVs of ours still hold stays served.
+    let target = pool_target(resource, ctx);
+    let pool_objects = if superseded_by.is_none() && !rendered.objects.is_empty() {
+        match super::pool_claims::read(&target, !rendered.pools_on_claim.is_empty()).await {
+            Ok(found) => Some(found),
+            Err(error) => {
+                publish(ctx, resource, EventType::Warning, error.reason(), &error.to_string()).await;
+                return Err(error);
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(found) = &pool_objects {
+        environment.held_pools =
+            super::pool_claims::held_pools(&target, found, &rendered.pools_on_claim, &rendered.placement);
+        if !environment.held_pools.is_empty() {
+            rendered = render(resource, &environment);
+        }
+    }
     let mut apply_failure = None;
     if superseded_by.is_none() {
         for object in &rendered.objects {
@@ -87,18 +108,9 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
             }
         }
     }
-    // Pools on a claim, once the node objects rendered (a blocked render must not release
-    // the pools' claims).
     let mut pools = super::pool_claims::Outcome::default();
-    if superseded_by.is_none() && !rendered.objects.is_empty() {
-        let target = pool_target(resource, ctx);
-        pools = match super::pool_claims::reconcile(&target, &rendered.pools_on_claim, &rendered.placement).await {
-            Ok(pools) => pools,
-            Err(error) => {
-                publish(ctx, resource, EventType::Warning, error.reason(), &error.to_string()).await;
-                return Err(error);
-            }
-        };
+    if let Some(found) = &pool_objects {
+        pools = super::pool_claims::reconcile(&target, found, &rendered.pools_on_claim, &rendered.placement).await;
         if let Some(failure) = pools.failure.take() {
             apply_failure.get_or_insert(failure);
         }
@@ -194,6 +206,7 @@ async fn environment(ctx: &Context) -> Environment {
         image: ctx.image.clone(),
         openshift: serves("security.openshift.io/v1", &["securitycontextconstraints"]).await,
         prometheus: serves("monitoring.coreos.com/v1", &["servicemonitors", "prometheusrules"]).await,
+        held_pools: Vec::new(),
     }
 }
 
@@ -265,7 +278,13 @@ async fn cleanup(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action
     let uid = resource.uid().unwrap_or_default();
     // Pools on a claim first: while PVs of ours live in one, everything stays (the node
     // provisioner too, to serve and release those volumes) and the finalizer holds.
-    let pools = super::pool_claims::reconcile(&pool_target(resource, ctx), &[], &Default::default()).await?;
+    let target = pool_target(resource, ctx);
+    let found = super::pool_claims::read(&target, false).await?;
+    let pools = super::pool_claims::reconcile(&target, &found, &[], &Default::default()).await;
+    if let Some(failure) = &pools.failure {
+        publish(ctx, resource, EventType::Warning, reason::CLEANUP_FAILED, failure).await;
+        return Err(OperatorError::Config(failure.clone()));
+    }
     if !pools.held_back.is_empty() {
         let message = format!("deletion of HostPathProvisioner {name} waits: {}", pools.held_back.join("; "));
         publish(ctx, resource, EventType::Warning, reason::POOL_HELD_BACK, &message).await;

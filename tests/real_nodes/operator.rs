@@ -164,31 +164,31 @@ pub(super) async fn the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keep
     let message = degraded(&status).map(|c| c["message"].to_string()).unwrap_or_default();
     ensure!(message.contains(&pv_name), "names the PV: {message}");
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.lane.client(), OPERATOR_NAMESPACE);
+    let pools_served = |d: &DaemonSet| serde_json::to_string(&d.spec).unwrap_or_default();
     testbed::wait_until(
-        "the DaemonSet without the pool",
+        "the DaemonSet with the plain pool",
         LANE_TIMEOUT,
         || daemonsets.get(DEPLOY_DAEMONSET),
-        |d| !serde_json::to_string(&d.spec).unwrap_or_default().contains("operator-pool"),
+        |d| pools_served(d).contains("operator-plain") && pools_served(d).contains("operator-pool,mountpoint"),
     )
     .await?;
     ensure!(pool.join("marker").exists(), "the mount stays");
     ensure!(std::fs::read_to_string(pool.join(&dir_name).join("file"))? == "kept\n", "the data stays, reachable");
 
-    // Clean up: the volume by hand (its pool is no longer served), the resource, the disk;
-    // deploy/legacy back for the next scenarios.
+    // The held pool is still served: the volume is released as usual, and then the pool's
+    // claim and mounter go, and the DaemonSet stops serving it.
     ctx.lane.delete_pod(&ns, "writer").await?;
-    claims.delete("carved", &DeleteParams::default()).await?;
-    testbed::wait_for("the carved claim gone", LANE_TIMEOUT, || async {
-        anyhow::Ok(claims.get_opt("carved").await?.is_none().then_some(()))
-    })
-    .await?;
-    pvs.delete(&pv_name, &DeleteParams::default()).await?;
-    testbed::wait_for("the carved PV gone", LANE_TIMEOUT, || async {
-        anyhow::Ok(pvs.get_opt(&pv_name).await?.is_none().then_some(()))
-    })
-    .await
-    .map_err(|e| e.context(ctx.provisioner_logs()))?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "carved").await?;
     wait_resource(ctx, "no longer held back", |s| degraded(s).is_some_and(|c| c["reason"] != "PoolHeldBack")).await?;
+    testbed::wait_until(
+        "the DaemonSet without the released pool",
+        LANE_TIMEOUT,
+        || daemonsets.get(DEPLOY_DAEMONSET),
+        |d| !pools_served(d).contains("operator-pool"),
+    )
+    .await?;
+
+    // Clean up: the resource, the disk; deploy/legacy back for the next scenarios.
     resources(ctx).delete(RESOURCE, &DeleteParams::default()).await?;
     testbed::wait_for("the resource gone", LANE_TIMEOUT, || async {
         anyhow::Ok(resources(ctx).get_opt(RESOURCE).await?.is_none().then_some(()))

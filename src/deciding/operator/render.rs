@@ -10,6 +10,7 @@
 //! renders nothing (what runs keeps running), a problem of one pool leaves that pool out.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
@@ -62,6 +63,10 @@ pub struct Environment {
     pub openshift: bool,
     /// The Prometheus Operator's ServiceMonitor and PrometheusRule are served.
     pub prometheus: bool,
+    /// Pools on a claim gone from the spec whose claims PVs of ours still hold (name, path):
+    /// the DaemonSet keeps serving them (only while mounted), so that those volumes can still
+    /// be used and released.
+    pub held_pools: Vec<(String, String)>,
 }
 
 /// One object to apply, with what the API needs to address it.
@@ -138,6 +143,8 @@ struct ServedPool {
     /// path (its `mountpoint` option), so that no volume lands on the root disk before the
     /// claim is mounted there, after a reboot too.
     template: Option<PersistentVolumeClaimSpec>,
+    /// Gone from the spec, served while PVs of ours hold its claim (also only while mounted).
+    held: bool,
 }
 
 /// Renders `resource` for `environment`.
@@ -150,7 +157,17 @@ pub fn render(resource: &HostPathProvisioner, environment: &Environment) -> Rend
             return rendered;
         }
     };
-    let pools = served_pools(resource, &mut rendered.problems);
+    let mut pools = served_pools(resource, &mut rendered.problems);
+    if resource.spec.path_config.is_none() {
+        for (name, path) in &environment.held_pools {
+            let clashes = pools.iter().any(|p| {
+                p.name == *name || Path::new(&p.path).starts_with(path) || Path::new(path).starts_with(&p.path)
+            });
+            if !clashes {
+                pools.push(ServedPool { name: name.clone(), path: path.clone(), template: None, held: true });
+            }
+        }
+    }
     if pools.is_empty() {
         rendered.problems.push(Problem {
             reason: "NoPoolServed",
@@ -255,7 +272,12 @@ pub fn claim_template(pool: &StoragePool) -> Result<Option<PersistentVolumeClaim
 /// The pools the DaemonSet serves, each problem of a pool recorded and that pool left out.
 fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> Vec<ServedPool> {
     if let Some(path_config) = &resource.spec.path_config {
-        return vec![ServedPool { name: LEGACY_POOL.to_owned(), path: path_config.path.clone(), template: None }];
+        return vec![ServedPool {
+            name: LEGACY_POOL.to_owned(),
+            path: path_config.path.clone(),
+            template: None,
+            held: false,
+        }];
     }
     let mut served = Vec::new();
     for pool in &resource.spec.storage_pools {
@@ -272,7 +294,9 @@ fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> 
         }
         match claim_template(pool) {
             Err(problem) => problems.push(problem),
-            Ok(template) => served.push(ServedPool { name: pool.name.clone(), path: pool.path.clone(), template }),
+            Ok(template) => {
+                served.push(ServedPool { name: pool.name.clone(), path: pool.path.clone(), template, held: false })
+            }
         }
     }
     served
@@ -405,7 +429,7 @@ fn daemonset(
             let entries: Vec<String> = pools
                 .iter()
                 .map(|p| {
-                    let mountpoint = if p.template.is_some() { ",mountpoint" } else { "" };
+                    let mountpoint = if p.template.is_some() || p.held { ",mountpoint" } else { "" };
                     format!("{}={}{mountpoint}", p.name, p.path)
                 })
                 .collect();

@@ -7,7 +7,13 @@ const NAMESPACE: &str = "hpp-operator";
 const IMAGE: &str = "registry.example/hostpath-provisioner:1.2.3";
 
 fn environment() -> Environment {
-    Environment { namespace: NAMESPACE.into(), image: IMAGE.into(), openshift: false, prometheus: false }
+    Environment {
+        namespace: NAMESPACE.into(),
+        image: IMAGE.into(),
+        openshift: false,
+        prometheus: false,
+        held_pools: Vec::new(),
+    }
 }
 
 fn example(file: &str) -> HostPathProvisioner {
@@ -195,6 +201,23 @@ fn pools_on_a_claim_are_served_only_while_mounted_and_listed_for_their_claims() 
             .iter()
             .any(|t| t.key.as_deref() == Some("node-role.kubernetes.io/control-plane"))
     );
+}
+
+#[test]
+fn a_held_back_pool_stays_served_while_mounted_unless_its_name_or_path_is_taken() {
+    let spec = json!({"storagePools": [{"name": "disk", "path": "/mnt/disk"}]});
+    let held = |pools: &[(&str, &str)]| {
+        let environment = Environment {
+            held_pools: pools.iter().map(|(n, p)| ((*n).to_owned(), (*p).to_owned())).collect(),
+            ..environment()
+        };
+        env_value(&render(&with_spec(spec.clone()), &environment), "STORAGE_POOLS")
+    };
+    assert_eq!(held(&[("old", "/mnt/old")]).as_deref(), Some("disk=/mnt/disk,old=/mnt/old,mountpoint"));
+    assert_eq!(held(&[("disk", "/mnt/old")]).as_deref(), Some("disk=/mnt/disk"), "the name is taken");
+    assert_eq!(held(&[("old", "/mnt/disk/old")]).as_deref(), Some("disk=/mnt/disk"), "inside a served pool");
+    let legacy = Environment { held_pools: vec![("old".into(), "/mnt/old".into())], ..environment() };
+    assert!(env_value(&render(&example("legacy.yaml"), &legacy), "STORAGE_POOLS").is_none(), "pathConfig has no pools");
 }
 
 fn env_value(rendered: &Rendered, name: &str) -> Option<String> {

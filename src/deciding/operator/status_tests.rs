@@ -13,7 +13,13 @@ fn resource(spec: Value) -> HostPathProvisioner {
 }
 
 fn environment() -> Environment {
-    Environment { namespace: "ns".into(), image: "img".into(), openshift: false, prometheus: false }
+    Environment {
+        namespace: "ns".into(),
+        image: "img".into(),
+        openshift: false,
+        prometheus: false,
+        held_pools: Vec::new(),
+    }
 }
 
 fn observe(resource: &HostPathProvisioner, rollout: Option<Rollout>, now: &str) -> Status {
