@@ -176,12 +176,15 @@ async fn report_changes(resource: &HostPathProvisioner, previous: &Status, new: 
 }
 
 async fn publish(ctx: &Context, resource: &HostPathProvisioner, type_: EventType, reason: &str, note: &str) {
+    // The recorder folds Events of the same reason and action into one series, keeping the
+    // first note: the deletion's own steps are another action, so that their notes show.
+    let action = if resource.metadata.deletion_timestamp.is_some() { "Cleanup" } else { "Reconcile" };
     let event = Event {
         type_,
         reason: reason.to_owned(),
         // The API server refuses notes over 1 kB.
         note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
+        action: action.into(),
         secondary: None,
     };
     if let Err(error) = ctx.recorder.publish(&event, &resource.object_ref(&())).await {

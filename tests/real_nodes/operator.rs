@@ -175,25 +175,33 @@ pub(super) async fn the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keep
     ensure!(pool.join("marker").exists(), "the mount stays");
     ensure!(std::fs::read_to_string(pool.join(&dir_name).join("file"))? == "kept\n", "the data stays, reachable");
 
-    // The held pool is still served: the volume is released as usual, and then the pool's
-    // claim and mounter go, and the DaemonSet stops serving it.
+    // Deleting the resource while the volume lives removes nothing (a Warning Event names the
+    // PV); the held pool is still served, so the volume is released as usual, and then
+    // everything goes.
+    let uid = resources(ctx).get(RESOURCE).await?.metadata.uid.unwrap_or_default();
+    resources(ctx).delete(RESOURCE, &DeleteParams::default()).await?;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(ctx.lane.client(), "default");
+    let note = testbed::wait_for("the PoolHeldBack Event of the deletion", LANE_TIMEOUT, || async {
+        let list = events.list(&ListParams::default()).await?;
+        anyhow::Ok(list.items.into_iter().find_map(|e| {
+            let ours = e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str());
+            let note = e.note.unwrap_or_default();
+            (ours && e.reason.as_deref() == Some("PoolHeldBack") && note.contains("deletion")).then_some(note)
+        }))
+    })
+    .await?;
+    ensure!(note.contains(&pv_name), "names the PV: {note}");
+    ensure!(resources(ctx).get_opt(RESOURCE).await?.is_some(), "the resource waits");
+    ensure!(daemonsets.get_opt(DEPLOY_DAEMONSET).await?.is_some(), "the node provisioner stays");
     ctx.lane.delete_pod(&ns, "writer").await?;
     ctx.delete_claim_and_wait_reclaimed(&ns, "carved").await?;
-    wait_resource(ctx, "no longer held back", |s| degraded(s).is_some_and(|c| c["reason"] != "PoolHeldBack")).await?;
-    testbed::wait_until(
-        "the DaemonSet without the released pool",
-        LANE_TIMEOUT,
-        || daemonsets.get(DEPLOY_DAEMONSET),
-        |d| !pools_served(d).contains("operator-pool"),
-    )
-    .await?;
-
-    // Clean up: the resource, the disk; deploy/legacy back for the next scenarios.
-    resources(ctx).delete(RESOURCE, &DeleteParams::default()).await?;
     testbed::wait_for("the resource gone", LANE_TIMEOUT, || async {
         anyhow::Ok(resources(ctx).get_opt(RESOURCE).await?.is_none().then_some(()))
     })
     .await?;
+    ensure!(daemonsets.get_opt(DEPLOY_DAEMONSET).await?.is_none(), "the node provisioner went with it");
+
+    // Clean up: the disk; deploy/legacy back for the next scenarios.
     pvs.delete(&format!("{ns}-disk"), &DeleteParams::default()).await?;
     ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
     Ok(())
