@@ -6,7 +6,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build release control-plane promtool deploy-tools manifests image test lint unit e2e demo bench bench-vs-go fmt clean-cache
+.PHONY: all build release control-plane promtool deploy-tools manifests image test lint unit e2e demo demo-operator bench bench-vs-go fmt clean-cache
 
 all: build
 
@@ -63,6 +63,11 @@ test: control-plane promtool deploy-tools lint image
 demo: control-plane
 	$(CARGO) build -p hostpath-provisioner
 	$(CARGO) run -q -p testbed --bin demo -- --provisioner target/debug/hostpath-provisioner $(DEMO_ARGS)
+
+# The operator path: a HostPathProvisioner resource becomes the node DaemonSet (docs/operator.md).
+demo-operator: control-plane
+	$(CARGO) build -p hostpath-provisioner
+	$(CARGO) run -q -p testbed --bin demo_operator -- --provisioner target/debug/hostpath-provisioner
 
 # Speed and footprint figures (never asserted in tests).
 bench: control-plane

@@ -40,11 +40,11 @@ pub struct Args {
     #[arg(long, env = "PV_DIR")]
     pub pv_dir: Option<PathBuf>,
 
-    /// More pools: NAME=PATH, then options of that pool: `shared` for a network filesystem mounted at the same path on every node, `reserve=SIZE` for free space kept unallocated in it (instead of --reserved-space), `accounting=free|requests` (instead of --capacity-accounting). Repeatable; STORAGE_POOLS takes a comma-separated list (ssd=/mnt/ssd,reserve=10Gi,nfs=/mnt/nfs,shared).
+    /// More pools: NAME=PATH, then options of that pool: `shared` for a network filesystem mounted at the same path on every node, `reserve=SIZE` for free space kept unallocated in it (instead of --reserved-space), `accounting=free|requests` (instead of --capacity-accounting), `mountpoint` to use the pool only while its path is a mount point (as --require-mountpoint, for this pool alone). Repeatable; STORAGE_POOLS takes a comma-separated list (ssd=/mnt/ssd,reserve=10Gi,nfs=/mnt/nfs,shared).
     #[arg(
         long = "pool",
         env = "STORAGE_POOLS",
-        value_name = "NAME=PATH[,shared][,reserve=SIZE][,accounting=requests]"
+        value_name = "NAME=PATH[,shared][,reserve=SIZE][,accounting=requests][,mountpoint]"
     )]
     pub pools: Vec<String>,
 
@@ -442,11 +442,12 @@ fn pool_root(path: &str) -> Option<PathBuf> {
 }
 
 /// Parses one `--pool` value or the whole `STORAGE_POOLS`: comma-separated entries, where
-/// `NAME=PATH` starts a pool and `shared` or `reserve=SIZE` is an option of the pool before it.
+/// `NAME=PATH` starts a pool and `shared`, `mountpoint`, `reserve=SIZE` or `accounting=...` is an
+/// option of the pool before it.
 /// So `--pool nfs=/mnt/nfs,shared` and `STORAGE_POOLS=ssd=/mnt/ssd,reserve=10Gi,nfs=/mnt/nfs,shared`
-/// read the same way (`shared` and `reserve` cannot be pool names).
+/// read the same way (`shared`, `mountpoint`, `reserve` and `accounting` cannot be pool names).
 pub fn parse_pool_specs(value: &str) -> Result<Vec<PoolPath>, ConfigError> {
-    const ACCEPTED: &str = "NAME=PATH[,shared][,reserve=SIZE][,accounting=free|requests] entries separated by commas, NAME a DNS-1123 label, PATH an absolute directory other than /";
+    const ACCEPTED: &str = "NAME=PATH[,shared][,mountpoint][,reserve=SIZE][,accounting=free|requests] entries separated by commas, NAME a DNS-1123 label, PATH an absolute directory other than /";
     let mut pools: Vec<PoolPath> = Vec::new();
     for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
         if let Some(value) = token.strip_prefix("accounting=") {
@@ -474,6 +475,7 @@ pub fn parse_pool_specs(value: &str) -> Result<Vec<PoolPath>, ConfigError> {
             }
             None => match (token, pools.last_mut()) {
                 ("shared", Some(pool)) => pool.shared = true,
+                ("mountpoint", Some(pool)) => pool.require_mountpoint = true,
                 _ => return Err(invalid("STORAGE_POOLS", value, ACCEPTED)),
             },
         }

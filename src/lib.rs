@@ -8,6 +8,7 @@
 //! - [`filesystem`]: every filesystem call, behind pool-root handles and validated names.
 //! - [`serving`]: health and metrics over HTTP.
 //! - [`doctor`]: the `doctor` subcommand, a health report of this node's pools.
+//! - [`operating`]: the `operator` subcommand, which serves `HostPathProvisioner` resources.
 //! - [`config`], [`error`], [`keys`]: settings, error types with their event reasons, and the
 //!   annotation and label keys shared with Kubernetes and the Go build.
 
@@ -17,6 +18,7 @@ pub mod doctor;
 pub mod error;
 pub mod filesystem;
 pub mod keys;
+pub mod operating;
 pub mod reconciling;
 pub mod serving;
 

@@ -9,14 +9,21 @@ use kube::config::KubeConfigOptions;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // `hostpath-provisioner doctor ...` is the node health report; anything else but the
-    // subcommands below is the daemon, whose command line takes no positional argument.
-    if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::doctor::SUBCOMMAND) {
-        std::process::exit(hostpath_provisioner::doctor::main(std::env::args_os().skip(1)).await);
-    }
-    // `hostpath-provisioner check-volume DIR`: the Helm chart's test pod checks a new volume.
-    if std::env::args_os().nth(1).is_some_and(|arg| arg == hostpath_provisioner::doctor::volume_check::SUBCOMMAND) {
-        std::process::exit(hostpath_provisioner::doctor::volume_check::main(std::env::args_os().skip(2)));
+    // Subcommands: `doctor` (this node's storage health), `check-volume DIR` (the Helm chart's
+    // test pod), `operator` (the operator of HostPathProvisioner resources, src/operating) and
+    // `pool-mount` (its per-node mounter). Anything else is the daemon, whose command line takes
+    // no positional argument.
+    use hostpath_provisioner::{doctor, operating};
+    let subcommand = std::env::args_os().nth(1);
+    let exit_code = match subcommand.as_ref().and_then(|arg| arg.to_str()) {
+        Some(doctor::SUBCOMMAND) => Some(doctor::main(std::env::args_os().skip(1)).await),
+        Some(doctor::volume_check::SUBCOMMAND) => Some(doctor::volume_check::main(std::env::args_os().skip(2))),
+        Some(operating::SUBCOMMAND) => Some(operating::main(std::env::args_os().skip(1)).await),
+        Some(operating::pool_mount::SUBCOMMAND) => Some(operating::pool_mount::main(std::env::args_os().skip(1)).await),
+        _ => None,
+    };
+    if let Some(code) = exit_code {
+        std::process::exit(code);
     }
     let configured = Args::parse()
         .validate()

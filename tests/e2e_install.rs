@@ -230,7 +230,7 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
     // Each setting of the binary, as the maximal values file sets it.
     for (name, value) in [
         ("PV_DIR", "/var/hpvolumes"),
-        ("STORAGE_POOLS", "ssd=/mnt/ssd,reserve=20Gi,accounting=free,nfs=/mnt/nfs,shared"),
+        ("STORAGE_POOLS", "ssd=/mnt/ssd,reserve=20Gi,accounting=free,nfs=/mnt/nfs,shared,mountpoint"),
         ("PROVISIONER_NAME", "hostpath.example.com"),
         ("USE_NAMING_PREFIX", "true"),
         ("PV_CAPACITY", "filesystem"),

@@ -124,6 +124,45 @@ async fn an_unmounted_pool_keeps_the_node_unready_and_refusing_until_a_disk_is_m
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_pool_flagged_mountpoint_is_refused_alone_until_its_disk_is_mounted() {
+    let mut env = TestEnv::start("pool-mountpoint", 0).await;
+    let node = format!("{}-1", env.group);
+    let claimed = env.cp.temp_dir().join(format!("{}-claimed", env.group));
+    std::fs::create_dir_all(&claimed).unwrap();
+    let pool_arg = format!("claimed={},mountpoint", claimed.display());
+    env.add_node_no_wait(&node, &move |spec| spec.arg("--pool").arg(pool_arg.clone())).await;
+    let health = env.nodes[0].provisioner.health_addr();
+    testbed::wait_for("readyz names the unmounted pool", TIMEOUT, || async {
+        let (status, body) = testbed::http_get(health, "/readyz").await?;
+        anyhow::Ok(
+            (status == 503 && body.contains("pool claimed") && body.contains("nothing is mounted")).then_some(()),
+        )
+    })
+    .await
+    .expect("unready while the flagged pool is not a mount point");
+
+    // The pool without the option (legacy, a plain directory) keeps serving.
+    let legacy = env.class("legacy", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "plain", &legacy, "1Mi").provision_on_node(&node)).await;
+    env.wait_bound("plain").await;
+
+    let on_claim = env.class("claimed", |c| c.immediate().parameter("storagePool", "claimed")).await;
+    let claim = env.create_claim(fixtures::claim(&env.ns, "waits", &on_claim, "1Mi").provision_on_node(&node)).await;
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(note.contains("nothing is mounted") && note.contains("claimed"), "{note}");
+    assert!(entries(&claimed).is_empty(), "nothing written under the unmounted pool path");
+
+    let disk = Tmpfs::mount(&claimed);
+    env.nodes[0].provisioner.wait_ready(TIMEOUT).await.expect("ready once mounted");
+    env.wait_bound("waits").await;
+    assert!(disk.0.join(format!("pvc-{}", uid(&claim))).is_dir(), "the volume is on the mounted disk");
+    env.delete_claim("waits").await;
+    wait_path_gone(&disk.0.join(format!("pvc-{}", uid(&claim)))).await;
+    env.nodes[0].provisioner.terminate();
+    drop(disk);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_pool_reached_through_a_replaced_parent_is_refused_until_restored() {
     let env = TestEnv::start("redirect", 1).await;
     let class = env.class("imm", |c| c.immediate()).await;

@@ -137,6 +137,25 @@ fn pools_come_from_flags_env_style_lists_and_pv_dir() {
 }
 
 #[test]
+fn a_pool_may_require_its_own_mount_point() {
+    let c = parse_on_node(&["--pool", "claimed=/mnt/claimed,mountpoint,reserve=1Gi,plain=/mnt/plain"]).unwrap();
+    assert_eq!(
+        c.pools,
+        vec![
+            counted(PoolPath {
+                require_mountpoint: true,
+                reserve: Some(1 << 30),
+                ..PoolPath::local("claimed", "/mnt/claimed")
+            }),
+            counted(PoolPath::local("plain", "/mnt/plain")),
+        ]
+    );
+    assert!(!c.require_mountpoint, "the option of one pool is not the setting for all");
+    let shared = parse_on_node(&["--pool", "nfs=/mnt/nfs,shared,mountpoint"]).unwrap();
+    assert!(shared.pools[0].shared && shared.pools[0].require_mountpoint);
+}
+
+#[test]
 fn bad_pools_are_refused_naming_the_setting() {
     for bad in [
         "ssd",
@@ -148,6 +167,8 @@ fn bad_pools_are_refused_naming_the_setting() {
         "shared",
         "ssd=/x,fast",
         "reserve=1Gi",
+        "mountpoint",
+        "ssd=/x,mountpoint=yes",
         "ssd=/x,reserve=lots",
         "ssd=/x,ssd=/y",
         "a=/x,b=/x/y",

@@ -25,17 +25,28 @@ pub struct PoolPath {
     /// How room is counted in this pool (`accounting=free|requests`), instead of
     /// `--capacity-accounting`.
     pub accounting: Option<crate::deciding::capacity::CapacityAccounting>,
+    /// Usable only while its root is a mount point (`mountpoint`), as `REQUIRE_MOUNTPOINT` for
+    /// every pool: a pool on a disk mounted later (a claim the operator mounts) never receives
+    /// volumes on the root disk beneath it.
+    pub require_mountpoint: bool,
 }
 
 impl PoolPath {
     /// A node-local pool.
     pub fn local(name: &str, root: impl Into<PathBuf>) -> PoolPath {
-        PoolPath { name: name.to_owned(), root: root.into(), shared: false, reserve: None, accounting: None }
+        PoolPath {
+            name: name.to_owned(),
+            root: root.into(),
+            shared: false,
+            reserve: None,
+            accounting: None,
+            require_mountpoint: false,
+        }
     }
 
     /// A pool on a network filesystem mounted at the same path on every node.
     pub fn shared(name: &str, root: impl Into<PathBuf>) -> PoolPath {
-        PoolPath { name: name.to_owned(), root: root.into(), shared: true, reserve: None, accounting: None }
+        PoolPath { shared: true, ..PoolPath::local(name, root) }
     }
 
     /// How the pool is advertised to, and matched against, other nodes.

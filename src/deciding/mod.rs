@@ -9,6 +9,7 @@ pub mod deletion;
 pub mod identity;
 pub mod layout;
 pub mod mount_table;
+pub mod operator;
 pub mod os_disk;
 pub mod provision;
 pub mod published_capacity;

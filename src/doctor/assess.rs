@@ -139,7 +139,8 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
                 pool.path,
                 fs.mount_point.as_deref().unwrap_or("its parent")
             );
-            let severity = if require_mountpoint { Severity::Problem } else { Severity::Warning };
+            let severity =
+                if require_mountpoint || pool.require_mountpoint { Severity::Problem } else { Severity::Warning };
             add(severity, "not_mount_point", message);
         }
         if fs.shares_os_disk == Some(true) {
@@ -412,7 +413,9 @@ mod tests {
         let mut pool = healthy_pool();
         pool.filesystem.as_mut().unwrap().is_mount_point = false;
         assert_eq!(checks(pool.clone(), false), vec![(Severity::Warning, "not_mount_point")]);
-        assert_eq!(checks(pool, true), vec![(Severity::Problem, "not_mount_point")], "REQUIRE_MOUNTPOINT");
+        assert_eq!(checks(pool.clone(), true), vec![(Severity::Problem, "not_mount_point")], "REQUIRE_MOUNTPOINT");
+        pool.require_mountpoint = true;
+        assert_eq!(checks(pool, false), vec![(Severity::Problem, "not_mount_point")], "the pool's mountpoint option");
         let mut pool = healthy_pool();
         pool.filesystem.as_mut().unwrap().shares_os_disk = Some(true);
         assert_eq!(checks(pool, false), vec![(Severity::Warning, "shares_os_disk")]);

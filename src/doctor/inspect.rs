@@ -92,6 +92,7 @@ pub fn pool_report(pool: &PoolPath, config: &Config, cluster: Option<&ClusterFac
         name: pool.name.clone(),
         path: pool.root.display().to_string(),
         shared_pool: pool.shared,
+        require_mountpoint: pool.require_mountpoint,
         reserve_bytes: pool.reserve.unwrap_or(config.reserved_bytes),
         accounting: pool.accounting.unwrap_or_default().as_str(),
         promised_bytes: cluster.map(|c| crate::deciding::volume::promised_bytes(&c.pvs, &pool.root)),

@@ -45,6 +45,8 @@ pub struct PoolReport {
     pub path: String,
     /// Declared `shared` (a network filesystem mounted on every node).
     pub shared_pool: bool,
+    /// Declared `mountpoint`: usable only while a filesystem is mounted at the root.
+    pub require_mountpoint: bool,
     /// Bytes kept free (`reserve=` of the pool, else `RESERVED_SPACE`).
     pub reserve_bytes: u64,
     /// How room is counted: `free` or `requests` (`--capacity-accounting`, `accounting=`).

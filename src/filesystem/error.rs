@@ -89,9 +89,11 @@ pub enum PoolError {
         /// Where it led at startup.
         was: PathBuf,
     },
-    /// `--require-mountpoint` is set and nothing is mounted at the pool root.
+    /// `--require-mountpoint` or the pool's `mountpoint` option is set and nothing is mounted at
+    /// the pool root.
     #[error(
-        "pool {pool:?}: nothing is mounted at {} and require-mountpoint is set; mount the pool's \
+        "pool {pool:?}: nothing is mounted at {} and the pool must be a mount point \
+         (require-mountpoint, or the pool's mountpoint option); mount the pool's \
          disk there (provisioning and deletion wait and resume by themselves)",
         .path.display()
     )]

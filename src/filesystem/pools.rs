@@ -13,12 +13,14 @@ struct Slot {
     root: RwLock<Arc<PoolRoot>>,
     /// Where the root was at startup: a re-opened root must be reached the same way.
     origin: RootOrigin,
+    /// Usable only while the root is a mount point (`REQUIRE_MOUNTPOINT`, or this pool's
+    /// `mountpoint` option).
+    require_mountpoint: bool,
 }
 
 /// Open pool roots by name.
 pub struct Pools {
     slots: BTreeMap<String, Slot>,
-    require_mountpoint: bool,
 }
 
 /// A pool root that could not be opened at start-up.
@@ -36,6 +38,7 @@ pub struct OpenError {
 
 impl Pools {
     /// Opens every pool root; each must exist and be a directory (the DaemonSet creates it).
+    /// `require_mountpoint` applies to every pool; a pool's own `require_mountpoint` to it alone.
     pub fn open(paths: &[PoolPath], require_mountpoint: bool) -> Result<Pools, OpenError> {
         let mut slots = BTreeMap::new();
         for pool in paths {
@@ -49,10 +52,15 @@ impl Pools {
                 path: pool.root.display().to_string(),
                 source: Box::new(source),
             })?;
-            slots
-                .insert(pool.name.clone(), Slot { path: pool.root.clone(), root: RwLock::new(Arc::new(root)), origin });
+            let slot = Slot {
+                path: pool.root.clone(),
+                root: RwLock::new(Arc::new(root)),
+                origin,
+                require_mountpoint: require_mountpoint || pool.require_mountpoint,
+            };
+            slots.insert(pool.name.clone(), slot);
         }
-        Ok(Pools { slots, require_mountpoint })
+        Ok(Pools { slots })
     }
 
     /// Names of the pools.
@@ -66,7 +74,7 @@ impl Pools {
     pub fn usable(&self, name: &str) -> Option<Result<Arc<PoolRoot>, PoolError>> {
         let slot = self.slots.get(name)?;
         let current = slot.root.read().unwrap_or_else(|e| e.into_inner()).clone();
-        Some(match current.check(self.require_mountpoint) {
+        Some(match current.check(slot.require_mountpoint) {
             Ok(()) => Ok(current),
             Err(PoolError::RootChanged { .. }) => self.reopen(name, slot),
             Err(error) => Err(error),
@@ -88,7 +96,7 @@ impl Pools {
                 was: slot.origin.resolved.clone(),
             });
         }
-        fresh.check(self.require_mountpoint)?;
+        fresh.check(slot.require_mountpoint)?;
         tracing::info!(pool = name, path = %slot.path.display(), "pool root was replaced; re-opened it");
         *slot.root.write().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
         Ok(fresh)
@@ -155,5 +163,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pools = Pools::open(&[PoolPath::local("legacy", dir.path().to_owned())], true).unwrap();
         assert!(matches!(pools.usable("legacy"), Some(Err(PoolError::RootNotMountpoint { .. }))));
+    }
+
+    #[test]
+    fn a_pools_own_mount_point_option_holds_for_it_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plain, claimed) = (dir.path().join("plain"), dir.path().join("claimed"));
+        std::fs::create_dir(&plain).unwrap();
+        std::fs::create_dir(&claimed).unwrap();
+        let on_claim = PoolPath { require_mountpoint: true, ..PoolPath::local("claimed", &claimed) };
+        let pools = Pools::open(&[PoolPath::local("plain", &plain), on_claim], false).unwrap();
+        assert!(pools.usable("plain").unwrap().is_ok(), "the option of another pool does not apply");
+        let err = pools.usable("claimed").unwrap().expect_err("not a mount point yet");
+        assert!(matches!(err, PoolError::RootNotMountpoint { .. }), "{err}");
+        assert!(err.to_string().contains("nothing is mounted"), "says why: {err}");
     }
 }

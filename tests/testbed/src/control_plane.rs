@@ -694,6 +694,7 @@ impl Layout<'_> {
                 ",daemonset-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,\
                  namespace-controller,garbage-collector-controller,ephemeral-volume-controller",
             );
+            controllers.push_str(",deployment-controller,replicaset-controller"); // the operator's pool mounters
         }
         let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),

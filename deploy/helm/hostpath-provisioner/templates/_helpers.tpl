@@ -68,7 +68,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- if .shared }}{{ $entry = printf "%s,shared" $entry }}{{ end }}
 {{- if .reserve }}{{ $entry = printf "%s,reserve=%s" $entry (toString .reserve) }}{{ end }}
 {{- if .accounting }}{{ $entry = printf "%s,accounting=%s" $entry .accounting }}{{ end }}
+{{- if .requireMountpoint }}{{ $entry = printf "%s,mountpoint" $entry }}{{ end }}
 {{- $entries = append $entries $entry }}
+{{- else if .requireMountpoint }}
+{{- fail "pools: the legacy pool takes config.requireMountpoint, not requireMountpoint" }}
 {{- end }}
 {{- end }}
 {{- join "," $entries }}

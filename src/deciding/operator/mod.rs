@@ -1,0 +1,10 @@
+//! The operator's decisions: the `HostPathProvisioner` resource ([`resource`]), the objects a
+//! resource makes ([`render`]), the status it reports ([`status`]), and which operator replica
+//! acts ([`lease`]). Pure: the I/O is in `crate::operating`.
+
+pub mod lease;
+pub mod pool_claims;
+pub mod pool_plan;
+pub mod render;
+pub mod resource;
+pub mod status;

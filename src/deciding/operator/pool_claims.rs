@@ -1,0 +1,282 @@
+//! Pools on a claim (`pvcTemplate`), the decisions: which nodes the placement selects, which
+//! claims a pool needs (one per selected node, or one shared by all for a ReadWriteMany
+//! template, named as the kubevirt operator names them), and when a pool's claim and mount may
+//! go: never while a PersistentVolume of ours lives in it on that node (the hold-back rule).
+//! The objects themselves ([`PoolObjects`]) are planned per reconcile by [`super::pool_plan`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Node, NodeSelectorRequirement, PersistentVolume, PersistentVolumeClaimSpec, Toleration,
+};
+use sha2::{Digest, Sha256};
+
+use crate::deciding::layout;
+use crate::deciding::volume::{owner_node, volume_path};
+use crate::keys;
+
+/// The claim of `pool` for `node` (None: the shared claim), `hpp-pool-<pool>-<node>` or
+/// `hpp-pool-<pool>`, as the kubevirt operator names them so that its users find them. A name
+/// longer than a claim name may be keeps its start and ends with a hash of the whole.
+pub fn claim_name(pool: &str, node: Option<&str>) -> String {
+    let full = match node {
+        Some(node) => format!("hpp-pool-{pool}-{node}"),
+        None => format!("hpp-pool-{pool}"),
+    };
+    if full.len() <= layout_limits::CLAIM_NAME {
+        return full;
+    }
+    let digest = Sha256::digest(full.as_bytes());
+    let hash: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    let keep = layout_limits::CLAIM_NAME - hash.len() - 1;
+    format!("{}-{hash}", full[..keep].trim_end_matches(['-', '.']))
+}
+
+mod layout_limits {
+    /// A claim's name is a DNS subdomain.
+    pub const CLAIM_NAME: usize = 253;
+}
+
+/// Whether a template gives one claim shared by every node (ReadWriteMany).
+pub fn is_shared(template: &PersistentVolumeClaimSpec) -> bool {
+    template.access_modes.iter().flatten().any(|m| m == "ReadWriteMany")
+}
+
+/// The claims a pool on a claim needs: (claim name, node it serves; None for the shared one).
+pub fn pool_claims(
+    pool: &str,
+    template: &PersistentVolumeClaimSpec,
+    nodes: &[String],
+) -> Vec<(String, Option<String>)> {
+    if is_shared(template) {
+        return vec![(claim_name(pool, None), None)];
+    }
+    nodes.iter().map(|node| (claim_name(pool, Some(node)), Some(node.clone()))).collect()
+}
+
+/// The nodes the workload placement selects, by name: the node selector's labels, the required
+/// node affinity, and the taints (NoSchedule and NoExecute ones must be tolerated, by the
+/// resource's tolerations or the DaemonSet's own). The DaemonSet controller decides the same
+/// way; the operator needs it to know which nodes get a claim.
+pub fn selected_nodes(
+    nodes: &[Node],
+    node_selector: &BTreeMap<String, String>,
+    affinity: Option<&Affinity>,
+    tolerations: &[Toleration],
+) -> Vec<String> {
+    let required = affinity
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
+    nodes
+        .iter()
+        .filter(|node| {
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let selected = node_selector.iter().all(|(k, v)| labels.get(k) == Some(v));
+            // Terms are ORed, the requirements of a term ANDed; no term selects nothing.
+            let affine = required.is_none_or(|r| {
+                r.node_selector_terms.iter().any(|term| {
+                    let expressions =
+                        term.match_expressions.iter().flatten().all(|e| requirement_holds(e, labels.get(&e.key)));
+                    let fields = term.match_fields.iter().flatten().all(|e| {
+                        let value = (e.key == "metadata.name").then_some(&name);
+                        requirement_holds(e, value)
+                    });
+                    (term.match_expressions.is_some() || term.match_fields.is_some()) && expressions && fields
+                })
+            });
+            let tolerated = node.spec.iter().flat_map(|s| s.taints.iter().flatten()).all(|taint| {
+                taint.effect == "PreferNoSchedule"
+                    || tolerations.iter().any(|t| {
+                        let key = t.key.as_deref().unwrap_or("");
+                        let exists = t.operator.as_deref() == Some("Exists");
+                        let key_matches = key.is_empty() && exists || key == taint.key;
+                        let value_matches =
+                            exists || t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("");
+                        let effect_matches = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == taint.effect);
+                        key_matches && value_matches && effect_matches
+                    })
+            });
+            selected && affine && tolerated
+        })
+        .filter_map(|node| node.metadata.name.clone())
+        .collect()
+}
+
+fn requirement_holds(requirement: &NodeSelectorRequirement, value: Option<&String>) -> bool {
+    let values = requirement.values.as_deref().unwrap_or_default();
+    let number = |s: &str| s.parse::<i64>().ok();
+    match requirement.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" => {
+            matches!((value.and_then(|v| number(v)), values.first().and_then(|v| number(v))), (Some(a), Some(b)) if a > b)
+        }
+        "Lt" => {
+            matches!((value.and_then(|v| number(v)), values.first().and_then(|v| number(v))), (Some(a), Some(b)) if a < b)
+        }
+        _ => false,
+    }
+}
+
+/// Whether a pool's claim and mount on a node may go (the pool was removed or moved, the node
+/// left the placement, or the resource is being deleted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// No PV of ours lives there: the claim and the mounter may be removed.
+    Release,
+    /// These PVs (names, sorted) live there: keep the claim, the mount and the data; the status
+    /// names them.
+    HoldBack(Vec<String>),
+}
+
+/// The hold-back rule for the pool at `pool_path` on `node` (None: a shared claim, which every
+/// node's volumes hold). A PV of ours (`provisioner` wrote it) lives there when its directory is
+/// inside the pool path and, for a per-node claim, it belongs to that node. Any phase counts: a
+/// Released PV's data is still there until its deletion is done.
+pub fn may_release(pool_path: &str, node: Option<&str>, pvs: &[PersistentVolume], provisioner: &str) -> Release {
+    let Ok(root) = layout::normalise(pool_path) else { return Release::HoldBack(Vec::new()) };
+    let mut holding: Vec<String> = pvs
+        .iter()
+        .filter(|pv| {
+            pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY)).map(String::as_str)
+                == Some(provisioner)
+        })
+        .filter(|pv| {
+            volume_path(pv).and_then(|p| layout::normalise(p).ok()).is_some_and(|p| p.starts_with(&root) && p != root)
+        })
+        .filter(|pv| match node {
+            None => true,
+            // A PV whose node cannot be read holds every node: better a claim kept than data lost.
+            Some(node) => owner_node(pv).is_none_or(|owner| owner == node),
+        })
+        .filter_map(|pv| pv.metadata.name.clone())
+        .collect();
+    holding.sort();
+    if holding.is_empty() { Release::Release } else { Release::HoldBack(holding) }
+}
+
+#[cfg(test)]
+#[path = "pool_claims_tests.rs"]
+mod tests;
+
+/// Label on a pool's claims and mounters: the pool's name.
+pub const POOL_LABEL: &str = "hostpathprovisioner.kubevirt.io/pool";
+/// Annotation on a pool's claims and mounters: the node it serves (absent on a shared claim);
+/// an annotation, as a node name may be longer than a label value.
+pub const NODE_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/node";
+/// Annotation on a pool's claims and mounters: the pool path, for the hold-back rule after the
+/// pool was removed from the resource or moved.
+pub const PATH_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/pool-path";
+/// Where the image has the binary (the Dockerfile's entrypoint), for the mounter's probe.
+const BINARY: &str = "/hostpath-provisioner";
+/// Where the mounter's pod sees the claim.
+const CLAIM_MOUNT: &str = "/claim";
+
+/// What the pool's claim and mounter objects share.
+pub struct PoolObjects<'a> {
+    /// The resource's name, for [`super::render::OWNER_LABEL`].
+    pub resource: &'a str,
+    pub namespace: &'a str,
+    pub image: &'a str,
+    pub pool: &'a str,
+    pub path: &'a str,
+}
+
+impl PoolObjects<'_> {
+    fn metadata(&self, name: &str, node: Option<&str>) -> serde_json::Value {
+        let mut annotations = serde_json::json!({ PATH_ANNOTATION: self.path });
+        if let Some(node) = node {
+            annotations[NODE_ANNOTATION] = serde_json::json!(node);
+        }
+        // No owner reference: the garbage collector would take a claim away under live volumes;
+        // the operator removes claims and mounters itself, under the hold-back rule.
+        serde_json::json!({
+            "name": name,
+            "namespace": self.namespace,
+            "labels": {
+                super::render::OWNER_LABEL: self.resource,
+                POOL_LABEL: self.pool,
+                "app.kubernetes.io/managed-by": "hostpath-provisioner-operator",
+            },
+            "annotations": annotations,
+        })
+    }
+
+    /// The claim `name` from the template (None for `node`: the shared claim).
+    pub fn claim(&self, name: &str, node: Option<&str>, template: &PersistentVolumeClaimSpec) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": self.metadata(name, node),
+            "spec": template,
+        })
+    }
+
+    /// The mounter of `claim` on `node`: one replica pinned to the node, the claim as a volume,
+    /// exactly the pool path as a Bidirectional hostPath (which Kubernetes allows only to a
+    /// privileged container), running `pool-mount`.
+    pub fn mounter(&self, node: &str, claim: &str) -> serde_json::Value {
+        let name = claim_name(self.pool, Some(node));
+        let digest = Sha256::digest(name.as_bytes());
+        let selector_value: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let selector = serde_json::json!({ "hostpathprovisioner.kubevirt.io/mounter": selector_value });
+        let mut pod_labels = selector.clone();
+        pod_labels[POOL_LABEL] = serde_json::json!(self.pool);
+        let mount_args = ["--source", CLAIM_MOUNT, "--target", self.path];
+        let mut probe = vec![BINARY, "pool-mount", "--check"];
+        probe.extend(mount_args);
+        let mut args = vec!["pool-mount"];
+        args.extend(mount_args);
+        serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": self.metadata(&name, Some(node)),
+            "spec": {
+                "replicas": 1,
+                // Never two mounters of one pool on one node.
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {"labels": pod_labels},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "priorityClassName": "system-node-critical",
+                        "terminationGracePeriodSeconds": 30,
+                        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]}]
+                        }}},
+                        // A pool's mount must hold wherever the node provisioner runs.
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{
+                            "name": "mounter",
+                            "image": self.image,
+                            "args": args,
+                            "readinessProbe": {"exec": {"command": probe}, "periodSeconds": 10},
+                            "resources": {"requests": {"cpu": "1m", "memory": "8Mi"}, "limits": {"memory": "32Mi"}},
+                            "securityContext": {
+                                // Required by Bidirectional propagation; the only host path it
+                                // sees is the pool's.
+                                "privileged": true,
+                                "runAsUser": 0,
+                                "readOnlyRootFilesystem": true,
+                            },
+                            "volumeMounts": [
+                                {"name": "claim", "mountPath": CLAIM_MOUNT},
+                                {"name": "pool", "mountPath": self.path, "mountPropagation": "Bidirectional"},
+                            ],
+                        }],
+                        "volumes": [
+                            {"name": "claim", "persistentVolumeClaim": {"claimName": claim}},
+                            {"name": "pool", "hostPath": {"path": self.path, "type": "DirectoryOrCreate"}},
+                        ],
+                    },
+                },
+            },
+        })
+    }
+}

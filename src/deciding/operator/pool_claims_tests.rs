@@ -1,0 +1,184 @@
+use serde_json::json;
+
+use super::*;
+
+const OURS: &str = "kubevirt.io/hostpath-provisioner";
+
+fn template(modes: &[&str]) -> PersistentVolumeClaimSpec {
+    serde_json::from_value(json!({"accessModes": modes, "resources": {"requests": {"storage": "5Gi"}}}))
+        .expect("template")
+}
+
+fn node(name: &str, labels: serde_json::Value, taints: serde_json::Value) -> Node {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints}}))
+        .expect("node")
+}
+
+fn pv(name: &str, path: &str, node: Option<&str>, provisioner: &str) -> PersistentVolume {
+    let mut annotations = json!({"pv.kubernetes.io/provisioned-by": provisioner});
+    if let Some(node) = node {
+        annotations["kubevirt.io/provisionOnNode"] = json!(node);
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"hostPath": {"path": path}, "capacity": {"storage": "1Gi"}},
+    }))
+    .expect("pv")
+}
+
+#[test]
+fn a_read_write_once_template_gives_one_claim_per_selected_node() {
+    let nodes = vec!["worker-1".to_owned(), "worker-2".to_owned()];
+    let claims = pool_claims("local", &template(&["ReadWriteOnce"]), &nodes);
+    assert_eq!(
+        claims,
+        [
+            ("hpp-pool-local-worker-1".to_owned(), Some("worker-1".to_owned())),
+            ("hpp-pool-local-worker-2".to_owned(), Some("worker-2".to_owned())),
+        ]
+    );
+}
+
+#[test]
+fn a_read_write_many_template_gives_one_claim_for_all_nodes() {
+    let nodes = vec!["worker-1".to_owned(), "worker-2".to_owned()];
+    let claims = pool_claims("nfs-backend", &template(&["ReadWriteMany"]), &nodes);
+    assert_eq!(claims, [("hpp-pool-nfs-backend".to_owned(), None)]);
+    assert_eq!(pool_claims("nfs-backend", &template(&["ReadWriteMany"]), &[]).len(), 1, "even before any node");
+}
+
+#[test]
+fn an_overlong_claim_name_is_cut_with_a_hash_and_stays_distinct() {
+    let long_node = format!("{}.example.com", "n".repeat(240));
+    let a = claim_name("local", Some(&long_node));
+    let b = claim_name("local", Some(&format!("{}.example.org", "n".repeat(240))));
+    assert!(a.len() <= 253 && b.len() <= 253);
+    // Kubernetes checks a claim name as a DNS-1123 subdomain: at most 253 characters of
+    // [a-z0-9.-], starting and ending with a letter or digit (no per-label limit).
+    let valid = |n: &str| {
+        n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            && n.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && n.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    assert!(valid(&a) && valid(&b), "{a}");
+    assert_ne!(a, b);
+    assert!(a.starts_with("hpp-pool-local-nnn"));
+}
+
+#[test]
+fn placement_selects_by_labels_affinity_and_taints() {
+    let nodes = vec![
+        node("plain", json!({"kubernetes.io/os": "linux", "zone": "a"}), json!([])),
+        node("other-zone", json!({"kubernetes.io/os": "linux", "zone": "b"}), json!([])),
+        node("windows", json!({"kubernetes.io/os": "windows", "zone": "a"}), json!([])),
+        node(
+            "dedicated",
+            json!({"kubernetes.io/os": "linux", "zone": "a"}),
+            json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]),
+        ),
+        node(
+            "soft-taint",
+            json!({"kubernetes.io/os": "linux", "zone": "a"}),
+            json!([{"key": "x", "effect": "PreferNoSchedule"}]),
+        ),
+    ];
+    let linux = BTreeMap::from([("kubernetes.io/os".to_owned(), "linux".to_owned())]);
+    assert_eq!(selected_nodes(&nodes, &linux, None, &[]), ["plain", "other-zone", "soft-taint"]);
+    let zone_a: Affinity =
+        serde_json::from_value(json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]
+        }}}))
+        .expect("affinity");
+    assert_eq!(selected_nodes(&nodes, &linux, Some(&zone_a), &[]), ["plain", "soft-taint"]);
+    let tolerate: Toleration =
+        serde_json::from_value(json!({"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"}))
+            .expect("t");
+    assert_eq!(selected_nodes(&nodes, &linux, Some(&zone_a), &[tolerate]), ["plain", "dedicated", "soft-taint"]);
+    let everything: Toleration = serde_json::from_value(json!({"operator": "Exists"})).expect("t");
+    assert_eq!(selected_nodes(&nodes, &BTreeMap::new(), None, &[everything]).len(), 5);
+    let by_name: Affinity =
+        serde_json::from_value(json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["plain"]}]}]
+        }}}))
+        .expect("affinity");
+    assert_eq!(selected_nodes(&nodes, &linux, Some(&by_name), &[]), ["other-zone", "soft-taint"]);
+}
+
+#[test]
+fn a_pool_with_a_volume_of_ours_on_that_node_is_held_back_and_names_it() {
+    let pvs = vec![
+        pv("pvc-b", "/var/hpvolumes/pvc-b", Some("worker-1"), OURS),
+        pv("pvc-a", "/var/hpvolumes/pvc-a", Some("worker-1"), OURS),
+        pv("pvc-other-node", "/var/hpvolumes/pvc-c", Some("worker-2"), OURS),
+        pv("pvc-other-pool", "/mnt/ssd/pvc-d", Some("worker-1"), OURS),
+        pv("pvc-csi", "/var/hpvolumes/csi/pvc-e", Some("worker-3"), "kubevirt.io.hostpath-provisioner"),
+    ];
+    assert_eq!(
+        may_release("/var/hpvolumes", Some("worker-1"), &pvs, OURS),
+        Release::HoldBack(vec!["pvc-a".into(), "pvc-b".into()])
+    );
+    assert_eq!(
+        may_release("/var/hpvolumes", Some("worker-3"), &pvs, OURS),
+        Release::Release,
+        "the CSI driver's PVs are not ours"
+    );
+    assert_eq!(may_release("/var/hpvolumes/", Some("worker-4"), &pvs, OURS), Release::Release);
+}
+
+#[test]
+fn a_shared_claim_is_held_by_any_nodes_volume() {
+    let pvs = vec![pv("pvc-x", "/nfs-vol/pvc-x", Some("worker-9"), OURS)];
+    assert_eq!(may_release("/nfs-vol", None, &pvs, OURS), Release::HoldBack(vec!["pvc-x".into()]));
+    assert_eq!(may_release("/nfs-vol-2", None, &pvs, OURS), Release::Release, "a sibling path is another pool");
+}
+
+#[test]
+fn a_volume_whose_node_cannot_be_read_holds_every_node() {
+    let pvs = vec![pv("pvc-old", "/var/hpvolumes/pvc-old", None, OURS)];
+    assert_eq!(may_release("/var/hpvolumes", Some("worker-1"), &pvs, OURS), Release::HoldBack(vec!["pvc-old".into()]));
+}
+
+fn objects() -> PoolObjects<'static> {
+    PoolObjects { resource: "hpp", namespace: "ops", image: "img:1", pool: "local", path: "/var/hpvolumes" }
+}
+
+#[test]
+fn a_pool_claim_is_the_template_labelled_and_never_owned() {
+    let claim = objects().claim("hpp-pool-local-worker-1", Some("worker-1"), &template(&["ReadWriteOnce"]));
+    assert_eq!(claim["metadata"]["namespace"], "ops");
+    assert_eq!(claim["metadata"]["labels"][POOL_LABEL], "local");
+    assert_eq!(claim["metadata"]["labels"][super::super::render::OWNER_LABEL], "hpp");
+    assert_eq!(claim["metadata"]["annotations"][NODE_ANNOTATION], "worker-1");
+    assert_eq!(claim["metadata"]["annotations"][PATH_ANNOTATION], "/var/hpvolumes");
+    assert!(claim["metadata"].get("ownerReferences").is_none(), "the garbage collector must not take it");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "5Gi");
+    let shared = objects().claim("hpp-pool-local", None, &template(&["ReadWriteMany"]));
+    assert!(shared["metadata"]["annotations"].get(NODE_ANNOTATION).is_none());
+}
+
+#[test]
+fn a_mounter_is_pinned_to_its_node_and_sees_only_the_pool_path_and_its_claim() {
+    let mounter = objects().mounter("worker-1", "hpp-pool-local");
+    assert_eq!(mounter["metadata"]["name"], "hpp-pool-local-worker-1");
+    let pod = &mounter["spec"]["template"]["spec"];
+    let term =
+        &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
+    assert_eq!(term["matchFields"][0], json!({"key": "metadata.name", "operator": "In", "values": ["worker-1"]}));
+    let container = &pod["containers"][0];
+    assert_eq!(container["args"], json!(["pool-mount", "--source", "/claim", "--target", "/var/hpvolumes"]));
+    assert_eq!(
+        container["readinessProbe"]["exec"]["command"],
+        json!(["/hostpath-provisioner", "pool-mount", "--check", "--source", "/claim", "--target", "/var/hpvolumes"])
+    );
+    assert_eq!(
+        container["volumeMounts"][1],
+        json!({"name": "pool", "mountPath": "/var/hpvolumes", "mountPropagation": "Bidirectional"})
+    );
+    assert_eq!(pod["volumes"][0]["persistentVolumeClaim"]["claimName"], "hpp-pool-local", "the shared claim");
+    assert_eq!(pod["volumes"][1]["hostPath"]["path"], "/var/hpvolumes", "the pool path, not /");
+    assert_eq!(pod["automountServiceAccountToken"], false, "no API access");
+    assert_eq!(mounter["spec"]["strategy"]["type"], "Recreate");
+    // Distinct nodes, distinct selectors.
+    let other = objects().mounter("worker-2", "hpp-pool-local");
+    assert_ne!(mounter["spec"]["selector"], other["spec"]["selector"]);
+}

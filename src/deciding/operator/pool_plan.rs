@@ -1,0 +1,196 @@
+//! What the operator does with the claims and mounters of pools on a claim at one reconcile:
+//! which to apply (one claim per selected node, or one shared; one mounter per selected node),
+//! which to delete, and which to keep because a PersistentVolume of ours lives in the pool there
+//! (the hold-back rule, [`super::pool_claims::may_release`]). Pure: the cluster's state comes in
+//! as plain data, the operator applies and deletes what comes out.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use serde_json::Value;
+
+use super::pool_claims::{PoolObjects, Release, claim_name, may_release, pool_claims, selected_nodes};
+use super::render::{NodePlacement, PoolOnClaim};
+
+/// The provisioner name of the node DaemonSet the operator runs (deploy/legacy's
+/// PROVISIONER_NAME): the PVs it writes are the ones that hold a pool back.
+pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
+
+/// The kinds of a pool's objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// The PersistentVolumeClaim the pool lives on.
+    Claim,
+    /// The per-node Deployment that mounts the claim at the pool path.
+    Mounter,
+}
+
+/// A claim or mounter of ours found in the cluster, read from its labels and annotations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Existing {
+    pub kind: Kind,
+    pub name: String,
+    pub pool: String,
+    /// The node it serves; None for a shared claim.
+    pub node: Option<String>,
+    /// The pool path it was made for.
+    pub path: String,
+}
+
+/// One object to apply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToApply {
+    pub kind: Kind,
+    pub name: String,
+    pub pool: String,
+    pub node: Option<String>,
+    pub body: Value,
+}
+
+/// A pool's claim or mounter kept against the spec: PVs of ours live there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldBack {
+    pub kind: Kind,
+    pub name: String,
+    pub pool: String,
+    pub node: Option<String>,
+    pub path: String,
+    /// The PVs (names, sorted) that hold it.
+    pub pvs: Vec<String>,
+}
+
+impl HeldBack {
+    /// What the status and the Event say.
+    pub fn message(&self) -> String {
+        let what = match self.kind {
+            Kind::Claim => "claim",
+            Kind::Mounter => "mounter",
+        };
+        let place = match &self.node {
+            Some(node) => format!("on node {node}"),
+            None => "shared by the nodes".to_owned(),
+        };
+        let pvs = if self.pvs.is_empty() { "PVs whose path cannot be checked".to_owned() } else { self.pvs.join(", ") };
+        format!(
+            "storage pool {:?} at {}: its {what} {} {place} is kept, with its data, while these PersistentVolumes live there: {pvs}; it goes once they are deleted",
+            self.pool, self.path, self.name
+        )
+    }
+}
+
+/// The outcome of one plan.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub apply: Vec<ToApply>,
+    /// (kind, name): mounters before claims, so that a claim is not deleted under its mounter.
+    pub delete: Vec<(Kind, String)>,
+    pub held_back: Vec<HeldBack>,
+    /// Per pool on a claim: the nodes that get a mounter.
+    pub nodes: BTreeMap<String, Vec<String>>,
+}
+
+/// Plans the claims and mounters of `pools` (empty when the resource is being deleted) for the
+/// nodes the placement selects, against what `existing` already holds.
+pub fn plan(
+    pools: &[PoolOnClaim],
+    placement: &NodePlacement,
+    nodes: &[Node],
+    existing: &[Existing],
+    pvs: &[PersistentVolume],
+    objects: &PoolObjects,
+) -> Plan {
+    let mut tolerations = placement.tolerations.clone();
+    tolerations.extend(daemonset_tolerations());
+    let selected = selected_nodes(nodes, &placement.node_selector, placement.affinity.as_ref(), &tolerations);
+    let mut plan = Plan::default();
+    for pool in pools {
+        let objects = PoolObjects { pool: &pool.name, path: &pool.path, ..*objects };
+        let claims = pool_claims(&pool.name, &pool.template, &selected);
+        for (name, node) in &claims {
+            let body = objects.claim(name, node.as_deref(), &pool.template);
+            plan.apply.push(ToApply {
+                kind: Kind::Claim,
+                name: name.clone(),
+                pool: pool.name.clone(),
+                node: node.clone(),
+                body,
+            });
+        }
+        for node in &selected {
+            let claim = match claims.as_slice() {
+                [(shared, None)] => shared.clone(),
+                _ => claim_name(&pool.name, Some(node)),
+            };
+            plan.apply.push(ToApply {
+                kind: Kind::Mounter,
+                name: claim_name(&pool.name, Some(node)),
+                pool: pool.name.clone(),
+                node: Some(node.clone()),
+                body: objects.mounter(node, &claim),
+            });
+        }
+        plan.nodes.insert(pool.name.clone(), selected.clone());
+    }
+    let wanted_path = |found: &Existing| {
+        plan.apply
+            .iter()
+            .find(|a| a.kind == found.kind && a.name == found.name)
+            .map(|a| pools.iter().find(|p| p.name == a.pool).map(|p| p.path.clone()).unwrap_or_default())
+    };
+    let mut keep_as_is = Vec::new();
+    for found in existing {
+        let wanted = wanted_path(found);
+        if wanted.as_deref() == Some(found.path.as_str()) {
+            continue;
+        }
+        // Gone from the spec, off the placement, or moved: the old pool path is released only
+        // when no PV of ours lives there.
+        match may_release(&found.path, found.node.as_deref(), pvs, PROVISIONER) {
+            Release::Release if wanted.is_none() => plan.delete.push((found.kind, found.name.clone())),
+            // Moved and free: the new object replaces it in place.
+            Release::Release => {}
+            Release::HoldBack(holding) => {
+                if wanted.is_some() {
+                    keep_as_is.push((found.kind, found.name.clone()));
+                }
+                plan.held_back.push(HeldBack {
+                    kind: found.kind,
+                    name: found.name.clone(),
+                    pool: found.pool.clone(),
+                    node: found.node.clone(),
+                    path: found.path.clone(),
+                    pvs: holding,
+                });
+            }
+        }
+    }
+    plan.apply.retain(|a| !keep_as_is.contains(&(a.kind, a.name.clone())));
+    plan.delete.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    plan
+}
+
+/// The tolerations the DaemonSet controller adds to every DaemonSet pod: a node with these
+/// taints still runs the node provisioner, so it needs its pools. A node not ready or
+/// unreachable, whatever the effect, keeps them too: a kubelet restart must not move claims.
+fn daemonset_tolerations() -> Vec<k8s_openapi::api::core::v1::Toleration> {
+    [
+        ("node.kubernetes.io/not-ready", ""),
+        ("node.kubernetes.io/unreachable", ""),
+        ("node.kubernetes.io/disk-pressure", "NoSchedule"),
+        ("node.kubernetes.io/memory-pressure", "NoSchedule"),
+        ("node.kubernetes.io/pid-pressure", "NoSchedule"),
+        ("node.kubernetes.io/unschedulable", "NoSchedule"),
+    ]
+    .into_iter()
+    .map(|(key, effect)| k8s_openapi::api::core::v1::Toleration {
+        key: Some(key.to_owned()),
+        operator: Some("Exists".to_owned()),
+        effect: Some(effect.to_owned()).filter(|e| !e.is_empty()),
+        ..Default::default()
+    })
+    .collect()
+}
+
+#[cfg(test)]
+#[path = "pool_plan_tests.rs"]
+mod tests;

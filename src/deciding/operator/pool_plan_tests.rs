@@ -1,0 +1,134 @@
+use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
+use serde_json::json;
+
+use super::*;
+
+fn pool(name: &str, path: &str, modes: &[&str]) -> PoolOnClaim {
+    let template: PersistentVolumeClaimSpec =
+        serde_json::from_value(json!({"accessModes": modes, "resources": {"requests": {"storage": "5Gi"}}}))
+            .expect("template");
+    PoolOnClaim { name: name.into(), path: path.into(), template }
+}
+
+fn node(name: &str, labels: Value) -> Node {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).expect("node")
+}
+
+fn linux_nodes() -> Vec<Node> {
+    vec![node("n1", json!({"kubernetes.io/os": "linux"})), node("n2", json!({"kubernetes.io/os": "linux"}))]
+}
+
+fn placement() -> NodePlacement {
+    NodePlacement {
+        node_selector: [("kubernetes.io/os".to_owned(), "linux".to_owned())].into(),
+        ..NodePlacement::default()
+    }
+}
+
+fn pv(name: &str, path: &str, node: &str) -> PersistentVolume {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {
+            "pv.kubernetes.io/provisioned-by": PROVISIONER, "kubevirt.io/provisionOnNode": node,
+        }},
+        "spec": {"hostPath": {"path": path}},
+    }))
+    .expect("pv")
+}
+
+fn objects() -> PoolObjects<'static> {
+    PoolObjects { resource: "hpp", namespace: "ops", image: "img", pool: "", path: "" }
+}
+
+fn existing(kind: Kind, name: &str, node: Option<&str>, path: &str) -> Existing {
+    Existing { kind, name: name.into(), pool: "local".into(), node: node.map(Into::into), path: path.into() }
+}
+
+fn names(plan: &Plan) -> Vec<(Kind, &str)> {
+    plan.apply.iter().map(|a| (a.kind, a.name.as_str())).collect()
+}
+
+#[test]
+fn each_selected_node_gets_its_claim_and_mounter() {
+    let mut nodes = linux_nodes();
+    nodes.push(node("windows", json!({"kubernetes.io/os": "windows"})));
+    let plan = plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &nodes, &[], &[], &objects());
+    assert_eq!(
+        names(&plan),
+        [
+            (Kind::Claim, "hpp-pool-local-n1"),
+            (Kind::Claim, "hpp-pool-local-n2"),
+            (Kind::Mounter, "hpp-pool-local-n1"),
+            (Kind::Mounter, "hpp-pool-local-n2"),
+        ]
+    );
+    assert_eq!(
+        plan.apply[2].body["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "hpp-pool-local-n1"
+    );
+    assert!(plan.delete.is_empty() && plan.held_back.is_empty());
+}
+
+#[test]
+fn a_shared_claim_is_mounted_by_every_selected_node() {
+    let plan = plan(&[pool("big", "/mnt/big", &["ReadWriteMany"])], &placement(), &linux_nodes(), &[], &[], &objects());
+    assert_eq!(
+        names(&plan),
+        [(Kind::Claim, "hpp-pool-big"), (Kind::Mounter, "hpp-pool-big-n1"), (Kind::Mounter, "hpp-pool-big-n2")]
+    );
+    for mounter in &plan.apply[1..] {
+        assert_eq!(
+            mounter.body["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+            "hpp-pool-big"
+        );
+    }
+}
+
+#[test]
+fn a_node_not_ready_keeps_its_claim_as_the_daemonset_keeps_its_pod() {
+    let tainted: Node = serde_json::from_value(json!({
+        "metadata": {"name": "n1", "labels": {"kubernetes.io/os": "linux"}},
+        "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]},
+    }))
+    .expect("node");
+    let plan = plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &[tainted], &[], &[], &objects());
+    assert_eq!(plan.nodes["local"], ["n1"]);
+}
+
+#[test]
+fn a_removed_pool_goes_unless_a_volume_of_ours_lives_there_and_the_pvs_are_named() {
+    let found = [
+        existing(Kind::Claim, "hpp-pool-local-n1", Some("n1"), "/mnt/local"),
+        existing(Kind::Mounter, "hpp-pool-local-n1", Some("n1"), "/mnt/local"),
+        existing(Kind::Claim, "hpp-pool-local-n2", Some("n2"), "/mnt/local"),
+        existing(Kind::Mounter, "hpp-pool-local-n2", Some("n2"), "/mnt/local"),
+    ];
+    let pvs = [
+        pv("pvc-b", "/mnt/local/pvc-b", "n1"),
+        pv("pvc-a", "/mnt/local/pvc-a", "n1"),
+        pv("elsewhere", "/other/pvc-c", "n2"),
+    ];
+    let plan = plan(&[], &placement(), &linux_nodes(), &found, &pvs, &objects());
+    assert!(plan.apply.is_empty());
+    assert_eq!(
+        plan.delete,
+        [(Kind::Mounter, "hpp-pool-local-n2".to_owned()), (Kind::Claim, "hpp-pool-local-n2".to_owned())],
+        "mounter first, and only on the node without volumes"
+    );
+    assert_eq!(plan.held_back.len(), 2);
+    assert_eq!(plan.held_back[0].pvs, ["pvc-a", "pvc-b"]);
+    let message = plan.held_back[0].message();
+    assert!(message.contains("pvc-a, pvc-b") && message.contains("n1") && message.contains("\"local\""), "{message}");
+}
+
+#[test]
+fn a_moved_pool_keeps_its_old_mount_while_held_and_is_replaced_once_free() {
+    let found = [existing(Kind::Mounter, "hpp-pool-local-n1", Some("n1"), "/mnt/old")];
+    let moved = [pool("local", "/mnt/new", &["ReadWriteOnce"])];
+    let nodes = &linux_nodes()[..1];
+    let held = plan(&moved, &placement(), nodes, &found, &[pv("pvc-a", "/mnt/old/pvc-a", "n1")], &objects());
+    assert_eq!(names(&held), [(Kind::Claim, "hpp-pool-local-n1")], "the old mounter is not replaced");
+    assert_eq!(held.held_back[0].path, "/mnt/old");
+    let free = plan(&moved, &placement(), nodes, &found, &[], &objects());
+    assert_eq!(names(&free), [(Kind::Claim, "hpp-pool-local-n1"), (Kind::Mounter, "hpp-pool-local-n1")]);
+    assert!(free.delete.is_empty(), "replaced in place, not deleted");
+}

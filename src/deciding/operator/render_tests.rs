@@ -1,0 +1,315 @@
+use k8s_openapi::api::core::v1::PodSpec;
+
+use super::*;
+use crate::deciding::operator::resource::EXAMPLES;
+
+const NAMESPACE: &str = "hpp-operator";
+const IMAGE: &str = "registry.example/hostpath-provisioner:1.2.3";
+
+fn environment() -> Environment {
+    Environment {
+        namespace: NAMESPACE.into(),
+        image: IMAGE.into(),
+        openshift: false,
+        prometheus: false,
+        held_pools: Vec::new(),
+    }
+}
+
+fn example(file: &str) -> HostPathProvisioner {
+    let (_, text) = EXAMPLES.iter().find(|(name, _)| *name == file).expect("example exists");
+    let mut resource: HostPathProvisioner = serde_saphyr::from_str(text).expect("example parses");
+    resource.metadata.uid = Some("0b5c4a1e-0000-4000-8000-000000000001".into());
+    resource
+}
+
+fn with_spec(spec: Value) -> HostPathProvisioner {
+    serde_json::from_value(json!({"metadata": {"name": "hpp", "uid": "u-1"}, "spec": spec})).expect("resource")
+}
+
+fn object<'a>(rendered: &'a Rendered, kind: &str) -> &'a Desired {
+    rendered.objects.iter().find(|o| o.kind == kind).unwrap_or_else(|| panic!("no {kind} rendered"))
+}
+
+fn pod(rendered: &Rendered) -> PodSpec {
+    let daemonset: DaemonSet = serde_json::from_value(object(rendered, "DaemonSet").body.clone()).expect("daemonset");
+    daemonset.spec.expect("spec").template.spec.expect("pod spec")
+}
+
+fn node_container(pod: &PodSpec) -> &Container {
+    pod.containers.iter().find(|c| c.name == NODE_CONTAINER).expect("node container")
+}
+
+fn env<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
+    container.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.as_deref())
+}
+
+fn the_files_pod() -> PodSpec {
+    let daemonset: DaemonSet = typed(DAEMONSET, "daemonset.yaml").expect("daemonset.yaml");
+    daemonset.spec.expect("spec").template.spec.expect("pod spec")
+}
+
+#[test]
+fn legacy_path_config_deploys_the_legacy_provisioner_as_deploy_legacy_has_it() {
+    let rendered = render(&example("legacy.yaml"), &environment());
+    assert_eq!(rendered.problems, []);
+    assert_eq!(rendered.served_pools, ["legacy"]);
+    let pod = pod(&rendered);
+    let container = node_container(&pod);
+    assert_eq!(env(container, "PV_DIR"), Some("/var/hpvolumes"));
+    assert_eq!(env(container, "USE_NAMING_PREFIX"), Some("false"));
+    assert_eq!(env(container, "STORAGE_POOLS"), None);
+    assert_eq!(container.image.as_deref(), Some(IMAGE));
+    assert_eq!(container.image_pull_policy.as_deref(), Some("Always"));
+    // Everything the file decides about the container is untouched.
+    let files_pod = the_files_pod();
+    let file = node_container(&files_pod);
+    assert_eq!(container.security_context, file.security_context);
+    assert_eq!(container.liveness_probe, file.liveness_probe);
+    assert_eq!(container.readiness_probe, file.readiness_probe);
+    assert_eq!(container.resources, file.resources);
+    assert_eq!(container.volume_mounts, file.volume_mounts);
+    assert_eq!(pod.volumes, files_pod.volumes);
+    assert_eq!(pod.priority_class_name, files_pod.priority_class_name);
+    assert_eq!(pod.service_account_name, files_pod.service_account_name);
+}
+
+#[test]
+fn legacy_path_config_moves_the_pool_root_and_the_naming_prefix() {
+    let rendered =
+        render(&with_spec(json!({"pathConfig": {"path": "/srv/volumes", "useNamingPrefix": true}})), &environment());
+    let pod = pod(&rendered);
+    let container = node_container(&pod);
+    assert_eq!(env(container, "PV_DIR"), Some("/srv/volumes"));
+    assert_eq!(env(container, "USE_NAMING_PREFIX"), Some("true"));
+    let mount = container.volume_mounts.iter().flatten().find(|m| m.name == "pv-volume").expect("mount");
+    assert_eq!(mount.mount_path, "/srv/volumes");
+    let volume = pod.volumes.iter().flatten().find(|v| v.name == "pv-volume").expect("volume");
+    assert_eq!(volume.host_path.as_ref().map(|h| h.path.as_str()), Some("/srv/volumes"));
+}
+
+#[test]
+fn storage_pools_become_named_pools_each_with_its_own_host_path_mount() {
+    let spec = json!({"storagePools": [{"name": "fast", "path": "/mnt/ssd"}, {"name": "slow", "path": "/mnt/hdd"}]});
+    let rendered = render(&with_spec(spec), &environment());
+    assert_eq!(rendered.problems, []);
+    assert_eq!(rendered.served_pools, ["fast", "slow"]);
+    let pod = pod(&rendered);
+    let container = node_container(&pod);
+    assert_eq!(env(container, "STORAGE_POOLS"), Some("fast=/mnt/ssd,slow=/mnt/hdd"));
+    assert_eq!(env(container, "PV_DIR"), None, "no legacy pool unless pathConfig says so");
+    let mounts: Vec<_> = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.mount_propagation.as_deref()))
+        .collect();
+    assert_eq!(
+        mounts,
+        [("pool-1", "/mnt/ssd", Some("HostToContainer")), ("pool-2", "/mnt/hdd", Some("HostToContainer"))]
+    );
+    let volumes: Vec<_> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| (v.name.as_str(), v.host_path.as_ref().map(|h| h.path.as_str())))
+        .collect();
+    assert_eq!(volumes, [("pool-1", Some("/mnt/ssd")), ("pool-2", Some("/mnt/hdd"))]);
+}
+
+#[test]
+fn the_storage_pool_example_is_one_pool_at_var_hpvolumes() {
+    let rendered = render(&example("storage-pool.yaml"), &environment());
+    let pod = pod(&rendered);
+    assert_eq!(env(node_container(&pod), "STORAGE_POOLS"), Some("local=/var/hpvolumes"));
+}
+
+#[test]
+fn workload_placement_adds_to_the_files_own() {
+    let spec = json!({
+        "pathConfig": {"path": "/var/hpvolumes"},
+        "workload": {
+            "nodeSelector": {"storage": "yes"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+            ]}}},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "storage", "effect": "NoSchedule"}],
+        },
+    });
+    let pod = pod(&render(&with_spec(spec), &environment()));
+    let selector = pod.node_selector.expect("selector");
+    assert_eq!(selector.get("storage").map(String::as_str), Some("yes"));
+    assert_eq!(selector.get("kubernetes.io/os").map(String::as_str), Some("linux"), "the file's own selector stays");
+    let tolerations: Vec<_> = pod.tolerations.iter().flatten().filter_map(|t| t.key.as_deref()).collect();
+    assert_eq!(tolerations, ["node-role.kubernetes.io/control-plane", "dedicated"]);
+    let terms =
+        pod.affinity.and_then(|a| a.node_affinity).and_then(|n| n.required_during_scheduling_ignored_during_execution);
+    assert_eq!(terms.map(|t| t.node_selector_terms.len()), Some(1));
+}
+
+#[test]
+fn a_malformed_affinity_renders_nothing_and_says_what_to_fix() {
+    let spec =
+        json!({"pathConfig": {"path": "/var/hpvolumes"}, "workload": {"affinity": {"nodeAffinity": "everywhere"}}});
+    let rendered = render(&with_spec(spec), &environment());
+    assert!(rendered.blocked());
+    assert!(rendered.objects.is_empty(), "what runs keeps running");
+    assert_eq!(rendered.problems[0].reason, "InvalidAffinity");
+    assert!(rendered.problems[0].message.contains("spec.workload.affinity"));
+    let spec =
+        json!({"pathConfig": {"path": "/var/hpvolumes"}, "workload": {"tolerations": [{"tolerationSeconds": "soon"}]}});
+    let rendered = render(&with_spec(spec), &environment());
+    assert_eq!(rendered.problems[0].reason, "InvalidTolerations");
+    assert!(rendered.problems[0].message.contains("tolerations[0]"));
+}
+
+#[test]
+fn image_pull_policy_is_the_resources_or_else_the_files() {
+    let pull = |spec: Value| {
+        let pod = pod(&render(&with_spec(spec), &environment()));
+        node_container(&pod).image_pull_policy.clone()
+    };
+    assert_eq!(pull(json!({"pathConfig": {"path": "/a"}})).as_deref(), Some("IfNotPresent"));
+    assert_eq!(pull(json!({"pathConfig": {"path": "/a"}, "imagePullPolicy": ""})).as_deref(), Some("IfNotPresent"));
+    assert_eq!(pull(json!({"pathConfig": {"path": "/a"}, "imagePullPolicy": "Never"})).as_deref(), Some("Never"));
+}
+
+#[test]
+fn pools_on_a_claim_are_served_only_while_mounted_and_listed_for_their_claims() {
+    for file in ["pvc-template.yaml", "shared-pvc-template.yaml"] {
+        let rendered = render(&example(file), &environment());
+        assert!(rendered.problems.is_empty(), "{file}: {:?}", rendered.problems);
+        assert_eq!(rendered.pools_on_claim.len(), 1, "{file}");
+        let pool = &rendered.pools_on_claim[0];
+        let storage_pools = env_value(&rendered, "STORAGE_POOLS").expect("STORAGE_POOLS");
+        assert_eq!(storage_pools, format!("{}={},mountpoint", pool.name, pool.path), "{file}");
+    }
+    let spec = json!({"storagePools": [
+        {"name": "disk", "path": "/mnt/disk"},
+        {"name": "claim", "path": "/mnt/claim", "pvcTemplate": {"resources": {"requests": {"storage": "1Gi"}}}},
+    ]});
+    let rendered = render(&with_spec(spec), &environment());
+    assert_eq!(rendered.served_pools, ["disk", "claim"]);
+    assert_eq!(env_value(&rendered, "STORAGE_POOLS").as_deref(), Some("disk=/mnt/disk,claim=/mnt/claim,mountpoint"));
+    assert_eq!(rendered.pools_on_claim.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["claim"]);
+    // The claims' nodes are the DaemonSet's: its file's placement is kept.
+    assert_eq!(rendered.placement.node_selector.get("kubernetes.io/os").map(String::as_str), Some("linux"));
+    assert!(
+        rendered
+            .placement
+            .tolerations
+            .iter()
+            .any(|t| t.key.as_deref() == Some("node-role.kubernetes.io/control-plane"))
+    );
+}
+
+#[test]
+fn a_held_back_pool_stays_served_while_mounted_unless_its_name_or_path_is_taken() {
+    let spec = json!({"storagePools": [{"name": "disk", "path": "/mnt/disk"}]});
+    let held = |pools: &[(&str, &str)]| {
+        let environment = Environment {
+            held_pools: pools.iter().map(|(n, p)| ((*n).to_owned(), (*p).to_owned())).collect(),
+            ..environment()
+        };
+        env_value(&render(&with_spec(spec.clone()), &environment), "STORAGE_POOLS")
+    };
+    assert_eq!(held(&[("old", "/mnt/old")]).as_deref(), Some("disk=/mnt/disk,old=/mnt/old,mountpoint"));
+    assert_eq!(held(&[("disk", "/mnt/old")]).as_deref(), Some("disk=/mnt/disk"), "the name is taken");
+    assert_eq!(held(&[("old", "/mnt/disk/old")]).as_deref(), Some("disk=/mnt/disk"), "inside a served pool");
+    let legacy = Environment { held_pools: vec![("old".into(), "/mnt/old".into())], ..environment() };
+    assert!(env_value(&render(&example("legacy.yaml"), &legacy), "STORAGE_POOLS").is_none(), "pathConfig has no pools");
+}
+
+fn env_value(rendered: &Rendered, name: &str) -> Option<String> {
+    let daemonset = rendered.objects.iter().find(|o| o.kind == "DaemonSet")?;
+    daemonset
+        .body
+        .pointer("/spec/template/spec/containers/0/env")?
+        .as_array()?
+        .iter()
+        .find_map(|e| (e["name"] == name).then(|| e["value"].as_str().map(str::to_owned)).flatten())
+}
+
+#[test]
+fn block_mode_and_malformed_claim_templates_are_refused_with_the_reason() {
+    let pool = |template: Value| {
+        let spec = json!({"storagePools": [{"name": "p", "path": "/mnt/p", "pvcTemplate": template}]});
+        render(&with_spec(spec), &environment()).problems[0].clone()
+    };
+    let block = pool(json!({"volumeMode": "Block", "resources": {"requests": {"storage": "1Gi"}}}));
+    assert_eq!(block.reason, "BlockPoolNotSupported");
+    assert!(block.message.contains("volumeMode Filesystem"), "{}", block.message);
+    assert_eq!(block.pool.as_deref(), Some("p"));
+    assert_eq!(pool(json!({"accessModes": "ReadWriteOnce"})).reason, "InvalidPvcTemplate");
+}
+
+#[test]
+fn a_pool_name_the_node_binary_cannot_take_is_refused_and_the_others_served() {
+    let spec = json!({"storagePools": [{"name": "Fast_SSD", "path": "/mnt/ssd"}, {"name": "hdd", "path": "/mnt/hdd"}]});
+    let rendered = render(&with_spec(spec), &environment());
+    assert_eq!(rendered.problems.iter().map(|p| p.reason).collect::<Vec<_>>(), ["InvalidPoolName"]);
+    assert_eq!(rendered.served_pools, ["hdd"]);
+}
+
+#[test]
+fn csi_only_fields_are_listed_as_not_acted_upon() {
+    let rendered = render(&example("shared-pvc-template.yaml"), &environment());
+    assert_eq!(rendered.not_acted_upon, ["spec.featureGates (Snapshotting)", "spec.storagePools[0].snapshotProvider"]);
+    assert_eq!(render(&example("legacy.yaml"), &environment()).not_acted_upon, Vec::<String>::new());
+}
+
+#[test]
+fn everything_is_owned_by_the_resource_and_namespaced_objects_go_in_the_operators_namespace() {
+    let environment = Environment { openshift: true, prometheus: true, ..environment() };
+    let rendered = render(&example("legacy.yaml"), &environment);
+    let kinds: Vec<_> = rendered.objects.iter().map(|o| o.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "DaemonSet",
+            "SecurityContextConstraints",
+            "Service",
+            "ServiceMonitor",
+            "PrometheusRule"
+        ]
+    );
+    for object in &rendered.objects {
+        let owners = &object.body["metadata"]["ownerReferences"];
+        assert_eq!(owners[0]["kind"], "HostPathProvisioner", "{}", object.kind);
+        assert_eq!(owners[0]["uid"], "0b5c4a1e-0000-4000-8000-000000000001", "{}", object.kind);
+        assert_eq!(object.body["metadata"]["labels"][OWNER_LABEL], "hostpath-provisioner");
+        let cluster_scoped =
+            ["ClusterRole", "ClusterRoleBinding", "SecurityContextConstraints"].contains(&object.kind.as_str());
+        assert_eq!(object.namespace.as_deref(), if cluster_scoped { None } else { Some(NAMESPACE) }, "{}", object.kind);
+        let text = object.body.to_string();
+        for stale in
+            [format!("\"namespace\":\"{}\"", legacy_namespace()), format!("serviceaccount:{}:", legacy_namespace())]
+        {
+            assert!(!text.contains(&stale), "{} still says {stale}", object.kind);
+        }
+    }
+    let binding = &object(&rendered, "ClusterRoleBinding").body;
+    assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+    let scc = &object(&rendered, "SecurityContextConstraints").body;
+    assert_eq!(scc["users"], json!([format!("system:serviceaccount:{NAMESPACE}:kubevirt-hostpath-provisioner-admin")]));
+    assert_eq!(object(&rendered, "ServiceMonitor").body["spec"]["namespaceSelector"]["matchNames"], json!([NAMESPACE]));
+    // The metrics Service finds the pods by the labels the rendered template carries.
+    let service = &object(&rendered, "Service").body;
+    let template_labels = &object(&rendered, "DaemonSet").body["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in service["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(&template_labels[key], value, "pod label {key}");
+    }
+}
+
+#[test]
+fn without_openshift_or_prometheus_no_scc_or_monitoring_object_is_made() {
+    let rendered = render(&example("legacy.yaml"), &environment());
+    assert!(rendered.objects.iter().all(|o| {
+        !["SecurityContextConstraints", "ServiceMonitor", "PrometheusRule", "Service"].contains(&o.kind.as_str())
+    }));
+}

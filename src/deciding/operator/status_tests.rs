@@ -1,0 +1,244 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::deciding::operator::render::{Environment, render};
+
+const NOW: &str = "2026-11-25T18:00:00Z";
+const LATER: &str = "2026-11-25T18:05:00Z";
+
+fn resource(spec: Value) -> HostPathProvisioner {
+    serde_json::from_value(json!({"metadata": {"name": "hpp", "uid": "u", "generation": 3}, "spec": spec}))
+        .expect("resource")
+}
+
+fn environment() -> Environment {
+    Environment {
+        namespace: "ns".into(),
+        image: "img".into(),
+        openshift: false,
+        prometheus: false,
+        held_pools: Vec::new(),
+    }
+}
+
+fn observe(resource: &HostPathProvisioner, rollout: Option<Rollout>, now: &str) -> Status {
+    let rendered = render(resource, &environment());
+    status(&Observed {
+        resource,
+        rendered: &rendered,
+        apply_failure: None,
+        rollout,
+        superseded_by: None,
+        pools_on_claim: &[],
+        held_back: &[],
+        version: "0.1.0",
+        now,
+    })
+}
+
+fn find<'a>(status: &'a Status, type_: &str) -> &'a Condition {
+    status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_}"))
+}
+
+fn summary(status: &Status) -> Vec<(String, String, String)> {
+    status.conditions.iter().map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone())).collect()
+}
+
+fn rolled(desired: i32) -> Rollout {
+    Rollout { desired, updated: desired, available: desired, current: true }
+}
+
+fn pools() -> Value {
+    json!({"storagePools": [{"name": "fast", "path": "/mnt/ssd"}, {"name": "slow", "path": "/mnt/hdd"}]})
+}
+
+fn triple(t: &str, s: &str, r: &str) -> (String, String, String) {
+    (t.into(), s.into(), r.into())
+}
+
+#[test]
+fn a_complete_rollout_is_available_and_every_pool_ready() {
+    let status = observe(&resource(pools()), Some(rolled(3)), NOW);
+    assert_eq!(
+        summary(&status),
+        [
+            triple("Available", "True", "AsExpected"),
+            triple("Progressing", "False", "AsExpected"),
+            triple("Degraded", "False", "AsExpected"),
+            triple("NotActedUpon", "False", "AllFieldsActedUpon"),
+        ]
+    );
+    assert!(status.conditions.iter().all(|c| c.observed_generation == Some(3)));
+    assert_eq!(status.observed_version.as_deref(), Some("0.1.0"));
+    assert_eq!(status.target_version.as_deref(), Some("0.1.0"));
+    let pools: Vec<_> = status
+        .storage_pool_statuses
+        .iter()
+        .map(|p| (p.name.as_str(), p.phase.as_str(), p.desired_ready, p.current_ready))
+        .collect();
+    assert_eq!(pools, [("fast", "Ready", 3, 3), ("slow", "Ready", 3, 3)]);
+}
+
+#[test]
+fn a_rollout_in_progress_is_progressing_and_pools_mounting() {
+    let rollout = Rollout { desired: 3, updated: 1, available: 2, current: true };
+    let status = observe(&resource(pools()), Some(rollout), NOW);
+    assert_eq!(find(&status, "Available").reason, "NodesNotReady");
+    assert_eq!(find(&status, "Progressing").status, "True");
+    assert!(find(&status, "Progressing").message.contains("1 of 3 nodes run the current pod template"));
+    assert_eq!(status.observed_version, None, "not observed before the rollout completes");
+    assert_eq!(status.storage_pool_statuses[0].phase, "Mounting");
+    assert_eq!(status.storage_pool_statuses[0].current_ready, 2);
+    // A template the DaemonSet controller has not seen yet is a rollout too.
+    let unseen = Rollout { current: false, ..rolled(3) };
+    assert_eq!(find(&observe(&resource(pools()), Some(unseen), NOW), "Progressing").status, "True");
+}
+
+#[test]
+fn no_selected_node_is_not_available_and_says_why() {
+    let status = observe(&resource(pools()), Some(rolled(0)), NOW);
+    let available = find(&status, "Available");
+    assert_eq!((available.status.as_str(), available.reason.as_str()), ("False", "NoNodeSelected"));
+    assert!(available.message.contains("spec.workload selects no node"));
+    // Before the DaemonSet controller has counted the nodes, zero means nothing yet.
+    let unseen = Rollout { current: false, ..rolled(0) };
+    assert_eq!(find(&observe(&resource(pools()), Some(unseen), NOW), "Available").reason, "Deploying");
+}
+
+#[test]
+fn a_problem_is_degraded_with_its_reason_and_the_pool_stays_preparing() {
+    let spec = json!({"storagePools": [
+        {"name": "fast", "path": "/mnt/ssd"},
+        {"name": "blocky", "path": "/mnt/b", "pvcTemplate": {"volumeMode": "Block"}},
+    ]});
+    let status = observe(&resource(spec), Some(rolled(2)), NOW);
+    let degraded = find(&status, "Degraded");
+    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "BlockPoolNotSupported"));
+    assert!(degraded.message.contains("\"blocky\""));
+    let phases: Vec<_> = status.storage_pool_statuses.iter().map(|p| (p.name.as_str(), p.phase.as_str())).collect();
+    assert_eq!(phases, [("fast", "Ready"), ("blocky", "Preparing")]);
+}
+
+#[test]
+fn an_apply_failure_comes_first_in_degraded() {
+    let resource = resource(pools());
+    let rendered = render(&resource, &environment());
+    let status = status(&Observed {
+        resource: &resource,
+        rendered: &rendered,
+        apply_failure: Some("DaemonSet kubevirt-hostpath-provisioner: forbidden".into()),
+        rollout: Some(rolled(1)),
+        superseded_by: None,
+        pools_on_claim: &[],
+        held_back: &[],
+        version: "0.1.0",
+        now: NOW,
+    });
+    assert_eq!(find(&status, "Degraded").reason, "ApplyFailed");
+    assert_eq!(status.observed_version, None, "an object that failed to apply is not observed");
+}
+
+#[test]
+fn csi_only_fields_are_reported_as_not_acted_upon() {
+    let spec = json!({"featureGates": ["Snapshotting"], "storagePools": [
+        {"name": "a", "path": "/a", "snapshotProvider": "reflink", "overlayClassName": "overlay"}
+    ]});
+    let status = observe(&resource(spec), Some(rolled(1)), NOW);
+    let ignored = find(&status, "NotActedUpon");
+    assert_eq!(ignored.status, "True");
+    for field in [
+        "spec.featureGates (Snapshotting)",
+        "spec.storagePools[0].snapshotProvider",
+        "spec.storagePools[0].overlayClassName",
+    ] {
+        assert!(ignored.message.contains(field), "{field} missing from {}", ignored.message);
+    }
+    assert_eq!(find(&status, "Degraded").status, "False", "accepted fields are not a fault");
+}
+
+#[test]
+fn an_unchanged_cluster_gives_an_unchanged_status() {
+    let mut resource = resource(pools());
+    let first = observe(&resource, Some(rolled(2)), NOW);
+    resource.status = Some(first.clone());
+    let again = observe(&resource, Some(rolled(2)), LATER);
+    assert_eq!(first, again, "no write, so no wake-up loop");
+    // A change moves only the conditions that changed.
+    let rollout = Rollout { available: 1, ..rolled(2) };
+    let changed = observe(&resource, Some(rollout), LATER);
+    assert_eq!(find(&changed, "Available").last_transition_time.as_deref(), Some(LATER));
+    assert_eq!(find(&changed, "Degraded").last_transition_time.as_deref(), Some(NOW));
+    assert_eq!(changed.observed_version.as_deref(), Some("0.1.0"), "the version once observed stays");
+}
+
+#[test]
+fn the_oldest_resource_acts_and_the_others_are_superseded() {
+    let at = |name: &str, second: i64, deleting: bool| {
+        let mut r = resource(pools());
+        r.metadata.name = Some(name.into());
+        r.metadata.creation_timestamp = Some(Time(jiff::Timestamp::from_second(second).expect("time")));
+        if deleting {
+            r.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::from_second(second + 1).expect("time")));
+        }
+        r
+    };
+    assert_eq!(acting_resource(&[at("young", 20, false), at("old", 10, false)]).as_deref(), Some("old"));
+    assert_eq!(acting_resource(&[at("b", 10, false), at("a", 10, false)]).as_deref(), Some("a"));
+    assert_eq!(acting_resource(&[at("young", 20, false), at("old", 10, true)]).as_deref(), Some("young"));
+    assert_eq!(acting_resource(&[]), None);
+    let young = at("young", 20, false);
+    let rendered = render(&young, &environment());
+    let status = status(&Observed {
+        resource: &young,
+        rendered: &rendered,
+        apply_failure: None,
+        rollout: None,
+        superseded_by: Some("old".into()),
+        pools_on_claim: &[],
+        held_back: &[],
+        version: "0.1.0",
+        now: NOW,
+    });
+    assert_eq!(find(&status, "Degraded").reason, "Superseded");
+    assert!(find(&status, "Available").message.contains("delete this one or merge its pools into \"old\""));
+    assert!(status.storage_pool_statuses.iter().all(|p| p.phase == "Preparing"));
+}
+
+#[test]
+fn a_pool_on_a_claim_prepares_mounts_and_is_ready_by_its_mounters() {
+    let resource = resource(json!({"storagePools": [
+        {"name": "big", "path": "/mnt/big", "pvcTemplate": {"resources": {"requests": {"storage": "1Gi"}}}},
+    ]}));
+    let rendered = render(&resource, &environment());
+    let phase = |state: PoolOnClaimState, held_back: &[String]| {
+        let status = status(&Observed {
+            resource: &resource,
+            rendered: &rendered,
+            apply_failure: None,
+            rollout: Some(rolled(2)),
+            superseded_by: None,
+            pools_on_claim: &[state],
+            held_back,
+            version: "0.1.0",
+            now: NOW,
+        });
+        let pool = status.storage_pool_statuses[0].clone();
+        (pool.phase, pool.desired_ready, pool.current_ready, find(&status, "Degraded").clone())
+    };
+    let state = |ready, claims_made| PoolOnClaimState {
+        name: "big".into(),
+        desired: 2,
+        ready,
+        claims_made,
+        claim_statuses: Vec::new(),
+    };
+    assert_eq!(phase(state(0, false), &[]).0, "Preparing");
+    assert_eq!(phase(state(1, true), &[]).0, "Mounting");
+    let (ready, desired, current, degraded) = phase(state(2, true), &[]);
+    assert_eq!((ready.as_str(), desired, current, degraded.status.as_str()), ("Ready", 2, 2, "False"));
+    let held = ["storage pool \"old\" ... pvc-1".to_owned()];
+    let degraded = phase(state(2, true), &held).3;
+    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "PoolHeldBack"));
+    assert!(degraded.message.contains("pvc-1"), "{}", degraded.message);
+}

@@ -1,0 +1,338 @@
+//! One reconcile of a `HostPathProvisioner`: render, apply with server-side apply, read the node
+//! DaemonSet's rollout, write the status when it changed, and report each failed step as an
+//! Event on the resource and a log line. On deletion (the finalizer), remove what the resource
+//! made; never a PersistentVolume or a volume's directory, which the operator never touches.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{Event as Finalizing, finalizer};
+use kube::{Client, Resource, ResourceExt};
+
+use super::error::{OperatorError, reason};
+use crate::deciding::operator::render::{Desired, Environment, OWNER_LABEL, Rendered, render};
+use crate::deciding::operator::resource::{HostPathProvisioner, Status};
+use crate::deciding::operator::status::{self, Observed, Rollout};
+
+/// The finalizer on every resource: its deletion waits until what it made is removed.
+pub const FINALIZER: &str = "hostpathprovisioner.kubevirt.io/cleanup";
+/// The server-side apply field manager of the operator.
+pub const FIELD_MANAGER: &str = "hostpath-provisioner-operator";
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    /// The operator's namespace.
+    pub namespace: String,
+    /// The node pods' image.
+    pub image: String,
+    pub recorder: Recorder,
+}
+
+/// Reconciles one resource (the controller's entry point).
+pub async fn reconcile(resource: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Result<Action, OperatorError> {
+    let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
+    let name = resource.name_any();
+    let result = finalizer(&api, FINALIZER, resource, |event| async {
+        match event {
+            Finalizing::Apply(resource) => apply(&resource, &ctx).await,
+            Finalizing::Cleanup(resource) => cleanup(&resource, &ctx).await,
+        }
+    })
+    .await;
+    // A resource deleted since the event that woke us: nothing left to do.
+    if let Err(
+        kube::runtime::finalizer::Error::AddFinalizer(kube::Error::Api(status))
+        | kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(status)),
+    ) = &result
+        && status.code == 404
+    {
+        return Ok(Action::await_change());
+    }
+    result.map_err(|error| match error {
+        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
+            OperatorError::api(format!("update the finalizer of HostPathProvisioner {name}"), e)
+        }
+        other => OperatorError::Config(other.to_string()),
+    })
+}
+
+/// After a failed reconcile: retry soon; the failure was already reported.
+pub fn error_policy(resource: Arc<HostPathProvisioner>, error: &OperatorError, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(resource = %resource.name_any(), %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(15))
+}
+
+async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, OperatorError> {
+    let name = resource.name_any();
+    let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
+    let all = api.list(&ListParams::default()).await.map_err(|e| OperatorError::api("list HostPathProvisioners", e))?;
+    let acting = status::acting_resource(&all.items);
+    let superseded_by = acting.filter(|a| *a != name);
+    let mut environment = environment(ctx).await;
+    let mut rendered = render(resource, &environment);
+    // Pools on a claim, once the node objects rendered (a blocked render must not release
+    // the pools' claims). A pool whose claims PVs of ours still hold stays served.
+    let target = pool_target(resource, ctx);
+    let pool_objects = if superseded_by.is_none() && !rendered.objects.is_empty() {
+        match super::pool_claims::read(&target, !rendered.pools_on_claim.is_empty()).await {
+            Ok(found) => Some(found),
+            Err(error) => {
+                publish(ctx, resource, EventType::Warning, error.reason(), &error.to_string()).await;
+                return Err(error);
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(found) = &pool_objects {
+        environment.held_pools =
+            super::pool_claims::held_pools(&target, found, &rendered.pools_on_claim, &rendered.placement);
+        if !environment.held_pools.is_empty() {
+            rendered = render(resource, &environment);
+        }
+    }
+    let mut apply_failure = None;
+    if superseded_by.is_none() {
+        for object in &rendered.objects {
+            if let Err(error) = apply_object(&ctx.client, object).await {
+                let message = format!("{} {}: {error}", object.kind, object.name);
+                tracing::warn!(resource = %name, %message, "cannot apply an object of the resource");
+                apply_failure.get_or_insert(message);
+            }
+        }
+    }
+    let mut pools = super::pool_claims::Outcome::default();
+    if let Some(found) = &pool_objects {
+        pools = super::pool_claims::reconcile(&target, found, &rendered.pools_on_claim, &rendered.placement).await;
+        if let Some(failure) = pools.failure.take() {
+            apply_failure.get_or_insert(failure);
+        }
+    }
+    let rollout = if superseded_by.is_none() { rollout(ctx, &rendered).await? } else { None };
+    let now = jiff::Timestamp::now().to_string();
+    let new_status = status::status(&Observed {
+        resource,
+        rendered: &rendered,
+        apply_failure: apply_failure.clone(),
+        rollout,
+        superseded_by,
+        pools_on_claim: &pools.states,
+        held_back: &pools.held_back,
+        version: crate::serving::build_info::VERSION,
+        now: &now,
+    });
+    let previous = resource.status.clone().unwrap_or_default();
+    if new_status != previous {
+        report_changes(resource, &previous, &new_status, ctx).await;
+        // Server-side apply of the whole status: a field left out (the pool statuses after a
+        // switch to pathConfig) is removed, which a merge patch would keep.
+        let patch = serde_json::json!({
+            "apiVersion": crate::deciding::operator::resource::API_VERSION,
+            "kind": crate::deciding::operator::resource::KIND,
+            "status": new_status,
+        });
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        if let Err(error) = api.patch_status(&name, &params, &Patch::Apply(&patch)).await {
+            let error = OperatorError::api(format!("write the status of HostPathProvisioner {name}"), error);
+            publish(ctx, resource, EventType::Warning, reason::STATUS_FAILED, &error.to_string()).await;
+            return Err(error);
+        }
+    }
+    // Pools on a claim follow nodes, mounters and PVs, which do not wake the operator: look again soon.
+    let settling = new_status.conditions.iter().any(|c| c.type_ == status::PROGRESSING && c.status == "True")
+        || !pools.held_back.is_empty()
+        || new_status.storage_pool_statuses.iter().any(|p| p.phase != status::READY);
+    Ok(match (apply_failure, settling) {
+        (Some(_), _) => Action::requeue(Duration::from_secs(30)),
+        (None, true) => Action::requeue(Duration::from_secs(10)),
+        (None, false) => Action::requeue(Duration::from_secs(300)),
+    })
+}
+
+/// Events and log lines for what changed: a new Degraded reason or message is a Warning (each
+/// failed step: an object that did not apply, a spec problem), a recovery a Normal event.
+async fn report_changes(resource: &HostPathProvisioner, previous: &Status, new: &Status, ctx: &Context) {
+    let degraded = |s: &Status| s.conditions.iter().find(|c| c.type_ == status::DEGRADED).cloned();
+    let (before, after) = (degraded(previous), degraded(new));
+    let Some(after) = after else { return };
+    let changed = before.as_ref().is_none_or(|b| b.status != after.status || b.message != after.message);
+    if !changed {
+        return;
+    }
+    if after.status == "True" {
+        tracing::warn!(resource = %resource.name_any(), reason = %after.reason, message = %after.message, "resource degraded");
+        publish(ctx, resource, EventType::Warning, &after.reason, &after.message).await;
+    } else if before.is_some_and(|b| b.status == "True") {
+        tracing::info!(resource = %resource.name_any(), "resource no longer degraded");
+        publish(ctx, resource, EventType::Normal, reason::APPLIED, "every object of the resource is applied").await;
+    }
+}
+
+async fn publish(ctx: &Context, resource: &HostPathProvisioner, type_: EventType, reason: &str, note: &str) {
+    // The recorder folds Events of the same reason and action into one series, keeping the
+    // first note: the deletion's own steps are another action, so that their notes show.
+    let action = if resource.metadata.deletion_timestamp.is_some() { "Cleanup" } else { "Reconcile" };
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        // The API server refuses notes over 1 kB.
+        note: Some(note.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &resource.object_ref(&())).await {
+        tracing::warn!(%error, reason, "cannot write an Event on the resource");
+    }
+}
+
+/// What the cluster serves besides core Kubernetes: the SCC API (OpenShift) and the Prometheus
+/// Operator's kinds. Asked at each reconcile, since either may be installed later.
+async fn environment(ctx: &Context) -> Environment {
+    let serves = |group_version: &'static str, plurals: &'static [&'static str]| {
+        let client = ctx.client.clone();
+        async move {
+            match client.list_api_group_resources(group_version).await {
+                Ok(list) => plurals.iter().all(|p| list.resources.iter().any(|r| r.name == *p)),
+                Err(_) => false,
+            }
+        }
+    };
+    Environment {
+        namespace: ctx.namespace.clone(),
+        image: ctx.image.clone(),
+        openshift: serves("security.openshift.io/v1", &["securitycontextconstraints"]).await,
+        prometheus: serves("monitoring.coreos.com/v1", &["servicemonitors", "prometheusrules"]).await,
+        held_pools: Vec::new(),
+    }
+}
+
+fn pool_target<'a>(resource: &'a HostPathProvisioner, ctx: &'a Context) -> super::pool_claims::Target<'a> {
+    super::pool_claims::Target {
+        client: &ctx.client,
+        namespace: &ctx.namespace,
+        image: &ctx.image,
+        resource: resource.metadata.name.as_deref().unwrap_or_default(),
+        field_manager: FIELD_MANAGER,
+    }
+}
+
+fn api_for(client: &Client, object: &Desired) -> Api<DynamicObject> {
+    let (group, version) = object.api_version.rsplit_once('/').unwrap_or(("", object.api_version.as_str()));
+    let gvk = GroupVersionKind::gvk(group, version, &object.kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &object.plural);
+    match &object.namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+async fn apply_object(client: &Client, object: &Desired) -> Result<(), kube::Error> {
+    // force: the operator owns these objects' fields, including from an earlier manual apply.
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api_for(client, object).patch(&object.name, &params, &Patch::Apply(&object.body)).await.map(|_| ())
+}
+
+/// The node DaemonSet's rollout, if the resource rendered one.
+async fn rollout(ctx: &Context, rendered: &Rendered) -> Result<Option<Rollout>, OperatorError> {
+    let Some(desired) = rendered.objects.iter().find(|o| o.kind == "DaemonSet") else { return Ok(None) };
+    let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let daemonset = api
+        .get_opt(&desired.name)
+        .await
+        .map_err(|e| OperatorError::api(format!("read DaemonSet {}", desired.name), e))?;
+    Ok(daemonset.map(|d| {
+        let generation = d.metadata.generation.unwrap_or(0);
+        let status = d.status.unwrap_or_default();
+        Rollout {
+            desired: status.desired_number_scheduled,
+            updated: status.updated_number_scheduled.unwrap_or(0),
+            available: status.number_available.unwrap_or(0),
+            current: status.observed_generation.unwrap_or(0) >= generation,
+        }
+    }))
+}
+
+/// The kinds a resource may have made, with where they live.
+const MADE_KINDS: [(&str, &str, &str, bool); 10] = [
+    ("apps/v1", "DaemonSet", "daemonsets", true),
+    ("v1", "ServiceAccount", "serviceaccounts", true),
+    ("rbac.authorization.k8s.io/v1", "Role", "roles", true),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", true),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", false),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", false),
+    ("security.openshift.io/v1", "SecurityContextConstraints", "securitycontextconstraints", false),
+    ("v1", "Service", "services", true),
+    ("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", true),
+    ("monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules", true),
+];
+
+/// Removes the objects this resource made (its label and its uid in their owner references).
+/// The node pods go with the DaemonSet; PersistentVolumes and their directories stay: released
+/// volumes wait, with their data, for a provisioner to serve them again.
+async fn cleanup(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, OperatorError> {
+    let name = resource.name_any();
+    let uid = resource.uid().unwrap_or_default();
+    // Pools on a claim first: while PVs of ours live in one, everything stays (the node
+    // provisioner too, to serve and release those volumes) and the finalizer holds.
+    let target = pool_target(resource, ctx);
+    let found = super::pool_claims::read(&target, false).await?;
+    let pools = super::pool_claims::reconcile(&target, &found, &[], &Default::default()).await;
+    if let Some(failure) = &pools.failure {
+        publish(ctx, resource, EventType::Warning, reason::CLEANUP_FAILED, failure).await;
+        return Err(OperatorError::Config(failure.clone()));
+    }
+    if !pools.held_back.is_empty() {
+        let message = format!("deletion of HostPathProvisioner {name} waits: {}", pools.held_back.join("; "));
+        publish(ctx, resource, EventType::Warning, reason::POOL_HELD_BACK, &message).await;
+        return Err(OperatorError::PoolHeldBack(message));
+    }
+    let environment = environment(ctx).await;
+    for (api_version, kind, plural, namespaced) in MADE_KINDS {
+        let optional_group = match api_version {
+            "security.openshift.io/v1" => Some(environment.openshift),
+            "monitoring.coreos.com/v1" => Some(environment.prometheus),
+            _ => None,
+        };
+        if optional_group == Some(false) {
+            continue;
+        }
+        let probe = Desired {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            name: String::new(),
+            namespace: namespaced.then(|| ctx.namespace.clone()),
+            body: serde_json::Value::Null,
+        };
+        let api = api_for(&ctx.client, &probe);
+        let selector = format!("{OWNER_LABEL}={name}");
+        let made = match api.list(&ListParams::default().labels(&selector)).await {
+            Ok(list) => list.items,
+            Err(error) => {
+                let error = OperatorError::api(format!("list the {kind}s made for HostPathProvisioner {name}"), error);
+                publish(ctx, resource, EventType::Warning, reason::CLEANUP_FAILED, &error.to_string()).await;
+                return Err(error);
+            }
+        };
+        for object in made.iter().filter(|o| o.owner_references().iter().any(|r| r.uid == uid)) {
+            let object_name = object.name_any();
+            match api.delete(&object_name, &DeleteParams::background()).await {
+                Ok(_) => tracing::info!(resource = %name, kind, name = %object_name, "removed"),
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => {
+                    let error = OperatorError::api(format!("delete {kind} {object_name}"), error);
+                    publish(ctx, resource, EventType::Warning, reason::CLEANUP_FAILED, &error.to_string()).await;
+                    return Err(error);
+                }
+            }
+        }
+    }
+    Ok(Action::await_change())
+}
