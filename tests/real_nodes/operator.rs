@@ -1,7 +1,9 @@
 //! The operator on a real kubelet: a `HostPathProvisioner` whose pool lives on a claim of
 //! another class (a local PV this scenario makes), mounted on the node by the operator's
 //! mounter, carved into a volume a pod writes into; removing the pool while that volume lives
-//! keeps the claim, the mount and the data, and the status says which PV holds it.
+//! keeps the claim, the mount and the data, and the status says which PV holds it. A plain
+//! pool's class and, after the resource is deleted, a legacy `pathConfig` resource's class get
+//! their volumes too.
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::api::DynamicObject;
@@ -175,6 +177,23 @@ pub(super) async fn the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keep
     ensure!(pool.join("marker").exists(), "the mount stays");
     ensure!(std::fs::read_to_string(pool.join(&dir_name).join("file"))? == "kept\n", "the data stays, reachable");
 
+    // The plain pool (a path on the node, no claim) serves its own class too.
+    let plain_class = ctx.class(&format!("{ns}-plain"), &[("storagePool", "plain")]).await?;
+    claims
+        .create(
+            &PostParams::default(),
+            &fixtures::claim(&ns, "plain", &plain_class, "16Mi").provision_on_node(&node).build(),
+        )
+        .await?;
+    let run = PodRun::new(&ns, "plain-writer", "echo plain > /data/file").claim("plain").on_node(&node);
+    let outcome = ctx.lane.run_pod(&run).await?;
+    ensure!(outcome.exit_code == Some(0), "pod exited {:?}: {}", outcome.exit_code, outcome.logs);
+    let plain_dir = ctx.lane.volume_dir(&ns, "plain").await?;
+    ensure!(plain_dir.starts_with(&plain), "the plain pool's volume is in its path: {}", plain_dir.display());
+    ensure!(std::fs::read_to_string(plain_dir.join("file"))? == "plain\n", "written by the pod");
+    ctx.lane.delete_pod(&ns, "plain-writer").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "plain").await?;
+
     // Deleting the resource while the volume lives removes nothing (a Warning Event names the
     // PV); the held pool is still served, so the volume is released as usual, and then
     // everything goes.
@@ -200,6 +219,54 @@ pub(super) async fn the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keep
     })
     .await?;
     ensure!(daemonsets.get_opt(DEPLOY_DAEMONSET).await?.is_none(), "the node provisioner went with it");
+
+    // The legacy form (`pathConfig`, as the kubevirt operator's legacy example has it): the
+    // DaemonSet serves PV_DIR, and a claim of a class that names no pool lands there.
+    let legacy = ctx.lane.dir().join("operator-legacy");
+    std::fs::create_dir_all(&legacy)?;
+    testbed::real_nodes::host::make_shared_mount(&legacy)?;
+    let resource: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1", "kind": "HostPathProvisioner",
+        "metadata": {"name": RESOURCE},
+        "spec": {
+            "imagePullPolicy": "IfNotPresent",
+            "pathConfig": {"path": legacy, "useNamingPrefix": true},
+            "workload": {"nodeSelector": {"kubernetes.io/hostname": node}},
+        },
+    }))?;
+    resources(ctx).create(&PostParams::default(), &resource).await?;
+    testbed::wait_until(
+        "the legacy DaemonSet ready",
+        LANE_TIMEOUT,
+        || daemonsets.get(DEPLOY_DAEMONSET),
+        |d| d.status.as_ref().is_some_and(|s| s.number_ready == 1 && s.updated_number_scheduled == Some(1)),
+    )
+    .await?;
+    let legacy_class = ctx.class(&format!("{ns}-legacy"), &[]).await?;
+    claims
+        .create(
+            &PostParams::default(),
+            &fixtures::claim(&ns, "legacy", &legacy_class, "16Mi").provision_on_node(&node).build(),
+        )
+        .await?;
+    let run = PodRun::new(&ns, "legacy-writer", "echo legacy > /data/file").claim("legacy").on_node(&node);
+    let outcome = ctx.lane.run_pod(&run).await?;
+    ensure!(outcome.exit_code == Some(0), "pod exited {:?}: {}", outcome.exit_code, outcome.logs);
+    let legacy_dir = ctx.lane.volume_dir(&ns, "legacy").await?;
+    let legacy_name = legacy_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    ensure!(
+        legacy_dir.parent() == Some(legacy.as_path()) && legacy_name.starts_with("legacy-pvc-"),
+        "PV_DIR with the naming prefix: {}",
+        legacy_dir.display()
+    );
+    ensure!(std::fs::read_to_string(legacy_dir.join("file"))? == "legacy\n", "written by the pod");
+    ctx.lane.delete_pod(&ns, "legacy-writer").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "legacy").await?;
+    resources(ctx).delete(RESOURCE, &DeleteParams::default()).await?;
+    testbed::wait_for("the legacy resource gone", LANE_TIMEOUT, || async {
+        anyhow::Ok(resources(ctx).get_opt(RESOURCE).await?.is_none().then_some(()))
+    })
+    .await?;
 
     // Clean up: the disk; deploy/legacy back for the next scenarios.
     pvs.delete(&format!("{ns}-disk"), &DeleteParams::default()).await?;
