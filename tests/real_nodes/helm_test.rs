@@ -49,6 +49,25 @@ config: {{provisionerName: {PROVISIONER}, dirMode: "{dir_mode}"}}
     Ok(file)
 }
 
+/// `helm upgrade --install` of the release with volumes of `dir_mode`, waited for until ready.
+async fn deploy_release(ctx: &Ctx, ns: &str, image: &str, pool: &Path, dir_mode: &str) -> Result<()> {
+    let values = values(ctx, image, pool, dir_mode)?.display().to_string();
+    let chart = "deploy/helm/hostpath-provisioner";
+    let deployed = helm(ctx, &["upgrade", "--install", RELEASE, chart, "-n", ns, "-f", &values])?;
+    ensure!(deployed.status.success(), "helm upgrade --install: {}", said(&deployed));
+    release_ready(ctx, ns).await
+}
+
+/// Waits until no volume directory is left in the release's pool.
+async fn pool_emptied(pool: &Path, what: &str) -> Result<()> {
+    testbed::wait_for(what, LANE_TIMEOUT, || async {
+        let left =
+            std::fs::read_dir(pool)?.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("pvc-")).count();
+        anyhow::Ok((left == 0).then_some(()))
+    })
+    .await
+}
+
 /// Waits until the release's one provisioner pod runs the current template and is ready.
 async fn release_ready(ctx: &Ctx, ns: &str) -> Result<()> {
     let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(ctx.lane.client(), ns);
@@ -81,20 +100,7 @@ pub(crate) async fn helm_test_provisions_a_volume_a_non_root_pod_writes_into_and
     let pool = ctx.lane.dir().join("helm-pool");
     std::fs::create_dir_all(&pool)?;
     testbed::real_nodes::host::make_shared_mount(&pool)?;
-    let install = helm(
-        ctx,
-        &[
-            "install",
-            RELEASE,
-            "deploy/helm/hostpath-provisioner",
-            "-n",
-            &ns,
-            "-f",
-            &values(ctx, &image, &pool, "0777")?.display().to_string(),
-        ],
-    )?;
-    ensure!(install.status.success(), "helm install: {}", said(&install));
-    release_ready(ctx, &ns).await?;
+    deploy_release(ctx, &ns, &image, &pool, "0777").await?;
 
     let test = helm(ctx, &["test", RELEASE, "-n", &ns, "--timeout", "4m", "--logs"])?;
     let text = said(&test);
@@ -102,30 +108,10 @@ pub(crate) async fn helm_test_provisions_a_volume_a_non_root_pod_writes_into_and
     ensure!(text.contains("Succeeded") && text.contains("/data: wrote, synced, read back and removed"), "{text}");
     // The claim was made by the release's provisioner in its pool and, the test passed, deleted
     // with its volume: nothing is left in the pool.
-    testbed::wait_for("the test volume reclaimed", LANE_TIMEOUT, || async {
-        let left: Vec<_> = std::fs::read_dir(&pool)?
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("pvc-"))
-            .collect();
-        anyhow::Ok(left.is_empty().then_some(()))
-    })
-    .await?;
+    pool_emptied(&pool, "the test volume reclaimed").await?;
 
     // Volumes only root may write into: the same test fails and says why.
-    let upgrade = helm(
-        ctx,
-        &[
-            "upgrade",
-            RELEASE,
-            "deploy/helm/hostpath-provisioner",
-            "-n",
-            &ns,
-            "-f",
-            &values(ctx, &image, &pool, "0700")?.display().to_string(),
-        ],
-    )?;
-    ensure!(upgrade.status.success(), "helm upgrade: {}", said(&upgrade));
-    release_ready(ctx, &ns).await?;
+    deploy_release(ctx, &ns, &image, &pool, "0700").await?;
     let failing = helm(ctx, &["test", RELEASE, "-n", &ns, "--timeout", "4m", "--logs"])?;
     let text = said(&failing);
     ensure!(!failing.status.success(), "helm test passed on volumes a non-root pod cannot write:\n{text}");
@@ -138,14 +124,7 @@ pub(crate) async fn helm_test_provisions_a_volume_a_non_root_pod_writes_into_and
     let test_pod = format!("{RELEASE}-hostpath-provisioner-test");
     ensure!(claims.get_opt(&format!("{test_pod}-data")).await?.is_some(), "the failed test's claim is kept");
     pods.delete(&test_pod, &DeleteParams::default()).await?;
-    testbed::wait_for("the failed test's volume reclaimed", LANE_TIMEOUT, || async {
-        let left: Vec<_> = std::fs::read_dir(&pool)?
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("pvc-"))
-            .collect();
-        anyhow::Ok(left.is_empty().then_some(()))
-    })
-    .await?;
+    pool_emptied(&pool, "the failed test's volume reclaimed").await?;
     let uninstall = helm(ctx, &["uninstall", RELEASE, "-n", &ns, "--wait"])?;
     ensure!(uninstall.status.success(), "helm uninstall: {}", said(&uninstall));
     Ok(())

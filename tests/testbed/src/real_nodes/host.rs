@@ -446,7 +446,14 @@ pub(crate) fn remove_cgroup_tree(dir: &Path) -> Result<()> {
 /// Appends the DNAT rule that stands in for kube-proxy: the `kubernetes` Service to the API
 /// server on the bridge gateway.
 pub fn add_service_rule(apiserver_port: u16) -> Result<()> {
-    run(Command::new("iptables").args([
+    run(Command::new("iptables").args(service_rule(apiserver_port)))
+}
+
+/// The arguments of `iptables` for the Service rule, here and in a second node's network
+/// namespace (tagged with the lane's comment, which cleanup looks for on the host).
+pub fn service_rule(apiserver_port: u16) -> Vec<String> {
+    let destination = format!("{GATEWAY}:{apiserver_port}");
+    [
         "-w",
         "-t",
         "nat",
@@ -465,8 +472,11 @@ pub fn add_service_rule(apiserver_port: u16) -> Result<()> {
         "-j",
         "DNAT",
         "--to-destination",
-        &format!("{GATEWAY}:{apiserver_port}"),
-    ]))
+        &destination,
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
 }
 
 fn delete_rules_with_comment(comment: &str) -> Result<()> {

@@ -29,7 +29,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use super::host::{self, GATEWAY, SERVICE_IP, run};
+use super::host::{self, run};
 use super::node::{Namespaces, NodeLayout};
 
 /// The second node's name.
@@ -137,24 +137,8 @@ pub fn create(
     in_node(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
     // Answers to the node's pods (the API server's replies) go back through the veth.
     run(Command::new("ip").args(["route", "add", POD_SUBNET, "via", NODE_IP, "dev", HOST_VETH]))?;
-    in_node(&[
-        "iptables",
-        "-w",
-        "-t",
-        "nat",
-        "-A",
-        "PREROUTING",
-        "-d",
-        &format!("{SERVICE_IP}/32"),
-        "-p",
-        "tcp",
-        "--dport",
-        "443",
-        "-j",
-        "DNAT",
-        "--to-destination",
-        &format!("{GATEWAY}:{apiserver_port}"),
-    ])?;
+    let rule = host::service_rule(apiserver_port);
+    in_node(&std::iter::once("iptables").chain(rule.iter().map(String::as_str)).collect::<Vec<_>>())?;
 
     // The cgroup root must exist before the kubelet starts (it checks); cpuset needs its
     // CPUs and memory nodes before children can hold tasks.
