@@ -53,9 +53,14 @@ pub struct Args {
     pub namespace: Option<String>,
 
     /// Seconds a node's liveness Lease lasts; it is renewed every third of that. Other nodes take
-    /// over shared and every-node work of a node whose lease expired.
+    /// over shared and every-node work of a node whose lease expired. Not used for liveness with
+    /// --peer-service.
     #[arg(long, env = "NODE_LEASE_SECONDS", default_value = "120")]
     pub node_lease_seconds: String,
+
+    /// Service (in the Lease namespace) selecting the provisioner pods: a node is live while its pod is Ready, as the Service's EndpointSlices say, and no Lease is renewed at rest (what the shipped manifests use). Unset: liveness from renewed Leases (a node run outside a pod).
+    #[arg(long, env = "PEER_SERVICE", value_name = "NAME")]
+    pub peer_service: Option<String>,
 
     /// Name directories <claim>-pvc-<uid> instead of pvc-<uid> ("true", case-insensitive, enables it).
     #[arg(long, env = "USE_NAMING_PREFIX", default_value = "false", value_parser = parse_go_bool, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -244,6 +249,8 @@ pub struct Config {
     pub namespace: String,
     /// Lifetime of this node's liveness Lease.
     pub node_lease: std::time::Duration,
+    /// Liveness from the readiness of the pods behind this Service instead of Lease renewals.
+    pub peer_service: Option<String>,
     /// `<claim>-pvc-<uid>` naming.
     pub use_naming_prefix: bool,
     /// Provisioner name.
@@ -311,6 +318,11 @@ impl Args {
             Some(ns) if layout::is_dns_label(&ns) => ns,
             Some(ns) => return Err(invalid("POD_NAMESPACE", &ns, "a namespace name (DNS-1123 label)")),
             None => own_namespace(),
+        };
+        let peer_service = match self.peer_service.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()) {
+            Some(name) if layout::is_dns_label(&name) => Some(name),
+            Some(name) => return Err(invalid("PEER_SERVICE", &name, "a Service name (DNS label)")),
+            None => None,
         };
         let node_lease_seconds =
             self.node_lease_seconds.trim().parse::<u32>().ok().filter(|s| *s >= 3).ok_or_else(|| {
@@ -386,6 +398,7 @@ impl Args {
             default_pool,
             namespace,
             node_lease: std::time::Duration::from_secs(node_lease_seconds.into()),
+            peer_service,
             use_naming_prefix: self.use_naming_prefix,
             provisioner_name: self.provisioner_name,
             kubeconfig: self.kubeconfig.as_deref().map(split_kubeconfig_paths).unwrap_or_default(),

@@ -71,12 +71,19 @@ async fn main() -> anyhow::Result<()> {
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 
 async fn client(config: &Config) -> anyhow::Result<kube::Client> {
-    let kube_config = if config.kubeconfig.is_empty() {
+    let mut kube_config = if config.kubeconfig.is_empty() {
         kube::Config::infer().await?
     } else {
         let kubeconfig = config::read_kubeconfigs(&config.kubeconfig)?;
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
     };
+    // Names this program and its node in the API server's audit log and request metrics.
+    let agent = format!("hostpath-provisioner/{} (node {})", env!("CARGO_PKG_VERSION"), config.node_name);
+    kube_config.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_str(&agent)
+            .unwrap_or_else(|_| hyper::header::HeaderValue::from_static("hostpath-provisioner")),
+    ));
     Ok(kube::Client::try_from(kube_config)?)
 }
 

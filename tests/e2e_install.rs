@@ -199,17 +199,15 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
     assert!(default.contains("volumeBindingMode: WaitForFirstConsumer"));
     assert!(default.contains(&format!("image: \"{PLACEHOLDER_REGISTRY}/hostpath-provisioner:0.1.0\"")), "{default}");
     assert!(default.contains("priorityClassName: system-node-critical"));
-    for kind in [
-        "SecurityContextConstraints",
-        "ServiceMonitor",
-        "PrometheusRule",
-        "NetworkPolicy",
-        "ConfigMap",
-        "Service\n",
-        "CSIDriver",
-    ] {
+    for kind in
+        ["SecurityContextConstraints", "ServiceMonitor", "PrometheusRule", "NetworkPolicy", "ConfigMap", "CSIDriver"]
+    {
         assert!(!default.contains(&format!("kind: {kind}")), "{kind} is opt-in:\n{default}");
     }
+    // One Service, the peers one (liveness from the pods' readiness); the metrics one is opt-in.
+    assert_eq!(default.matches("kind: Service\n").count(), 1, "{default}");
+    assert!(default.contains("name: hostpath-provisioner-peers\n"), "{default}");
+    assert!(default.contains("- name: PEER_SERVICE\n              value: \"hostpath-provisioner-peers\""), "{default}");
 
     let max = chart_template("hpp-chart", &["-f", MAX_VALUES]);
     for kind in [

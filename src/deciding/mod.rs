@@ -8,6 +8,7 @@ pub mod clone;
 pub mod deletion;
 pub mod identity;
 pub mod layout;
+pub mod liveness;
 pub mod mount_table;
 pub mod operator;
 pub mod os_disk;

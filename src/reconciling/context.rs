@@ -97,6 +97,7 @@ impl Context {
             &config.provisioner_name,
             &config.node_name,
             config.node_lease,
+            config.peer_service.as_deref(),
         );
         let reporter =
             Reporter { controller: config.provisioner_name.clone(), instance: Some(config.node_name.clone()) };

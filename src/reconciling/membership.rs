@@ -1,20 +1,29 @@
-//! Which nodes have a live provisioner, and which pools each can use: one Lease per node in the
-//! provisioner's namespace, renewed every third of its duration (1.5 writes a minute per node at
-//! the default 120 s), released on shutdown. Nothing watches the leases: a node lists them only
-//! when a shared or every-node decision needs them, at most every few seconds, so an idle
-//! cluster pays the renewals and nothing else.
+//! Which nodes have a live provisioner, and which pools each can use. One Lease per node in the
+//! provisioner's namespace says which pools the node can use now; whether the node is alive comes
+//! from one of two sources:
+//! - the readiness of the provisioner pods, as the EndpointSlices of a Service selecting them
+//!   publish it (`--peer-service`, what the shipped manifests use; deciding::liveness): the Lease
+//!   is written only when the node's pools change, so a cluster at rest pays nothing;
+//! - else the Lease itself, renewed every third of its duration (1.5 writes a minute per node at
+//!   the default 120 s): for nodes that run outside a pod (deploy/systemd).
+//!
+//! Either way the Lease is deleted on shutdown, and nothing is watched: a node lists the Leases
+//! (and the EndpointSlices) only when a shared or every-node decision needs them, at most every
+//! few seconds.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use sha2::{Digest, Sha256};
 
 use crate::deciding::layout;
+use crate::deciding::liveness;
 use crate::deciding::topology::{LiveNode, PoolKey};
 use crate::keys;
 
@@ -26,9 +35,23 @@ const MAX_VIEW_AGE: Duration = Duration::from_secs(5);
 /// as expired at first sight.
 const CLOCK_SKEW: Duration = Duration::from_secs(30);
 
+/// How soon a decision that another node acts looks again, when liveness comes from readiness:
+/// there is no lease expiry to wait for, a pod's readiness changes within seconds of its death,
+/// and a look lists at most once per [`MAX_VIEW_AGE`] however many claims wait.
+const READINESS_RECHECK: Duration = MAX_VIEW_AGE;
+
+/// Where liveness comes from.
+enum Source {
+    /// The Leases' renewals.
+    Leases,
+    /// The readiness of the provisioner pods behind a Service (its EndpointSlices).
+    Readiness { slices: Box<Api<EndpointSlice>>, selector: String },
+}
+
 /// This node's lease and the view of the others'.
 pub struct Membership {
     api: Api<Lease>,
+    source: Source,
     lease_name: String,
     selector: String,
     provisioner_hash: String,
@@ -42,6 +65,8 @@ pub struct Membership {
     /// acting for volumes no node owns when the others start to.
     renewed_at: Mutex<Option<Instant>>,
     view: tokio::sync::Mutex<Option<View>>,
+    /// Counts the changes of the set of other live nodes seen by successive views.
+    changes: std::sync::atomic::AtomicU64,
     /// When each node's renewTime was first seen with its current value: expiry is measured on
     /// this node's clock, so other nodes' clocks do not matter.
     first_seen: Mutex<HashMap<String, (String, Instant)>>,
@@ -50,14 +75,33 @@ pub struct Membership {
 struct View {
     at: Instant,
     others: Vec<LiveNode>,
+    /// This node's own endpoint is ready (liveness from readiness only).
+    me_ready: bool,
 }
 
 impl Membership {
-    /// Lease `hpp-<provisioner hash>-<node>` in `namespace`, lasting `duration`.
-    pub fn new(client: Client, namespace: &str, provisioner: &str, node: &str, duration: Duration) -> Membership {
+    /// Lease `hpp-<provisioner hash>-<node>` in `namespace`, lasting `duration`; liveness from
+    /// the readiness of the pods behind `peer_service` (in `namespace`) when given, else from the
+    /// Leases' renewals.
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        provisioner: &str,
+        node: &str,
+        duration: Duration,
+        peer_service: Option<&str>,
+    ) -> Membership {
         let provisioner_hash = short_hash(provisioner);
+        let source = match peer_service {
+            Some(service) => Source::Readiness {
+                slices: Box::new(Api::namespaced(client.clone(), namespace)),
+                selector: format!("{}={service}", liveness::SERVICE_NAME_LABEL),
+            },
+            None => Source::Leases,
+        };
         Membership {
             api: Api::namespaced(client, namespace),
+            source,
             lease_name: format!("hpp-{provisioner_hash}-{}", layout::node_label_value(node)),
             selector: format!("{}={provisioner_hash}", keys::LEASE_PROVISIONER_LABEL),
             provisioner_hash,
@@ -67,6 +111,7 @@ impl Membership {
             my_pools: Mutex::new(Vec::new()),
             renewed_at: Mutex::new(None),
             view: tokio::sync::Mutex::new(None),
+            changes: std::sync::atomic::AtomicU64::new(0),
             first_seen: Mutex::new(HashMap::new()),
         }
     }
@@ -76,9 +121,13 @@ impl Membership {
         &self.provisioner_hash
     }
 
-    /// How often the lease is renewed.
-    pub fn renew_interval(&self) -> Duration {
-        self.duration / 3
+    /// How often the lease is renewed: never (only when the pools change) when liveness comes
+    /// from readiness.
+    pub fn renew_interval(&self) -> Option<Duration> {
+        match self.source {
+            Source::Leases => Some(self.duration / 3),
+            Source::Readiness { .. } => None,
+        }
     }
 
     /// Records the pools this node can use now; true when that changed (renew at once).
@@ -133,14 +182,61 @@ impl Membership {
         }
     }
 
-    /// The live nodes: this one (with the pools it can use now) while its own lease is current,
-    /// and the others whose leases are.
+    /// The live nodes: this one (with the pools it can use now) while the others can see it
+    /// alive, and the others that are.
     pub async fn live(&self) -> Result<Vec<LiveNode>, kube::Error> {
+        match &self.source {
+            Source::Leases => self.live_by_leases().await,
+            Source::Readiness { slices, selector } => self.live_by_readiness(slices, selector).await,
+        }
+    }
+
+    /// Whether the cached view may be used.
+    fn fresh(view: &Option<View>, duration: Duration) -> bool {
+        view.as_ref().is_some_and(|v| v.at.elapsed() < MAX_VIEW_AGE.min(duration / 4))
+    }
+
+    async fn live_by_readiness(
+        &self,
+        slices: &Api<EndpointSlice>,
+        selector: &str,
+    ) -> Result<Vec<LiveNode>, kube::Error> {
         let mut view = self.view.lock().await;
-        let fresh = view.as_ref().is_some_and(|v| v.at.elapsed() < MAX_VIEW_AGE.min(self.duration / 4));
-        if !fresh {
+        if !Self::fresh(&view, self.duration) {
+            // Served from the API server's cache (resourceVersion 0): liveness is a few seconds
+            // stale anyway, and etcd is not read.
+            let params = ListParams::default().labels(selector).match_any();
+            let ready = liveness::ready_nodes(&slices.list(&params).await?.items);
+            let leases = self.api.list(&ListParams::default().labels(&self.selector).match_any()).await?.items;
+            let my_pools = self.my_pools.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut all = liveness::live_nodes(
+                &ready,
+                &liveness::advertised_pools(&leases),
+                &self.node,
+                &my_pools,
+                READINESS_RECHECK,
+            );
+            // This node's own entry is added on every call, with the pools it can use then.
+            all.retain(|n| n.node != self.node);
+            self.count_change(view.as_ref(), &all);
+            *view = Some(View { at: Instant::now(), others: all, me_ready: ready.contains(&self.node) });
+        }
+        let Some(view) = view.as_ref() else { return Ok(Vec::new()) };
+        let mut nodes = view.others.clone();
+        if view.me_ready {
+            let pools = self.my_pools.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            nodes.push(LiveNode { node: self.node.clone(), pools, expires_in: READINESS_RECHECK });
+        }
+        Ok(nodes)
+    }
+
+    async fn live_by_leases(&self) -> Result<Vec<LiveNode>, kube::Error> {
+        let mut view = self.view.lock().await;
+        if !Self::fresh(&view, self.duration) {
             let leases = self.api.list(&ListParams::default().labels(&self.selector)).await?.items;
-            *view = Some(View { at: Instant::now(), others: self.read(&leases) });
+            let others = self.read(&leases);
+            self.count_change(view.as_ref(), &others);
+            *view = Some(View { at: Instant::now(), others, me_ready: false });
         }
         let view = view.as_ref().map(|v| (v.at, v.others.clone()));
         let (at, mut nodes) = view.unwrap_or((Instant::now(), Vec::new()));
@@ -155,6 +251,25 @@ impl Membership {
             nodes.push(LiveNode { node: self.node.clone(), pools, expires_in });
         }
         Ok(nodes)
+    }
+
+    /// Whether liveness comes from the readiness of the provisioner pods.
+    pub fn from_readiness(&self) -> bool {
+        matches!(self.source, Source::Readiness { .. })
+    }
+
+    /// How many times the set of other live nodes has changed between successive views (a
+    /// node's work to clean up after may have appeared).
+    pub fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn count_change(&self, previous: Option<&View>, now: &[LiveNode]) {
+        let names =
+            |nodes: &[LiveNode]| nodes.iter().map(|n| n.node.clone()).collect::<std::collections::BTreeSet<_>>();
+        if previous.is_none_or(|p| names(&p.others) != names(now)) {
+            self.changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Forgets the cached view (after an acting node was seen to fail, say).
@@ -189,7 +304,7 @@ impl Membership {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(keys::LEASE_POOLS))
-                .map(|list| parse_advertised(list))
+                .map(|list| liveness::parse_advertised(list))
                 .unwrap_or_default();
             live.push(LiveNode { node, pools, expires_in });
         }
@@ -197,30 +312,6 @@ impl Membership {
     }
 }
 
-/// Reads `name=root,name=root` as a lease advertises it (malformed entries are skipped).
-pub fn parse_advertised(list: &str) -> Vec<PoolKey> {
-    list.split(',')
-        .filter_map(|entry| entry.split_once('='))
-        .filter(|(name, root)| !name.is_empty() && root.starts_with('/'))
-        .map(|(name, root)| PoolKey::new(name, root))
-        .collect()
-}
-
 fn short_hash(s: &str) -> String {
     Sha256::digest(s.as_bytes())[..4].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn advertised_pools_round_trip_and_garbage_is_skipped() {
-        assert_eq!(
-            parse_advertised("legacy=/var/hpvolumes,nfs=/mnt/nfs"),
-            vec![PoolKey::new("legacy", "/var/hpvolumes"), PoolKey::new("nfs", "/mnt/nfs")]
-        );
-        assert_eq!(parse_advertised(""), vec![]);
-        assert_eq!(parse_advertised("junk,=/x,a=relative,b=/ok"), vec![PoolKey::new("b", "/ok")]);
-    }
 }

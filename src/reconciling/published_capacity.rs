@@ -75,19 +75,28 @@ impl Publisher {
 
 /// Publishes until [`withdraw`] is called: waits for the initial lists (an empty view of the
 /// classes would withdraw every object), then measures every few seconds and looks at the
-/// objects on the server once per lease duration.
+/// objects on the server when [`sweep_due`] says.
 pub async fn run(ctx: Arc<Context>, publisher: Arc<Publisher>) {
     while !ctx.health.all_synced() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tracing::info!(namespace = %publisher.namespace, "publishing free space per class as CSIStorageCapacity objects");
-    let mut last_sweep: Option<Instant> = None;
+    let mut last_sweep: Option<(Instant, u64)> = None;
+    let mut was_ready = true;
     loop {
+        // While this node was not ready the others counted it gone and may have removed its
+        // objects: look again once it is ready.
+        let ready = ctx.health.not_ready_reason().is_none();
+        if ready && !was_ready {
+            last_sweep = None;
+        }
+        was_ready = ready;
         let backing_off = publisher.state.lock().await.retry_at.is_some_and(|at| Instant::now() < at);
         if !backing_off {
-            if last_sweep.is_none_or(|at| at.elapsed() >= ctx.config.node_lease) {
+            if sweep_due(&ctx, last_sweep) {
                 match sweep(&ctx, &publisher).await {
-                    Ok(()) => last_sweep = Some(Instant::now()),
+                    // The sweep's own look at the live nodes is counted in.
+                    Ok(()) => last_sweep = Some((Instant::now(), ctx.membership.changes())),
                     Err(error) => settle(&ctx, &publisher, publisher.state.lock().await, Some(error)).await,
                 }
             }
@@ -96,6 +105,18 @@ pub async fn run(ctx: Arc<Context>, publisher: Arc<Publisher>) {
             }
         }
         tokio::time::sleep(MEASURE_INTERVAL).await;
+    }
+}
+
+/// Whether to look at the objects on the server: at start and after this node was not ready;
+/// then, with liveness from Lease renewals, once per lease duration; with liveness from
+/// readiness (which costs nothing at rest), only when the set of live nodes was seen to change,
+/// so a cluster at rest makes no request.
+fn sweep_due(ctx: &Context, last: Option<(Instant, u64)>) -> bool {
+    match last {
+        None => true,
+        Some((_, changes)) if ctx.membership.from_readiness() => ctx.membership.changes() != changes,
+        Some((at, _)) => at.elapsed() >= ctx.config.node_lease,
     }
 }
 

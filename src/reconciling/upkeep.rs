@@ -235,7 +235,8 @@ fn refresh_quota(ctx: &Context, previous: &mut QuotaState) {
     *previous = QuotaState { lines, volumes };
 }
 
-/// Keeps this node's liveness lease renewed (and its usable pools advertised).
+/// Keeps this node's lease renewed (when liveness comes from it) and its usable pools advertised:
+/// written again at once when they change, and otherwise only to renew.
 pub async fn keep_lease(ctx: Arc<Context>) {
     let mut failing = false;
     loop {
@@ -252,10 +253,16 @@ pub async fn keep_lease(ctx: Arc<Context>) {
                     tracing::warn!(%error, namespace = %ctx.config.namespace, "cannot renew this node's lease; other nodes will not hand it shared or every-node work");
                 }
                 failing = true;
-                LEASE_RETRY
+                Some(LEASE_RETRY)
             }
         };
-        let _ = tokio::time::timeout(delay, ctx.membership.renew_now.notified()).await;
+        match delay {
+            Some(delay) => {
+                let _ = tokio::time::timeout(delay, ctx.membership.renew_now.notified()).await;
+            }
+            // Liveness from readiness: nothing to renew, the Lease changes with the pools only.
+            None => ctx.membership.renew_now.notified().await,
+        }
     }
 }
 

@@ -10,7 +10,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use testbed::real_nodes::{DEPLOY_DAEMONSET, DEPLOY_NAMESPACE, LANE_TIMEOUT, NODE2_NAME, PodRun, images};
 
 use super::Ctx;
@@ -75,6 +76,26 @@ pub async fn a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes(
     two_nodes(ctx).await?;
     let node1 = ctx.lane.node_name().to_string();
     let ns = ctx.namespace("shared2").await?;
+    // Which node acts on a shared volume comes from the pods' readiness: the EndpointSlice
+    // controller lists both nodes' provisioner pods, ready, in the peers Service's slices.
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.lane.client(), DEPLOY_NAMESPACE);
+    let selector = ListParams::default().labels("kubernetes.io/service-name=hostpath-provisioner-peers");
+    testbed::wait_until(
+        "both nodes' provisioner pods ready in the peers Service's EndpointSlices",
+        LANE_TIMEOUT,
+        || slices.list(&selector),
+        |list| {
+            let ready: Vec<&str> = list
+                .items
+                .iter()
+                .flat_map(|s| s.endpoints.iter().flatten())
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                .filter_map(|e| e.node_name.as_deref())
+                .collect();
+            [node1.as_str(), NODE2_NAME].iter().all(|n| ready.contains(n))
+        },
+    )
+    .await?;
     let class = ctx.class(&ns, &[("storagePool", "nfs"), ("topology", "shared")]).await?;
     let pv = ctx.bound_rwx_claim(&ns, "data", &class).await?;
     ensure!(pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).is_none(), "a shared volume is not pinned");

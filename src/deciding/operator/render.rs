@@ -1,5 +1,5 @@
 //! What a `HostPathProvisioner` makes: the objects of deploy/legacy (ServiceAccount, RBAC, the
-//! node DaemonSet), read from the very files users can read and changed only where the resource
+//! peers Service, the node DaemonSet), read from the very files users can read and changed only where the resource
 //! says so; on OpenShift the SCC of deploy/openshift; with the Prometheus Operator the metrics
 //! Service, ServiceMonitor and PrometheusRule of deploy/monitoring. Namespaced objects go in the
 //! operator's namespace; every object carries an owner reference to the resource, so that the
@@ -29,6 +29,7 @@ use crate::deciding::layout;
 const DAEMONSET: &str = include_str!("../../../deploy/legacy/daemonset.yaml");
 const RBAC: &str = include_str!("../../../deploy/legacy/rbac.yaml");
 const SERVICE_ACCOUNT: &str = include_str!("../../../deploy/legacy/serviceaccount.yaml");
+const PEERS_SERVICE: &str = include_str!("../../../deploy/legacy/peers-service.yaml");
 const SCC: &str = include_str!("../../../deploy/openshift/scc.yaml");
 const METRICS_SERVICE: &str = include_str!("../../../deploy/monitoring/metrics-service.yaml");
 const SERVICE_MONITOR: &str = include_str!("../../../deploy/monitoring/servicemonitor.yaml");
@@ -357,6 +358,9 @@ fn objects(
             other => return Err(format!("rbac.yaml: unexpected kind {other:?}")),
         }
     }
+    let mut peers = untyped(PEERS_SERVICE, "peers-service.yaml")?;
+    peers["metadata"]["namespace"] = json!(namespace);
+    objects.push(desired(resource, "services", &peers)?);
     objects.push(desired(resource, "daemonsets", &daemonset(resource, environment, placement, pools)?)?);
     if environment.openshift {
         let mut scc = untyped(SCC, "scc.yaml")?;

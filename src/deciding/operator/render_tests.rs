@@ -271,6 +271,7 @@ fn everything_is_owned_by_the_resource_and_namespaced_objects_go_in_the_operator
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
+            "Service",
             "DaemonSet",
             "SecurityContextConstraints",
             "Service",
@@ -298,18 +299,29 @@ fn everything_is_owned_by_the_resource_and_namespaced_objects_go_in_the_operator
     let scc = &object(&rendered, "SecurityContextConstraints").body;
     assert_eq!(scc["users"], json!([format!("system:serviceaccount:{NAMESPACE}:kubevirt-hostpath-provisioner-admin")]));
     assert_eq!(object(&rendered, "ServiceMonitor").body["spec"]["namespaceSelector"]["matchNames"], json!([NAMESPACE]));
-    // The metrics Service finds the pods by the labels the rendered template carries.
-    let service = &object(&rendered, "Service").body;
-    let template_labels = &object(&rendered, "DaemonSet").body["spec"]["template"]["metadata"]["labels"];
-    for (key, value) in service["spec"]["selector"].as_object().expect("selector") {
-        assert_eq!(&template_labels[key], value, "pod label {key}");
+    // The peers and metrics Services find the pods by the labels the rendered template carries,
+    // and the pods name the peers Service.
+    let template = &object(&rendered, "DaemonSet").body["spec"]["template"];
+    let services: Vec<_> = rendered.objects.iter().filter(|o| o.kind == "Service").collect();
+    assert_eq!(
+        services.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["hostpath-provisioner-peers", "kubevirt-hostpath-provisioner-metrics"]
+    );
+    for service in services {
+        for (key, value) in service.body["spec"]["selector"].as_object().expect("selector") {
+            assert_eq!(&template["metadata"]["labels"][key], value, "{}: pod label {key}", service.name);
+        }
     }
+    let env = template["spec"]["containers"][0]["env"].as_array().expect("env");
+    assert!(env.iter().any(|e| e["name"] == "PEER_SERVICE" && e["value"] == "hostpath-provisioner-peers"), "{env:?}");
 }
 
 #[test]
 fn without_openshift_or_prometheus_no_scc_or_monitoring_object_is_made() {
     let rendered = render(&example("legacy.yaml"), &environment());
-    assert!(rendered.objects.iter().all(|o| {
-        !["SecurityContextConstraints", "ServiceMonitor", "PrometheusRule", "Service"].contains(&o.kind.as_str())
-    }));
+    let monitoring_or_scc = |o: &Desired| {
+        ["SecurityContextConstraints", "ServiceMonitor", "PrometheusRule"].contains(&o.kind.as_str())
+            || (o.kind == "Service" && o.name.ends_with("-metrics"))
+    };
+    assert!(!rendered.objects.iter().any(monitoring_or_scc));
 }

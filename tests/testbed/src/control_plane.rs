@@ -692,7 +692,8 @@ impl Layout<'_> {
             // the claims of pods' ephemeral volumes (the Helm chart's test pod has one).
             controllers.push_str(
                 ",daemonset-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,\
-                 namespace-controller,garbage-collector-controller,ephemeral-volume-controller",
+                 namespace-controller,garbage-collector-controller,ephemeral-volume-controller,\
+                 endpointslice-controller",
             );
             controllers.push_str(",deployment-controller,replicaset-controller"); // the operator's pool mounters
         }

@@ -81,3 +81,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- define "hpp.legacyPool" -}}
 {{- range . }}{{ if eq .name "legacy" }}{{ toYaml . }}{{ end }}{{ end }}
 {{- end }}
+
+{{/* The peers Service's name (templates/peers-service.yaml), within the 63 characters of a name. */}}
+{{- define "hpp.peersService" -}}
+{{ include "hpp.fullname" . | trunc 57 | trimSuffix "-" }}-peers
+{{- end }}

@@ -27,6 +27,11 @@ pub const SA_NAMESPACE: &str = "hpp-bench";
 const CLUSTER_ROLE: &str = "kubevirt-hostpath-provisioner";
 /// The deploy namespace (deploy/legacy/namespace.yaml), the provisioners' POD_NAMESPACE.
 const DEPLOY_NAMESPACE: &str = "kubevirt-hostpath-provisioner";
+/// The peers Service of deploy/legacy/peers-service.yaml: the provisioners' liveness comes from
+/// the readiness the bench mirrors into its EndpointSlice, as on a cluster.
+const PEER_SERVICE: &str = "hostpath-provisioner-peers";
+/// How often the bench probes each provisioner's readiness: the shipped readiness probe's period.
+const PROBE_PERIOD: Duration = Duration::from_secs(5);
 pub const IMMEDIATE_CLASS: &str = "bench-immediate";
 pub const WFFC_CLASS: &str = "bench-wffc";
 
@@ -184,7 +189,8 @@ pub async fn add_node_within(
     cp.write_kubeconfig_for_token(&account_token(client, SA_NAMESPACE, name).await?, &kubeconfig)?;
     let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(cp, name), &kubeconfig)
         .env("RUST_LOG", &args.rust_log)
-        .env("POD_NAMESPACE", DEPLOY_NAMESPACE);
+        .env("POD_NAMESPACE", DEPLOY_NAMESPACE)
+        .env("PEER_SERVICE", PEER_SERVICE);
     for (key, value) in &args.provisioner_env {
         spec = spec.env(key, value);
     }
@@ -193,9 +199,19 @@ pub async fn add_node_within(
     let pool_root = spec.pool_root.clone();
     let mut provisioner = Provisioner::spawn(spec, cp.temp_dir())?;
     provisioner.wait_ready(ready_timeout).await?;
+    readiness(client).add(name, provisioner.health_addr());
     let node = SimNode { name: name.to_string(), hostname: name.to_string(), pool_root, provisioner };
     raise_pod_capacity(client, name, args.claims * 2 + 100).await?;
     Ok(node)
+}
+
+/// Plays the kubelet's readiness probe and the EndpointSlice controller for every provisioner the
+/// bench starts, for the life of the bench.
+fn readiness(client: &Client) -> &'static testbed::ReadinessMirror {
+    static MIRROR: std::sync::OnceLock<testbed::ReadinessMirror> = std::sync::OnceLock::new();
+    MIRROR.get_or_init(|| {
+        testbed::ReadinessMirror::start_with_period(client.clone(), DEPLOY_NAMESPACE, PEER_SERVICE, PROBE_PERIOD)
+    })
 }
 
 /// Binds the deploy ClusterRole, and the deploy Role of the node leases, to the group of all
