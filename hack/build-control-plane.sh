@@ -28,45 +28,65 @@ mkdir -p "$BIN" "$WORK"
 have() { # have <binary> <expected version substring>
   local flag=--version
   [ "$1" = kubectl ] && flag="version --client"
+  [ -x "$BIN/$1" ] || return 1
+  # Captured first: piped into `grep -q`, which exits at the first match, kubectl (a line after its
+  # version) could die of SIGPIPE and pipefail would call a cached binary missing (seen: kubectl
+  # recompiled at the start of two runs of the oldest-Kubernetes lane).
+  local out
   # shellcheck disable=SC2086 # flag is two words for kubectl
-  [ -x "$BIN/$1" ] && "$BIN/$1" $flag 2>/dev/null | grep -q -- "$2"
+  out="$("$BIN/$1" $flag 2>/dev/null)" || return 1
+  grep -q -- "$2" <<<"$out"
 }
 
 K8S_MINOR="$(echo "$K8S_VERSION" | cut -d. -f2)"
 STAGING_VERSION="v0.${K8S_MINOR}.$(echo "$K8S_VERSION" | cut -d. -f3)"
-STAGING="api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
-cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
-cri-client cri-streaming csi-translation-lib dynamic-resource-allocation endpointslice externaljwt
-kms kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
-mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller streaming"
+# The commands to build: all five by default; a lane that needs no kubelet (the oldest-Kubernetes
+# lane) sets K8S_COMMANDS to a subset and saves the kubelet's ~100 extra packages.
+K8S_COMMANDS="${K8S_COMMANDS:-kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet}"
+# A Go toolchain for Kubernetes only (e.g. go1.22.12 for an old release the local Go cannot
+# compile); `go` fetches it from the module proxy (golang.org/toolchain). Default: the local Go.
+K8S_GOTOOLCHAIN="${K8S_GOTOOLCHAIN:-local}"
+
+# The staging modules (k8s.io/api, client-go, ...) differ by release: k8s.io/kubernetes requires
+# them at v0.0.0 with replace directives into ./staging, so read them from its go.mod at the
+# requested version and pin each to the matching v0.<minor>.<patch> tag.
+kubernetes_gomod() {
+  local gomod
+  gomod="$(GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
+    | sed -nE 's/^\s*"GoMod": "(.*)",?$/\1/p')"
+  [ -f "$gomod" ] || die "could not download the go.mod of k8s.io/kubernetes $K8S_VERSION; is the Go module proxy reachable?"
+  echo "$gomod"
+}
+staging_modules() { # staging_modules <go.mod>
+  { sed -nE 's#^[[:space:]]*k8s\.io/([a-z0-9-]+)[[:space:]]+v0\.0\.0[[:space:]]*(//.*)?$#\1#p' "$1"
+    sed -nE 's#^[[:space:]]*k8s\.io/([a-z0-9-]+)[[:space:]]+=>[[:space:]]+\./staging/.*$#\1#p' "$1"
+  } | sort -u
+}
 
 build_kubernetes() { # build_kubernetes <command>...
   local dir="$WORK/k8s-$K8S_VERSION"
   mkdir -p "$dir"
+  local gomod staging go_line
+  gomod="$(kubernetes_gomod)"
+  staging="$(staging_modules "$gomod")"
+  [ -n "$staging" ] || die "no staging modules found in $gomod"
+  # The Go language version (and so the GODEBUG defaults) Kubernetes itself declares.
+  go_line="$(sed -nE 's/^go ([0-9.]+)$/\1/p' "$gomod")"
   {
     echo "module local/k8s-testbin"
-    echo "go 1.26.0"
-    echo "godebug default=go1.26"
+    echo "go ${go_line:-1.26.0}"
     echo "require k8s.io/kubernetes $K8S_VERSION"
     echo "replace ("
-    for m in $STAGING; do echo "  k8s.io/$m => k8s.io/$m $STAGING_VERSION"; done
+    for m in $staging; do echo "  k8s.io/$m => k8s.io/$m $STAGING_VERSION"; done
     echo ")"
   } > "$dir/go.mod"
-  cat > "$dir/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-)
-GO
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    for cmd in "$@"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$cmd"; done
+    printf ')\n'
+  } > "$dir/tools.go"
   log "resolving k8s.io/kubernetes $K8S_VERSION modules (module proxy: $(go env GOPROXY))"
-  (cd "$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod tidy -e >&2) \
+  (cd "$dir" && GOTOOLCHAIN="$K8S_GOTOOLCHAIN" GOFLAGS=-mod=mod go mod tidy -e >&2) \
     || die "could not download Kubernetes modules; is the Go module proxy reachable?"
   local commit date ldflags=""
   commit="$(cd "$dir" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
@@ -79,9 +99,9 @@ GO
   for cmd in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
   log "compiling $* $K8S_VERSION (cold: 10-30 min on 2 cores)"
   local start=$SECONDS
-  (cd "$dir" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod go build -v -trimpath \
-      -tags selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$BIN/" "${pkgs[@]}" 2>&1 | awk '{n++; if (n % 200 == 0) printf "[control-plane] ... %d packages compiled (%s)\n", n, $0 > "/dev/stderr"}') \
-    || die "building Kubernetes failed"
+  (cd "$dir" && CGO_ENABLED=0 GOTOOLCHAIN="$K8S_GOTOOLCHAIN" GOFLAGS=-mod=mod go build -v -trimpath \
+      -tags selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$BIN/" "${pkgs[@]}" 2>&1 | tee "$dir/build.log" | awk '{n++; if (n % 200 == 0) printf "[control-plane] ... %d packages compiled (%s)\n", n, $0 > "/dev/stderr"}') \
+    || { grep -v '^[a-zA-Z0-9._/-]*$' "$dir/build.log" | tail -n 40 >&2; die "building Kubernetes failed (log: $dir/build.log)"; }
   for cmd in "$@"; do [ -x "$BIN/$cmd" ] || die "building Kubernetes failed (no $cmd produced)"; done
   log "Kubernetes built in $((SECONDS - start)) s"
 }
@@ -101,11 +121,11 @@ build_etcd() {
 
 if have etcd "${ETCD_VERSION#v}"; then log "etcd $ETCD_VERSION cached"; else build_etcd; fi
 missing=()
-for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
+for cmd in $K8S_COMMANDS; do
   if have "$cmd" "$K8S_VERSION"; then log "$cmd $K8S_VERSION cached"; else missing+=("$cmd"); fi
 done
 [ "${#missing[@]}" -eq 0 ] || build_kubernetes "${missing[@]}"
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
+for b in etcd $K8S_COMMANDS; do
   [ -x "$BIN/$b" ] || die "$b missing after build"
 done
 echo "$BIN"

@@ -24,12 +24,15 @@ fn kubectl(env: &TestEnv, args: &[&str]) -> String {
     env.cp.run_kubectl(&repo(), args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// `kubectl apply -k deploy/legacy`, one at a time: the tests of this binary share a control
-/// plane, and two applies racing to create the same StorageClass make one fail with
-/// AlreadyExists (seen in a CI run).
+/// Applies of deploy/legacy, real or dry-run, go one at a time: the tests of this binary share a
+/// control plane, and kubectl's apply reads then creates, so two applies racing to create the same
+/// object make one fail with AlreadyExists (seen in a CI run for the StorageClass, and on the
+/// oldest-Kubernetes lane for a dry run overtaken by a real apply).
+static ONE_APPLY_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `kubectl apply -k deploy/legacy`.
 fn apply_deploy_legacy(env: &TestEnv) {
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = ONE_APPLY_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     kubectl(env, &["apply", "-k", "deploy/legacy"]);
 }
 
@@ -58,7 +61,10 @@ async fn deploy_manifests_render_and_pass_server_side_dry_run() {
 
     // Namespaced objects can only be dry-run once their namespace exists.
     ensure_namespace(&env).await;
-    let out = kubectl(&env, &["apply", "--dry-run=server", "-k", "deploy/legacy"]);
+    let out = {
+        let _turn = ONE_APPLY_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        kubectl(&env, &["apply", "--dry-run=server", "-k", "deploy/legacy"])
+    };
     for object in [
         "daemonset.apps/kubevirt-hostpath-provisioner",
         "clusterrole.rbac.authorization.k8s.io/kubevirt-hostpath-provisioner",
@@ -253,7 +259,11 @@ fn env_claims(client: &kube::Client, ns: &str) -> Api<k8s_openapi::api::core::v1
 async fn the_node_groups_overlay_gives_each_node_exactly_one_provisioner_with_its_own_pool() {
     let env = TestEnv::start("nodegroups", 0).await;
     ensure_namespace(&env).await;
-    let out = kubectl(&env, &["apply", "--dry-run=server", "-o", "json", "-k", "deploy/node-groups"]);
+    let out = {
+        // The overlay holds deploy/legacy's RBAC and classes too.
+        let _turn = ONE_APPLY_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        kubectl(&env, &["apply", "--dry-run=server", "-o", "json", "-k", "deploy/node-groups"])
+    };
     let list: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let daemonsets: Vec<&serde_json::Value> =
         list["items"].as_array().expect("a List").iter().filter(|o| o["kind"] == "DaemonSet").collect();

@@ -353,9 +353,9 @@ fn alerts_link_to_their_runbooks_by_absolute_url_only() {
 /// needs and renders for the oldest it accepts.
 #[test]
 fn the_chart_refuses_clusters_older_than_its_declared_kubernetes_version() {
-    let refused = helm_refusal(&["template", "x", CHART, "--kube-version", "1.23.17"]);
+    let refused = helm_refusal(&["template", "x", CHART, "--kube-version", "1.24.17"]);
     assert!(refused.contains("kubeVersion"), "{refused}");
-    let rendered = helm(&["template", "x", CHART, "--kube-version", "1.24.0"]);
+    let rendered = helm(&["template", "x", CHART, "--kube-version", "1.25.0"]);
     assert!(rendered.contains("kind: DaemonSet"), "{rendered}");
 }
 

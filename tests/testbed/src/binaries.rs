@@ -53,6 +53,33 @@ fn locate_or_build_with(extra: &[&'static str]) -> Result<PathBuf> {
     run_build_script(&script, extra)
 }
 
+/// The minor version of the kube-apiserver in `dir` (`Kubernetes v1.25.4` gives 25), asked once
+/// per directory: a control plane older than the pinned one (the oldest-Kubernetes lane) takes
+/// some flags under older names.
+pub(crate) fn minor_version(dir: &Path) -> Result<u32> {
+    static KNOWN: Mutex<Vec<(PathBuf, u32)>> = Mutex::new(Vec::new());
+    let mut known = KNOWN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, minor)) = known.iter().find(|(known, _)| known == dir) {
+        return Ok(*minor);
+    }
+    let program = dir.join("kube-apiserver");
+    let output = Command::new(&program)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} --version", program.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let minor = parse_minor(&text).ok_or_else(|| anyhow!("{} --version printed {text:?}", program.display()))?;
+    known.push((dir.to_path_buf(), minor));
+    Ok(minor)
+}
+
+/// `Kubernetes v1.25.4` (or `v1.36.3-rc.0`) gives 25 (36).
+fn parse_minor(version_line: &str) -> Option<u32> {
+    let version = version_line.split_whitespace().find_map(|word| word.strip_prefix("v1."))?;
+    version.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
 fn build_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hack/build-control-plane.sh")
 }
@@ -133,6 +160,14 @@ mod tests {
             assert_eq!(setting(script, "ETCD_VERSION").as_deref(), Some("v9.8.7"));
         }
         assert_eq!(setting(script, "NOT_THERE"), None);
+    }
+
+    #[test]
+    fn minor_version_comes_from_the_version_line() {
+        assert_eq!(parse_minor("Kubernetes v1.25.4\n"), Some(25));
+        assert_eq!(parse_minor("Kubernetes v1.36.3-rc.0"), Some(36));
+        assert_eq!(parse_minor("Kubernetes v2.0.0"), None);
+        assert_eq!(parse_minor(""), None);
     }
 
     #[test]

@@ -240,8 +240,15 @@ impl ControlPlane {
             kubelet_tokens.push((node.clone(), token));
         }
         fs::write(&token_file, tokens)?;
-        let layout =
-            Layout { bin_dir, dir: dir.path(), pki: &pki, token_file: &token_file, options, ports: Ports::pick()? };
+        let layout = Layout {
+            bin_dir,
+            minor: crate::binaries::minor_version(bin_dir)?,
+            dir: dir.path(),
+            pki: &pki,
+            token_file: &token_file,
+            options,
+            ports: Ports::pick()?,
+        };
         let admin = Connection {
             url: format!("https://127.0.0.1:{}", layout.ports.apiserver),
             ca_pem: pki.ca_pem.clone(),
@@ -294,7 +301,25 @@ impl ControlPlane {
             }
         };
         let controller_manager_healthy = probe(ports.controller_manager, "/healthz");
-        let scheduler_ready = probe(ports.scheduler, "/readyz");
+        // kube-scheduler's /readyz (its informers synced) is newer than 1.25 (the oldest-Kubernetes
+        // lane), which answers 404 there and serves only /healthz.
+        let scheduler_ready = {
+            let connection = Connection {
+                url: format!("https://127.0.0.1:{}", ports.scheduler),
+                token: String::new(),
+                ..self.admin.clone()
+            };
+            move || {
+                let connection = connection.clone();
+                async move {
+                    let client = connection.client()?;
+                    match get_ok(&client, "/readyz").await {
+                        Err(err) if is_not_found(&err) => get_ok(&client, "/healthz").await,
+                        other => other,
+                    }
+                }
+            }
+        };
         wait_while_running(
             &mut self.controller_manager,
             "kube-controller-manager /healthz",
@@ -575,6 +600,10 @@ where
     }
 }
 
+fn is_not_found(err: &anyhow::Error) -> bool {
+    matches!(err.downcast_ref::<kube::Error>(), Some(kube::Error::Api(status)) if status.code == 404)
+}
+
 /// `GET path` answered 2xx.
 async fn get_ok(client: &Client, path: &str) -> Result<bool> {
     let request = http::Request::get(path).body(Vec::new())?;
@@ -582,9 +611,24 @@ async fn get_ok(client: &Client, path: &str) -> Result<bool> {
     Ok(true)
 }
 
+/// A controller's name before 1.28 (`kube-controller-manager --controllers`), from its name now.
+fn old_controller_name(name: &str) -> &str {
+    match name {
+        "persistentvolume-binder-controller" => "persistentvolume-binder",
+        "persistentvolume-expander-controller" => "persistentvolume-expander",
+        "persistentvolume-protection-controller" => "pv-protection",
+        "persistentvolumeclaim-protection-controller" => "pvc-protection",
+        "root-ca-certificate-publisher-controller" => "root-ca-cert-publisher",
+        "garbage-collector-controller" => "garbagecollector",
+        other => other.strip_suffix("-controller").unwrap_or(other),
+    }
+}
+
 /// Command lines and files of one start attempt.
 struct Layout<'a> {
     bin_dir: &'a Path,
+    /// kube-apiserver's minor version (the other components are built with it).
+    minor: u32,
     dir: &'a Path,
     pki: &'a Pki,
     token_file: &'a Path,
@@ -682,21 +726,36 @@ impl Layout<'_> {
     fn controller_manager(&self, kubeconfig: &Path) -> ProcessSpec {
         // The PV controllers only. Without the two protection controllers claims and PVs
         // never finish deleting (their finalizers are never removed).
-        let mut controllers = "persistentvolume-binder-controller,persistentvolume-expander-controller,\
-             persistentvolume-protection-controller,persistentvolumeclaim-protection-controller"
-            .to_string();
+        let mut controllers = vec![
+            "persistentvolume-binder-controller",
+            "persistentvolume-expander-controller",
+            "persistentvolume-protection-controller",
+            "persistentvolumeclaim-protection-controller",
+        ];
         if self.options.real_nodes.is_some() {
             // Real pods and `kubectl apply -k`: DaemonSets, each namespace's `default`
             // ServiceAccount and `kube-root-ca.crt` (projected token volumes need both),
-            // namespace deletion (`kubectl delete -k` hangs without it), owner references, and
-            // the claims of pods' ephemeral volumes (the Helm chart's test pod has one).
-            controllers.push_str(
-                ",daemonset-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,\
-                 namespace-controller,garbage-collector-controller,ephemeral-volume-controller,\
-                 endpointslice-controller",
-            );
-            controllers.push_str(",deployment-controller,replicaset-controller"); // the operator's pool mounters
+            // namespace deletion (`kubectl delete -k` hangs without it), owner references, the
+            // claims of pods' ephemeral volumes (the Helm chart's test pod has one), and the
+            // peers Service's EndpointSlices (the provisioners' liveness).
+            controllers.extend([
+                "daemonset-controller",
+                "serviceaccount-controller",
+                "root-ca-certificate-publisher-controller",
+                "namespace-controller",
+                "garbage-collector-controller",
+                "ephemeral-volume-controller",
+                "endpointslice-controller",
+            ]);
+            controllers.extend(["deployment-controller", "replicaset-controller"]); // the operator's pool mounters
         }
+        let controllers: Vec<&str> = if self.minor >= 28 {
+            controllers
+        } else {
+            // Before 1.28 the controllers had only their old names (1.28 made these aliases).
+            controllers.into_iter().map(old_controller_name).collect()
+        };
+        let controllers = controllers.join(",");
         let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             "--leader-elect=false".into(),
