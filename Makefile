@@ -68,7 +68,7 @@ OLDEST_K8S_VERSION ?= v1.25.4
 OLDEST_K8S := K8S_VERSION=$(OLDEST_K8S_VERSION) K8S_COMMANDS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
 test-oldest-k8s: deploy-tools
 	$(OLDEST_K8S) bash hack/build-control-plane.sh >/dev/null
-	$(OLDEST_K8S) $(CARGO) test --test e2e_provisioning --test e2e_wffc -- --test-threads=$${E2E_THREADS:-4}
+	$(OLDEST_K8S) $(CARGO) test --test e2e_provisioning --test e2e_wffc --test e2e_liveness -- --test-threads=$${E2E_THREADS:-4}
 	$(OLDEST_K8S) $(CARGO) test --test e2e_capacity -- --test-threads=$${E2E_THREADS:-4} with_published_capacity published_capacity_is_quiet
 	$(OLDEST_K8S) $(CARGO) test --test e2e_deploy -- --test-threads=$${E2E_THREADS:-4} deploy_manifests_render capacity_is_published provisioner_works_under
 	$(OLDEST_K8S) $(CARGO) test --test e2e_install -- --test-threads=$${E2E_THREADS:-4} every_rendered_variant the_chart_defaults_match helm_install install_yaml_and
