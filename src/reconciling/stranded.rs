@@ -20,11 +20,12 @@ const STRANDED_RECHECK: Duration = Duration::from_secs(300);
 /// a margin, so it lapses only once its speaker stopped looking (the claim went, or the speaker).
 const WAITING_REPORT_VALIDITY: Duration = Duration::from_secs(2 * STRANDED_RECHECK.as_secs() + 60);
 
-/// A claim placed on another node waits for that node's provisioner. When that node has had no
-/// live lease for a whole lease duration (the DaemonSet does not run there: a taint it does not
-/// tolerate, a nodeSelector, a typo in the annotation), one node says so on the claim, once.
-/// A claim whose node is alive is provisioned there within moments and leaves this node's cache
-/// when bound, so the leases are looked at only for a claim still waiting after that grace.
+/// A claim placed on another node waits for that node's provisioner. When that node has not been
+/// live (no ready provisioner pod; with renewals, no live lease) for a whole lease duration (the
+/// DaemonSet does not run there: a taint it does not tolerate, a nodeSelector, a typo in the
+/// annotation), one node says so on the claim, once. A claim whose node is alive is provisioned
+/// there within moments and leaves this node's cache when bound, so liveness is looked at only
+/// for a claim still waiting after that grace.
 pub async fn watch_for_no_provisioner(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
@@ -53,11 +54,13 @@ pub async fn watch_for_no_provisioner(
         .is_some_and(|class| class.provisioner == ctx.me.provisioner);
     let pending = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty);
     if ours && pending {
+        let evidence = match &ctx.config.peer_service {
+            Some(service) => format!("no ready pod behind Service {service} in namespace {}", ctx.config.namespace),
+            None => format!("no live lease in namespace {}", ctx.config.namespace),
+        };
         let note = format!(
-            "this claim waits for node {node}, where no hostpath-provisioner is running (no live lease in namespace {}): \
-             check that the provisioner DaemonSet runs there (taints it does not tolerate, its nodeSelector) and that \
-             the node name is right",
-            ctx.config.namespace
+            "this claim waits for node {node}, where no hostpath-provisioner is running ({evidence}): check that the \
+             provisioner DaemonSet runs there (taints it does not tolerate, its nodeSelector) and that the node name is right"
         );
         explain_once(ctx, claim, "no-provisioner-on-node", reason::NO_PROVISIONER_ON_NODE, note).await;
         ctx.metrics.waiting_claims.report(uid, node, WAITING_REPORT_VALIDITY);
