@@ -8,7 +8,7 @@
 //! object that becomes relevant is seen whole again: every watch event carries the entire object.
 //! So memory grows with what this node has to act on, not with the cluster.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec};
 
 use crate::deciding::capacity::parse_bytes;
 use crate::deciding::claim::{Interest, claim_interest};
@@ -54,10 +54,24 @@ pub fn size_change_pending(claim: &PersistentVolumeClaim) -> bool {
     bound && given.is_some() && (request_unreadable || matches!((requested, given), (Some(r), Some(g)) if r != g))
 }
 
-/// What a kept claim keeps: spec and status whole (the decisions read them: expansion reads the
-/// status conditions too, and kept claims are few), metadata only as far as the decisions read it.
-pub fn trim_claim(claim: &mut PersistentVolumeClaim) {
+/// What a kept claim keeps: metadata only as far as the decisions read it; spec and status whole
+/// for a claim this node may act on (the decisions read them: expansion reads the status
+/// conditions too, and such claims are few). A claim placed on another node is kept only for the
+/// absent-node explanation (reconciling::stranded), and every node keeps every such claim of a
+/// burst while it waits: of its spec it keeps the two fields that explanation reads (the class,
+/// the volume name), and no status. Its next event brings the whole object again, and whether a
+/// claim is placed elsewhere is read from the metadata trimming keeps, so the trimmed claim is
+/// never taken for another kind.
+pub fn trim_claim(claim: &mut PersistentVolumeClaim, me: &Identity) {
     keys::trim_claim_metadata(&mut claim.metadata);
+    if matches!(claim_interest(&claim.metadata, me), Interest::Elsewhere(_)) {
+        claim.spec = claim.spec.take().map(|spec| PersistentVolumeClaimSpec {
+            storage_class_name: spec.storage_class_name,
+            volume_name: spec.volume_name,
+            ..Default::default()
+        });
+        claim.status = None;
+    }
 }
 
 /// Whether this node keeps a PV without a node label: one of this provisioner's (made by the Go
@@ -180,7 +194,7 @@ mod tests {
             .build();
         full.metadata.labels = Some(BTreeMap::from([("app".to_owned(), "db".to_owned())]));
         let mut trimmed = full.clone();
-        trim_claim(&mut trimmed);
+        trim_claim(&mut trimmed, &me());
         let class = class("hpp", "WaitForFirstConsumer");
         assert_eq!(
             decide_claim(&trimmed, Some(&class), &me(), &config(), &[]),
@@ -189,5 +203,89 @@ mod tests {
         assert_eq!(trimmed.spec, full.spec);
         assert!(trimmed.metadata.labels.is_none());
         assert!(!trimmed.metadata.annotations.unwrap().contains_key("meta.helm.sh/release-name"));
+    }
+
+    /// Everything the absent-node explanation (reconciling::stranded) reads of a claim placed on
+    /// another node, in the order it reads them.
+    fn explanation_reads(claim: &PersistentVolumeClaim) -> impl PartialEq + std::fmt::Debug {
+        use kube::Resource;
+        (
+            claim_interest(&claim.metadata, &me()),
+            claim.metadata.uid.clone(),
+            crate::deciding::class::claim_class_name(claim).map(str::to_owned),
+            claim.spec.as_ref().and_then(|s| s.volume_name.clone()),
+            // The event: its name, namespace and the reference to the claim.
+            claim.metadata.namespace.clone(),
+            claim.object_ref(&()),
+            keep_claim(claim, &me()),
+        )
+    }
+
+    fn placed_elsewhere(by_annotation: bool) -> PersistentVolumeClaim {
+        let builder = claim("hpp").annotation("kubectl.kubernetes.io/last-applied-configuration", &"x".repeat(1024));
+        let mut full = if by_annotation {
+            builder.on_node(OTHER_NODE).build()
+        } else {
+            builder.selected(OTHER_NODE).provisioner_annotations().build()
+        };
+        full.metadata.labels = Some(BTreeMap::from([("app".to_owned(), "db".to_owned())]));
+        full.metadata.resource_version = Some("4711".into());
+        full.status = Some(PersistentVolumeClaimStatus { phase: Some("Pending".into()), ..Default::default() });
+        full
+    }
+
+    #[test]
+    fn a_claim_placed_elsewhere_keeps_what_the_absent_node_explanation_reads() {
+        let mut with_beta_class = placed_elsewhere(true);
+        with_beta_class.metadata.annotations.as_mut().unwrap().insert(keys::STORAGE_CLASS_BETA.into(), "beta".into());
+        let mut bound_meanwhile = placed_elsewhere(false);
+        bound_meanwhile.spec.as_mut().unwrap().volume_name = Some("pvc-x".into());
+        let mut clone_source = placed_elsewhere(true);
+        clone_source.metadata.finalizers = Some(vec![keys::CLONE_PROTECTION_FINALIZER.into()]);
+        for full in [placed_elsewhere(true), placed_elsewhere(false), with_beta_class, bound_meanwhile, clone_source] {
+            assert!(matches!(claim_interest(&full.metadata, &me()), Interest::Elsewhere(_)));
+            let mut trimmed = full.clone();
+            trim_claim(&mut trimmed, &me());
+            assert_eq!(explanation_reads(&trimmed), explanation_reads(&full));
+            // The spec's other fields and the status are gone, the metadata trimmed as for any claim.
+            let spec = trimmed.spec.as_ref().unwrap();
+            assert!(spec.resources.is_none() && spec.access_modes.is_none() && trimmed.status.is_none());
+            assert!(trimmed.metadata.labels.is_none());
+            // Trimming again changes nothing: a trimmed claim is trimmed as what it is.
+            let mut twice = trimmed.clone();
+            trim_claim(&mut twice, &me());
+            assert_eq!(twice, trimmed);
+        }
+    }
+
+    #[test]
+    fn the_absent_node_explanation_sees_a_dropped_field() {
+        // Guards the test above: each field the explanation reads, dropped, changes what it reads.
+        let full = placed_elsewhere(false);
+        let drops: [fn(&mut PersistentVolumeClaim); 6] = [
+            |c| c.metadata.uid = None,
+            |c| c.metadata.namespace = None,
+            |c| c.metadata.name = None,
+            |c| c.spec.as_mut().unwrap().storage_class_name = None,
+            |c| c.spec.as_mut().unwrap().volume_name = Some("pvc-x".into()),
+            |c| {
+                c.metadata.annotations.as_mut().unwrap().remove(keys::SELECTED_NODE);
+            },
+        ];
+        for (i, drop_field) in drops.iter().enumerate() {
+            let mut changed = full.clone();
+            drop_field(&mut changed);
+            assert_ne!(explanation_reads(&changed), explanation_reads(&full), "field {i}");
+        }
+    }
+
+    #[test]
+    fn claims_this_node_may_act_on_keep_spec_and_status_whole() {
+        for mut full in [bound("2Gi", "1Gi"), claim("hpp").selected(NODE).build(), claim("hpp").on_node(NODE).build()] {
+            full.status.get_or_insert_default().phase = Some("Pending".into());
+            let mut trimmed = full.clone();
+            trim_claim(&mut trimmed, &me());
+            assert_eq!((&trimmed.spec, &trimmed.status), (&full.spec, &full.status));
+        }
     }
 }

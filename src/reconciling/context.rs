@@ -6,9 +6,11 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
@@ -221,6 +223,19 @@ impl Context {
         self.publish(regarding, EventType::Normal, reason, action, note).await;
     }
 
+    /// Publishes a Normal event that cannot recur for the same version of its object (a volume
+    /// provisioned: its PV is created once), as the recorder would publish it the first time. The
+    /// recorder keeps every event it sends for six minutes, to count a repeat into a series: about
+    /// 2 KiB per volume in a burst, for a repeat that never comes. This one is not kept.
+    pub async fn normal_once(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
+        let event = unkept_event(&self.me, regarding, reason, action, truncate_utf8(note, 1024));
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
+        if let Err(error) = events.create(&PostParams::default(), &event).await {
+            tracing::warn!(%error, reason, object = ?regarding.name, "could not publish event");
+        }
+    }
+
     /// Publishes a Warning event, unless the same warning went out on the object recently.
     pub async fn warn(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
         let key = regarding.uid.clone().or_else(|| regarding.name.clone()).unwrap_or_default();
@@ -255,6 +270,28 @@ impl Context {
         if let Err(error) = self.recorder.publish(&event, regarding).await {
             tracing::warn!(%error, reason, object = ?regarding.name, "could not publish event");
         }
+    }
+}
+
+/// The Normal event kube's recorder creates for a first occurrence (its `generate_event`): named
+/// after the object and the time, reported by the provisioner on this node.
+fn unkept_event(me: &Identity, regarding: &ObjectReference, reason: &str, action: &str, note: String) -> K8sEvent {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    K8sEvent {
+        metadata: ObjectMeta {
+            namespace: regarding.namespace.clone(),
+            name: Some(format!("{}.{:x}", regarding.name.as_ref().unwrap_or(&me.provisioner), now.as_nanosecond())),
+            ..Default::default()
+        },
+        action: Some(action.into()),
+        reason: Some(reason.into()),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(regarding.clone()),
+        note: Some(note),
+        reporting_controller: Some(me.provisioner.clone()),
+        reporting_instance: Some(me.node.clone()),
+        type_: Some("Normal".into()),
+        ..Default::default()
     }
 }
 
@@ -294,6 +331,32 @@ mod tests {
         // backon adds up to 100% jitter on top of the capped delay.
         assert!(later.iter().all(|d| *d <= MAX_RETRY * 2), "{later:?}");
         assert!(*later.last().unwrap() >= MAX_RETRY, "{later:?}");
+    }
+
+    #[test]
+    fn an_unkept_event_is_the_recorders_first_occurrence() {
+        let me = Identity { provisioner: "kubevirt.io/hostpath-provisioner".into(), node: "node-a".into() };
+        let regarding = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("PersistentVolumeClaim".into()),
+            name: Some("data".into()),
+            namespace: Some("apps".into()),
+            uid: Some("u-1".into()),
+            ..Default::default()
+        };
+        let event = unkept_event(&me, &regarding, "ProvisioningSucceeded", "Provision", "made".into());
+        let name = event.metadata.name.as_deref().unwrap();
+        assert!(name.starts_with("data.") && u128::from_str_radix(&name[5..], 16).is_ok(), "{name}");
+        assert_eq!(event.metadata.namespace.as_deref(), Some("apps"));
+        assert_eq!(event.regarding.as_ref(), Some(&regarding));
+        assert_eq!(
+            (event.type_.as_deref(), event.reason.as_deref(), event.action.as_deref(), event.note.as_deref()),
+            (Some("Normal"), Some("ProvisioningSucceeded"), Some("Provision"), Some("made"))
+        );
+        // The recorder's Reporter: the provisioner, on this node.
+        assert_eq!(event.reporting_controller.as_deref(), Some("kubevirt.io/hostpath-provisioner"));
+        assert_eq!(event.reporting_instance.as_deref(), Some("node-a"));
+        assert!(event.series.is_none() && event.related.is_none() && event.event_time.is_some());
     }
 
     #[test]

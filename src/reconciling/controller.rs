@@ -96,7 +96,7 @@ pub async fn run(
             let keep = |claim: &mut PersistentVolumeClaim| {
                 let kept = retention::keep_claim(claim, &ctx.me);
                 if kept {
-                    retention::trim_claim(claim);
+                    retention::trim_claim(claim, &ctx.me);
                 }
                 kept
             };

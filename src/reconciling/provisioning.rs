@@ -99,7 +99,8 @@ pub async fn provision(
     tracing::info!(claim = %claim_key(claim), pv = %plan.pv_name, path = %pool.path().join(dir.as_str()).display(), "provisioned");
     Metrics::outcome(&ctx.metrics.provisions, "success", "none");
     ctx.forget_warnings(claim_uid);
-    ctx.normal(
+    // Once per volume: its PV is created once (a PV found already there is Provisioned::Before).
+    ctx.normal_once(
         &regarding,
         reason::PROVISIONING_SUCCEEDED,
         "Provision",

@@ -23,6 +23,8 @@ usage: bench --provisioner PATH [options]
   --quick          small sanity run
   --clones-only    only the clone measurement (1 GiB, reflink on XFS and bytes on ext4)
   --memory-only    only the memory scenario (use with --nodes 1)
+  --scenarios IDS  only these of the provisioning scenarios, e.g. c or r,c (ids a, b, r, c),
+                   each with its provisioners' peak RSS; nothing else runs
   --grow-to N1,N2,...
                    the scale curve of the full run, after the other scenarios: provisioners
                    grown from --nodes to N1, N2, ... (default 50,100; --quick: 5; 0 skips it)
@@ -56,6 +58,8 @@ pub struct Args {
     /// Claims in the cluster for the memory scenario (`bench/memory.rs`); 0: skipped.
     pub memory_claims: usize,
     pub memory_only: bool,
+    /// `--scenarios`: only these provisioning scenarios (ids of `scenario::standard`); empty: all.
+    pub scenarios: Vec<String>,
     /// Node counts of the scale curve, ascending; empty: the usual scenarios.
     pub scale_curve: Vec<usize>,
     /// Node counts the full run grows to after its scenarios (above `nodes`); empty: none.
@@ -85,7 +89,7 @@ impl Args {
                 }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
                 | "--idle-secs" | "--reference-rounds" | "--out" | "--rust-log" | "--scale-curve"
-                | "--grow-to" | "--memory-claims" | "--peer") => {
+                | "--grow-to" | "--memory-claims" | "--peer" | "--scenarios") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
                     values.insert(flag.trim_start_matches("--").to_string(), value);
                 }
@@ -136,6 +140,10 @@ impl Args {
             clones_only,
             memory_claims: number("memory-claims", 100_000.0, 5_000.0)? as usize,
             memory_only,
+            scenarios: match values.get("scenarios") {
+                Some(list) => parse_scenarios(list)?,
+                None => Vec::new(),
+            },
             scale_curve,
             grow_to,
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
@@ -154,6 +162,15 @@ impl Args {
         }
         Ok(parsed)
     }
+}
+
+/// `r,c` as scenario ids, each one of a, b, r, c.
+fn parse_scenarios(list: &str) -> Result<Vec<String>> {
+    let ids: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+    if let Some(bad) = ids.iter().find(|id| !["a", "b", "r", "c"].contains(&id.as_str())) {
+        bail!("--scenarios: {bad:?} is not one of a, b, r, c");
+    }
+    Ok(ids)
 }
 
 /// `1,10,50` as ascending positive node counts.
@@ -176,5 +193,11 @@ mod tests {
         assert!(super::parse_steps("10,1").is_err());
         assert!(super::parse_steps("0,2").is_err());
         assert!(super::parse_steps("1,x").is_err());
+    }
+
+    #[test]
+    fn scenarios_are_known_ids() {
+        assert_eq!(super::parse_scenarios("r, c").unwrap(), vec!["r", "c"]);
+        assert!(super::parse_scenarios("c,x").is_err());
     }
 }

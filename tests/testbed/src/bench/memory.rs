@@ -44,6 +44,8 @@ use super::setup::{self, Env, IMMEDIATE_CLASS, WFFC_CLASS};
 
 /// The goal of issue 13 point 4, MiB.
 pub const GOAL_MIB: f64 = 20.0;
+/// Issue 21: RSS per own volume, KiB.
+pub const PER_OWN_GOAL_KIB: f64 = 4.0;
 /// Claims of the measured node, first and second measurement.
 pub const OWN: usize = 100;
 pub const OWN_LARGE: usize = 1000;
@@ -492,9 +494,10 @@ pub fn print(m: &Memory) {
         verdict(m)
     );
     println!(
-        "  per own claim: {:.1} KiB (RSS with {OWN_LARGE} own claims - with {OWN}, / {})",
+        "  per own claim: {:.1} KiB (RSS with {OWN_LARGE} own claims - with {OWN}, / {}; goal < {PER_OWN_GOAL_KIB:.0} KiB): {}",
         m.per_own_claim_kib(),
-        OWN_LARGE - OWN
+        OWN_LARGE - OWN,
+        if m.per_own_claim_kib() < PER_OWN_GOAL_KIB { "yes" } else { "NO" }
     );
     println!(
         "  fill: {} claims in {:.1} s ({:.0}/s; 2 server-side applies each, {FILL_REQUESTS_IN_FLIGHT} in flight; {} errors{})",
@@ -511,6 +514,20 @@ pub fn print(m: &Memory) {
     );
     for line in &m.stopped {
         println!("  stopped for this scenario: {line}");
+    }
+}
+
+/// The goals table's row of the RSS per own volume (skipped without the memory scenario).
+pub fn per_own_goal(m: Option<&Memory>) -> (String, String, String) {
+    let target =
+        format!("RSS per own volume < {PER_OWN_GOAL_KIB:.0} KiB (memory scenario, {OWN} to {OWN_LARGE} own claims)");
+    match m {
+        Some(m) => (
+            target,
+            format!("{:.1} KiB per own claim ({} claims in the cluster)", m.per_own_claim_kib(), m.claims_in_cluster()),
+            (if m.per_own_claim_kib() < PER_OWN_GOAL_KIB { "yes" } else { "NO" }).to_string(),
+        ),
+        None => (target, "skipped (--memory-claims 0)".to_string(), "-".to_string()),
     }
 }
 
@@ -540,6 +557,7 @@ pub fn json(m: &Memory) -> Value {
         "after_own_claims_large": sample(&m.after_own_large),
         "own_claims_large_provisioned_in_s": m.own_large_provisioned_in.as_secs_f64(),
         "rss_kib_per_own_claim": m.per_own_claim_kib(),
+        "goal_kib_per_own_claim": PER_OWN_GOAL_KIB,
         "goal_mib": GOAL_MIB,
         "judged_peak_mib": m.judged_mib(),
         "met": verdict(m),

@@ -36,6 +36,12 @@ pub fn sample(pid: u32) -> Result<ProcSample> {
     Ok(ProcSample { rss_kib: kib("VmRSS:"), hwm_kib: kib("VmHWM:"), cpu_secs: (ticks(11) + ticks(12)) / per_second })
 }
 
+/// Resets the peak (VmHWM) of a process to its RSS now (`5` to /proc/<pid>/clear_refs, Linux
+/// 4.0+), so that a later VmHWM is the peak since this call.
+pub fn reset_peak(pid: u32) -> Result<()> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").with_context(|| format!("writing /proc/{pid}/clear_refs"))
+}
+
 /// Busy and total CPU time of the whole machine so far, seconds summed over CPUs (first line of
 /// /proc/stat; idle and iowait count as not busy). Includes work that is not the bench's.
 pub fn machine_cpu() -> Result<(f64, f64)> {
@@ -64,5 +70,16 @@ mod tests {
     fn reads_this_process() {
         let s = super::sample(std::process::id()).unwrap();
         assert!(s.rss_kib > 0 && s.hwm_kib >= s.rss_kib, "{s:?}");
+    }
+
+    #[test]
+    fn the_peak_can_be_reset() {
+        let pid = std::process::id();
+        let block = vec![1u8; 64 << 20];
+        assert!(super::sample(pid).unwrap().hwm_kib >= 64 << 10, "{}", block.len());
+        drop(std::hint::black_box(block));
+        super::reset_peak(pid).unwrap();
+        let after = super::sample(pid).unwrap();
+        assert!(after.hwm_kib < after.rss_kib + (32 << 10), "{after:?}");
     }
 }

@@ -76,7 +76,9 @@ pub const METHOD: &[&str] = &[
      namespace, reportingController kubevirt.io/hostpath-provisioner.",
     "RSS: VmRSS / VmHWM from /proc/<pid>/status; CPU: utime+stime from /proc/<pid>/stat \
      (all threads) divided by the clock tick rate. Provisioners run with RUST_LOG as given \
-     (default info), release build as make bench builds it.",
+     (default info), release build as make bench builds it. Each scenario's peak is its own: \
+     the bench resets every provisioner's VmHWM (5 to /proc/<pid>/clear_refs) before it starts; \
+     the peak per provisioner of the whole run is the largest of those and the last reading.",
     "memory (run last): the cluster is filled with --memory-claims claims that are not the \
      measured node's (half another provisioner's class, a quarter ours with selected-node naming \
      another node, a quarter ours bound on other nodes, one in 400 pinned to a node without a \

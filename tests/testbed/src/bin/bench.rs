@@ -8,6 +8,9 @@
 //!    only creates PVs (`bench/reference.rs`), the limit of this machine's pipeline;
 //! c. as a, created as fast as `--clients` clients can (throughput), right after r.
 //!
+//! Each scenario's peak RSS per provisioner is its own: the peaks are reset before it starts.
+//! `--scenarios c` (or `r,c`, ...) runs only those scenarios and prints their figures.
+//!
 //! Then the scale curve (`bench/scale_curve.rs`): the provisioners are grown from `--nodes` to
 //! each count of `--grow-to` (default 50, 100). `--scale-curve 1,10,...` runs only the curve.
 //!
@@ -159,14 +162,17 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     let mut scenarios: Vec<(Provisioned, Deleted)> = Vec::new();
     let mut idle = None;
     let mut reference_errors = Vec::new();
-    for spec in scenario::standard(args.rate) {
+    let chosen = |id: &str| args.scenarios.is_empty() || args.scenarios.iter().any(|c| c == id);
+    for spec in scenario::standard(args.rate).into_iter().filter(|s| chosen(s.id)) {
         let (id, class) = (spec.id, spec.class);
+        // The peak (VmHWM) read after the scenario's deletion is then the scenario's own.
+        env.provisioner_pids().into_iter().try_for_each(procfs::reset_peak)?;
         eprintln!("bench: scenario {id}: {}", spec.title);
         // Runs only during its own scenario, so it adds no watch to the others; a client of its
         // own, so it shares no connection with the bench's watches.
         let reference = (class == REFERENCE_CLASS).then(|| Reference::start(env.cp.admin_client()));
         let provisioned = scenario::provision(env, spec).await?;
-        if idle.is_none() {
+        if idle.is_none() && args.scenarios.is_empty() {
             eprintln!("bench: idle window of {} s", args.idle_secs);
             let opened = window::open(env).await?;
             tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
@@ -178,6 +184,17 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
             reference_errors = reference.errors();
         }
         scenarios.push((provisioned, deleted));
+    }
+    if !args.scenarios.is_empty() {
+        print_provisioning(env, &scenarios);
+        let mut t = Table::new("Goals (reported, not asserted)", &["goal", "measured", "met"]);
+        for (target, measured, met) in burst_peak_goal(args, &scenarios) {
+            t.row(vec![target, measured, met]);
+        }
+        t.print();
+        let json: Vec<Value> = scenarios.iter().map(scenario_json).collect();
+        write_json(&args.out, &json!({ "config": config_json(args), "scenarios": json }))?;
+        return Ok(());
     }
     let mut later_rounds = Vec::new();
     for round in 2..=args.reference_rounds {
@@ -333,6 +350,12 @@ const DELETE_REQUESTS_GOAL: f64 = 1.5;
 
 fn print_results(env: &Env, all: &Results) {
     let (results, idle, many) = (&all.scenarios, &all.idle, &all.many);
+    print_provisioning(env, results);
+    print_after_provisioning(env, all, results, idle, many);
+}
+
+/// The header and the table of the provisioning scenarios.
+fn print_provisioning(env: &Env, results: &[(Provisioned, Deleted)]) {
     let args = &env.args;
     println!(
         "\nhostpath-provisioner bench: {} nodes, {} claims per scenario, {} claims/s (a, b), {} clients",
@@ -395,6 +418,9 @@ fn print_results(env: &Env, all: &Results) {
         format!("{} ({})", p.claim_metadata_bytes.0, p.claim_metadata_bytes.1)
     });
     add("RSS max/mean after, MiB", &|p, _| rss_line(&p.window.procs_end));
+    add(&format!("peak RSS max/mean per node, MiB (goal c < {BURST_PEAK_GOAL_MIB:.0})"), &|_, d| {
+        peak_line(&d.window.procs_end)
+    });
     add("deletion: PVs/s (goal >= creation PVs/s)", &|_, d| opt(d.pvs_deleted_per_sec, 1));
     add("deletion: all PVs gone after, s", &|_, d| format!("{:.2}", d.all_pvs_gone_after.as_secs_f64()));
     add("deletion: all dirs gone after, s", &|_, d| format!("{:.2}", d.all_dirs_gone_after.as_secs_f64()));
@@ -410,6 +436,15 @@ fn print_results(env: &Env, all: &Results) {
     });
     add("deletion: PVs left at timeout", &|_, d| d.remaining.to_string());
     table.print();
+}
+
+fn print_after_provisioning(
+    env: &Env,
+    all: &Results,
+    results: &[(Provisioned, Deleted)],
+    idle: &Idle,
+    many: &ManyFiles,
+) {
     let (rounds, median) = reference_fractions(all);
     println!(
         "\n  Limit: ours (c) = {} of the reference (r), the pipeline's limit on this machine (goal >= 90% at 10 nodes)",
@@ -504,7 +539,7 @@ fn print_results(env: &Env, all: &Results) {
             node.provisioner.pid().to_string(),
             rss(&all.at_start),
             rss(&after_a),
-            format!("{:.1}", mib(s.hwm_kib)),
+            format!("{:.1}", mib(run_peak_kib(all, i, s))),
             format!("{:.2}", s.cpu_secs),
         ]);
     }
@@ -530,6 +565,47 @@ fn print_results(env: &Env, all: &Results) {
     t.print();
     println!("\nMethod");
     METHOD.iter().for_each(|m| println!("  - {m}"));
+}
+
+/// Issue 21: the peak RSS of every provisioner in the burst (c), 10 nodes, 1,000 claims.
+const BURST_PEAK_GOAL_MIB: f64 = 20.0;
+
+/// The peak of provisioner `i` over the whole run: the peaks are reset before each scenario, so
+/// the largest of each scenario's and the last reading's.
+fn run_peak_kib(all: &Results, i: usize, end: &ProcSample) -> u64 {
+    let scenario_peaks = all.scenarios.iter().filter_map(|(_, d)| d.window.procs_end.get(i)).map(|s| s.hwm_kib);
+    scenario_peaks.chain([end.hwm_kib]).max().unwrap_or(0)
+}
+
+/// Max / mean over the provisioners of their peak (VmHWM), MiB.
+fn peak_line(samples: &[ProcSample]) -> String {
+    let max = samples.iter().map(|s| s.hwm_kib).max().unwrap_or(0);
+    let mean = samples.iter().map(|s| s.hwm_kib).sum::<u64>() / samples.len().max(1) as u64;
+    format!("{:.1} / {:.1}", mib(max), mib(mean))
+}
+
+/// The goal row of c's peak per node (none when c did not run). The peaks were reset before c
+/// started, so its deletion window's VmHWM covers its provisioning and its deletion.
+fn burst_peak_goal(args: &Args, results: &[(Provisioned, Deleted)]) -> Vec<(String, String, String)> {
+    let Some((p, d)) = results.iter().find(|(p, _)| p.spec.id == "c") else { return Vec::new() };
+    let worst = d.window.procs_end.iter().map(|s| s.hwm_kib).max().unwrap_or(0);
+    let met = if mib(worst) < BURST_PEAK_GOAL_MIB { "yes" } else { "NO" };
+    let same_load = args.nodes == 10 && args.claims >= 1000;
+    vec![(
+        format!("c: peak RSS per node < {BURST_PEAK_GOAL_MIB:.0} MiB, 1000 claims over 10 nodes"),
+        format!(
+            "max / mean {} MiB ({} claims, {} nodes; provisioning and deletion)",
+            peak_line(&d.window.procs_end),
+            p.sent.len(),
+            args.nodes
+        ),
+        if same_load { met.to_string() } else { format!("{met} (other load)") },
+    )]
+}
+
+fn scenario_json((p, d): &(Provisioned, Deleted)) -> Value {
+    let peaks: Vec<f64> = d.window.procs_end.iter().map(|s| mib(s.hwm_kib)).collect();
+    json!({ "provisioning": p.json(), "deletion": d.json(), "peak_rss_mib_per_node": peaks })
 }
 
 fn rss_line(samples: &[ProcSample]) -> String {
@@ -570,6 +646,7 @@ fn targets(env: &Env, all: &Results) -> Vec<(String, String, String)> {
         format!("c: {} PVs/s ({} claims, {} nodes)", opt(burst, 1), args.claims, args.nodes),
         verdict(burst.unwrap_or(0.0) >= 100.0, args.claims >= 1000 && args.nodes == 10),
     ));
+    rows.extend(burst_peak_goal(args, results));
     let (rounds, fraction) = reference_fractions(all);
     rows.push((
         "ours >= 90% of the reference in c at 10 nodes".to_string(),
@@ -629,6 +706,7 @@ fn targets(env: &Env, all: &Results) -> Vec<(String, String, String)> {
             "-".to_string(),
         )),
     }
+    rows.push(memory::per_own_goal(all.memory.as_ref()));
     let created = pvs_per_sec(results, "c");
     let deleted = results.iter().find(|(p, _)| p.spec.id == "c").and_then(|(_, d)| d.pvs_deleted_per_sec);
     rows.push((
@@ -672,8 +750,9 @@ fn to_json(env: &Env, all: &Results) -> Value {
         .nodes
         .iter()
         .zip(all.at_end.iter().zip(&all.at_start))
-        .map(|(n, (s, start))| {
-            json!({ "node": n.name, "pid": n.provisioner.pid(), "peak_rss_mib": mib(s.hwm_kib),
+        .enumerate()
+        .map(|(i, (n, (s, start)))| {
+            json!({ "node": n.name, "pid": n.provisioner.pid(), "peak_rss_mib": mib(run_peak_kib(all, i, s)),
                     "rss_mib_at_start": mib(start.rss_kib),
                     "rss_mib_end": mib(s.rss_kib), "cpu_s_total": s.cpu_secs,
                     "log": n.provisioner.log_path() })
@@ -690,7 +769,7 @@ fn to_json(env: &Env, all: &Results) -> Value {
             "goal_fraction_at_10_nodes": 0.9,
             "reference_errors": all.reference_errors,
         },
-        "scenarios": results.iter().map(|(p, d)| json!({ "provisioning": p.json(), "deletion": d.json() })).collect::<Vec<_>>(),
+        "scenarios": results.iter().map(scenario_json).collect::<Vec<_>>(),
         "many_files_delete": many.json(),
         "clones": all.clones.json(),
         "quota_latency": all.quota.json(),
@@ -718,6 +797,7 @@ fn config_json(args: &Args) -> Value {
         "peer": args.peer,
         "scale_curve": args.scale_curve,
         "memory_claims": args.memory_claims,
+        "scenarios": args.scenarios,
         "grow_to": args.grow_to,
     })
 }
