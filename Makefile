@@ -35,12 +35,16 @@ deploy-tools:
 manifests: control-plane deploy-tools
 	bash hack/render-manifests.sh
 
-# The provisioner's image as an OCI archive, without any registry: a static binary (installed
-# toolchain, +crt-static, profile `image`) named hostpath-provisioner:<deploy/legacy's tag>, written to
+# The provisioner's image as an OCI archive, without any registry or docker: static binaries for
+# linux/amd64 (installed toolchain, +crt-static) and linux/arm64 (cross-compiled with Debian sid's
+# Rust from hack/fetch-cross-rust.sh and gcc-aarch64-linux-gnu), profile `image`, in one OCI image
+# index named hostpath-provisioner:<deploy/legacy's tag>, written to
 # target/image/hostpath-provisioner.oci.tar. Load it with `ctr -n k8s.io images import`.
-# The Dockerfile remains the way to build the image for a registry (see README).
+# IMAGE_PLATFORMS=linux/amd64 skips the arm64 build. The Dockerfile (buildx) remains the way to
+# build the image for a registry (see README and docs/development.md, "Releasing").
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 image:
-	$(CARGO) run -q -p testbed --bin image
+	$(CARGO) run -q -p testbed --bin image -- --platform $(IMAGE_PLATFORMS)
 
 lint:
 	$(CARGO) fmt --all -- --check

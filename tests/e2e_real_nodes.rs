@@ -237,7 +237,8 @@ fn keep_logs(lane: &Lane, out: &Path) -> PathBuf {
 /// The static provisioner (cargo rebuilds it only when the source changed) in an OCI archive.
 fn build_image(repo: &Path) -> Result<PathBuf> {
     let binary = images::build_static_provisioner(repo)?;
-    let archive = images::image_dir(repo).join("hostpath-provisioner.oci.tar");
+    // Not `make image`'s archive (both platforms), which it would otherwise overwrite.
+    let archive = images::image_dir(repo).join("hostpath-provisioner-lane.oci.tar");
     images::provisioner_image(&binary, &images::local_image(repo)?).write(&archive)?;
     Ok(archive)
 }

@@ -1,17 +1,21 @@
 //! `make image`: the provisioner's container image as an OCI archive, built without any
-//! registry. Usage: `image [--binary PATH] [--name IMAGE] [--out FILE]`.
+//! registry. Usage: `image [--platform linux/amd64,linux/arm64] [--binary PATH]
+//! [--arm64-binary PATH] [--name IMAGE] [--out FILE]`.
 //!
-//! By default it builds the static binary (see `testbed::real_nodes::images::
-//! build_static_provisioner`), names it `hostpath-provisioner:<tag of deploy/legacy>`, and writes
-//! `target/image/hostpath-provisioner.oci.tar`; load it with `ctr -n k8s.io images import`,
-//! `podman load` or `docker load` (OCI layout archives).
+//! By default it builds the static binary for both platforms (see `testbed::real_nodes::images::
+//! build_static_provisioner` and `build_arm64_provisioner`: the arm64 one is cross-compiled with
+//! Debian sid's Rust, `hack/fetch-cross-rust.sh`), names the image
+//! `hostpath-provisioner:<tag of deploy/legacy>`, and writes
+//! `target/image/hostpath-provisioner.oci.tar`: an OCI layout whose index names one image index
+//! with a manifest per platform. Load it with `ctr -n k8s.io images import` (the host's platform),
+//! `podman load` or `docker load`; `--platform linux/amd64` skips the arm64 build.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use testbed::real_nodes::images;
+use testbed::real_nodes::images::{self, Arch};
 
 fn main() -> ExitCode {
     match run() {
@@ -23,34 +27,59 @@ fn main() -> ExitCode {
     }
 }
 
+const USAGE: &str = "usage: image [--platform linux/amd64,linux/arm64] [--binary PATH] [--arm64-binary PATH] \
+                     [--name IMAGE] [--out FILE]";
+
 fn run() -> Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize()?;
-    let (mut binary, mut name, mut out) = (None, None, images::image_dir(&repo).join("hostpath-provisioner.oci.tar"));
+    let (mut binary, mut arm64_binary, mut name) = (None, None, None);
+    let mut out = images::image_dir(&repo).join("hostpath-provisioner.oci.tar");
+    let mut platforms = vec![Arch::Amd64, Arch::Arm64];
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--platform" => {
+                let list = args.next().context("--platform needs linux/amd64, linux/arm64 or both")?;
+                platforms = list.split(',').map(Arch::parse_platform).collect::<Result<_>>()?;
+                platforms.dedup();
+            }
             "--binary" => binary = Some(PathBuf::from(args.next().context("--binary needs a path")?)),
+            "--arm64-binary" => arm64_binary = Some(PathBuf::from(args.next().context("--arm64-binary needs a path")?)),
             "--name" => name = Some(args.next().context("--name needs an image reference")?),
             "--out" => out = PathBuf::from(args.next().context("--out needs a file")?),
-            other => bail!("unknown argument {other:?}; usage: image [--binary PATH] [--name IMAGE] [--out FILE]"),
+            other => bail!("unknown argument {other:?}; {USAGE}"),
         }
     }
-    let started = Instant::now();
-    let binary = match binary {
-        Some(binary) => binary,
-        None => images::build_static_provisioner(&repo)?,
-    };
-    let built_in = started.elapsed();
     let name = match name {
         Some(name) => name,
         None => images::local_image(&repo)?,
     };
-    let image = images::provisioner_image(&binary, &name);
-    let digest = image.write(&out)?;
+    let mut built = Vec::new();
+    for arch in platforms {
+        let started = Instant::now();
+        let binary = match (arch, &binary, &arm64_binary) {
+            (Arch::Amd64, Some(binary), _) | (Arch::Arm64, _, Some(binary)) => binary.clone(),
+            (Arch::Amd64, None, _) => images::build_static_provisioner(&repo)?,
+            (Arch::Arm64, _, None) => images::build_arm64_provisioner(&repo).with_context(
+                || "building the linux/arm64 binary (`make image IMAGE_PLATFORMS=linux/amd64` builds amd64 only)",
+            )?,
+        };
+        built.push((arch, binary, started.elapsed()));
+    }
+    let platform_images: Vec<_> =
+        built.iter().map(|(arch, binary, _)| (*arch, images::provisioner_image(binary, &name))).collect();
+    let digest = images::write_multi_platform(&platform_images, &out)?;
     let size = std::fs::metadata(&out)?.len();
-    println!("image {} ({digest})", image.name);
+    println!("image {} (index {digest})", platform_images[0].1.name);
     println!("  archive {} ({:.1} MiB)", out.display(), size as f64 / 1048576.0);
-    println!("  binary  {} (static; built or checked in {:.1} s)", binary.display(), built_in.as_secs_f64());
+    for (arch, binary, took) in &built {
+        println!(
+            "  linux/{:<5} {} (static; built or checked in {:.1} s)",
+            arch.oci_name(),
+            binary.display(),
+            took.as_secs_f64()
+        );
+    }
     println!("  load it with: ctr -n k8s.io images import {}", out.display());
     Ok(())
 }

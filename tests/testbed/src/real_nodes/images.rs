@@ -51,13 +51,76 @@ pub struct OciImage {
     pub entries: Vec<Entry>,
 }
 
+/// A platform of the provisioner's image: Linux on this CPU architecture (OCI names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Amd64,
+    Arm64,
+}
+
+impl Arch {
+    /// `amd64` or `arm64`, as OCI image configs and platforms name them.
+    pub fn oci_name(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// `linux/amd64` or `linux/arm64` (`--platform`).
+    pub fn parse_platform(platform: &str) -> Result<Arch> {
+        match platform.trim().trim_start_matches("linux/") {
+            "amd64" => Ok(Arch::Amd64),
+            "arm64" | "arm64/v8" => Ok(Arch::Arm64),
+            other => bail!("unsupported platform {other:?}: linux/amd64 or linux/arm64"),
+        }
+    }
+}
+
+/// One platform's image manifest and the blobs it references.
+struct PlatformManifest {
+    manifest: Vec<u8>,
+    digest: String,
+    /// `(digest, bytes)`: config and layer.
+    blobs: Vec<(String, Vec<u8>)>,
+}
+
+const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+const INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+
 impl OciImage {
-    /// Writes an OCI image layout archive to `out` and returns the manifest digest.
+    /// Writes an OCI image layout archive (linux/amd64) to `out` and returns the manifest digest.
     pub fn write(&self, out: &Path) -> Result<String> {
+        let platform = self.platform_manifest(Arch::Amd64)?;
+        let index = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "manifests": [{
+                "mediaType": MANIFEST_TYPE,
+                "digest": platform.digest,
+                "size": platform.manifest.len(),
+                // ctr names the imported image after this annotation.
+                "annotations": self.name_annotations(),
+            }],
+        }))?;
+        let mut blobs = platform.blobs;
+        blobs.push((platform.digest.clone(), platform.manifest));
+        write_layout(out, &index, &blobs)?;
+        Ok(platform.digest)
+    }
+
+    fn name_annotations(&self) -> serde_json::Value {
+        let tag = self.name.rsplit_once(':').map(|(_, tag)| tag).unwrap_or("latest");
+        json!({
+            "io.containerd.image.name": self.name,
+            "org.opencontainers.image.ref.name": tag,
+        })
+    }
+
+    fn platform_manifest(&self, arch: Arch) -> Result<PlatformManifest> {
         let layer = self.layer()?;
         let layer_digest = sha256(&layer);
         let config = serde_json::to_vec(&json!({
-            "architecture": "amd64",
+            "architecture": arch.oci_name(),
             "os": "linux",
             "config": {
                 "Entrypoint": self.entrypoint,
@@ -68,7 +131,7 @@ impl OciImage {
         let config_digest = sha256(&config);
         let manifest = serde_json::to_vec(&json!({
             "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "mediaType": MANIFEST_TYPE,
             "config": {
                 "mediaType": "application/vnd.oci.image.config.v1+json",
                 "digest": config_digest,
@@ -80,39 +143,77 @@ impl OciImage {
                 "size": layer.len(),
             }],
         }))?;
-        let manifest_digest = sha256(&manifest);
-        let tag = self.name.rsplit_once(':').map(|(_, tag)| tag).unwrap_or("latest");
-        let index = serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "manifests": [{
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "digest": manifest_digest,
-                "size": manifest.len(),
-                // ctr names the imported image after this annotation.
-                "annotations": {
-                    "io.containerd.image.name": self.name,
-                    "org.opencontainers.image.ref.name": tag,
-                },
-            }],
-        }))?;
+        let digest = sha256(&manifest);
+        Ok(PlatformManifest { manifest, digest, blobs: vec![(config_digest, config), (layer_digest, layer)] })
+    }
+}
 
-        if let Some(parent) = out.parent() {
-            fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-        }
-        let partial = out.with_extension("partial");
-        let file = fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
-        let mut archive = tar::Builder::new(std::io::BufWriter::new(file));
-        append_bytes(&mut archive, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-        append_bytes(&mut archive, "index.json", &index)?;
-        for (digest, bytes) in [(&config_digest, &config), (&manifest_digest, &manifest), (&layer_digest, &layer)] {
+/// Writes one image for several platforms as an OCI layout archive: `index.json` names the image
+/// (the annotations `ctr images import` and `podman load` read) and points at an image index
+/// blob listing one manifest per platform, each with its `platform` (what a registry push of a
+/// multi-platform image carries; `docker buildx --output type=oci` writes the same shape).
+/// The images must share a name. Returns the image index's digest.
+pub fn write_multi_platform(images: &[(Arch, OciImage)], out: &Path) -> Result<String> {
+    let Some((_, first)) = images.first() else { bail!("no platform to write") };
+    if let Some((_, other)) = images.iter().find(|(_, image)| image.name != first.name) {
+        bail!("one archive, one name: {} and {}", first.name, other.name);
+    }
+    let mut blobs = Vec::new();
+    let mut manifests = Vec::new();
+    for (arch, image) in images {
+        let platform = image.platform_manifest(*arch)?;
+        manifests.push(json!({
+            "mediaType": MANIFEST_TYPE,
+            "digest": platform.digest,
+            "size": platform.manifest.len(),
+            "platform": { "architecture": arch.oci_name(), "os": "linux" },
+        }));
+        blobs.extend(platform.blobs);
+        blobs.push((platform.digest, platform.manifest));
+    }
+    let image_index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": INDEX_TYPE,
+        "manifests": manifests,
+    }))?;
+    let index_digest = sha256(&image_index);
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": INDEX_TYPE,
+            "digest": index_digest,
+            "size": image_index.len(),
+            "annotations": first.name_annotations(),
+        }],
+    }))?;
+    blobs.push((index_digest.clone(), image_index));
+    write_layout(out, &index, &blobs)?;
+    Ok(index_digest)
+}
+
+/// The archive: `oci-layout`, `index.json`, then each blob once under `blobs/sha256/`.
+fn write_layout(out: &Path, index: &[u8], blobs: &[(String, Vec<u8>)]) -> Result<()> {
+    if let Some(parent) = out.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let partial = out.with_extension("partial");
+    let file = fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    let mut archive = tar::Builder::new(std::io::BufWriter::new(file));
+    append_bytes(&mut archive, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    append_bytes(&mut archive, "index.json", index)?;
+    let mut written = std::collections::BTreeSet::new();
+    for (digest, bytes) in blobs {
+        if written.insert(digest.clone()) {
             let hex = digest.trim_start_matches("sha256:");
             append_bytes(&mut archive, &format!("blobs/sha256/{hex}"), bytes)?;
         }
-        archive.into_inner()?.flush()?;
-        fs::rename(&partial, out).with_context(|| format!("writing {}", out.display()))?;
-        Ok(manifest_digest)
     }
+    archive.into_inner()?.flush()?;
+    fs::rename(&partial, out).with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}
 
+impl OciImage {
     fn layer(&self) -> Result<Vec<u8>> {
         let mut layer = tar::Builder::new(Vec::new());
         for entry in &self.entries {
@@ -262,24 +363,8 @@ pub fn image_dir(repo: &Path) -> PathBuf {
 /// remains the one for users.
 pub fn build_static_provisioner(repo: &Path) -> Result<PathBuf> {
     let target_dir = image_dir(repo);
-    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    // Called from `cargo run` (make image) and from a test binary under `cargo test`, which
-    // export different CARGO_* variables; left in, they make cargo rebuild the top crates each
-    // time one caller follows the other.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if (name.starts_with("CARGO_") && name != "CARGO_HOME" && !name.starts_with("CARGO_TERM_"))
-            || name == "OUT_DIR"
-            || name == "RUSTFLAGS"
-            || name == "RUSTDOCFLAGS"
-        {
-            cargo.env_remove(name.as_ref());
-        }
-    }
-    let status = cargo
-        .current_dir(repo)
+    let status = image_cargo(repo)
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .args(["build", "--locked", "--profile", "image", "-p", "hostpath-provisioner"])
         .args(["--target", "x86_64-unknown-linux-gnu", "--target-dir"])
         .arg(&target_dir)
         .status()
@@ -288,11 +373,109 @@ pub fn build_static_provisioner(repo: &Path) -> Result<PathBuf> {
         bail!("cargo build of the static provisioner failed ({status})");
     }
     let binary = target_dir.join("x86_64-unknown-linux-gnu/image/hostpath-provisioner");
-    let file = Command::new("file").arg(&binary).output().context("running file")?;
+    check_static(&binary, "x86-64")?;
+    Ok(binary)
+}
+
+/// `cargo build --locked --profile image -p hostpath-provisioner` in `repo`, without the
+/// caller's cargo variables. Called from `cargo run` (make image) and from a test binary under
+/// `cargo test`, which export different CARGO_* variables; left in, they make cargo rebuild the
+/// top crates each time one caller follows the other.
+fn image_cargo(repo: &Path) -> Command {
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if (name.starts_with("CARGO_") && name != "CARGO_HOME" && !name.starts_with("CARGO_TERM_"))
+            || name == "OUT_DIR"
+            || name == "RUSTFLAGS"
+            || name == "RUSTDOCFLAGS"
+            || name == "RUSTC"
+        {
+            cargo.env_remove(name.as_ref());
+        }
+    }
+    cargo.current_dir(repo).args(["build", "--locked", "--profile", "image", "-p", "hostpath-provisioner"]);
+    cargo
+}
+
+/// `file` says `binary` is a static executable for `machine` (`x86-64`, `ARM aarch64`).
+fn check_static(binary: &Path, machine: &str) -> Result<()> {
+    let file = Command::new("file").arg(binary).output().context("running file")?;
     let description = String::from_utf8_lossy(&file.stdout);
     if !description.contains("statically linked") && !description.contains("static-pie linked") {
         bail!("{} is not static: {description}", binary.display());
     }
+    if !description.contains(machine) {
+        bail!("{} is not built for {machine}: {description}", binary.display());
+    }
+    Ok(())
+}
+
+/// The Rust target of the linux/arm64 image: the only arm64 standard library Debian ships.
+pub const ARM64_TARGET: &str = "aarch64-unknown-linux-gnu";
+/// The cross C compiler and linker (Debian's gcc-aarch64-linux-gnu).
+pub const ARM64_GCC: &str = "aarch64-linux-gnu-gcc";
+/// Runs arm64 binaries on this host (Debian's qemu-user-static).
+pub const QEMU_ARM64: &str = "qemu-aarch64-static";
+/// What building and running the arm64 provisioner needs from apt.
+pub const ARM64_APT_PACKAGES: &str = "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static";
+
+/// Which of the arm64 build's host tools are missing (empty: none). The Rust toolchain itself
+/// comes from `hack/fetch-cross-rust.sh`, which needs curl, xz, gpgv and dpkg-deb.
+pub fn arm64_missing_tools() -> Vec<String> {
+    let mut missing: Vec<String> = [ARM64_GCC, QEMU_ARM64, "curl", "xz", "gpgv", "dpkg-deb", "file"]
+        .into_iter()
+        .filter(|tool| !on_path(tool))
+        .map(str::to_string)
+        .collect();
+    if !Path::new("/usr/aarch64-linux-gnu/lib/libc.a").exists() {
+        missing.push("/usr/aarch64-linux-gnu/lib/libc.a (libc6-dev-arm64-cross)".to_string());
+    }
+    missing
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+}
+
+/// Cross-compiles the provisioner for linux/arm64 as a static executable: Debian sid's rustc
+/// (fetched and cached by `hack/fetch-cross-rust.sh`: the only Rust >= 1.88 with an arm64 std
+/// reachable from here) driven by the installed cargo, `aarch64-unknown-linux-gnu` with
+/// `+crt-static` (glibc from libc6-dev-arm64-cross linked in), ring's C and the link by
+/// `aarch64-linux-gnu-gcc`. Its own target dir (`target/image/arm64`), profile `image`.
+pub fn build_arm64_provisioner(repo: &Path) -> Result<PathBuf> {
+    let missing = arm64_missing_tools();
+    if !missing.is_empty() {
+        bail!("the arm64 build needs {} (apt-get install {ARM64_APT_PACKAGES})", missing.join(", "));
+    }
+    let fetched = Command::new("bash")
+        .arg(repo.join("hack/fetch-cross-rust.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running hack/fetch-cross-rust.sh")?;
+    if !fetched.status.success() {
+        bail!("hack/fetch-cross-rust.sh failed ({})", fetched.status);
+    }
+    let rustc = String::from_utf8_lossy(&fetched.stdout).trim().to_string();
+    let target_dir = image_dir(repo).join("arm64");
+    let env_target = ARM64_TARGET.replace('-', "_");
+    let status = image_cargo(repo)
+        // sccache would cache by the wrapper script, not by the compiler behind it.
+        .env_remove("RUSTC_WRAPPER")
+        .env("RUSTC", &rustc)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env(format!("CARGO_TARGET_{}_LINKER", env_target.to_uppercase()), ARM64_GCC)
+        .env(format!("CC_{env_target}"), ARM64_GCC)
+        .env(format!("AR_{env_target}"), "aarch64-linux-gnu-ar")
+        .args(["--target", ARM64_TARGET, "--target-dir"])
+        .arg(&target_dir)
+        .status()
+        .context("running cargo build for the arm64 provisioner")?;
+    if !status.success() {
+        bail!("cargo build of the arm64 provisioner failed ({status})");
+    }
+    let binary = target_dir.join(ARM64_TARGET).join("image/hostpath-provisioner");
+    check_static(&binary, "ARM aarch64")?;
     Ok(binary)
 }
 
@@ -399,6 +582,59 @@ mod tests {
         let local = local_image(&repo).expect("local image");
         assert!(!local.contains('/'), "{local}");
         assert_eq!(local.rsplit_once(':').map(|(_, tag)| tag), image.rsplit_once(':').map(|(_, tag)| tag));
+    }
+
+    #[test]
+    fn a_multi_platform_archive_names_one_index_with_a_manifest_per_platform() {
+        let dir = std::env::temp_dir().join(crate::unique_name("oci-test"));
+        fs::create_dir_all(&dir).unwrap();
+        let image = |content: &[u8]| {
+            let file = dir.join(format!("f{}", content.len()));
+            fs::write(&file, content).unwrap();
+            provisioner_image(&file, "hostpath-provisioner:1.2.3")
+        };
+        let out = dir.join("multi.tar");
+        let digest = write_multi_platform(&[(Arch::Amd64, image(b"x")), (Arch::Arm64, image(b"yy"))], &out).unwrap();
+        let mut blobs = std::collections::BTreeMap::new();
+        for entry in tar::Archive::new(fs::File::open(&out).unwrap()).entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().display().to_string();
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut bytes).unwrap();
+            blobs.insert(path, bytes);
+        }
+        let json = |path: &str| -> serde_json::Value { serde_json::from_slice(&blobs[path]).unwrap() };
+        let blob = |digest: &serde_json::Value| {
+            let path = format!("blobs/sha256/{}", digest.as_str().unwrap().trim_start_matches("sha256:"));
+            assert_eq!(sha256(&blobs[&path]), digest.as_str().unwrap(), "{path} matches its digest");
+            json(&path)
+        };
+        let index = json("index.json");
+        assert_eq!(index["manifests"].as_array().unwrap().len(), 1);
+        let top = &index["manifests"][0];
+        assert_eq!(top["mediaType"], INDEX_TYPE);
+        assert_eq!(top["digest"], digest.as_str());
+        assert_eq!(top["annotations"]["io.containerd.image.name"], "docker.io/library/hostpath-provisioner:1.2.3");
+        assert_eq!(top["annotations"]["org.opencontainers.image.ref.name"], "1.2.3");
+        let image_index = blob(&top["digest"]);
+        let platforms: Vec<_> = image_index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                assert_eq!(m["mediaType"], MANIFEST_TYPE);
+                let manifest = blob(&m["digest"]);
+                let config = blob(&manifest["config"]["digest"]);
+                assert_eq!(config["architecture"], m["platform"]["architecture"], "config and platform agree");
+                assert_eq!(config["config"]["Entrypoint"][0], "/hostpath-provisioner");
+                let layer = &manifest["layers"][0]["digest"];
+                let path = format!("blobs/sha256/{}", layer.as_str().unwrap().trim_start_matches("sha256:"));
+                assert_eq!(&sha256(&blobs[&path]), layer);
+                format!("{}/{}", m["platform"]["os"].as_str().unwrap(), m["platform"]["architecture"].as_str().unwrap())
+            })
+            .collect();
+        assert_eq!(platforms, ["linux/amd64", "linux/arm64"]);
+        fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
