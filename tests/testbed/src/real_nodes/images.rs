@@ -442,7 +442,7 @@ fn on_path(tool: &str) -> bool {
 /// (fetched and cached by `hack/fetch-cross-rust.sh`: the only Rust >= 1.88 with an arm64 std
 /// reachable from here) driven by the installed cargo, `aarch64-unknown-linux-gnu` with
 /// `+crt-static` (glibc from libc6-dev-arm64-cross linked in), ring's C and the link by
-/// `aarch64-linux-gnu-gcc`. Its own target dir (`target/image/arm64`), profile `image`.
+/// `aarch64-linux-gnu-gcc`. Its target dir is in the toolchain's cache, profile `image`.
 pub fn build_arm64_provisioner(repo: &Path) -> Result<PathBuf> {
     let missing = arm64_missing_tools();
     if !missing.is_empty() {
@@ -457,7 +457,14 @@ pub fn build_arm64_provisioner(repo: &Path) -> Result<PathBuf> {
         bail!("hack/fetch-cross-rust.sh failed ({})", fetched.status);
     }
     let rustc = String::from_utf8_lossy(&fetched.stdout).trim().to_string();
-    let target_dir = image_dir(repo).join("arm64");
+    // Beside the cached toolchain, outside the checkout: the dependencies' cross build (the
+    // long part, 10-25 min cold on 2 cores) is then done once per toolchain, not once per clone
+    // (every CI run starts from a fresh one); cargo's fingerprints rebuild what changed.
+    let target_dir = Path::new(&rustc)
+        .parent()
+        .and_then(Path::parent)
+        .map(|toolchain| toolchain.join("target"))
+        .context("hack/fetch-cross-rust.sh printed no rustc path")?;
     let env_target = ARM64_TARGET.replace('-', "_");
     let status = image_cargo(repo)
         // sccache would cache by the wrapper script, not by the compiler behind it.
