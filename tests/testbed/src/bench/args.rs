@@ -31,6 +31,13 @@ usage: bench --provisioner PATH [options]
   --scale-curve N1,N2,...
                    only the scale curve: provisioners grown to N1, N2, ... (e.g. 1,10,50,100)
                    against --claims claims (--nodes is ignored)
+  --peer-at N1,N2  with --scale-curve and --peer: the curve steps at which the Go build is
+                   measured too (default 10,50); the curve ends with a rollout (every
+                   provisioner restarted at once)
+  --big-start C,P[,N]
+                   only the start-up in a big cluster: C claims and P PVs (e.g.
+                   100000,10000), then one provisioner started and timed to ready, then N
+                   more started at once in that cluster (default 0)
   --peer PATH      also run the Go build this project replaces (the kubevirt-legacy-provisioner
                    binary of hack/build-go-legacy.sh's cache; `make bench-vs-go`): scenarios
                    a, b and c, each run by ours then by the Go build on the same nodes, and
@@ -62,6 +69,11 @@ pub struct Args {
     pub scenarios: Vec<String>,
     /// Node counts of the scale curve, ascending; empty: the usual scenarios.
     pub scale_curve: Vec<usize>,
+    /// Curve steps at which the Go build is measured too (`--peer-at`).
+    pub peer_at: Vec<usize>,
+    /// `--big-start C,P,N`: claims and PVs in the cluster for the start-up measurement, and
+    /// how many provisioners then start at once.
+    pub big_start: Option<(usize, usize, usize)>,
     /// Node counts the full run grows to after its scenarios (above `nodes`); empty: none.
     pub grow_to: Vec<usize>,
     pub rust_log: String,
@@ -89,7 +101,7 @@ impl Args {
                 }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
                 | "--idle-secs" | "--reference-rounds" | "--out" | "--rust-log" | "--scale-curve"
-                | "--grow-to" | "--memory-claims" | "--peer" | "--scenarios") => {
+                | "--grow-to" | "--memory-claims" | "--peer" | "--scenarios" | "--peer-at" | "--big-start") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
                     values.insert(flag.trim_start_matches("--").to_string(), value);
                 }
@@ -124,11 +136,33 @@ impl Args {
             None if quick => vec![5],
             None => vec![50, 100],
         };
+        let peer_at = match values.get("peer-at") {
+            Some(list) => parse_steps(list)?,
+            None => vec![10, 50],
+        };
+        let big_start = match values.get("big-start") {
+            Some(list) => {
+                let n: Vec<usize> = list
+                    .split(',')
+                    .map(|v| v.trim().parse::<usize>().context("--big-start needs CLAIMS,PVS[,N]"))
+                    .collect::<Result<_>>()?;
+                match n[..] {
+                    [c, p] => Some((c, p, 0)),
+                    [c, p, n] => Some((c, p, n)),
+                    _ => bail!("--big-start needs CLAIMS,PVS[,N]"),
+                }
+            }
+            None => None,
+        };
         let parsed = Args {
             provisioner,
             peer,
             // The scale curve adds every node itself, the first step's too.
-            nodes: if scale_curve.is_empty() { number("nodes", 10.0, 3.0)? as usize } else { 0 },
+            nodes: if !scale_curve.is_empty() || big_start.is_some() {
+                0
+            } else {
+                number("nodes", 10.0, 3.0)? as usize
+            },
             claims: number("claims", 1000.0, 100.0)? as usize,
             rate: number("rate", 50.0, 50.0)?,
             clients: number("clients", 4.0, 4.0)? as usize,
@@ -145,11 +179,13 @@ impl Args {
                 None => Vec::new(),
             },
             scale_curve,
+            peer_at,
+            big_start,
             grow_to,
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
             provisioner_env,
         };
-        if (parsed.nodes == 0 && parsed.scale_curve.is_empty())
+        if (parsed.nodes == 0 && parsed.scale_curve.is_empty() && parsed.big_start.is_none())
             || parsed.claims == 0
             || parsed.clients == 0
             || parsed.rate <= 0.0

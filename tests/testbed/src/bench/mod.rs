@@ -4,6 +4,7 @@
 pub mod api_count;
 pub mod args;
 pub mod clones;
+pub mod fanout;
 pub mod many_files;
 pub mod memory;
 pub mod observe;
@@ -16,6 +17,7 @@ pub mod report;
 pub mod scale_curve;
 pub mod scenario;
 pub mod setup;
+pub mod startup;
 pub mod stats;
 pub mod vs_peer;
 pub mod window;

@@ -101,6 +101,30 @@ impl Peer {
         Ok(())
     }
 
+    /// Adds an account for each of `nodes` that has none yet (the scale curve adds nodes as
+    /// it grows).
+    pub async fn add_accounts(&mut self, cp: &ControlPlane, client: &Client, nodes: &[String]) -> Result<()> {
+        for node in nodes {
+            if self.accounts.iter().any(|(n, _, _)| n == node) {
+                continue;
+            }
+            let token = account_token(client, PEER_SA_NAMESPACE, node).await?;
+            self.accounts.push((node.clone(), token, cp.temp_dir().join("go-peers").join(node).join("pool")));
+        }
+        Ok(())
+    }
+
+    /// Starts a Go process per account and waits until each is ready (`start`), for the scale
+    /// curve's Go measurement (`fanout.rs`).
+    pub async fn start_all(&mut self, cp: &ControlPlane) -> Result<()> {
+        self.start(cp).await
+    }
+
+    /// Stops every Go process (SIGTERM).
+    pub fn stop_all(&mut self) {
+        self.stop();
+    }
+
     fn stop(&mut self) {
         self.running.iter_mut().for_each(GoPeer::terminate);
         self.running.clear();

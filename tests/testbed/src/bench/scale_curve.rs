@@ -9,12 +9,18 @@
 //!   `apiserver_request_total`, the bench's own requests taken out) and the provisioners' own
 //!   requests (audit log, exact), per second;
 //! - the watches open per resource (`apiserver_longrunning_requests`, verb WATCH);
-//! - watch events delivered per claim change: the bench changes a label on a few claims and
-//!   reads how many claim watch events the API server sent (`apiserver_watch_events_total`);
+//! - per claim change, in a paced window (`fanout.rs`): an idle window, then `CHANGE_RATE`
+//!   label changes per second on the claims for `--idle-secs`; the API server's CPU over it
+//!   minus the idle window's, the claim watch events it sent (`apiserver_watch_events_total`)
+//!   and the provisioners' requests (audit log), each divided by the changes;
 //! - the same per PV change: each node watches PVs through two label-filtered, disjoint watches
 //!   (its own PVs, and unlabelled ones of the Go build), so their count says little; what they
 //!   cost is the events they deliver, compared with one unfiltered PV watch per node (1 event
 //!   per PV change per node).
+//!
+//! With `--peer` the Go build is measured the same way at the steps of `--peer-at` (ours
+//! stopped meanwhile), and after the last step every provisioner is restarted at once (a
+//! rollout, `fanout::rollout`). The projection to 5,000 nodes is made from the slopes.
 //!
 //! The bench starts without provisioners, so the first step's figures are per node added too.
 //! The claims (`--claims`, scenario "s") are created once on the first step's nodes, after its
@@ -24,11 +30,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::api_count::{self, metric_sum};
+use super::fanout::{self, GoStep, Paced, Projection, Rollout};
 use super::procfs::{self, mib};
 use super::report::{Table, opt};
 use super::scenario::{self, Mode, Spec};
@@ -63,14 +70,25 @@ pub struct Step {
     pub watches: BTreeMap<String, f64>,
     /// Watches opened while the step's nodes were added, by resource.
     pub watches_added: BTreeMap<String, f64>,
-    /// Claim watch events the API server sent per claim change.
+    /// Claim watch events the API server sent per claim change (the paced window's).
     pub watch_events_per_change: f64,
+    /// The paced window of claim changes: API server CPU and provisioner requests per change.
+    pub paced: Paced,
     /// PV watch events the API server sent per PV change.
     pub pv_watch_events_per_change: f64,
 }
 
-/// Runs the curve; `env` starts without nodes.
-pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
+/// The curve, the Go build's steps (with `--peer`) and the rollout after the last step.
+#[derive(Default)]
+pub struct Run {
+    pub steps: Vec<Step>,
+    pub go: Vec<GoStep>,
+    pub rollout: Option<Rollout>,
+}
+
+/// Runs the curve; `env` starts without nodes. The Go build is measured at the steps of
+/// `peer_at` when `env` has a peer; `rollout`: every provisioner restarted at once at the end.
+pub async fn run(env: &mut Env, steps: &[usize], peer_at: &[usize], rollout: bool) -> Result<Run> {
     let apiserver = env
         .cp
         .pids()
@@ -90,6 +108,7 @@ pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
     let mut previous_rss = procfs::sample(apiserver)?.rss_kib;
     let mut previous_watches = open_watches(&api_count::apiserver_metrics(&env.client).await?);
     let mut result: Vec<Step> = Vec::new();
+    let mut go = Vec::new();
     for (index, &target) in steps.iter().enumerate() {
         let before = procfs::sample(apiserver)?;
         let added = target.saturating_sub(env.nodes.len());
@@ -124,13 +143,11 @@ pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
         let idle_provisioner_requests = idle.audit.total().values().sum();
         let idle_apiserver_cpu_s = idle.others_cpu.iter().find(|(n, _)| n == "kube-apiserver").map_or(0.0, |(_, c)| *c);
 
+        let watches = open_watches(&api_count::apiserver_metrics(&env.client).await?);
+        let namespace = provisioned.spec.namespace.clone();
+        let secs = env.args.idle_secs as f64;
+        let paced = fanout::paced_changes(env, apiserver, &namespace, &names, &format!("ours-{index}"), secs).await?;
         let metrics = api_count::apiserver_metrics(&env.client).await?;
-        let watches = open_watches(&metrics);
-        let events_before = claim_watch_events(&metrics);
-        change_labels(env, &provisioned.spec.namespace, &names, index).await?;
-        tokio::time::sleep(DELIVERY).await;
-        let metrics = api_count::apiserver_metrics(&env.client).await?;
-        let events_after = claim_watch_events(&metrics);
         let pv_events_before = pv_watch_events(&metrics);
         change_pv_labels(env, &pv_names, index).await?;
         tokio::time::sleep(DELIVERY).await;
@@ -150,18 +167,48 @@ pub async fn run(env: &mut Env, steps: &[usize]) -> Result<Vec<Step>> {
             idle_requests,
             idle_provisioner_requests,
             watches,
-            watch_events_per_change: (events_after - events_before) / names.len().max(1) as f64,
+            watch_events_per_change: paced.events_per_change,
+            paced,
             pv_watch_events_per_change: (pv_events_after - pv_events_before) / pv_names.len().max(1) as f64,
         });
+        if let Some(step) = result.last() {
+            eprintln!(
+                "bench: scale curve: {} nodes: apiserver CPU {:.2} ms/claim change, {:.2} watch events/change, RSS {:.0} MiB",
+                step.nodes,
+                step.paced.cpu_ms_per_change(),
+                step.watch_events_per_change,
+                step.apiserver_rss_mib
+            );
+        }
         // The claims' share of the API server's memory stays out of the next step's delta.
         previous_rss = procfs::sample(apiserver)?.rss_kib;
         previous_watches = watches_after_adding;
+        if env.peer.is_some() && peer_at.contains(&target) {
+            go.push(fanout::go_step(env, apiserver, &namespace, &names, &format!("go-{index}")).await?);
+            previous_rss = procfs::sample(apiserver)?.rss_kib;
+            previous_watches = open_watches(&api_count::apiserver_metrics(&env.client).await?);
+        }
     }
+    let rollout = if rollout && !env.nodes.is_empty() {
+        // Its failure must not lose the curve.
+        match fanout::rollout(env, apiserver).await {
+            Ok(rollout) => Some(rollout),
+            Err(err) => {
+                eprintln!("bench: rollout failed: {err:#}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     eprintln!("bench: scale curve: deleting the claims");
     if let Some(provisioned) = &provisioned {
-        scenario::delete(env, provisioned).await?;
+        // Its failure (a thousand processes reacting at once) must not lose the curve.
+        if let Err(err) = scenario::delete(env, provisioned).await {
+            eprintln!("bench: scale curve: deleting the claims failed: {err:#}");
+        }
     }
-    Ok(result)
+    Ok(Run { steps: result, go, rollout })
 }
 
 /// Open watches by resource (`apiserver_longrunning_requests`, verb WATCH).
@@ -175,14 +222,6 @@ fn open_watches(metrics: &str) -> BTreeMap<String, f64> {
 fn is_watch_of(labels: &BTreeMap<String, String>, resource: &str) -> bool {
     let get = |k: &str| labels.get(k).map(String::as_str);
     matches!(get("verb"), Some("WATCH" | "WATCHLIST")) && get("resource") == Some(resource)
-}
-
-/// `apiserver_watch_events_total` for claims (labelled by resource or, in older releases, kind).
-fn claim_watch_events(metrics: &str) -> f64 {
-    metric_sum(metrics, "apiserver_watch_events_total", |l| {
-        l.get("resource").is_some_and(|r| r == "persistentvolumeclaims")
-            || l.get("kind").is_some_and(|k| k == "PersistentVolumeClaim")
-    })
 }
 
 /// `apiserver_watch_events_total` for PVs.
@@ -205,17 +244,6 @@ async fn change_pv_labels(env: &Env, names: &[String], step: usize) -> Result<()
     Ok(())
 }
 
-/// A label change on each of `names`: a claim change no provisioner has to act on.
-async fn change_labels(env: &Env, namespace: &str, names: &[String], step: usize) -> Result<()> {
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), namespace);
-    let patch = json!({ "metadata": { "labels": { "hpp-bench.example/step": step.to_string() } } });
-    for name in names {
-        claims.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        env.calls.add("patch", "persistentvolumeclaims");
-    }
-    Ok(())
-}
-
 /// What one added node cost, against the previous step.
 struct PerNode {
     apiserver_cpu_s: f64,
@@ -226,6 +254,8 @@ struct PerNode {
     /// compare with).
     claim_events: f64,
     pv_events: f64,
+    /// API server CPU ms per claim change (paced window), NaN on the first step.
+    cpu_ms_per_change: f64,
 }
 
 /// Per added node; `None` for a step that added no node.
@@ -242,6 +272,7 @@ fn per_added_node(steps: &[Step], i: usize) -> Option<PerNode> {
         watches: step.watches_added.iter().map(|(r, w)| (r.clone(), w / n)).collect(),
         claim_events: delta(|s| s.watch_events_per_change),
         pv_events: delta(|s| s.pv_watch_events_per_change),
+        cpu_ms_per_change: delta(|s| s.paced.cpu_ms_per_change()),
     })
 }
 
@@ -250,6 +281,7 @@ pub fn print(steps: &[Step]) {
     header.extend(["idle req/s all (provisioners; goal 0)", "claim watches (Δ/added node; goal <= 1)"]);
     header.push("PV watches (Δ/added node; label-filtered)");
     header.push("watch events per claim change (Δ/added node; goal <= 1)");
+    header.push("apiserver CPU ms per claim change (Δ/added node; goal <= 0.05)");
     header.push("watch events per PV change (Δ/added node; goal <= 1)");
     let mut t = Table::new("Scale curve: kube-apiserver cost per provisioner (node) added", &header);
     for (i, step) in steps.iter().enumerate() {
@@ -280,6 +312,15 @@ pub fn print(steps: &[Step]) {
             watch("persistentvolumeclaims"),
             watch("persistentvolumes"),
             events(step.watch_events_per_change, |p| p.claim_events),
+            format!(
+                "{:.2} ({})",
+                step.paced.cpu_ms_per_change(),
+                per.as_ref().map_or("-".into(), |p| if p.cpu_ms_per_change.is_nan() {
+                    "-".into()
+                } else {
+                    format!("{:.4}", p.cpu_ms_per_change)
+                })
+            ),
             events(step.pv_watch_events_per_change, |p| p.pv_events),
         ]);
     }
@@ -336,6 +377,162 @@ pub fn goal_rows(steps: &[Step]) -> Vec<(String, String, String)> {
     rows
 }
 
+/// Ours' figures against nodes: (CPU ms, watch events, provisioner requests) per claim
+/// change, and the provisioners' idle requests per second.
+fn our_curves(steps: &[Step]) -> [fanout::Curve; 4] {
+    let x = |s: &Step| s.nodes as f64;
+    [
+        steps.iter().map(|s| (x(s), s.paced.cpu_ms_per_change())).collect(),
+        steps.iter().map(|s| (x(s), s.watch_events_per_change)).collect(),
+        steps.iter().map(|s| (x(s), s.paced.all_requests_per_change())).collect(),
+        steps.iter().map(|s| (x(s), s.idle_provisioner_requests as f64 / s.idle_secs.max(f64::EPSILON))).collect(),
+    ]
+}
+
+/// The projection at 5,000 nodes of ours and, when measured, of the Go build.
+pub fn projections(run: &Run) -> (Projection, Option<Projection>) {
+    let [cpu, events, requests, idle] = our_curves(&run.steps);
+    let ours = Projection::from_curves(&cpu, &events, &requests, &idle);
+    let go = (run.go.len() >= 2).then(|| {
+        let (cpu, events, requests) = fanout::go_curves(&run.go);
+        Projection::from_curves(&cpu, &events, &requests, &Vec::new())
+    });
+    (ours, go)
+}
+
+/// Prints the curve, the Go build's steps, the projection and the rollout.
+pub fn print_run(run: &Run) {
+    print(&run.steps);
+    fanout::print_go(&run.go);
+    if run.steps.len() >= 2 {
+        let (ours, go) = projections(run);
+        fanout::print_projection(&ours, go.as_ref());
+    }
+    if let Some(rollout) = &run.rollout {
+        fanout::print_rollout(rollout);
+    }
+}
+
+/// Goal rows of issue #21 (fan-out and rollout) from a curve run.
+pub fn fanout_goal_rows(run: &Run) -> Vec<(String, String, String)> {
+    let steps = &run.steps;
+    let last_nodes = steps.last().map_or(0, |s| s.nodes);
+    let verdict = |ok: bool, full: bool| {
+        let v = if ok { "yes" } else { "NO" };
+        if full { v.to_string() } else { format!("{v} (other load)") }
+    };
+    let mut rows = Vec::new();
+    let [cpu, events, _, _] = our_curves(steps);
+    let at = format!("{last_nodes} nodes");
+    let (segment_events, segment_cpu) = (fanout::segment_slope(&events), fanout::segment_slope(&cpu));
+    let (fit_events, fit_cpu) = (fanout::slope(&events), fanout::slope(&cpu));
+    let full = last_nodes >= 1000;
+    if steps.len() < 2 {
+        rows.push((
+            "fan-out per added node at 1,000 nodes".to_string(),
+            "not measured (make bench BENCH_ARGS=\"--scale-curve 1,10,100,500,1000\")".to_string(),
+            "-".to_string(),
+        ));
+    } else {
+        rows.push((
+            format!(
+                "per added node at 1,000 nodes: <= {} watch event per claim change",
+                fanout::GOAL_EVENTS_PER_CHANGE
+            ),
+            format!("{segment_events:.3} (last segment, to {at}); {fit_events:.3} (fit over the steps)"),
+            verdict(segment_events.is_finite() && segment_events <= fanout::GOAL_EVENTS_PER_CHANGE, full),
+        ));
+        rows.push((
+            format!(
+                "per added node at 1,000 nodes: <= {} apiserver CPU-ms per claim change",
+                fanout::GOAL_CPU_MS_PER_CHANGE
+            ),
+            format!("{segment_cpu:.4} (last segment, to {at}); {fit_cpu:.4} (fit over the steps)"),
+            verdict(segment_cpu.is_finite() && segment_cpu <= fanout::GOAL_CPU_MS_PER_CHANGE, full),
+        ));
+        let (ours, go) = projections(run);
+        let describe = |p: &Projection| {
+            format!(
+                "{:.0} req/s, {:.2} apiserver cores, {:.0} watch events per change",
+                p.requests_per_s(),
+                p.cores(),
+                p.events_per_change
+            )
+        };
+        rows.push((
+            format!(
+                "projection at {:.0} nodes, {:.0} claim changes/s (ours vs Go)",
+                fanout::PROJECT_TO,
+                fanout::PROJECTED_CHANGES_PER_S
+            ),
+            format!(
+                "ours: {}; Go: {}",
+                describe(&ours),
+                go.as_ref().map_or("not measured (--peer)".to_string(), describe)
+            ),
+            "-".to_string(),
+        ));
+    }
+    let go: Vec<String> = run
+        .go
+        .iter()
+        .map(|g| {
+            format!(
+                "{:.3} claim GETs and {:.3} requests per node per change at {} nodes",
+                g.paced.claim_gets_per_change() / g.nodes as f64,
+                g.paced.all_requests_per_change() / g.nodes as f64,
+                g.nodes
+            )
+        })
+        .collect();
+    rows.push((
+        "Go build: claim GETs per node per claim change (10, 50 nodes)".to_string(),
+        if go.is_empty() {
+            "not measured (make bench-vs-go BENCH_ARGS=\"--scale-curve ...\")".into()
+        } else {
+            go.join("; ")
+        },
+        "-".to_string(),
+    ));
+    rows.push(match &run.rollout {
+        Some(r) => (
+            "rollout of 1,000 at once does not overload the API server (no 429/504, claim LIST p99 <= 5 s)".to_string(),
+            format!(
+                "{} at once ({} not ready): all ready in {:.1} s, {:.0} 429 / {:.0} 504, claim LIST p99 <= {} s, peak \
+                 {:.0} req/s, apiserver {:.1} CPU s, peak RSS {:.0} MiB",
+                r.nodes,
+                r.failed.len(),
+                r.all_ready_s,
+                r.throttled_429,
+                r.timeouts_504,
+                r.claim_list_p99_s.map_or("-".to_string(), |p| format!("{p}")),
+                r.peak_requests_per_s,
+                r.apiserver_cpu_s,
+                r.apiserver_peak_rss_mib
+            ),
+            verdict(r.not_overloaded(), r.nodes >= 1000),
+        ),
+        None => (
+            "rollout of 1,000 at once does not overload the API server".to_string(),
+            "not measured (the --scale-curve run ends with it)".to_string(),
+            "-".to_string(),
+        ),
+    });
+    rows
+}
+
+pub fn run_json(run: &Run) -> Value {
+    let (ours, go) = projections(run);
+    json!({
+        "curve": json(&run.steps),
+        "go": run.go.iter().map(|g| json!({ "nodes": g.nodes, "paced_claim_changes": g.paced.json(),
+            "claim_gets_per_node_per_change": g.paced.claim_gets_per_change() / g.nodes as f64 })).collect::<Vec<_>>(),
+        "projection": { "ours": ours.json(), "go": go.map(|g| g.json()) },
+        "rollout": run.rollout.as_ref().map(Rollout::json),
+        "goals": fanout_goal_rows(run).into_iter().map(|(t, m, v)| json!({"target": t, "measured": m, "met": v})).collect::<Vec<_>>(),
+    })
+}
+
 pub fn json(steps: &[Step]) -> Value {
     let rows: Vec<Value> = steps
         .iter()
@@ -354,11 +551,13 @@ pub fn json(steps: &[Step]) -> Value {
                 "idle_requests_provisioners_audit": s.idle_provisioner_requests,
                 "open_watches": s.watches,
                 "claim_watch_events_per_claim_change": s.watch_events_per_change,
+                "paced_claim_changes": s.paced.json(),
                 "pv_watch_events_per_pv_change": s.pv_watch_events_per_change,
                 "per_added_node": per.map(|p| json!({
                     "apiserver_cpu_s": p.apiserver_cpu_s, "apiserver_rss_mib": p.apiserver_rss_mib,
                     "watches": p.watches.into_iter().map(|(r, w)| (r, json!(finite(w)))).collect::<serde_json::Map<_, _>>(),
                     "claim_watch_events_per_change": finite(p.claim_events),
+                    "apiserver_cpu_ms_per_claim_change": finite(p.cpu_ms_per_change),
                     "pv_watch_events_per_change": finite(p.pv_events),
                 })),
             })
@@ -391,6 +590,7 @@ mod tests {
             watches: BTreeMap::from([("persistentvolumeclaims".to_string(), claim_watches)]),
             watches_added: BTreeMap::from([("persistentvolumeclaims".to_string(), 2.0 * added as f64)]),
             watch_events_per_change: events,
+            paced: Paced::default(),
             pv_watch_events_per_change: events / 2.0,
         }
     }
@@ -433,6 +633,6 @@ mod tests {
             metric_sum(text, "apiserver_longrunning_requests", |l| is_watch_of(l, "persistentvolumeclaims")),
             4.0
         );
-        assert_eq!(claim_watch_events(text), 17.0);
+        assert_eq!(fanout::claim_watch_events(text), 17.0);
     }
 }

@@ -187,13 +187,7 @@ pub async fn add_node_within(
 ) -> Result<SimNode> {
     let kubeconfig = cp.temp_dir().join(format!("{name}.kubeconfig"));
     cp.write_kubeconfig_for_token(&account_token(client, SA_NAMESPACE, name).await?, &kubeconfig)?;
-    let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(cp, name), &kubeconfig)
-        .env("RUST_LOG", &args.rust_log)
-        .env("POD_NAMESPACE", DEPLOY_NAMESPACE)
-        .env("PEER_SERVICE", PEER_SERVICE);
-    for (key, value) in &args.provisioner_env {
-        spec = spec.env(key, value);
-    }
+    let spec = provisioner_spec(cp, args, name);
     cp.add_node_labeled(name, name, &[]).await?;
     std::fs::create_dir_all(&spec.pool_root).with_context(|| format!("creating {}", spec.pool_root.display()))?;
     let pool_root = spec.pool_root.clone();
@@ -207,11 +201,38 @@ pub async fn add_node_within(
 
 /// Plays the kubelet's readiness probe and the EndpointSlice controller for every provisioner the
 /// bench starts, for the life of the bench.
+static MIRROR: std::sync::OnceLock<testbed::ReadinessMirror> = std::sync::OnceLock::new();
+
 fn readiness(client: &Client) -> &'static testbed::ReadinessMirror {
-    static MIRROR: std::sync::OnceLock<testbed::ReadinessMirror> = std::sync::OnceLock::new();
     MIRROR.get_or_init(|| {
         testbed::ReadinessMirror::start_with_period(client.clone(), DEPLOY_NAMESPACE, PEER_SERVICE, PROBE_PERIOD)
     })
+}
+
+/// How the provisioner of node `name` is run (its kubeconfig written by [`add_node_within`]).
+fn provisioner_spec(cp: &ControlPlane, args: &Args, name: &str) -> ProvisionerSpec {
+    let kubeconfig = cp.temp_dir().join(format!("{name}.kubeconfig"));
+    let mut spec = ProvisionerSpec::new(&args.provisioner, name, testbed::pool_root_for(cp, name), &kubeconfig)
+        .env("RUST_LOG", &args.rust_log)
+        .env("POD_NAMESPACE", DEPLOY_NAMESPACE)
+        .env("PEER_SERVICE", PEER_SERVICE);
+    for (key, value) in &args.provisioner_env {
+        spec = spec.env(key, value);
+    }
+    spec
+}
+
+/// Starts a new provisioner process for `node` (its previous one stopped), on fresh health
+/// and metrics ports: with a thousand processes' connections open, the old ports may have been
+/// taken as ephemeral ports meanwhile, so `Provisioner::restart` (same ports) cannot be used.
+/// Does not wait for it to be ready.
+pub fn respawn(cp: &ControlPlane, args: &Args, node: &mut SimNode) -> Result<()> {
+    node.provisioner.terminate();
+    node.provisioner = Provisioner::spawn(provisioner_spec(cp, args, &node.name), cp.temp_dir())?;
+    if let Some(mirror) = MIRROR.get() {
+        mirror.add(&node.name, node.provisioner.health_addr());
+    }
+    Ok(())
 }
 
 /// Binds the deploy ClusterRole, and the deploy Role of the node leases, to the group of all
