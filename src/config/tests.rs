@@ -263,12 +263,14 @@ fn require_mountpoint_yes_1_and_on_turn_the_check_on() {
 
 #[test]
 fn typed_settings_are_refused_by_validate_naming_the_env_var() {
-    let cases: [(&str, &str, &str); 5] = [
+    let cases: [(&str, &str, &str); 7] = [
         ("--log-format", "xml", "LOG_FORMAT"),
         ("--pv-capacity", "all", "PV_CAPACITY"),
         ("--max-concurrency", "many", "MAX_CONCURRENCY"),
         ("--max-concurrency", "0", "MAX_CONCURRENCY"),
         ("--node-lease-seconds", "-5", "NODE_LEASE_SECONDS"),
+        ("--peer-service", "Peers_Service", "PEER_SERVICE"),
+        ("--peer-service", "a.b", "PEER_SERVICE"),
     ];
     for (flag, value, setting) in cases {
         let flag_value = format!("{flag}={value}");
@@ -278,6 +280,9 @@ fn typed_settings_are_refused_by_validate_naming_the_env_var() {
         assert!(e.starts_with(&format!("{setting}: ")), "{flag} {value}: {e}");
         assert!(!e.contains('\n'), "one line: {e:?}");
     }
+    assert_eq!(parse_on_node(&["--pv-dir", "/p"]).unwrap().peer_service, None, "renewed Leases unless set");
+    let c = parse_on_node(&["--pv-dir", "/p", "--peer-service", " hpp-peers "]).unwrap();
+    assert_eq!(c.peer_service.as_deref(), Some("hpp-peers"));
     let c = parse_on_node(&["--pv-dir", "/p", "--log-format", "JSON", "--pv-capacity", "Filesystem"]).unwrap();
     assert_eq!((c.log_format, c.pv_capacity), (LogFormat::Json, PvCapacity::Filesystem));
 }

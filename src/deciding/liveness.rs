@@ -46,6 +46,20 @@ pub fn ready_nodes(slices: &[EndpointSlice]) -> BTreeSet<String> {
         .collect()
 }
 
+/// Why the slices listed for the peers Service cannot be a view of the cluster, if they cannot:
+/// none at all means no such Service selects a pod (a typo in PEER_SERVICE, the Service not
+/// applied, the EndpointSlice controller not running). Deciding on that empty view would count
+/// every node gone (this one too), so no node would act and each would remove the others'
+/// published capacity: the caller reports it and waits instead.
+pub fn unusable_view(slices: &[EndpointSlice], service: &str, namespace: &str) -> Option<String> {
+    slices.is_empty().then(|| {
+        format!(
+            "no EndpointSlice of Service {service} in namespace {namespace}: liveness from readiness (PEER_SERVICE) \
+             needs that headless Service selecting the provisioner pods and the EndpointSlice controller"
+        )
+    })
+}
+
 /// The pools each node's Lease advertises, by node (the Lease's holder).
 pub fn advertised_pools(leases: &[Lease]) -> BTreeMap<String, Vec<PoolKey>> {
     leases
@@ -141,6 +155,16 @@ mod tests {
             BTreeSet::from(["not-ready".to_owned(), "ready".to_owned(), "unknown".to_owned()])
         );
         assert!(ready_nodes(&[]).is_empty());
+    }
+
+    #[test]
+    fn no_slice_at_all_is_a_misconfiguration_not_a_cluster_without_live_nodes() {
+        let reason = unusable_view(&[], "hpp-peers", "ns").expect("refused");
+        assert!(reason.contains("hpp-peers") && reason.contains("ns") && reason.contains("PEER_SERVICE"), "{reason}");
+        // A slice whose endpoints are all not ready is a view: every node is gone.
+        let all_down = [slice(vec![endpoint(Some("a"), Some(false), None)])];
+        assert_eq!(unusable_view(&all_down, "hpp-peers", "ns"), None);
+        assert!(ready_nodes(&all_down).is_empty());
     }
 
     #[test]

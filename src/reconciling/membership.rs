@@ -51,6 +51,7 @@ enum Source {
 /// This node's lease and the view of the others'.
 pub struct Membership {
     api: Api<Lease>,
+    namespace: String,
     source: Source,
     lease_name: String,
     selector: String,
@@ -101,6 +102,7 @@ impl Membership {
         };
         Membership {
             api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
             source,
             lease_name: format!("hpp-{provisioner_hash}-{}", layout::node_label_value(node)),
             selector: format!("{}={provisioner_hash}", keys::LEASE_PROVISIONER_LABEL),
@@ -206,7 +208,16 @@ impl Membership {
             // Served from the API server's cache (resourceVersion 0): liveness is a few seconds
             // stale anyway, and etcd is not read.
             let params = ListParams::default().labels(selector).match_any();
-            let ready = liveness::ready_nodes(&slices.list(&params).await?.items);
+            let listed = slices.list(&params).await?.items;
+            let service = selector.rsplit('=').next().unwrap_or_default();
+            if let Some(reason) = liveness::unusable_view(&listed, service, &self.namespace) {
+                tracing::warn!(%reason, "cannot tell which nodes are live; shared and every-node work waits");
+                // An error, so that callers wait and retry instead of deciding on nothing.
+                return Err(kube::Error::Api(
+                    kube::core::Status::failure(&reason, "ServiceUnavailable").with_code(503).boxed(),
+                ));
+            }
+            let ready = liveness::ready_nodes(&listed);
             let leases = self.api.list(&ListParams::default().labels(&self.selector).match_any()).await?.items;
             let my_pools = self.my_pools.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let mut all = liveness::live_nodes(
