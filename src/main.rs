@@ -4,11 +4,17 @@ use clap::Parser;
 use futures::FutureExt;
 use hostpath_provisioner::config::{self, Args, Config, LogFormat};
 use hostpath_provisioner::reconciling::controller;
-use hostpath_provisioner::serving::build_info;
+use hostpath_provisioner::serving::{build_info, heap};
 use kube::config::KubeConfigOptions;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Before any thread exists (serving::heap: why two threads and two arenas).
+    heap::limit_arenas();
+    let workers = heap::worker_threads(std::env::var("TOKIO_WORKER_THREADS").ok().as_deref());
+    tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()?.block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     // Subcommands: `doctor` (this node's storage health), `check-volume DIR` (the Helm chart's
     // test pod), `operator` (the operator of HostPathProvisioner resources, src/operating) and
     // `pool-mount` (its per-node mounter). Anything else is the daemon, whose command line takes

@@ -3,15 +3,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus,
-    TypedLocalObjectReference, VolumeNodeAffinity, VolumeResourceRequirements,
+    HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeStatus, TypedLocalObjectReference, VolumeNodeAffinity,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use crate::deciding::identity::Identity;
+use crate::deciding::kept_volume::{KeptVolume, KeptVolumeFields, KeptVolumeSpec};
 use crate::deciding::layout::PoolPath;
 use crate::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy, PvCapacity};
 
@@ -129,13 +130,13 @@ impl ClaimBuilder {
 }
 
 /// A PV builder.
-pub struct PvBuilder(pub PersistentVolume);
+pub struct PvBuilder(pub KeptVolume);
 
 /// A PV of ours named after [`UID`], shaped as the Go build writes it (provisioned-by and identity
 /// annotations, a hostPath without type, reclaim policy Delete, no labels), in `phase`, pinned to
 /// no node until [`PvBuilder::owner_annotation`] or [`PvBuilder::hostname_affinity`] says so.
 pub fn pv(host_path: &str, phase: &str) -> PvBuilder {
-    PvBuilder(PersistentVolume {
+    PvBuilder(KeptVolume::from(KeptVolumeFields {
         metadata: ObjectMeta {
             name: Some(format!("pvc-{UID}")),
             annotations: Some(BTreeMap::from([
@@ -144,13 +145,13 @@ pub fn pv(host_path: &str, phase: &str) -> PvBuilder {
             ])),
             ..Default::default()
         },
-        spec: Some(PersistentVolumeSpec {
+        spec: Some(KeptVolumeSpec {
             persistent_volume_reclaim_policy: Some("Delete".into()),
             host_path: Some(HostPathVolumeSource { path: host_path.to_owned(), type_: None }),
             ..Default::default()
         }),
         status: Some(PersistentVolumeStatus { phase: Some(phase.into()), ..Default::default() }),
-    })
+    }))
 }
 
 impl PvBuilder {
@@ -179,7 +180,7 @@ impl PvBuilder {
         });
         self
     }
-    pub fn build(self) -> PersistentVolume {
+    pub fn build(self) -> KeptVolume {
         self.0
     }
 }

@@ -66,6 +66,9 @@ fuzz_target!(|input: VolumeInput| {
                 DeleteRefusal::OwnerMismatch { .. } => {
                     panic!("owner mismatch reported for a PV without our node label")
                 }
+                DeleteRefusal::NoNodeServesPath { .. } => {
+                    panic!("a node-owned PV refused for want of a node serving its pool: {refusal}")
+                }
                 DeleteRefusal::UnsafePath { path, refusal } => {
                     assert_eq!(Some(path.as_str()), host_path);
                     assert_eq!(model_accept(path, pv_name, &pools), None, "refused {path:?}: {refusal}");

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
+use hostpath_provisioner::deciding::kept_volume::KeptVolume;
 use hostpath_provisioner::deciding::identity::Identity;
 use hostpath_provisioner::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy, PvCapacity};
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath, PoolPath};
@@ -715,8 +716,8 @@ impl VolumeInput {
         })
     }
 
-    /// The PV as the API server would return it.
-    pub fn pv(&self) -> PersistentVolume {
+    /// The PV as the API server would return it, as a node keeps it.
+    pub fn pv(&self) -> KeptVolume {
         let name = self.pv_name();
         let spec = PersistentVolumeSpec {
             persistent_volume_reclaim_policy: self.reclaim_policy.as_ref().map(|r| r.render("Delete", "Retain")),
@@ -737,7 +738,7 @@ impl VolumeInput {
             }),
             ..Default::default()
         };
-        PersistentVolume {
+        let pv = PersistentVolume {
             metadata: ObjectMeta {
                 name,
                 annotations: self.annotations.as_ref().map(|a| annotations(a)),
@@ -749,13 +750,14 @@ impl VolumeInput {
                 .phase
                 .as_ref()
                 .map(|p| PersistentVolumeStatus { phase: Some(p.render("Released", "Bound")), ..Default::default() }),
-        }
+        };
+        pv.into()
     }
 }
 
 /// The reference model's owner rule (docs/architecture.md, compatibility contract item 6): the provisionOnNode annotation, else
 /// a single `kubernetes.io/hostname In [value]` affinity naming this node or its hostname label.
-pub fn model_owned_here(pv: &PersistentVolume) -> bool {
+pub fn model_owned_here(pv: &KeptVolume) -> bool {
     if let Some(node) = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISION_ON_NODE)) {
         return node == NODE;
     }

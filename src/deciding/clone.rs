@@ -2,11 +2,12 @@
 //! in the same namespace gets a copy of that claim's volume. Pure decisions: is the clone
 //! accepted, may it start yet, which node copies, and how each filesystem copies.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
 
 use crate::deciding::capacity::parse_bytes;
 use crate::deciding::class::claim_class_name;
 use crate::deciding::identity::Identity;
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{self, PoolPath};
 use crate::deciding::quota::QuotaMode;
 use crate::deciding::refusal::CloneRefusal;
@@ -131,7 +132,7 @@ fn storage_request(claim: &PersistentVolumeClaim) -> Option<&str> {
 pub fn check_source(
     clone: CloneRequest<'_>,
     source: Option<&PersistentVolumeClaim>,
-    source_pv: Option<&PersistentVolume>,
+    source_pv: Option<&KeptVolume>,
     me: &Identity,
 ) -> SourceVerdict {
     let name = clone.source_name;

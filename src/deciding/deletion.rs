@@ -21,8 +21,7 @@
 //! The exhaustive model in `deletion/model.rs` checks these rules over every interleaving of
 //! three nodes' steps, with crashes and lost answers between any two.
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::volume::is_protected;
 
 /// The one request that lets a PV go once its directory is moved aside, sent with the uid and
@@ -43,7 +42,7 @@ pub enum LetGo {
 }
 
 /// How a PV decided for deletion is let go.
-pub fn how_to_let_go(pv: &PersistentVolume) -> LetGo {
+pub fn how_to_let_go(pv: &KeptVolume) -> LetGo {
     if pv.metadata.deletion_timestamp.is_some() {
         LetGo::DropProtection
     } else {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::deciding::capacity::{CapacityAccounting, PoolRoom, ShortOfSpace, format_binary_si, round_down_pretty};
@@ -14,6 +14,7 @@ use crate::deciding::claim::{Decision, ProvisionPlan, SkipReason, annotated_for_
 use crate::deciding::class::{BindingMode, claim_class_name, class_request};
 use crate::deciding::clone::{self, CloneActor, CloneRequest, Placement, SourceVerdict};
 use crate::deciding::identity::Identity;
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
 use crate::deciding::quota::{self, QuotaFacts, QuotaMode, QuotaRefusal, VolumeQuota};
 use crate::deciding::refusal::Refusal;
@@ -133,7 +134,7 @@ pub struct SourceFacts<'a> {
     /// The source claim, if it exists.
     pub claim: Option<&'a PersistentVolumeClaim>,
     /// The PV it is bound to, if any and visible.
-    pub pv: Option<&'a PersistentVolume>,
+    pub pv: Option<&'a KeptVolume>,
     /// Whether the directory the PV names is a quota volume of the pool (asked only for enforce
     /// classes; `None` when not asked or not a directory of the pool).
     pub is_quota_volume: Option<bool>,
@@ -155,7 +156,7 @@ pub struct ClaimFacts<'a> {
     /// The clone's source (when the claim names one).
     pub source: Option<SourceFacts<'a>>,
     /// The PV named `pvc-<uid>`, if it exists.
-    pub existing_pv: Option<&'a PersistentVolume>,
+    pub existing_pv: Option<&'a KeptVolume>,
     /// A PV other than `pvc-<uid>` pre-bound to the claim (`deciding::static_binding`).
     pub pre_bound_pv: Option<&'a str>,
     /// The pool the class names.
@@ -552,7 +553,7 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
 }
 
 /// The uid of the claim a PV is bound to (empty when none).
-pub fn bound_claim_uid(pv: &PersistentVolume) -> &str {
+pub fn bound_claim_uid(pv: &KeptVolume) -> &str {
     pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.as_deref()).unwrap_or_default()
 }
 

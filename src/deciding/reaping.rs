@@ -7,15 +7,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::volume::owner_node;
 use crate::keys;
 
 /// What the reconciler knows in one pass.
 pub struct ReapFacts<'a> {
     /// Every PV (the pass lists them).
-    pub pvs: &'a [PersistentVolume],
+    pub pvs: &'a [KeptVolume],
     /// Which of the owners named by [`owners_to_check`] still have a Node object.
     pub nodes: &'a BTreeSet<String>,
     /// When this node first saw each owner missing (kept between passes, empty after a restart:
@@ -89,7 +88,7 @@ pub fn plan_reaping(facts: &ReapFacts<'_>) -> ReapPlan {
 }
 
 /// The owners whose Node objects the reconciler must look up (one GET each) for this pass.
-pub fn owners_to_check<'a>(pvs: &'a [PersistentVolume], provisioner: &str) -> BTreeSet<&'a str> {
+pub fn owners_to_check<'a>(pvs: &'a [KeptVolume], provisioner: &str) -> BTreeSet<&'a str> {
     pvs.iter().filter_map(|pv| reapable_owner(pv, provisioner)).collect()
 }
 
@@ -97,7 +96,7 @@ pub fn owners_to_check<'a>(pvs: &'a [PersistentVolume], provisioner: &str) -> BT
 /// the only PVs whose owner would delete them, were it alive. Retain keeps everything. Only PVs
 /// that name their node in `kubevirt.io/provisionOnNode` (every PV since 2019): older ones name
 /// a hostname label value, which is not a Node name that a lookup could disprove.
-fn reapable_owner<'a>(pv: &'a PersistentVolume, provisioner: &str) -> Option<&'a str> {
+fn reapable_owner<'a>(pv: &'a KeptVolume, provisioner: &str) -> Option<&'a str> {
     let annotations = pv.metadata.annotations.as_ref()?;
     if annotations.get(keys::PROVISIONED_BY).map(String::as_str) != Some(provisioner) {
         return None;
@@ -121,7 +120,7 @@ mod tests {
 
     const GONE: &str = "node-gone";
 
-    fn pv_of(node: &str, name: &str, phase: &str, policy: &str) -> PersistentVolume {
+    fn pv_of(node: &str, name: &str, phase: &str, policy: &str) -> KeptVolume {
         let mut pv = crate::test_fixtures::pv(&format!("/var/hpvolumes/{name}"), phase).owner_annotation(node).build();
         pv.metadata.name = Some(name.into());
         pv.metadata.uid = Some(format!("uid-{name}"));
@@ -130,7 +129,7 @@ mod tests {
         pv
     }
 
-    fn plan(pvs: &[PersistentVolume], absent: &BTreeMap<String, Instant>, now: Instant) -> ReapPlan {
+    fn plan(pvs: &[KeptVolume], absent: &BTreeMap<String, Instant>, now: Instant) -> ReapPlan {
         let nodes: BTreeSet<String> = [NODE.to_owned()].into();
         plan_reaping(&ReapFacts {
             pvs,

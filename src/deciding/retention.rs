@@ -8,11 +8,12 @@
 //! object that becomes relevant is seen whole again: every watch event carries the entire object.
 //! So memory grows with what this node has to act on, not with the cluster.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
 
 use crate::deciding::capacity::parse_bytes;
 use crate::deciding::claim::{Interest, claim_interest};
 use crate::deciding::identity::Identity;
+use crate::deciding::kept_volume::KeptVolume;
 use crate::keys;
 
 /// Whether this node keeps `claim` in memory: a claim it may provision or must explain (any
@@ -77,7 +78,7 @@ pub fn trim_claim(claim: &mut PersistentVolumeClaim, me: &Identity) {
 /// Whether this node keeps a PV without a node label: one of this provisioner's (made by the Go
 /// build, or shared or every-node: the volume reconciler decides on those), or one still unbound
 /// that names a claim (deciding::static_binding looks for such PVs before provisioning).
-pub fn keep_unlabelled_volume(pv: &PersistentVolume, me: &Identity) -> bool {
+pub fn keep_unlabelled_volume(pv: &KeptVolume, me: &Identity) -> bool {
     let annotations = pv.metadata.annotations.as_ref();
     let ours = annotations.and_then(|a| a.get(keys::PROVISIONED_BY)).is_some_and(|p| *p == me.provisioner)
         || annotations.is_some_and(|a| a.contains_key(keys::PROVISIONER_IDENTITY));

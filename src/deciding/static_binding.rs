@@ -10,16 +10,17 @@
 //! in the same moment) is that case's only rescue, so this node makes the same check on the PVs it
 //! watches, and leaves such a claim to the PV controller.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 use crate::deciding::capacity::parse_bytes;
+use crate::deciding::kept_volume::KeptVolume;
 
 /// The name of a PV the PV controller would bind `claim` to rather than have one provisioned:
 /// pre-bound to the claim (namespace and name; the uid, if set, the claim's), not being deleted,
 /// of the claim's volume mode and at least its request, as the PV controller requires.
 pub fn pre_bound_volume<'a>(
     claim: &PersistentVolumeClaim,
-    volumes: impl IntoIterator<Item = &'a PersistentVolume>,
+    volumes: impl IntoIterator<Item = &'a KeptVolume>,
 ) -> Option<String> {
     let spec = claim.spec.as_ref()?;
     let bytes = |quantity: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
@@ -45,18 +46,19 @@ pub fn pre_bound_volume<'a>(
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeSpec};
+    use k8s_openapi::api::core::v1::ObjectReference;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
+    use crate::deciding::kept_volume::{KeptVolumeFields, KeptVolumeSpec};
     use crate::test_fixtures::*;
 
-    fn static_pv(size: &str, claim_ref: Option<(&str, &str, Option<&str>)>) -> PersistentVolume {
-        PersistentVolume {
+    fn static_pv(size: &str, claim_ref: Option<(&str, &str, Option<&str>)>) -> KeptVolume {
+        KeptVolume::from(KeptVolumeFields {
             metadata: ObjectMeta { name: Some("static".into()), ..Default::default() },
-            spec: Some(PersistentVolumeSpec {
-                capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity(size.into()))])),
+            spec: Some(KeptVolumeSpec {
+                capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity(size.into()))]).into()),
                 access_modes: Some(vec!["ReadWriteOnce".into()]),
                 claim_ref: claim_ref.map(|(namespace, name, uid)| ObjectReference {
                     namespace: Some(namespace.into()),
@@ -67,7 +69,7 @@ mod tests {
                 ..Default::default()
             }),
             status: None,
-        }
+        })
     }
 
     #[test]

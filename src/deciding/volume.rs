@@ -1,10 +1,9 @@
 //! Whether this node deletes a PV and its directory (docs/architecture.md: compatibility contract item 6, deletion rules). Pure.
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-
 use std::time::Duration;
 
 use crate::deciding::identity::Identity;
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{self, AcceptedPath, PathRefusal, PoolPath};
 use crate::deciding::topology::{self, Acting, LiveNode, Topology};
 use crate::keys;
@@ -84,7 +83,7 @@ pub enum VolumeShape {
 /// Reads the shape: a PV with an owning node is node-shaped; one with our topology label says
 /// so; one with neither (the torchbox and kubeboost builds wrote no affinity) is shared when its
 /// directory lies in a shared pool and every-node when in a local one.
-pub fn volume_shape(pv: &PersistentVolume, pools: &[PoolPath]) -> VolumeShape {
+pub fn volume_shape(pv: &KeptVolume, pools: &[PoolPath]) -> VolumeShape {
     if owner_node(pv).is_some() {
         return VolumeShape::Node;
     }
@@ -151,14 +150,14 @@ pub enum DeleteRefusal {
 
 /// The directory of a PV of ours: `spec.hostPath.path`, or `spec.local.path` for a class with
 /// `volumeType: local`. Every decision about a PV's data reads its path through this.
-pub fn volume_path(pv: &PersistentVolume) -> Option<&str> {
+pub fn volume_path(pv: &KeptVolume) -> Option<&str> {
     let spec = pv.spec.as_ref()?;
     spec.host_path.as_ref().map(|h| h.path.as_str()).or_else(|| spec.local.as_ref().map(|l| l.path.as_str()))
 }
 
 /// The requests promised in the pool at `root`: the capacity of every PV whose directory is in it
 /// (any phase: a Released volume's data is still there until it is removed).
-pub fn promised_bytes<'a>(pvs: impl IntoIterator<Item = &'a PersistentVolume>, root: &std::path::Path) -> u64 {
+pub fn promised_bytes<'a>(pvs: impl IntoIterator<Item = &'a KeptVolume>, root: &std::path::Path) -> u64 {
     pvs.into_iter()
         .filter(|pv| volume_path(pv).and_then(|p| layout::normalise(p).ok()).is_some_and(|p| p.parent() == Some(root)))
         .filter_map(|pv| {
@@ -174,7 +173,7 @@ pub fn promised_bytes<'a>(pvs: impl IntoIterator<Item = &'a PersistentVolume>, r
 
 /// The node that owns a PV: the `kubevirt.io/provisionOnNode` annotation, or for PVs lacking it
 /// (written before August 2019) the single value of its `kubernetes.io/hostname` node affinity.
-pub fn owner_node(pv: &PersistentVolume) -> Option<&str> {
+pub fn owner_node(pv: &KeptVolume) -> Option<&str> {
     if let Some(node) = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISION_ON_NODE)) {
         return Some(node);
     }
@@ -194,7 +193,7 @@ pub fn owner_node(pv: &PersistentVolume) -> Option<&str> {
 /// legacy affinity-only PVs may carry instead of the node name. `live` (this node included when
 /// it serves a pool) is read only for shared and every-node PVs.
 pub fn decide_volume(
-    pv: &PersistentVolume,
+    pv: &KeptVolume,
     me: &Identity,
     my_hostname: &str,
     pools: &[PoolPath],
@@ -207,8 +206,8 @@ pub fn decide_volume(
     }
 }
 
-fn decide_node_volume(pv: &PersistentVolume, me: &Identity, my_hostname: &str, pools: &[PoolPath]) -> VolumeDecision {
-    let owned = |pv: &PersistentVolume| {
+fn decide_node_volume(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[PoolPath]) -> VolumeDecision {
+    let owned = |pv: &KeptVolume| {
         owner_node(pv).is_some_and(|owner| owner == me.node || (!has_owner_annotation(pv) && owner == my_hostname))
     };
     if retained_but_protected(pv, me) && owned(pv) {
@@ -235,7 +234,7 @@ fn decide_node_volume(pv: &PersistentVolume, me: &Identity, my_hostname: &str, p
 }
 
 /// A shared volume has one directory: the node the ranking picks removes it and the PV.
-fn decide_shared_volume(pv: &PersistentVolume, me: &Identity, pools: &[PoolPath], live: &[LiveNode]) -> VolumeDecision {
+fn decide_shared_volume(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], live: &[LiveNode]) -> VolumeDecision {
     let key = pv.metadata.name.as_deref().unwrap_or_default();
     if retained_but_protected(pv, me) {
         return speak(key, me, live, VolumeDecision::DropProtection);
@@ -264,7 +263,7 @@ fn decide_shared_volume(pv: &PersistentVolume, me: &Identity, pools: &[PoolPath]
 
 /// A shared or every-node PV whose directory is in none of this node's pools: another live node
 /// may serve its pool; if none does, one node says so.
-fn outside_my_pools(pv: &PersistentVolume, me: &Identity, live: &[LiveNode]) -> VolumeDecision {
+fn outside_my_pools(pv: &KeptVolume, me: &Identity, live: &[LiveNode]) -> VolumeDecision {
     let key = pv.metadata.name.as_deref().unwrap_or_default();
     let path = volume_path(pv).unwrap_or_default().to_owned();
     let parent = layout::normalise(&path)
@@ -282,12 +281,7 @@ fn outside_my_pools(pv: &PersistentVolume, me: &Identity, live: &[LiveNode]) -> 
 }
 
 /// An every-node volume has a copy on each node: each node keeps its own in step with the PV.
-fn decide_every_node_volume(
-    pv: &PersistentVolume,
-    me: &Identity,
-    pools: &[PoolPath],
-    live: &[LiveNode],
-) -> VolumeDecision {
+fn decide_every_node_volume(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], live: &[LiveNode]) -> VolumeDecision {
     let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY));
     if provisioned_by != Some(&me.provisioner) {
         return VolumeDecision::Ignore(Ignore::NotOurs);
@@ -339,13 +333,13 @@ fn decide_every_node_volume(
 }
 
 /// Whether our deletion-protection finalizer holds the PV.
-pub fn is_protected(pv: &PersistentVolume) -> bool {
+pub fn is_protected(pv: &KeptVolume) -> bool {
     pv.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == keys::PROTECTION_FINALIZER))
 }
 
 /// A PV of ours deleted by hand under the Retain policy while our finalizer holds it, once no
 /// claim uses it: the data stays, the PV may go.
-fn retained_but_protected(pv: &PersistentVolume, me: &Identity) -> bool {
+fn retained_but_protected(pv: &KeptVolume, me: &Identity) -> bool {
     let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY));
     pv.metadata.deletion_timestamp.is_some()
         && is_protected(pv)
@@ -355,7 +349,7 @@ fn retained_but_protected(pv: &PersistentVolume, me: &Identity) -> bool {
 }
 
 /// The silent reasons not to delete a PV at all.
-fn not_to_delete(pv: &PersistentVolume, me: &Identity) -> Option<Ignore> {
+fn not_to_delete(pv: &KeptVolume, me: &Identity) -> Option<Ignore> {
     let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
     if pv.metadata.deletion_timestamp.is_some() {
         // Deleted by hand: without our finalizer the PV is gone already as far as we can act;
@@ -380,7 +374,7 @@ fn not_to_delete(pv: &PersistentVolume, me: &Identity) -> Option<Ignore> {
 }
 
 /// The PV's directory, if its path passes the rules of deletion.
-fn accepted_path(pv: &PersistentVolume, pools: &[PoolPath]) -> Result<AcceptedPath, DeleteRefusal> {
+fn accepted_path(pv: &KeptVolume, pools: &[PoolPath]) -> Result<AcceptedPath, DeleteRefusal> {
     let Some(path) = volume_path(pv) else {
         return Err(DeleteRefusal::NoHostPath);
     };
@@ -398,11 +392,11 @@ fn speak(key: &str, me: &Identity, live: &[LiveNode], decision: VolumeDecision) 
 }
 
 /// The value of our node label on the PV.
-fn labelled_for(pv: &PersistentVolume) -> Option<String> {
+fn labelled_for(pv: &KeptVolume) -> Option<String> {
     pv.metadata.labels.as_ref().and_then(|l| l.get(keys::NODE_LABEL)).cloned()
 }
 
-fn has_owner_annotation(pv: &PersistentVolume) -> bool {
+fn has_owner_annotation(pv: &KeptVolume) -> bool {
     pv.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(keys::PROVISION_ON_NODE))
 }
 
@@ -416,7 +410,7 @@ mod tests {
     use crate::test_fixtures::*;
 
     /// A PV shaped exactly like the Go build writes it (no labels, no hostPath type), released.
-    fn go_pv(dir: &str, owner_annotation: Option<&str>, affinity_node: &str) -> PersistentVolume {
+    fn go_pv(dir: &str, owner_annotation: Option<&str>, affinity_node: &str) -> KeptVolume {
         let pv = pv(&format!("/var/hpvolumes/{dir}"), "Released").hostname_affinity(affinity_node);
         match owner_annotation {
             Some(node) => pv.owner_annotation(node).build(),
@@ -424,7 +418,7 @@ mod tests {
         }
     }
 
-    fn decide(pv: &PersistentVolume) -> VolumeDecision {
+    fn decide(pv: &KeptVolume) -> VolumeDecision {
         decide_volume(pv, &me(), "node-a-host", &config().pools, &[])
     }
 
@@ -472,7 +466,7 @@ mod tests {
 
     /// A PV without an owning node, as the torchbox (shared) or kubeboost (every-node) builds
     /// wrote them, or with our topology label.
-    fn unpinned_pv(path: &str, topology: Option<&str>, phase: &str) -> PersistentVolume {
+    fn unpinned_pv(path: &str, topology: Option<&str>, phase: &str) -> KeptVolume {
         let mut pv = go_pv(&pv_dir(), None, NODE);
         pv.spec.as_mut().unwrap().node_affinity = None;
         pv.spec.as_mut().unwrap().host_path.as_mut().unwrap().path = path.into();
@@ -494,7 +488,7 @@ mod tests {
             .collect()
     }
 
-    fn decide_as(node: &str, pv: &PersistentVolume, live: &[LiveNode]) -> VolumeDecision {
+    fn decide_as(node: &str, pv: &KeptVolume, live: &[LiveNode]) -> VolumeDecision {
         let me = Identity { node: node.into(), ..me() };
         decide_volume(pv, &me, node, &shape_pools(), live)
     }

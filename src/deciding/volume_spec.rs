@@ -202,7 +202,10 @@ mod tests {
         assert!(spec.node_affinity.is_some(), "a local PV needs its node affinity");
         assert_eq!(pv.metadata.annotations.as_ref().unwrap()[keys::PROVISION_ON_NODE], NODE);
         // Its path is read, and accepted for deletion, like a hostPath PV's.
-        assert_eq!(crate::deciding::volume::volume_path(&pv), Some(format!("/var/hpvolumes/pvc-{UID}").as_str()));
+        assert_eq!(
+            crate::deciding::volume::volume_path(&pv.clone().into()),
+            Some(format!("/var/hpvolumes/pvc-{UID}").as_str())
+        );
         assert!(
             layout::accept_delete_path(&format!("/var/hpvolumes/pvc-{UID}"), &plan.pv_name, &config().pools).is_ok()
         );

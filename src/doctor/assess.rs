@@ -5,9 +5,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-
 use crate::deciding::identity::Identity;
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{self, AcceptedPath, PoolPath};
 use crate::deciding::volume::{VolumeShape, owner_node, volume_shape};
 use crate::doctor::report::{ApiCheck, Finding, PoolReport, Severity};
@@ -40,12 +39,7 @@ const CONTAINER_FILE_TYPE: &str = "container_file_t";
 /// on their way out, under one of this node's pools, in a layout of the PV's own name, and either
 /// pinned to this node (by annotation, or by hostname affinity for PVs older than it), on a shared
 /// pool, or every-node (a copy on each node).
-pub fn volume_here(
-    pv: &PersistentVolume,
-    me: &Identity,
-    my_hostname: &str,
-    pools: &[PoolPath],
-) -> Option<AcceptedPath> {
+pub fn volume_here(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[PoolPath]) -> Option<AcceptedPath> {
     let annotations = pv.metadata.annotations.as_ref();
     if annotations.and_then(|a| a.get(keys::PROVISIONED_BY)) != Some(&me.provisioner) {
         return None;
@@ -276,7 +270,7 @@ mod tests {
         vec![PoolPath::local("legacy", "/var/hpvolumes"), PoolPath::shared("nfs", "/mnt/nfs")]
     }
 
-    fn pv(path: &str, owner: Option<&str>) -> PersistentVolume {
+    fn pv(path: &str, owner: Option<&str>) -> KeptVolume {
         let pv = fixtures::pv(path, "Bound");
         match owner {
             Some(node) => pv.owner_annotation(node).build(),
@@ -284,7 +278,7 @@ mod tests {
         }
     }
 
-    fn here(pv: &PersistentVolume) -> Option<(String, String)> {
+    fn here(pv: &KeptVolume) -> Option<(String, String)> {
         volume_here(pv, &me(), "host-a", &pools()).map(|a| (a.pool, a.dir_name))
     }
 

@@ -1,11 +1,12 @@
 //! The doctor's I/O edge: what the pools' filesystems and the API server say. Every decision on
 //! these facts is in [`crate::doctor::assess`].
 
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::quota::QuotaCapability;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use kube::api::{Api, ListParams};
 use kube::config::KubeConfigOptions;
 
@@ -26,7 +27,7 @@ const API_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug, Default)]
 pub struct ClusterFacts {
     /// Every PV.
-    pub pvs: Vec<PersistentVolume>,
+    pub pvs: Vec<KeptVolume>,
     /// UIDs of every claim.
     pub claim_uids: HashSet<String>,
     /// This node's `kubernetes.io/hostname` label (the node name when absent).
@@ -57,7 +58,7 @@ async fn list(config: &Config) -> Result<ClusterFacts, DoctorError> {
     };
     let client = kube::Client::try_from(kube_config).map_err(|e| client_error(&e))?;
     let api = |op| move |source| DoctorError::Api { op, source };
-    let pvs = list_all(Api::<PersistentVolume>::all(client.clone())).await.map_err(api("list PersistentVolumes"))?;
+    let pvs = list_all(Api::<KeptVolume>::all(client.clone())).await.map_err(api("list PersistentVolumes"))?;
     let claims = list_all(Api::<PersistentVolumeClaim>::all(client.clone()))
         .await
         .map_err(api("list PersistentVolumeClaims"))?;

@@ -4,11 +4,12 @@
 //! claim away under live volumes): the operator removes them itself, under the hold-back rule.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
 use super::error::OperatorError;
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::operator::pool_claims::{NODE_ANNOTATION, PATH_ANNOTATION, POOL_LABEL, PoolObjects};
 use crate::deciding::operator::pool_plan::{self, Existing, Kind};
 use crate::deciding::operator::render::{NodePlacement, OWNER_LABEL, PoolOnClaim};
@@ -41,7 +42,7 @@ pub struct Found {
     claims: Vec<PersistentVolumeClaim>,
     mounters: Vec<Deployment>,
     nodes: Vec<Node>,
-    pvs: Vec<PersistentVolume>,
+    pvs: Vec<KeptVolume>,
 }
 
 /// Reads the resource's pool claims and mounters, and when there are any (or `pools` is not
@@ -63,7 +64,7 @@ pub async fn read(target: &Target<'_>, any_pools: bool) -> Result<Found, Operato
         .await
         .map_err(|e| OperatorError::api("list the nodes for the pool claims", e))?
         .items;
-    let pvs = Api::<PersistentVolume>::all(target.client.clone())
+    let pvs = Api::<KeptVolume>::all(target.client.clone())
         .list(&ListParams::default())
         .await
         .map_err(|e| OperatorError::api("list the PersistentVolumes that may hold a pool back", e))?

@@ -6,10 +6,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::pv_name;
 use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, SourceFacts};
 use crate::deciding::reservations::Reservations;
@@ -26,9 +27,9 @@ pub struct Gathered {
     live: Vec<LiveNode>,
     source_name: Option<String>,
     source_claim: Option<PersistentVolumeClaim>,
-    source_pv: Option<PersistentVolume>,
+    source_pv: Option<KeptVolume>,
     source_is_quota_volume: Option<bool>,
-    existing_pv: Option<PersistentVolume>,
+    existing_pv: Option<KeptVolume>,
     pre_bound_pv: Option<String>,
     pool: Option<Arc<PoolRoot>>,
     pool_facts: Option<PoolFacts>,
@@ -50,7 +51,7 @@ pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsN
         gathered.existing_pv = if ctx.health.all_synced() {
             ctx.known_volume(&name).map(|pv| (*pv).clone())
         } else {
-            Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(&name).await?
+            Api::<KeptVolume>::all(ctx.client.clone()).get_opt(&name).await?
         };
     }
     if needs.pre_bound_pvs {
@@ -170,7 +171,7 @@ fn read_pool(pool: &PoolRoot, needs: &FactsNeeded) -> Result<PoolFacts, PoolErro
 
 /// The directory a source PV names, as a name under a pool root (the plan checks that it is one
 /// of the clone's pool; this only says which directory to ask the disk about).
-fn source_dir(pv: Option<&PersistentVolume>) -> Option<VolumeDirName> {
+fn source_dir(pv: Option<&KeptVolume>) -> Option<VolumeDirName> {
     let path = crate::deciding::volume::volume_path(pv?)?;
     let name = std::path::Path::new(path).file_name()?.to_str()?;
     VolumeDirName::new(name).ok()
@@ -181,7 +182,7 @@ async fn fetch_source(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
     source_name: &str,
-) -> Result<(Option<PersistentVolumeClaim>, Option<PersistentVolume>), kube::Error> {
+) -> Result<(Option<PersistentVolumeClaim>, Option<KeptVolume>), kube::Error> {
     let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
     let source = claims.get_opt(source_name).await?;
@@ -191,7 +192,7 @@ async fn fetch_source(
         None => None,
         Some(name) => match ctx.known_volume(&name) {
             Some(pv) => Some((*pv).clone()),
-            None => Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(&name).await?,
+            None => Api::<KeptVolume>::all(ctx.client.clone()).get_opt(&name).await?,
         },
     };
     Ok((source, pv))

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -16,6 +16,7 @@ use kube::runtime::reflector::Store;
 
 use crate::config::Config;
 use crate::deciding::identity::Identity;
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::reservations::Reservations;
 use crate::deciding::settings::DecisionConfig;
 use crate::deciding::volume_spec::NodeFacts;
@@ -49,7 +50,7 @@ pub struct Context {
     /// The claims this node may act on (deciding::claim_retention), trimmed.
     pub claims: Store<PersistentVolumeClaim>,
     /// This node's PVs and the unlabelled (Go-made) ones.
-    pub volumes: Vec<Store<PersistentVolume>>,
+    pub volumes: Vec<Store<KeptVolume>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Readiness.
@@ -79,7 +80,7 @@ impl Context {
         pools: Pools,
         classes: Store<StorageClass>,
         claims: Store<PersistentVolumeClaim>,
-        volumes: Vec<Store<PersistentVolume>>,
+        volumes: Vec<Store<KeptVolume>>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
     ) -> Self {
@@ -161,7 +162,7 @@ impl Context {
 
     /// A PV of this node (or unlabelled) by name, from the watch caches. Only meaningful once
     /// the watches have synced; callers fall back to a GET before that.
-    pub fn known_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+    pub fn known_volume(&self, name: &str) -> Option<Arc<KeptVolume>> {
         let key = kube::runtime::reflector::ObjectRef::new(name);
         self.volumes.iter().find_map(|store| store.get(&key))
     }

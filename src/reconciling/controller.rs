@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::api::Api;
@@ -13,6 +13,7 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 
 use crate::config::Config;
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::{layout, retention};
 use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
@@ -20,6 +21,7 @@ use crate::reconciling::context::Context;
 use crate::reconciling::published_capacity::{self, Publisher};
 use crate::reconciling::{claims, orphans, reaping, settling, upkeep, volumes, watches};
 use crate::serving::health::{self, Health, Watch};
+use crate::serving::heap;
 use crate::serving::metrics::Metrics;
 
 /// Why the provisioner could not start.
@@ -56,7 +58,7 @@ pub async fn run(
     // `Store::wait_until_ready`: in kube-runtime 5.0 only the last of several concurrent waiters
     // on a store is woken, and the controller's own runner is one of them.
 
-    let list = watches::initial_list_config(&client).await;
+    let list = watches::initial_list_config(&client, &config.node_name).await;
     // StorageClasses: few, watched whole.
     let (classes, class_writer) = reflector::store::<StorageClass>();
     let class_events = watches::observe(
@@ -69,8 +71,8 @@ pub async fn run(
     tokio::spawn(class_events.for_each(|_| async {}));
 
     let (claim_store, claim_writer) = reflector::store::<PersistentVolumeClaim>();
-    let (own_store, own_writer) = reflector::store::<PersistentVolume>();
-    let (legacy_store, legacy_writer) = reflector::store::<PersistentVolume>();
+    let (own_store, own_writer) = reflector::store::<KeptVolume>();
+    let (legacy_store, legacy_writer) = reflector::store::<KeptVolume>();
     let ctx = Arc::new(Context::new(
         client.clone(),
         config.clone(),
@@ -110,10 +112,10 @@ pub async fn run(
     // made, shared and every-node ones have no node label and come through a second watch, of
     // unlabelled PVs: the two are disjoint, so together they deliver less than one watch of all
     // PVs would.
-    let pv_api = Api::<PersistentVolume>::all(client.clone());
+    let pv_api = Api::<KeptVolume>::all(client.clone());
     let own_selector = format!("{}={}", keys::NODE_LABEL, layout::node_label_value(&config.node_name));
     let legacy_selector = format!("!{}", keys::NODE_LABEL);
-    let (deleted_tx, mut deleted_rx) = tokio::sync::mpsc::unbounded_channel::<PersistentVolume>();
+    let (deleted_tx, mut deleted_rx) = tokio::sync::mpsc::unbounded_channel::<KeptVolume>();
     let own_events = watches::observe(
         Watch::Volumes,
         watcher(pv_api.clone(), list.clone().labels(&own_selector)),
@@ -138,7 +140,7 @@ pub async fn run(
             .filter_map({
                 let me = ctx.me.clone();
                 move |event| {
-                    let keep = |pv: &mut PersistentVolume| retention::keep_unlabelled_volume(pv, &me);
+                    let keep = |pv: &mut KeptVolume| retention::keep_unlabelled_volume(pv, &me);
                     futures::future::ready(watches::retain(event, keep, |_| {}))
                 }
             })
@@ -187,6 +189,7 @@ pub async fn run(
         }
     });
     tokio::spawn(upkeep::refresh_pools(ctx.clone()));
+    tokio::spawn(heap::return_freed_memory());
     // Before the claim controller first runs, so no copy of this node is in progress.
     sweep_clone_staging(&ctx).await;
     // Before the volume controllers first run: a volume this node left staged for deletion goes

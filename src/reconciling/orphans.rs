@@ -9,9 +9,9 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::Api;
 
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
 use crate::deciding::volume::{VolumeDecision, decide_volume};
 use crate::error::reason;
@@ -25,7 +25,7 @@ const SHARED_ORPHAN_AGE: std::time::Duration = std::time::Duration::from_secs(60
 
 /// Removes empty orphan directories in every pool. Errors are logged, never fatal.
 pub async fn remove_orphan_directories(ctx: &Context) {
-    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let pvs: Api<KeptVolume> = Api::all(ctx.client.clone());
     for pool_path in &ctx.config.pools {
         let pool_name = pool_path.name.as_str();
         let Some(Ok(pool)) = ctx.pools.usable(pool_name) else { continue };
@@ -76,7 +76,7 @@ pub async fn remove_orphan_directories(ctx: &Context) {
 
 /// After this node's PV `pv` was deleted: if its directory still holds data, the PV was not
 /// deleted by us (we empty the path before deleting a PV) and the data is now nobody's.
-pub async fn check_deleted_volume(ctx: &Context, pv: &PersistentVolume) {
+pub async fn check_deleted_volume(ctx: &Context, pv: &KeptVolume) {
     let hostname = ctx.my_hostname().await;
     let mut released = pv.clone();
     // Decide as if it were released for deletion, to get the path this node would own.

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
 
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::provision::{MakeVolume, Provision, bound_claim_uid, may_undo_directory};
 use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, reason};
@@ -70,7 +71,7 @@ pub async fn provision(
         Err(kube::Error::Api(status)) if status.code == 409 => {
             // Made by an earlier attempt whose PV the watch cache had not shown yet: fine if it is
             // for this claim, and already counted and reported by that attempt.
-            let existing = pvs.get(&plan.pv_name).await?;
+            let existing = Api::<KeptVolume>::all(ctx.client.clone()).get(&plan.pv_name).await?;
             let bound_uid = bound_claim_uid(&existing);
             if bound_uid != claim_uid {
                 return Err(ClaimError::PvConflict { pv: plan.pv_name.clone(), other_uid: bound_uid.to_owned() });

@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::reaping::{ReapFacts, owners_to_check, plan_reaping};
 use crate::deciding::topology::{self, Acting};
 use crate::error::reason;
@@ -48,7 +49,7 @@ async fn pass(
     if let Acting::Other { .. } = topology::spokesman(SPOKESMAN_KEY, &ctx.me.node, &live) {
         return Ok(None);
     }
-    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let pvs: Api<KeptVolume> = Api::all(ctx.client.clone());
     let listed = pvs.list(&ListParams::default()).await?.items;
     // One GET per owner of a Released PV (few), rather than a list of every Node: the
     // provisioner's RBAC has nodes `get` only.
@@ -98,7 +99,7 @@ async fn pass(
 }
 
 /// Removes our deletion-protection finalizer, which only the PV's (gone) owner would remove.
-async fn remove_protection(pvs: &Api<PersistentVolume>, pv: &PersistentVolume) -> Result<(), kube::Error> {
+async fn remove_protection(pvs: &Api<KeptVolume>, pv: &KeptVolume) -> Result<(), kube::Error> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let Some(index) = pv.metadata.finalizers.iter().flatten().position(|f| f == keys::PROTECTION_FINALIZER) else {
         return Ok(());

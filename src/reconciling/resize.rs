@@ -10,7 +10,7 @@
 //! refusal sets `ControllerResizeError` and `ControllerResizeInfeasible`, with a Warning event.
 //! Nothing needs the pod to restart: a quota grows in place and a plain directory has no size.
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
@@ -18,6 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 
 use crate::deciding::capacity::parse_bytes;
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
 use crate::deciding::resize::{PoolRoom, ResizeDecision, ResizeFacts, decide_resize, shared_actor_is_me};
 use crate::deciding::topology;
@@ -43,7 +44,7 @@ enum ResizeError {
 }
 
 /// The PV of this node bound to the claim with `uid`, when its class allows expansion.
-pub fn bound_volume(ctx: &Context, uid: &str) -> Option<std::sync::Arc<PersistentVolume>> {
+pub fn bound_volume(ctx: &Context, uid: &str) -> Option<std::sync::Arc<KeptVolume>> {
     let pv = ctx.known_volume(&layout::pv_name(uid))?;
     let spec = pv.spec.as_ref()?;
     let bound = spec.claim_ref.as_ref()?.uid.as_deref() == Some(uid);
@@ -52,7 +53,7 @@ pub fn bound_volume(ctx: &Context, uid: &str) -> Option<std::sync::Arc<Persisten
 }
 
 /// Looks at a bound claim of one of this node's PVs and expands its volume if asked.
-pub async fn reconcile(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolume) {
+pub async fn reconcile(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVolume) {
     let (Some(namespace), Some(name)) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref()) else {
         return;
     };
@@ -90,7 +91,7 @@ async fn grow(
     claims: &Api<PersistentVolumeClaim>,
     name: &str,
     regarding: &ObjectReference,
-    pv: &PersistentVolume,
+    pv: &KeptVolume,
     requested: &str,
     to: u64,
 ) -> Result<(), ResizeError> {
@@ -110,7 +111,7 @@ async fn grow(
     if pool.is_quota_volume(&dir) {
         pool.set_quota_limit(&dir, to)?;
     }
-    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let pvs: Api<KeptVolume> = Api::all(ctx.client.clone());
     pvs.patch(
         &pv_name,
         &PatchParams::default(),
@@ -149,7 +150,7 @@ async fn finish(
     Ok(())
 }
 
-async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolume) -> Option<ResizeFacts> {
+async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVolume) -> Option<ResizeFacts> {
     let bytes = |q: Option<&str>| q.and_then(|q| parse_bytes(q).ok());
     let request = request_quantity(claim)?;
     let (requested, unreadable_request) = match parse_bytes(&request) {
@@ -182,7 +183,7 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &PersistentVolu
 /// Whether this node is the one the ranking picks for a shared PV (the key is the PV's name, as
 /// for its deletion). A PV outside this node's pools, or live nodes that cannot be read, leave it
 /// to another node or the next event.
-async fn shared_acting_here(ctx: &Context, pv: &PersistentVolume) -> bool {
+async fn shared_acting_here(ctx: &Context, pv: &KeptVolume) -> bool {
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
     let path = crate::deciding::volume::volume_path(pv).unwrap_or_default();
     let Ok(accepted) = layout::accept_delete_path(path, pv_name, &ctx.config.pools) else { return false };
@@ -202,7 +203,7 @@ fn request_quantity(claim: &PersistentVolumeClaim) -> Option<String> {
 }
 
 /// The room left in the volume's pool for growth, the reserve taken off.
-fn room(ctx: &Context, pv: &PersistentVolume) -> Option<PoolRoom> {
+fn room(ctx: &Context, pv: &KeptVolume) -> Option<PoolRoom> {
     let (pool, _) = locate(ctx, pv).ok()?;
     let stats = pool.stats().ok()?;
     let reserve = ctx
@@ -218,7 +219,7 @@ fn room(ctx: &Context, pv: &PersistentVolume) -> Option<PoolRoom> {
 /// The pool and directory of the PV, by the same path rules as deletion.
 fn locate(
     ctx: &Context,
-    pv: &PersistentVolume,
+    pv: &KeptVolume,
 ) -> Result<(std::sync::Arc<crate::filesystem::PoolRoot>, VolumeDirName), ResizeError> {
     let path = crate::deciding::volume::volume_path(pv).unwrap_or_default().to_owned();
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();

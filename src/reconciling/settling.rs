@@ -12,10 +12,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, Patch, PatchParams};
 
 use crate::deciding::deletion::{Confirmed, StagedFate, fate_after_confirm};
+use crate::deciding::kept_volume::KeptVolume;
 use crate::error::reason;
 use crate::filesystem::{PoolRoot, StagedVolume, VolumeDirName};
 use crate::reconciling::context::Context;
@@ -113,7 +113,7 @@ async fn settle_one(ctx: &Context, pool: &PoolRoot, staged: &StagedVolume) -> Se
 /// annotation saying when its volume was last kept), so that any node which decided to let it go
 /// on an older view has its request refused (`deciding::deletion`, [`StagedFate::Confirm`]).
 pub async fn confirm_pv(ctx: &Context, name: &str) -> Confirmed {
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let api: Api<KeptVolume> = Api::all(ctx.client.clone());
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let patch = serde_json::json!({"metadata": {"annotations": {crate::keys::VOLUME_KEPT_AT: now}}});
     match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {

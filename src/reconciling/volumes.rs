@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -15,6 +15,7 @@ use crate::deciding::deletion::{
     LetGo, LetGoAnswer, NotInPlace, StagedFate, WhenNotInPlace, fate_after_answer, fate_after_confirm, how_to_let_go,
     when_not_in_place,
 };
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{self, AcceptedPath};
 use crate::deciding::volume::{DeleteRefusal, Ignore, VolumeDecision, VolumeShape, decide_volume, volume_shape};
 use crate::error::{Retry, VolumeError, reason};
@@ -40,7 +41,7 @@ const NOT_SERVED_RECHECK: Duration = Duration::from_secs(300);
 const CHANGED_RECHECK: Duration = Duration::from_secs(30);
 
 /// Reconciles one PV.
-pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, VolumeError> {
+pub async fn reconcile(pv: Arc<KeptVolume>, ctx: Arc<Context>) -> Result<Action, VolumeError> {
     let name = pv.metadata.name.clone().unwrap_or_default();
     let hostname = ctx.my_hostname().await;
     let live = match volume_shape(&pv, &ctx.config.pools) {
@@ -130,7 +131,7 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
 /// the PV settles it (`reconciling::settling`). The cached object suffices: a PV changed since (an
 /// admin switching it to Retain, clearing its claimRef) makes the API server refuse, and the next
 /// event decides on the new one.
-async fn delete_volume(ctx: &Context, pv: &PersistentVolume, accepted: &AcceptedPath) -> Result<Action, VolumeError> {
+async fn delete_volume(ctx: &Context, pv: &KeptVolume, accepted: &AcceptedPath) -> Result<Action, VolumeError> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let started = Instant::now();
     let (pool, dir) = pool_and_dir(ctx, accepted)?;
@@ -231,8 +232,8 @@ async fn delete_volume(ctx: &Context, pv: &PersistentVolume, accepted: &Accepted
 }
 
 /// DELETEs the PV only if it is still exactly the object decided on (uid and resourceVersion).
-async fn delete_pv_as_read(ctx: &Context, pv: &PersistentVolume) -> Result<(), kube::Error> {
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+async fn delete_pv_as_read(ctx: &Context, pv: &KeptVolume) -> Result<(), kube::Error> {
+    let api: Api<KeptVolume> = Api::all(ctx.client.clone());
     let preconditions =
         Preconditions { uid: pv.metadata.uid.clone(), resource_version: pv.metadata.resource_version.clone() };
     let params = DeleteParams { preconditions: Some(preconditions), ..Default::default() };
@@ -241,8 +242,8 @@ async fn delete_pv_as_read(ctx: &Context, pv: &PersistentVolume) -> Result<(), k
 
 /// Removes our protection finalizer only if the PV is still exactly the object decided on: a
 /// patch carrying a resourceVersion is refused (409) when the object has another.
-async fn drop_protection_as_read(ctx: &Context, pv: &PersistentVolume) -> Result<(), kube::Error> {
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+async fn drop_protection_as_read(ctx: &Context, pv: &KeptVolume) -> Result<(), kube::Error> {
+    let api: Api<KeptVolume> = Api::all(ctx.client.clone());
     let patch = serde_json::json!({"metadata": {
         "resourceVersion": pv.metadata.resource_version,
         "$deleteFromPrimitiveList/finalizers": [keys::PROTECTION_FINALIZER],
@@ -260,7 +261,7 @@ fn pool_and_dir(ctx: &Context, accepted: &AcceptedPath) -> Result<(Arc<PoolRoot>
 
 /// Deletes a PV if it is still the one we decided on (its uid).
 async fn delete_pv(ctx: &Context, name: &str, uid: Option<String>) -> Result<(), VolumeError> {
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let api: Api<KeptVolume> = Api::all(ctx.client.clone());
     let preconditions = Preconditions { uid, resource_version: None };
     match api.delete(name, &DeleteParams { preconditions: Some(preconditions), ..Default::default() }).await {
         Ok(_) => Ok(()),
@@ -273,7 +274,7 @@ async fn delete_pv(ctx: &Context, name: &str, uid: Option<String>) -> Result<(),
 /// never exists that the PV does not wait for.
 async fn ensure_copy(
     ctx: &Context,
-    pv: &PersistentVolume,
+    pv: &KeptVolume,
     accepted: &AcceptedPath,
     add_finalizer: bool,
 ) -> Result<(), VolumeError> {
@@ -281,7 +282,7 @@ async fn ensure_copy(
     let (pool, dir) = pool_and_dir(ctx, accepted)?;
     if add_finalizer {
         let patch = serde_json::json!({"metadata": {"finalizers": [layout::copy_finalizer(&ctx.me.node)]}});
-        let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+        let api: Api<KeptVolume> = Api::all(ctx.client.clone());
         match api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
             Ok(_) => {}
             // Gone, or being deleted meanwhile (no new finalizer may join then): the next event
@@ -299,7 +300,7 @@ async fn ensure_copy(
 /// Removes this node's copy of an every-node volume on its way out, then lets go of the PV.
 async fn remove_copy(
     ctx: &Context,
-    pv: &PersistentVolume,
+    pv: &KeptVolume,
     accepted: &AcceptedPath,
     has_finalizer: bool,
 ) -> Result<(), VolumeError> {
@@ -320,7 +321,7 @@ async fn remove_copy(
 
 async fn remove_finalizer(ctx: &Context, pv: &str, finalizer: &str) -> Result<(), VolumeError> {
     let patch = serde_json::json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}});
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let api: Api<KeptVolume> = Api::all(ctx.client.clone());
     match api.patch(pv, &PatchParams::default(), &Patch::Strategic(&patch)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
@@ -332,7 +333,7 @@ async fn remove_finalizer(ctx: &Context, pv: &str, finalizer: &str) -> Result<()
 /// and lets go for nodes whose Node object is gone (their copies went with the machine).
 async fn report_waiting_copies(
     ctx: &Context,
-    pv: &PersistentVolume,
+    pv: &KeptVolume,
     live: &[crate::deciding::topology::LiveNode],
 ) -> Result<Action, VolumeError> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
@@ -375,7 +376,7 @@ async fn report_waiting_copies(
 }
 
 /// Decides when to retry after an error, and reports it on the PV.
-pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Context>) -> Action {
+pub fn error_policy(pv: Arc<KeptVolume>, error: &VolumeError, ctx: Arc<Context>) -> Action {
     let name = pv.metadata.name.clone().unwrap_or_default();
     Metrics::outcome(&ctx.metrics.deletions, "error", error.metric_label());
     let delay = match error.retry() {
@@ -391,10 +392,10 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Con
 }
 
 /// The label the sig-storage library puts on its deletion metrics: the PV's `storageClassName`.
-fn library_labels(pv: &PersistentVolume) -> VolumeClass {
+fn library_labels(pv: &KeptVolume) -> VolumeClass {
     VolumeClass { class: pv.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default() }
 }
 
-fn pv_ref(pv: &PersistentVolume) -> ObjectReference {
+fn pv_ref(pv: &KeptVolume) -> ObjectReference {
     pv.object_ref(&())
 }

@@ -13,20 +13,22 @@ use crate::serving::health::{Health, Watch};
 use crate::serving::metrics::{Metrics, WatchLabel};
 
 /// How the watches fetch their initial state: streamed one object at a time where the API server
-/// serves that by default, else in small pages (deciding::watch_list). One request at start-up.
-pub async fn initial_list_config(client: &Client) -> watcher::Config {
+/// serves that by default, else in small pages; and how long each stays open before it is
+/// re-opened, a length of this node's own (deciding::watch_list). One request at start-up.
+pub async fn initial_list_config(client: &Client, node: &str) -> watcher::Config {
+    let config = watcher::Config::default().timeout(watch_list::watch_seconds(node));
     match client.apiserver_version().await {
         Ok(info) if watch_list::streaming_lists_by_default(&info.major, &info.minor) => {
             tracing::info!(version = %info.git_version, "the API server streams initial lists: watches use them");
-            watcher::Config::default().streaming_lists()
+            config.streaming_lists()
         }
         Ok(info) => {
             tracing::info!(version = %info.git_version, page = watch_list::PAGE_SIZE, "initial lists are paginated");
-            watcher::Config::default().page_size(watch_list::PAGE_SIZE)
+            config.page_size(watch_list::PAGE_SIZE)
         }
         Err(error) => {
             tracing::warn!(%error, page = watch_list::PAGE_SIZE, "cannot read the API server's version; initial lists are paginated");
-            watcher::Config::default().page_size(watch_list::PAGE_SIZE)
+            config.page_size(watch_list::PAGE_SIZE)
         }
     }
 }

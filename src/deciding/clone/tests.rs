@@ -1,13 +1,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaimStatus, PersistentVolumeSpec,
-    TypedLocalObjectReference, TypedObjectReference,
+    HostPathVolumeSource, ObjectReference, PersistentVolumeClaimStatus, TypedLocalObjectReference, TypedObjectReference,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::*;
+use crate::deciding::kept_volume::{KeptVolume, KeptVolumeFields, KeptVolumeSpec};
 use crate::test_fixtures::{NODE, OTHER_NODE, PROVISIONER, claim, me};
 
 const SOURCE_UID: &str = "11111111-2222-3333-4444-555555555555";
@@ -37,9 +37,9 @@ fn bound_source() -> PersistentVolumeClaim {
 }
 
 /// Its PV, provisioned by us on `node` in the legacy pool.
-fn source_pv(node: &str) -> PersistentVolume {
+fn source_pv(node: &str) -> KeptVolume {
     let name = format!("pvc-{SOURCE_UID}");
-    PersistentVolume {
+    KeptVolume::from(KeptVolumeFields {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             annotations: Some(BTreeMap::from([
@@ -48,14 +48,14 @@ fn source_pv(node: &str) -> PersistentVolume {
             ])),
             ..Default::default()
         },
-        spec: Some(PersistentVolumeSpec {
+        spec: Some(KeptVolumeSpec {
             claim_ref: Some(ObjectReference { uid: Some(SOURCE_UID.into()), ..Default::default() }),
             host_path: Some(HostPathVolumeSource { path: format!("/var/hpvolumes/{name}"), type_: None }),
-            capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity("1Gi".into()))])),
+            capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity("1Gi".into()))]).into()),
             ..Default::default()
         }),
         status: None,
-    }
+    })
 }
 
 #[test]

@@ -6,11 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Affinity, Node, NodeSelectorRequirement, PersistentVolume, PersistentVolumeClaimSpec, Toleration,
-};
+use k8s_openapi::api::core::v1::{Affinity, Node, NodeSelectorRequirement, PersistentVolumeClaimSpec, Toleration};
 use sha2::{Digest, Sha256};
 
+use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
 use crate::deciding::volume::{owner_node, volume_path};
 use crate::keys;
@@ -136,7 +135,7 @@ pub enum Release {
 /// node's volumes hold). A PV of ours (`provisioner` wrote it) lives there when its directory is
 /// inside the pool path and, for a per-node claim, it belongs to that node. Any phase counts: a
 /// Released PV's data is still there until its deletion is done.
-pub fn may_release(pool_path: &str, node: Option<&str>, pvs: &[PersistentVolume], provisioner: &str) -> Release {
+pub fn may_release(pool_path: &str, node: Option<&str>, pvs: &[KeptVolume], provisioner: &str) -> Release {
     let Ok(root) = layout::normalise(pool_path) else { return Release::HoldBack(Vec::new()) };
     let mut holding: Vec<String> = pvs
         .iter()

@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::deciding::kept_volume::KeptVolume;
 
 const OURS: &str = "kubevirt.io/hostpath-provisioner";
 
@@ -14,7 +15,7 @@ fn node(name: &str, labels: serde_json::Value, taints: serde_json::Value) -> Nod
         .expect("node")
 }
 
-fn pv(name: &str, path: &str, node: Option<&str>, provisioner: &str) -> PersistentVolume {
+fn pv(name: &str, path: &str, node: Option<&str>, provisioner: &str) -> KeptVolume {
     let mut annotations = json!({"pv.kubernetes.io/provisioned-by": provisioner});
     if let Some(node) = node {
         annotations["kubevirt.io/provisionOnNode"] = json!(node);

@@ -6,11 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
 use super::pool_claims::{PoolObjects, Release, claim_name, may_release, pool_claims, selected_nodes};
 use super::render::{NodePlacement, PoolOnClaim};
+use crate::deciding::kept_volume::KeptVolume;
 
 /// The provisioner name of the node DaemonSet the operator runs (deploy/legacy's
 /// PROVISIONER_NAME): the PVs it writes are the ones that hold a pool back.
@@ -96,7 +97,7 @@ pub fn plan(
     placement: &NodePlacement,
     nodes: &[Node],
     existing: &[Existing],
-    pvs: &[PersistentVolume],
+    pvs: &[KeptVolume],
     objects: &PoolObjects,
 ) -> Plan {
     let mut tolerations = placement.tolerations.clone();

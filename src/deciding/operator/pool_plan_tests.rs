@@ -2,6 +2,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 use serde_json::json;
 
 use super::*;
+use crate::deciding::kept_volume::KeptVolume;
 
 fn pool(name: &str, path: &str, modes: &[&str]) -> PoolOnClaim {
     let template: PersistentVolumeClaimSpec =
@@ -25,7 +26,7 @@ fn placement() -> NodePlacement {
     }
 }
 
-fn pv(name: &str, path: &str, node: &str) -> PersistentVolume {
+fn pv(name: &str, path: &str, node: &str) -> KeptVolume {
     serde_json::from_value(json!({
         "metadata": {"name": name, "annotations": {
             "pv.kubernetes.io/provisioned-by": PROVISIONER, "kubevirt.io/provisionOnNode": node,

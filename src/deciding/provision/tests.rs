@@ -1,13 +1,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimStatus,
-    PersistentVolumeSpec,
+    HostPathVolumeSource, ObjectReference, PersistentVolumeClaim, PersistentVolumeClaimStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
 use crate::deciding::capacity::CapacityAccounting;
+use crate::deciding::kept_volume::{KeptVolume, KeptVolumeFields, KeptVolumeSpec};
 use crate::deciding::layout::PoolPath;
 use crate::deciding::quota::{FsKind, ProjectQuotaState};
 use crate::deciding::refusal::CloneRefusal;
@@ -314,9 +314,9 @@ fn bound_source() -> PersistentVolumeClaim {
 }
 
 /// Its PV, made by us on `node` in the legacy pool.
-fn source_pv(node: &str) -> PersistentVolume {
+fn source_pv(node: &str) -> KeptVolume {
     let name = format!("pvc-{SOURCE_UID}");
-    PersistentVolume {
+    KeptVolume::from(KeptVolumeFields {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             annotations: Some(BTreeMap::from([
@@ -325,20 +325,20 @@ fn source_pv(node: &str) -> PersistentVolume {
             ])),
             ..Default::default()
         },
-        spec: Some(PersistentVolumeSpec {
+        spec: Some(KeptVolumeSpec {
             claim_ref: Some(ObjectReference { uid: Some(SOURCE_UID.into()), ..Default::default() }),
             host_path: Some(HostPathVolumeSource { path: format!("/var/hpvolumes/{name}"), type_: None }),
             ..Default::default()
         }),
         status: None,
-    }
+    })
 }
 
 fn clone_plan(
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
     source: Option<&PersistentVolumeClaim>,
-    pv: Option<&PersistentVolume>,
+    pv: Option<&KeptVolume>,
     is_quota_volume: Option<bool>,
     pool: &PoolFacts,
 ) -> ClaimPlan {
@@ -563,10 +563,13 @@ fn with_requests_accounting_a_claim_is_refused_when_the_promises_would_exceed_th
 fn the_promises_of_a_pool_are_the_capacities_of_the_pvs_in_it() {
     let sized = |path: &str, size: &str| {
         let mut pv = pv(path, "Bound").build();
-        pv.spec.as_mut().unwrap().capacity = Some(BTreeMap::from([(
-            "storage".to_owned(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity(size.into()),
-        )]));
+        pv.spec.as_mut().unwrap().capacity = Some(
+            BTreeMap::from([(
+                "storage".to_owned(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(size.into()),
+            )])
+            .into(),
+        );
         pv
     };
     let pvs = [
