@@ -59,8 +59,14 @@ pub struct Paced {
     pub idle_secs: f64,
     pub apiserver_cpu_s: f64,
     pub idle_apiserver_cpu_s: f64,
-    /// Claim watch events the API server sent, per change.
+    /// Claim watch events the API server sent per change, the idle window's rate (bookmarks,
+    /// sent about once a minute on every watch whether anything changed or not) scaled to the
+    /// change window's length and taken out.
     pub events_per_change: f64,
+    /// Claim watch events sent in the idle window (bookmarks only, at rest).
+    pub idle_events: f64,
+    /// Claim watch events sent in the change window, nothing taken out.
+    pub raw_events: f64,
     /// The provisioners' requests in the change window (audit log).
     pub audit: AuditCounts,
 }
@@ -100,6 +106,8 @@ impl Paced {
             "apiserver_cpu_s": self.apiserver_cpu_s, "idle_apiserver_cpu_s": self.idle_apiserver_cpu_s,
             "apiserver_cpu_ms_per_change": self.cpu_ms_per_change(),
             "claim_watch_events_per_change": self.events_per_change,
+            "claim_watch_events_idle_window": self.idle_events,
+            "claim_watch_events_change_window": self.raw_events,
             "provisioner_requests_per_change": self.requests_per_change(),
         })
     }
@@ -109,6 +117,14 @@ impl Paced {
 pub fn net_cpu_ms_per_change(cpu_s: f64, secs: f64, idle_cpu_s: f64, idle_secs: f64, changes: usize) -> f64 {
     let idle = if idle_secs > 0.0 { idle_cpu_s * secs / idle_secs } else { 0.0 };
     (cpu_s - idle) / changes.max(1) as f64 * 1000.0
+}
+
+/// Watch events caused by `changes`: those of the change window minus the idle window's rate
+/// over the change window's length. At rest a watch still gets a bookmark now and then, and
+/// with hundreds of watches those land in every window; they are no cost of a change.
+pub fn net_events_per_change(events: f64, secs: f64, idle_events: f64, idle_secs: f64, changes: usize) -> f64 {
+    let idle = if idle_secs > 0.0 { idle_events * secs / idle_secs } else { 0.0 };
+    (events - idle) / changes.max(1) as f64
 }
 
 /// An idle window, then `CHANGE_RATE` label changes per second on `names` (cycled) for
@@ -123,12 +139,14 @@ pub async fn paced_changes(
 ) -> Result<Paced> {
     let changes = ((CHANGE_RATE * secs).round() as usize).max(1);
     let window = Duration::from_secs_f64(changes as f64 / CHANGE_RATE) + DELIVERY;
+    let idle_events_before = claim_watch_events(&api_count::apiserver_metrics(&env.client).await?);
     let idle_started = Instant::now();
     let before = procfs::sample(apiserver)?;
     tokio::time::sleep(window).await;
     let after = procfs::sample(apiserver)?;
     let idle_secs = idle_started.elapsed().as_secs_f64();
     let idle_apiserver_cpu_s = after.cpu_secs - before.cpu_secs;
+    let idle_events = claim_watch_events(&api_count::apiserver_metrics(&env.client).await?) - idle_events_before;
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), namespace);
     let events_before = claim_watch_events(&api_count::apiserver_metrics(&env.client).await?);
@@ -154,7 +172,9 @@ pub async fn paced_changes(
         idle_secs,
         apiserver_cpu_s: after.cpu_secs - before.cpu_secs,
         idle_apiserver_cpu_s,
-        events_per_change: (events_after - events_before) / changes as f64,
+        events_per_change: net_events_per_change(events_after - events_before, secs, idle_events, idle_secs, changes),
+        idle_events,
+        raw_events: events_after - events_before,
         audit,
     })
 }
@@ -197,6 +217,18 @@ pub fn segment_slope(points: &[(f64, f64)]) -> f64 {
         [.., (x0, y0), (x1, y1)] if x1 != x0 => (y1 - y0) / (x1 - x0),
         _ => f64::NAN,
     }
+}
+
+/// The resolution of the last segment's watch events per change per added node: twice the
+/// standard deviation of the bookmarks the two steps' idle windows counted (`idle_events`, a
+/// Poisson count), over the changes and the nodes between the steps. The events per change and
+/// node are whole by construction (one per watch); a residual within this is bookmarks the idle
+/// window did not even out, not a second event.
+pub fn events_resolution(idle_events: [f64; 2], changes: usize, added_nodes: f64) -> f64 {
+    if added_nodes <= 0.0 || changes == 0 {
+        return f64::NAN;
+    }
+    2.0 * (idle_events[0] + idle_events[1]).max(1.0).sqrt() / changes as f64 / added_nodes
 }
 
 /// The fitted line's value at `x`.
@@ -593,6 +625,24 @@ mod tests {
         assert!((net_cpu_ms_per_change(2.0, 13.0, 0.5, 13.0, 50) - 30.0).abs() < 1e-9);
         // An idle window half as long counts double.
         assert!((net_cpu_ms_per_change(2.0, 13.0, 0.25, 6.5, 50) - 30.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_events_resolution_follows_the_bookmark_count() {
+        // 81 and 160 bookmarks, 50 changes, 500 nodes added: 2 * sqrt(241) / 50 / 500.
+        assert!((events_resolution([81.0, 160.0], 50, 500.0) - 0.001_241_9).abs() < 1e-6);
+        // More changes or more nodes: finer.
+        assert!(events_resolution([81.0, 160.0], 100, 500.0) < events_resolution([81.0, 160.0], 50, 500.0));
+        assert!(events_resolution([0.0, 0.0], 50, 0.0).is_nan());
+    }
+
+    #[test]
+    fn events_per_change_take_the_idle_windows_bookmarks_out() {
+        // 1,000 watches, 200 changes: 200,000 events, plus 500 bookmarks in 13 s; the idle
+        // window of 13 s had 500 bookmarks too.
+        assert!((net_events_per_change(200_500.0, 13.0, 500.0, 13.0, 200) - 1000.0).abs() < 1e-9);
+        // An idle window twice as long counts twice the bookmarks for the same rate.
+        assert!((net_events_per_change(200_500.0, 13.0, 1000.0, 26.0, 200) - 1000.0).abs() < 1e-9);
     }
 
     #[test]

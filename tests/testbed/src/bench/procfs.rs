@@ -11,6 +11,10 @@ pub struct ProcSample {
     pub hwm_kib: u64,
     /// User + system CPU time since start, seconds (all threads).
     pub cpu_secs: f64,
+    /// Of the resident set: anonymous memory (heap, stacks; RssAnon) and pages mapped from files
+    /// (the binary's code and libraries; RssFile), KiB.
+    pub rss_anon_kib: u64,
+    pub rss_file_kib: u64,
 }
 
 pub fn sample(pid: u32) -> Result<ProcSample> {
@@ -33,7 +37,13 @@ pub fn sample(pid: u32) -> Result<ProcSample> {
     let ticks = |i: usize| -> f64 { fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) };
     // SAFETY: sysconf has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok(ProcSample { rss_kib: kib("VmRSS:"), hwm_kib: kib("VmHWM:"), cpu_secs: (ticks(11) + ticks(12)) / per_second })
+    Ok(ProcSample {
+        rss_kib: kib("VmRSS:"),
+        hwm_kib: kib("VmHWM:"),
+        cpu_secs: (ticks(11) + ticks(12)) / per_second,
+        rss_anon_kib: kib("RssAnon:"),
+        rss_file_kib: kib("RssFile:"),
+    })
 }
 
 /// Resets the peak (VmHWM) of a process to its RSS now (`5` to /proc/<pid>/clear_refs, Linux
