@@ -34,9 +34,9 @@ const LEGACY_SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-admin";
 const PLACEHOLDER_REGISTRY: &str = "your-registry.invalid";
 
 /// The installs create the same cluster-wide objects (StorageClass `hostpath-provisioner`), so
-/// the tests that create them take turns; each removes what it created. The server-side dry run
-/// takes its turn too: it reads those objects and then patches them, and one deleted in between
-/// by an install test's cleanup fails it with NotFound.
+/// the tests that create them take turns; each removes what it created. The server-side dry runs
+/// take their turn too: they read those objects and then patch or create them, and one deleted
+/// or created in between by an install test fails them with NotFound or AlreadyExists.
 static CLUSTER_OBJECTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn repo() -> PathBuf {
@@ -475,6 +475,9 @@ fn assert_daemonset_conventions(variant: &str, daemonset: &Value) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_chart_defaults_match_deploy_legacy() {
+    // Its server-side dry run reads the cluster-wide objects an install test may be creating:
+    // created between kubectl's read and its dry-run create, one fails it with AlreadyExists.
+    let _turn = CLUSTER_OBJECTS.lock().await;
     let env = TestEnv::start("same", 0).await;
     ensure_namespace(&env, "hpp-chart").await;
     ensure_namespace(&env, LEGACY_NAMESPACE).await;
