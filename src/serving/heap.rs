@@ -6,9 +6,9 @@
 //! of one per core would start 128 on a large node, and glibc one malloc arena per thread up to
 //! eight per core, each keeping the memory its thread freed. After a burst (a thousand claims
 //! placed at once, a big initial list) glibc keeps freed memory inside its heap, where the
-//! kernel still counts it against the pod; `malloc_trim` hands the free pages back. Other C
-//! libraries (the musl of static images) return freed memory on their own and have none of
-//! these calls.
+//! kernel still counts it against the pod; `malloc_trim` hands the free pages back. Every image
+//! (the Dockerfile's and `make image`'s, hack/build-static.sh) links glibc statically; on other C
+//! libraries, which have none of these calls, only the thread count applies.
 
 use std::time::Duration;
 

@@ -53,6 +53,7 @@ mod binaries;
 mod cluster;
 mod control_plane;
 mod deploy_tools;
+pub mod docker_context;
 pub mod fixtures;
 mod go_peer;
 mod kubeconfig;

@@ -357,32 +357,39 @@ pub fn image_dir(repo: &Path) -> PathBuf {
 
 /// Builds the provisioner as a static executable without any extra rustup target: the
 /// installed x86_64-unknown-linux-gnu toolchain with `+crt-static` (glibc linked in), in a
-/// target dir of its own so the normal debug build is never invalidated. `--target` keeps the
-/// flag off build scripts and proc macros, which must stay dynamic. Profile `image` (see
-/// Cargo.toml): release without LTO, faster to build on 2 cores; the Dockerfile's musl build
-/// remains the one for users.
+/// target dir of its own so the normal debug build is never invalidated. It compiles what the
+/// Dockerfile compiles: a copy of the Docker build context ([`build_context`]) with the
+/// Dockerfile's script, `hack/build-static.sh`. Profile `image` (see Cargo.toml): release
+/// without LTO, faster to build on 2 cores; the Dockerfile uses `release`.
 pub fn build_static_provisioner(repo: &Path) -> Result<PathBuf> {
     let target_dir = image_dir(repo);
-    let status = image_cargo(repo)
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .args(["--target", "x86_64-unknown-linux-gnu", "--target-dir"])
-        .arg(&target_dir)
-        .status()
-        .context("running cargo build for the static provisioner")?;
-    if !status.success() {
-        bail!("cargo build of the static provisioner failed ({status})");
-    }
-    let binary = target_dir.join("x86_64-unknown-linux-gnu/image/hostpath-provisioner");
+    let context = build_context(repo)?;
+    let binary = static_build(repo, &context, "x86_64-unknown-linux-gnu", &target_dir, |_| {})
+        .context("building the static provisioner")?;
     check_static(&binary, "x86-64")?;
     Ok(binary)
 }
 
-/// `cargo build --locked --profile image -p hostpath-provisioner` in `repo`, without the
-/// caller's cargo variables. Called from `cargo run` (make image) and from a test binary under
-/// `cargo test`, which export different CARGO_* variables; left in, they make cargo rebuild the
-/// top crates each time one caller follows the other.
-fn image_cargo(repo: &Path) -> Command {
-    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+/// The Docker build context of `repo` (`.dockerignore` applied), copied to
+/// `target/image/context`: what `make image` compiles, so a file the build needs that the context
+/// leaves out fails here as it would in `docker build`.
+pub fn build_context(repo: &Path) -> Result<PathBuf> {
+    crate::docker_context::sync_context(repo, &image_dir(repo).join("context"))
+}
+
+/// `bash hack/build-static.sh TARGET image TARGET_DIR` in `context`, without the caller's cargo
+/// variables. Called from `cargo run` (make image) and from a test binary under `cargo test`,
+/// which export different CARGO_* variables; left in, they make cargo rebuild the top crates each
+/// time one caller follows the other. The context has no `.git`, so the commit comes from
+/// `repo`'s (build.rs reads `HPP_GIT_COMMIT`).
+fn static_build(
+    repo: &Path,
+    context: &Path,
+    target: &str,
+    target_dir: &Path,
+    cross: impl FnOnce(&mut Command),
+) -> Result<PathBuf> {
+    let mut build = Command::new("bash");
     for (name, _) in std::env::vars_os() {
         let name = name.to_string_lossy();
         if (name.starts_with("CARGO_") && name != "CARGO_HOME" && !name.starts_with("CARGO_TERM_"))
@@ -391,11 +398,30 @@ fn image_cargo(repo: &Path) -> Command {
             || name == "RUSTDOCFLAGS"
             || name == "RUSTC"
         {
-            cargo.env_remove(name.as_ref());
+            build.env_remove(name.as_ref());
         }
     }
-    cargo.current_dir(repo).args(["build", "--locked", "--profile", "image", "-p", "hostpath-provisioner"]);
-    cargo
+    if std::env::var_os("HPP_GIT_COMMIT").is_none()
+        && let Some(commit) = git_commit(repo)
+    {
+        build.env("HPP_GIT_COMMIT", commit);
+    }
+    cross(&mut build);
+    build.current_dir(context).arg("hack/build-static.sh").arg(target).arg("image").arg(target_dir);
+    build.stderr(std::process::Stdio::inherit());
+    let output = build.output().context("running hack/build-static.sh")?;
+    if !output.status.success() {
+        bail!("hack/build-static.sh {target} failed ({})", output.status);
+    }
+    let printed = String::from_utf8_lossy(&output.stdout);
+    let binary = printed.lines().last().map(PathBuf::from).context("hack/build-static.sh printed no path")?;
+    Ok(binary)
+}
+
+fn git_commit(repo: &Path) -> Option<String> {
+    let output = Command::new("git").arg("-C").arg(repo).args(["rev-parse", "HEAD"]).output().ok()?;
+    let commit = String::from_utf8(output.stdout).ok()?.trim().to_string();
+    (output.status.success() && !commit.is_empty()).then_some(commit)
 }
 
 /// `file` says `binary` is a static executable for `machine` (`x86-64`, `ARM aarch64`).
@@ -466,22 +492,17 @@ pub fn build_arm64_provisioner(repo: &Path) -> Result<PathBuf> {
         .map(|toolchain| toolchain.join("target"))
         .context("hack/fetch-cross-rust.sh printed no rustc path")?;
     let env_target = ARM64_TARGET.replace('-', "_");
-    let status = image_cargo(repo)
+    let context = build_context(repo)?;
+    let binary = static_build(repo, &context, ARM64_TARGET, &target_dir, |build| {
         // sccache would cache by the wrapper script, not by the compiler behind it.
-        .env_remove("RUSTC_WRAPPER")
-        .env("RUSTC", &rustc)
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .env(format!("CARGO_TARGET_{}_LINKER", env_target.to_uppercase()), ARM64_GCC)
-        .env(format!("CC_{env_target}"), ARM64_GCC)
-        .env(format!("AR_{env_target}"), "aarch64-linux-gnu-ar")
-        .args(["--target", ARM64_TARGET, "--target-dir"])
-        .arg(&target_dir)
-        .status()
-        .context("running cargo build for the arm64 provisioner")?;
-    if !status.success() {
-        bail!("cargo build of the arm64 provisioner failed ({status})");
-    }
-    let binary = target_dir.join(ARM64_TARGET).join("image/hostpath-provisioner");
+        build
+            .env_remove("RUSTC_WRAPPER")
+            .env("RUSTC", &rustc)
+            .env(format!("CARGO_TARGET_{}_LINKER", env_target.to_uppercase()), ARM64_GCC)
+            .env(format!("CC_{env_target}"), ARM64_GCC)
+            .env(format!("AR_{env_target}"), "aarch64-linux-gnu-ar");
+    })
+    .context("cross-compiling the arm64 provisioner")?;
     check_static(&binary, "ARM aarch64")?;
     Ok(binary)
 }
