@@ -2,7 +2,9 @@
 //! deploy/operator applies; the example resources (whose specs are the kubevirt operator's examples,
 //! unchanged) are accepted; each bad resource is refused at admission with the message that says what to
 //! change; the operator process renders the node DaemonSet for a resource, rolls it when the
-//! resource changes, and removes what it made when the resource is deleted.
+//! resource changes, and removes what it made when the resource is deleted; the chart installs
+//! the operator and a resource in one `helm install` on a fresh cluster, and that operator,
+//! acting with the chart's RBAC alone, brings the resource to Available.
 
 mod common;
 
@@ -12,8 +14,9 @@ use std::path::PathBuf;
 use common::*;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
@@ -49,8 +52,7 @@ fn apply_crd(env: &TestEnv) {
 }
 
 fn resources(env: &TestEnv) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("hostpathprovisioner.kubevirt.io", "v1beta1", "HostPathProvisioner");
-    Api::all_with(env.client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "hostpathprovisioners"))
+    resources_of(&env.client)
 }
 
 fn resource(name: &str, spec: Value) -> DynamicObject {
@@ -99,6 +101,16 @@ async fn crd_refuses_bad_resources_with_a_message_saying_what_to_change() {
         ),
         ("dot-dot segment", json!({"storagePools": [pool("a", "/var/../etc")]}), "without . or .. segments"),
         ("root as a pool", json!({"storagePools": [pool("a", "/")]}), "a directory other than /"),
+        (
+            "a comma in a pool path",
+            json!({"storagePools": [pool("a", "/var/a,b")]}),
+            "spec.storagePools[].path must not contain a comma",
+        ),
+        (
+            "a comma in the legacy path",
+            json!({"pathConfig": {"path": "/var/hp,shared"}}),
+            "spec.pathConfig.path must not contain a comma",
+        ),
         (
             "duplicate names",
             json!({"storagePools": [pool("a", "/var/a"), pool("a", "/var/b")]}),
@@ -149,33 +161,63 @@ struct Operator {
     log: PathBuf,
 }
 
+/// How an operator process runs: as which ServiceAccount, in which namespace, as which pod.
+struct OperatorRun<'a> {
+    cp: &'a testbed::ControlPlane,
+    client: Client,
+    namespace: &'a str,
+    account: &'a str,
+    /// `--node-image`; None: the image of the pod `pod_name`, as in a cluster.
+    node_image: Option<&'a str>,
+    /// POD_NAME: the replica's name in the Lease, and the pod whose image and pull secrets the
+    /// operator reads, as the downward API gives it in a pod.
+    pod_name: String,
+}
+
 impl Operator {
     /// Runs `hostpath-provisioner operator` in deploy/operator's namespace with a token of its
     /// ServiceAccount: exactly the rights of deploy/operator/rbac.yaml.
     async fn start(env: &TestEnv, image: &str, replica: &str) -> Operator {
-        let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+        let run = OperatorRun {
+            cp: env.cp,
+            client: env.client.clone(),
+            namespace: OPERATOR_NAMESPACE,
+            account: OPERATOR_ACCOUNT,
+            node_image: Some(image),
+            pod_name: format!("{}-{replica}", env.group),
+        };
+        Operator::start_as(&run).await
+    }
+
+    /// Runs `hostpath-provisioner operator` with a token of `run.account`: exactly that
+    /// ServiceAccount's rights, as in its pod.
+    async fn start_as(run: &OperatorRun<'_>) -> Operator {
+        let accounts: Api<ServiceAccount> = Api::namespaced(run.client.clone(), run.namespace);
         let request = TokenRequest {
             spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
             ..Default::default()
         };
         let token = accounts
-            .create_token_request(OPERATOR_ACCOUNT, &PostParams::default(), &request)
+            .create_token_request(run.account, &PostParams::default(), &request)
             .await
             .expect("TokenRequest")
             .status
             .and_then(|s| s.token)
             .expect("a token");
-        let kubeconfig = env.cp.temp_dir().join(format!("{}-operator.kubeconfig", env.group));
-        env.cp.write_kubeconfig_for_token(&token, &kubeconfig).expect("kubeconfig");
-        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-operator-{replica}.log", env.ns));
+        let kubeconfig = run.cp.temp_dir().join(format!("{}.kubeconfig", run.pod_name));
+        run.cp.write_kubeconfig_for_token(&token, &kubeconfig).expect("kubeconfig");
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-operator.log", run.pod_name));
         let file = std::fs::File::create(&log).expect("operator log");
-        let child = std::process::Command::new(binary())
-            .args(["operator", "--namespace", OPERATOR_NAMESPACE, "--node-image", image, "--lease-seconds", "6"])
+        let mut command = std::process::Command::new(binary());
+        command.args(["operator", "--namespace", run.namespace, "--lease-seconds", "6"]);
+        if let Some(image) = run.node_image {
+            command.args(["--node-image", image]);
+        }
+        let child = command
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .env("RUST_LOG", "info,hostpath_provisioner=debug")
-            // The replica's name in the Lease, as the downward API gives it in a pod.
-            .env("POD_NAME", format!("{}-{replica}", env.group))
+            .env("POD_NAME", &run.pod_name)
             .stdout(file.try_clone().expect("log"))
             .stderr(file)
             .spawn()
@@ -240,6 +282,11 @@ fn condition<'a>(object: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
     object.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
 }
 
+fn resources_of(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("hostpathprovisioner.kubevirt.io", "v1beta1", "HostPathProvisioner");
+    Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "hostpathprovisioners"))
+}
+
 async fn wait_resource(env: &TestEnv, name: &str, what: &str, done: impl Fn(&DynamicObject) -> bool) -> DynamicObject {
     let api = resources(env);
     testbed::wait_for(what, WAIT, || {
@@ -251,12 +298,60 @@ async fn wait_resource(env: &TestEnv, name: &str, what: &str, done: impl Fn(&Dyn
     .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// The pull secret the operator's pods carry, which the node pods and mounters must get too.
+const PULL_SECRET: &str = "regcred";
+
+/// A stand-in for an operator replica's pod, as its ReplicaSet would make it (no kubelet runs
+/// it): the operator reads its image and pull secrets through POD_NAME.
+async fn stand_in_pod(client: &Client, namespace: &str, name: &str, mut spec: k8s_openapi::api::core::v1::PodSpec) {
+    // Never bound to another test's node.
+    spec.node_selector = Some([("hpp-e2e/stand-in".to_owned(), "nowhere".to_owned())].into());
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta { name: Some(name.to_owned()), ..Default::default() },
+        spec: Some(spec),
+        ..Default::default()
+    };
+    match Api::<Pod>::namespaced(client.clone(), namespace).create(&PostParams::default(), &pod).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => panic!("stand-in pod {name}: {error}"),
+    }
+}
+
+/// Makes the API server serve SecurityContextConstraints (OpenShift's own CRD, from the deploy
+/// tools' cache): the operator then makes its SCCs too, with rights limited to their names.
+fn serve_scc_api(env: &TestEnv) {
+    let dir = testbed::deploy_tool(testbed::DeployTool::Crds).unwrap_or_else(|e| panic!("{e:#}"));
+    let file = dir.join("security.openshift.io_securitycontextconstraints.yaml");
+    kubectl(env, &["apply", "--server-side", "-f", file.to_str().expect("utf-8 path")]);
+    kubectl(
+        env,
+        &[
+            "wait",
+            "--for",
+            "condition=Established",
+            "--timeout",
+            "60s",
+            "crd/securitycontextconstraints.security.openshift.io",
+        ],
+    );
+}
+
 /// One test for the whole life of a resource: a cluster has one acting resource, and the tests
-/// of this binary share a control plane.
+/// of this binary share a control plane. The cluster serves the SCC API, as OpenShift does.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     let env = TestEnv::start("hpp-operator", 0).await;
     apply_crd(&env);
+    serve_scc_api(&env);
+    for replica in ["a", "b"] {
+        let spec = serde_json::from_value(json!({
+            "containers": [{"name": "operator", "image": "registry.example/hostpath-provisioner:e2e"}],
+            "imagePullSecrets": [{"name": PULL_SECRET}],
+        }))
+        .expect("pod spec");
+        stand_in_pod(&env.client, OPERATOR_NAMESPACE, &format!("{}-{replica}", env.group), spec).await;
+    }
     // Two replicas: the first takes the Lease, the second stands by.
     let first = Operator::start(&env, "registry.example/hostpath-provisioner:e2e", "a").await;
     wait_log(&first, "holding the operator Lease").await;
@@ -278,11 +373,39 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     assert_eq!(pull.as_deref(), Some("Always"));
     let owner = &daemonset.metadata.owner_references.as_ref().expect("owner")[0];
     assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("HostPathProvisioner", name.as_str()));
+    let template = &daemonset.spec.as_ref().expect("spec").template;
+    let pod = template.spec.as_ref().expect("pod spec");
+    let secrets: Vec<_> = pod.image_pull_secrets.iter().flatten().map(|s| s.name.as_str()).collect();
+    assert_eq!(secrets, [PULL_SECRET], "the operator pod's pull secrets");
+    assert_eq!(pod.tolerations, None, "no toleration the resource does not ask for");
+    let annotations = template.metadata.as_ref().and_then(|m| m.annotations.clone()).unwrap_or_default();
+    assert_eq!(annotations.get("openshift.io/required-scc").map(String::as_str), Some("kubevirt-hostpath-provisioner"));
     let selector = format!("hostpathprovisioner.kubevirt.io/resource={name}");
-    for kind in ["serviceaccount", "role", "rolebinding"] {
+    for (kind, count) in [("serviceaccount", 2), ("role", 1), ("rolebinding", 1)] {
         let made = kubectl(&env, &["get", "-n", OPERATOR_NAMESPACE, kind, "-o", "name", "-l", &selector]);
-        assert_eq!(made.lines().count(), 1, "{kind}: {made}");
+        assert_eq!(made.lines().count(), count, "{kind}: {made}");
     }
+    // Made under rights limited to these names (deploy/operator/rbac.yaml), each granted to its
+    // own ServiceAccount only.
+    let sccs = kubectl(&env, &["get", "securitycontextconstraints", "-l", &selector, "-o", "json"]);
+    let sccs: Value = serde_json::from_str(&sccs).expect("SCC list");
+    let granted: Vec<(String, Value)> = sccs["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|scc| (scc["metadata"]["name"].as_str().unwrap_or_default().to_owned(), scc["users"].clone()))
+        .collect();
+    let user = |account: &str| json!([format!("system:serviceaccount:{OPERATOR_NAMESPACE}:{account}")]);
+    assert_eq!(
+        granted,
+        [
+            ("kubevirt-hostpath-provisioner".to_owned(), user("kubevirt-hostpath-provisioner-admin")),
+            (
+                "kubevirt-hostpath-provisioner-pool-mounter".to_owned(),
+                user("kubevirt-hostpath-provisioner-pool-mounter")
+            ),
+        ]
+    );
     let labelled = kubectl(
         &env,
         &[
@@ -350,22 +473,28 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
         condition(&degraded, "Degraded").expect("Degraded")["message"].as_str().unwrap_or_default().to_owned();
     assert!(message.contains("spec.workload.affinity"), "{message}");
     let uid = degraded.metadata.uid.clone().expect("uid");
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "default");
-    testbed::wait_for("the InvalidAffinity Event", WAIT, || {
-        let events = events.clone();
-        let uid = uid.clone();
-        async move {
-            let list = events.list(&Default::default()).await?;
-            Ok::<_, kube::Error>(list.items.into_iter().find(|e| {
-                e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
-                    && e.reason.as_deref() == Some("InvalidAffinity")
-            }))
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    wait_event(&env, &uid, "InvalidAffinity").await;
     let unchanged = wait_daemonset(&env, "the DaemonSet", |_| true).await;
     assert_eq!(node_container(&unchanged).0.get("PV_DIR").map(String::as_str), Some("/srv/hp"));
+
+    // A misspelt field inside an embedded core object (here a toleration's `operator`) is not
+    // dropped: the status and an Event name it, and the DaemonSet is left as it was.
+    let patch = json!({"spec": {"workload": {"affinity": null, "tolerations": [
+        {"key": "dedicated", "operater": "Exists", "effect": "NoSchedule"},
+    ]}}});
+    resources(&env).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("misspelt toleration");
+    let degraded = wait_resource(&env, &name, "Degraded InvalidTolerations", |r| {
+        condition(r, "Degraded").is_some_and(|c| c["reason"] == "InvalidTolerations")
+    })
+    .await;
+    let message =
+        condition(&degraded, "Degraded").expect("Degraded")["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("spec.workload.tolerations[0].operater"), "names the field: {message}");
+    let note = wait_event(&env, &uid, "InvalidTolerations").await;
+    assert!(note.contains("spec.workload.tolerations[0].operater"), "{note}");
+    let unchanged = wait_daemonset(&env, "the DaemonSet", |_| true).await;
+    let pod = unchanged.spec.and_then(|s| s.template.spec).expect("pod spec");
+    assert_eq!(pod.tolerations, None, "the toleration was not applied without its operator");
 
     // A PV of ours, standing for a volume's data: deleting the resource must leave it.
     let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
@@ -406,7 +535,7 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
         &env,
         &[
             "get",
-            "clusterrole,clusterrolebinding",
+            "clusterrole,clusterrolebinding,securitycontextconstraints",
             "-o",
             "name",
             "-l",
@@ -416,6 +545,29 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     assert_eq!(left.trim(), "", "cluster objects left behind");
     assert!(env.pvs().get_opt(&format!("{name}-pv")).await.expect("read the PV").is_some(), "the PV was kept");
     env.pvs().delete(&format!("{name}-pv"), &Default::default()).await.expect("remove the test PV");
+    for replica in ["a", "b"] {
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+        pods.delete(&format!("{}-{replica}", env.group), &DeleteParams::default()).await.expect("stand-in pod");
+    }
+}
+
+/// Waits for the Event of `reason` on the resource `uid` (Events of cluster-scoped objects are in
+/// `default`) and returns its note.
+async fn wait_event(env: &TestEnv, uid: &str, reason: &str) -> String {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "default");
+    testbed::wait_for(&format!("the {reason} Event"), WAIT, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await?;
+            Ok::<_, kube::Error>(list.items.into_iter().find_map(|e| {
+                let ours = e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid)
+                    && e.reason.as_deref() == Some(reason);
+                ours.then(|| e.note.unwrap_or_default())
+            }))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A pool on a claim: each node the placement selects gets its claim and mounter Deployment,
@@ -454,9 +606,19 @@ async fn pools_on_a_claim_are_mounted_per_node_and_held_back_by_volumes(env: &Te
         assert_eq!(spec.storage_class_name.as_deref(), Some("san"), "the template's class");
         assert!(claim.metadata.owner_references.is_none(), "never collected with the resource");
         let mounter = wait_present(&mounters, &object_names(node), true).await;
-        let pod = mounter.spec.and_then(|s| s.template.spec).expect("mounter pod");
+        let template = mounter.spec.map(|s| s.template).expect("mounter template");
+        let pod = template.spec.expect("mounter pod");
         let affinity = serde_json::to_string(&pod.affinity).expect("affinity");
         assert!(affinity.contains(node.as_str()), "pinned to its node: {affinity}");
+        // Its own ServiceAccount and SCC, the operator's pull secrets.
+        assert_eq!(pod.service_account_name.as_deref(), Some("kubevirt-hostpath-provisioner-pool-mounter"));
+        let annotations = template.metadata.and_then(|m| m.annotations).unwrap_or_default();
+        assert_eq!(
+            annotations.get("openshift.io/required-scc").map(String::as_str),
+            Some("kubevirt-hostpath-provisioner-pool-mounter")
+        );
+        let secrets: Vec<_> = pod.image_pull_secrets.iter().flatten().map(|s| s.name.as_str()).collect();
+        assert_eq!(secrets, [PULL_SECRET]);
     }
     let reported = wait_resource(env, name, "the pool Mounting on both nodes", |r| {
         r.data["status"]["storagePoolStatuses"].as_array().is_some_and(|pools| {
@@ -551,152 +713,118 @@ async fn the_one_file_install_is_the_kustomization_rendered_and_applies() {
     assert!(out.contains("deployment.apps/hostpath-provisioner-operator"), "{out}");
 }
 
-/// The chart's copy of the CRD is deploy/operator's.
-#[test]
-fn the_charts_crd_is_deploy_operators() {
-    let read = |path: &str| std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
-    assert!(
-        read("deploy/helm/hostpath-provisioner/files/operator-crd.yaml") == read("deploy/operator/crd.yaml"),
-        "copy deploy/operator/crd.yaml to deploy/helm/hostpath-provisioner/files/operator-crd.yaml"
-    );
-}
+const CHART: &str = "deploy/helm/hostpath-provisioner";
 
-/// `operator.enabled`: the chart installs the operator (and a resource from values) instead of
-/// the node DaemonSet, and what it renders passes server-side dry-run.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_chart_installs_the_operator_instead_of_the_daemonset() {
-    let env = TestEnv::start("hpp-chart", 0).await;
-    apply_crd(&env);
-    let helm = testbed::deploy_tool(testbed::DeployTool::Helm).unwrap_or_else(|e| panic!("{e:#}"));
+/// helm with its caches under the target directory, run in the repository; panics with its
+/// output when it fails.
+fn helm(args: &[&str]) -> String {
+    let bin = testbed::deploy_tool(testbed::DeployTool::Helm).unwrap_or_else(|e| panic!("{e:#}"));
     let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
-    let output = std::process::Command::new(helm)
-        .args(["template", "hpp", "deploy/helm/hostpath-provisioner", "--namespace", &env.ns])
-        .args(["--set", "operator.enabled=true", "--set-json"])
-        .arg(r#"operator.resource={"storagePools":[{"name":"local","path":"/var/hpvolumes"}]}"#)
+    let output = std::process::Command::new(bin)
+        .args(args)
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"))
         .current_dir(repo())
         .output()
         .expect("helm");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let rendered = String::from_utf8_lossy(&output.stdout).into_owned();
-    let kinds: Vec<&str> = rendered.lines().filter_map(|l| l.strip_prefix("kind: ")).collect();
-    for kind in ["CustomResourceDefinition", "Deployment", "HostPathProvisioner", "ClusterRole", "Role"] {
-        assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
-    }
-    assert!(!kinds.contains(&"DaemonSet"), "the operator makes the DaemonSet, not the chart");
-    assert!(rendered.contains("helm.sh/resource-policy: keep"), "the CRD outlives the release");
-    let file = env.cp.temp_dir().join(format!("{}-chart.yaml", env.group));
-    std::fs::write(&file, &rendered).expect("write");
-    let out = kubectl(&env, &["apply", "--server-side", "--dry-run=server", "-f", file.to_str().expect("utf-8")]);
-    assert!(out.contains("hostpathprovisioner.hostpathprovisioner.kubevirt.io/hostpath-provisioner"), "{out}");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    assert!(output.status.success(), "helm {}:\n{}\n{}", args.join(" "), text(&output.stdout), text(&output.stderr));
+    text(&output.stdout)
 }
 
-/// Unmounts (lazily) what a pool-mount test left mounted, whatever happened.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let umount = || {
-            std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        while umount() {}
-    }
-}
-
-fn pool_mount(source: &std::path::Path, target: &std::path::Path, extra: &[&str]) -> std::process::Command {
-    let mut command = std::process::Command::new(binary());
-    command.arg("pool-mount").arg("--source").arg(source).arg("--target").arg(target).args(extra);
-    command
-}
-
-/// `pool-mount` bind-mounts the claim onto the pool path, answers its probe, never mounts over a
-/// non-empty directory, and on SIGTERM unmounts only a pool that holds no volume.
-#[tokio::test(flavor = "multi_thread")]
-async fn pool_mount_mounts_the_claim_and_keeps_it_while_volumes_live_there() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(testbed::unique_name("pool-mount"));
-    let (claim, pool) = (dir.join("claim"), dir.join("pool"));
-    // Dropped last, after both mounts are gone.
-    let _remove = RemoveDir(dir.clone());
-    let _claim_fs = Tmpfs::mount(&claim);
-    let _cleanup = Unmount(pool.clone());
-    std::fs::write(claim.join(".marker"), "on the claim").expect("marker");
-    let probe = |pool: &std::path::Path| pool_mount(&claim, pool, &["--check"]).status().expect("probe").success();
-
-    // Mounted, probed, then unmounted on SIGTERM since no volume lives there.
-    let mut mounter = pool_mount(&claim, &pool, &[]).spawn().expect("pool-mount");
-    testbed::wait_for("the claim on the pool path", WAIT, || async {
-        Ok::<_, std::convert::Infallible>(pool.join(".marker").exists().then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(probe(&pool));
-    // SAFETY: kill(2) on our own child, not reaped yet.
-    unsafe { libc::kill(mounter.id() as i32, libc::SIGTERM) };
-    assert!(mounter.wait().expect("wait").success());
-    assert!(!pool.join(".marker").exists(), "an empty pool is unmounted on SIGTERM");
-    assert!(!probe(&pool));
-
-    // With a volume in it, the mount outlives the mounter, and the next one adopts it.
-    let mut mounter = pool_mount(&claim, &pool, &[]).spawn().expect("pool-mount");
-    testbed::wait_for("the claim on the pool path", WAIT, || async {
-        Ok::<_, std::convert::Infallible>(probe(&pool).then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    std::fs::create_dir(pool.join("pvc-0b5c4a1e")).expect("a volume");
-    // SAFETY: as above.
-    unsafe { libc::kill(mounter.id() as i32, libc::SIGTERM) };
-    assert!(mounter.wait().expect("wait").success());
-    assert!(probe(&pool), "the mount stays while a volume lives there");
-    let log = dir.join("adopter.log");
-    let adopter =
-        pool_mount(&claim, &pool, &[]).stderr(std::fs::File::create(&log).expect("log")).spawn().expect("pool-mount");
-    let mut adopted = KillOnDrop(adopter);
-    testbed::wait_for("the next mounter to adopt the mount", WAIT, || async {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        Ok::<_, std::convert::Infallible>(text.contains("adopted").then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(adopted.0.try_wait().expect("try_wait").is_none(), "the adopter keeps running");
-    drop(adopted);
-    let unmounted = std::process::Command::new("umount").arg(&pool).status().expect("umount");
-    assert!(unmounted.success(), "the adopted mount was in place");
-
-    // A non-empty pool path is never mounted over.
-    std::fs::create_dir_all(pool.join("pvc-old")).expect("old data");
-    let output = pool_mount(&claim, &pool, &[]).output().expect("pool-mount");
-    assert!(!output.status.success());
+/// The chart's copy of the CRD is deploy/operator's.
+#[test]
+fn the_charts_crd_is_deploy_operators() {
+    let read = |path: &str| std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
     assert!(
-        String::from_utf8_lossy(&output.stderr).contains("is not empty"),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        read("deploy/helm/hostpath-provisioner/crds/hostpathprovisioners.yaml") == read("deploy/operator/crd.yaml"),
+        "copy deploy/operator/crd.yaml to deploy/helm/hostpath-provisioner/crds/hostpathprovisioners.yaml"
     );
-    assert!(!probe(&pool));
 }
 
-/// Removes a test's directory when dropped.
-struct RemoveDir(PathBuf);
+/// `helm install` in operator mode with `operator.resource`, on a fresh control plane where
+/// nothing was applied before (the CRD comes from the chart's crds/). The operator then runs
+/// as the chart's ServiceAccount (its token: exactly the chart's RBAC) and as a stand-in for the
+/// chart's pod (its image and pull secrets), and brings the resource to Available with no
+/// problem. There is no kubelet here, so the test plays the DaemonSet controller: it reports the
+/// node DaemonSet rolled out on one node, which is what Available waits for.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chart_installs_the_operator_and_its_resource_in_one_install_and_reaches_available_under_its_rbac() {
+    let cp = testbed::ControlPlane::start().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let logs = cp.logs_on_failure();
+    let client = cp.admin_client();
+    let namespace = "hpp-system";
+    let kubeconfig = cp.kubeconfig_path().to_str().expect("utf-8 path").to_owned();
+    let out = helm(&[
+        "install",
+        "hpp",
+        CHART,
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--kubeconfig",
+        &kubeconfig,
+        "--set",
+        "operator.enabled=true",
+        "--set",
+        &format!("imagePullSecrets[0].name={PULL_SECRET}"),
+        "--set-json",
+        r#"operator.resource={"storagePools":[{"name":"local","path":"/var/hpvolumes"}]}"#,
+    ]);
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let made = daemonsets.list(&Default::default()).await.expect("list DaemonSets");
+    assert!(made.items.is_empty(), "the operator makes the DaemonSet, not the chart");
 
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    let operator = "hpp-hostpath-provisioner-operator";
+    let deployment = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), namespace)
+        .get(operator)
+        .await
+        .expect("the chart's operator Deployment");
+    let template = deployment.spec.expect("spec").template.spec.expect("pod spec");
+    let image = template.containers[0].image.clone().expect("image");
+    let pod_name = format!("{operator}-stand-in");
+    stand_in_pod(&client, namespace, &pod_name, template).await;
+    let run = OperatorRun { cp: &cp, client: client.clone(), namespace, account: operator, node_image: None, pod_name };
+    let _operator = Operator::start_as(&run).await;
+
+    let api = resources_of(&client);
+    let available = testbed::wait_for("the chart's resource Available", WAIT, || {
+        let (daemonsets, api) = (daemonsets.clone(), api.clone());
+        async move {
+            if let Some(daemonset) = daemonsets.get_opt(NODE_DAEMONSET).await? {
+                report_rolled_out(&daemonsets, &daemonset).await?;
+            }
+            let resource = api.get_opt("hostpath-provisioner").await?;
+            Ok::<_, kube::Error>(resource.filter(|r| condition(r, "Available").is_some_and(|c| c["status"] == "True")))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", _operator.log()));
+    let degraded = condition(&available, "Degraded").expect("Degraded");
+    assert_eq!(degraded["status"], "False", "every object applied under the chart's RBAC: {degraded}");
+    let daemonset = daemonsets.get(NODE_DAEMONSET).await.expect("the node DaemonSet");
+    let (_, node_image, _) = node_container(&daemonset);
+    assert_eq!(node_image, Some(image), "the chart pod's image");
+    let pod = daemonset.spec.and_then(|s| s.template.spec).expect("pod spec");
+    let secrets: Vec<_> = pod.image_pull_secrets.iter().flatten().map(|s| s.name.clone()).collect();
+    assert_eq!(secrets, [PULL_SECRET], "the chart's imagePullSecrets");
+    logs.passed();
 }
 
-/// A child killed (SIGKILL) and reaped when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+/// Writes what the DaemonSet controller reports once the current template runs, available, on
+/// one node (the controllers of this control plane do not include it).
+async fn report_rolled_out(api: &Api<DaemonSet>, daemonset: &DaemonSet) -> Result<(), kube::Error> {
+    let generation = daemonset.metadata.generation.unwrap_or(0);
+    if daemonset.status.as_ref().and_then(|s| s.observed_generation) == Some(generation) {
+        return Ok(());
     }
+    let status = json!({"status": {
+        "observedGeneration": generation,
+        "desiredNumberScheduled": 1, "currentNumberScheduled": 1, "updatedNumberScheduled": 1,
+        "numberReady": 1, "numberAvailable": 1, "numberMisscheduled": 0,
+    }});
+    let name = daemonset.metadata.name.as_deref().unwrap_or_default();
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.map(|_| ())
 }

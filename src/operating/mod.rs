@@ -47,8 +47,8 @@ pub struct OperatorArgs {
     /// The operator's namespace: the node provisioner's objects and the Lease go there.
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: Option<String>,
-    /// This pod's name (downward API): its image becomes the node pods' image, and it names
-    /// this replica in the Lease.
+    /// This pod's name (downward API): its image and pull secrets become the node pods' and the
+    /// pool mounters', and it names this replica in the Lease.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
     /// The node pods' image, instead of the operator pod's own.
@@ -88,8 +88,8 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         .clone()
         .filter(|n| !n.trim().is_empty())
         .unwrap_or_else(|| client.default_namespace().to_owned());
-    let image = match node_image(&client, &namespace, &args).await {
-        Ok(image) => image,
+    let (image, image_pull_secrets) = match node_image(&client, &namespace, &args).await {
+        Ok(found) => found,
         Err(error) => {
             eprintln!("hostpath-provisioner operator: {error}");
             return EXIT_CONFIG;
@@ -103,6 +103,7 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         version = crate::serving::build_info::VERSION,
         %namespace,
         %image,
+        image_pull_secrets = %image_pull_secrets.join(","),
         %identity,
         "hostpath-provisioner operator starting"
     );
@@ -122,6 +123,7 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         client: client.clone(),
         namespace: namespace.clone(),
         image,
+        image_pull_secrets,
         recorder: Recorder::new(client.clone(), reporter),
     });
     let resources: Api<HostPathProvisioner> = Api::all(client.clone());
@@ -167,29 +169,55 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
     code
 }
 
-/// The node pods' image: `--node-image`, else the operator pod's own (so one image tag rolls
-/// both), read through the downward API's POD_NAME.
-async fn node_image(client: &kube::Client, namespace: &str, args: &OperatorArgs) -> Result<String, OperatorError> {
-    if let Some(image) = args.node_image.clone().filter(|i| !i.trim().is_empty()) {
-        return Ok(image);
-    }
+/// The node pods' and pool mounters' image and pull secrets: the operator pod's own, read
+/// through the downward API's POD_NAME, so that one image tag rolls both and a private registry
+/// that serves the operator serves them too. The pod's `imagePullSecrets` hold the Deployment's
+/// and those of its ServiceAccount (the ServiceAccount admission plugin copies them in).
+/// `--node-image` replaces the image; without a readable pod it also means no pull secrets.
+async fn node_image(
+    client: &kube::Client,
+    namespace: &str,
+    args: &OperatorArgs,
+) -> Result<(String, Vec<String>), OperatorError> {
+    let node_image = args.node_image.clone().filter(|i| !i.trim().is_empty());
     let Some(pod_name) = args.pod_name.as_deref().filter(|p| !p.is_empty()) else {
-        return Err(OperatorError::Config(
-            "no node image: set --node-image (NODE_IMAGE), or run in a pod with POD_NAME from the downward API".into(),
-        ));
+        return node_image.map(|image| (image, Vec::new())).ok_or_else(|| {
+            OperatorError::Config(
+                "no node image: set --node-image (NODE_IMAGE), or run in a pod with POD_NAME from the downward API"
+                    .into(),
+            )
+        });
     };
-    let pod = Api::<Pod>::namespaced(client.clone(), namespace).get(pod_name).await.map_err(|e| {
-        OperatorError::api(format!("read the operator's own pod {namespace}/{pod_name} for its image"), e)
-    })?;
-    let containers = pod.spec.map(|s| s.containers).unwrap_or_default();
-    containers
+    let pod = match Api::<Pod>::namespaced(client.clone(), namespace).get(pod_name).await {
+        Ok(pod) => pod,
+        // Run outside a pod with a node image of its own (a test, a host process): nothing to
+        // copy, which the log says.
+        Err(error) if node_image.is_some() => {
+            tracing::warn!(%error, pod = pod_name, "cannot read the operator's own pod: the node pods and pool mounters get no imagePullSecrets");
+            return Ok((node_image.unwrap_or_default(), Vec::new()));
+        }
+        Err(error) => {
+            return Err(OperatorError::api(
+                format!("read the operator's own pod {namespace}/{pod_name} for its image"),
+                error,
+            ));
+        }
+    };
+    let spec = pod.spec.unwrap_or_default();
+    let pull_secrets = spec.image_pull_secrets.unwrap_or_default().into_iter().map(|s| s.name).collect();
+    if let Some(image) = node_image {
+        return Ok((image, pull_secrets));
+    }
+    let containers = spec.containers;
+    let image = containers
         .iter()
         .find(|c| c.name == OPERATOR_CONTAINER || c.name == NODE_CONTAINER)
         .or(containers.first())
         .and_then(|c| c.image.clone())
         .ok_or_else(|| {
             OperatorError::Config(format!("pod {pod_name} has no container image to reuse; set --node-image"))
-        })
+        })?;
+    Ok((image, pull_secrets))
 }
 
 async fn client(args: &OperatorArgs) -> Result<kube::Client, String> {

@@ -31,6 +31,8 @@ pub struct Target<'a> {
     pub client: &'a Client,
     pub namespace: &'a str,
     pub image: &'a str,
+    /// The mounters' pull secrets.
+    pub image_pull_secrets: &'a [String],
     /// The resource's name: its pool objects carry it in [`OWNER_LABEL`].
     pub resource: &'a str,
     pub field_manager: &'a str,
@@ -83,8 +85,14 @@ fn mounters_api(target: &Target<'_>) -> Api<Deployment> {
 fn plan(target: &Target<'_>, found: &Found, pools: &[PoolOnClaim], placement: &NodePlacement) -> pool_plan::Plan {
     let mut existing: Vec<Existing> = found.claims.iter().filter_map(|c| read_existing(Kind::Claim, c)).collect();
     existing.extend(found.mounters.iter().filter_map(|d| read_existing(Kind::Mounter, d)));
-    let objects =
-        PoolObjects { resource: target.resource, namespace: target.namespace, image: target.image, pool: "", path: "" };
+    let objects = PoolObjects {
+        resource: target.resource,
+        namespace: target.namespace,
+        image: target.image,
+        pool: "",
+        path: "",
+        image_pull_secrets: target.image_pull_secrets,
+    };
     pool_plan::plan(pools, placement, &found.nodes, &existing, &found.pvs, &objects)
 }
 

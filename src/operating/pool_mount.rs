@@ -5,7 +5,9 @@
 //! and, from there, the node provisioner. Narrower than the kubevirt operator's mounter, which
 //! mounts the host's whole `/` Bidirectionally.
 //!
-//! Not wired into the operator yet (docs/operator.md, "Pools on a claim").
+//! The operator runs it as the mounter Deployment of each pool on a claim, one per node
+//! (`crate::deciding::operator::pool_claims::PoolObjects::mounter`; docs/operator.md, "Pools on
+//! a claim").
 //!
 //! Safety choices:
 //! - It never mounts over a non-empty directory: that would hide whatever is there (volumes of an

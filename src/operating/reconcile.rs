@@ -31,6 +31,8 @@ pub struct Context {
     pub namespace: String,
     /// The node pods' image.
     pub image: String,
+    /// The node pods' and pool mounters' pull secrets: the operator pod's own.
+    pub image_pull_secrets: Vec<String>,
     pub recorder: Recorder,
 }
 
@@ -210,6 +212,7 @@ async fn environment(ctx: &Context) -> Environment {
         openshift: serves("security.openshift.io/v1", &["securitycontextconstraints"]).await,
         prometheus: serves("monitoring.coreos.com/v1", &["servicemonitors", "prometheusrules"]).await,
         held_pools: Vec::new(),
+        image_pull_secrets: ctx.image_pull_secrets.clone(),
     }
 }
 
@@ -218,6 +221,7 @@ fn pool_target<'a>(resource: &'a HostPathProvisioner, ctx: &'a Context) -> super
         client: &ctx.client,
         namespace: &ctx.namespace,
         image: &ctx.image,
+        image_pull_secrets: &ctx.image_pull_secrets,
         resource: resource.metadata.name.as_deref().unwrap_or_default(),
         field_manager: FIELD_MANAGER,
     }

@@ -1,7 +1,8 @@
 //! The operator's decisions: the `HostPathProvisioner` resource ([`resource`]), the objects a
 //! resource makes ([`render`]), the status it reports ([`status`]), and which operator replica
-//! acts ([`lease`]). Pure: the I/O is in `crate::operating`.
+//! acts ([`lease`]); the core objects it embeds are read strictly ([`embedded`]). Pure: the I/O is in `crate::operating`.
 
+pub mod embedded;
 pub mod lease;
 pub mod pool_claims;
 pub mod pool_plan;

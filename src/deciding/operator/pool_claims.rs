@@ -169,6 +169,12 @@ pub const NODE_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/node";
 /// Annotation on a pool's claims and mounters: the pool path, for the hold-back rule after the
 /// pool was removed from the resource or moved.
 pub const PATH_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/pool-path";
+/// The mounters' ServiceAccount, which the operator makes next to the node pods': none of the
+/// namespace's other pods may use the mounters' SCC.
+pub const MOUNTER_SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-pool-mounter";
+/// The mounters' SCC (deploy/openshift/pool-mounter-scc.yaml), which their pods pin. Not a name
+/// of the kubevirt operator's SCCs (`hostpath-provisioner`, `hostpath-provisioner-csi`).
+pub const MOUNTER_SCC: &str = "kubevirt-hostpath-provisioner-pool-mounter";
 /// Where the image has the binary (the Dockerfile's entrypoint), for the mounter's probe.
 const BINARY: &str = "/hostpath-provisioner";
 /// Where the mounter's pod sees the claim.
@@ -182,6 +188,8 @@ pub struct PoolObjects<'a> {
     pub image: &'a str,
     pub pool: &'a str,
     pub path: &'a str,
+    /// The mounter pods' pull secrets (names in `namespace`).
+    pub image_pull_secrets: &'a [String],
 }
 
 impl PoolObjects<'_> {
@@ -216,8 +224,10 @@ impl PoolObjects<'_> {
 
     /// The mounter of `claim` on `node`: one replica pinned to the node, the claim as a volume,
     /// exactly the pool path as a Bidirectional hostPath (which Kubernetes allows only to a
-    /// privileged container), running `pool-mount`.
-    pub fn mounter(&self, node: &str, claim: &str) -> serde_json::Value {
+    /// privileged container), running `pool-mount`. It tolerates what the node pods tolerate
+    /// (`tolerations`: the resource's and those the DaemonSet controller adds), so that the mount
+    /// holds wherever the node provisioner runs, and nothing more.
+    pub fn mounter(&self, node: &str, claim: &str, tolerations: &[Toleration]) -> serde_json::Value {
         let name = claim_name(self.pool, Some(node));
         let digest = Sha256::digest(name.as_bytes());
         let selector_value: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
@@ -229,6 +239,8 @@ impl PoolObjects<'_> {
         probe.extend(mount_args);
         let mut args = vec!["pool-mount"];
         args.extend(mount_args);
+        let pull_secrets: Vec<serde_json::Value> =
+            self.image_pull_secrets.iter().map(|name| serde_json::json!({ "name": name })).collect();
         serde_json::json!({
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -239,9 +251,12 @@ impl PoolObjects<'_> {
                 "strategy": {"type": "Recreate"},
                 "selector": {"matchLabels": selector},
                 "template": {
-                    "metadata": {"labels": pod_labels},
+                    // On OpenShift, admitted by the mounters' SCC and no other.
+                    "metadata": {"labels": pod_labels, "annotations": {super::render::REQUIRED_SCC: MOUNTER_SCC}},
                     "spec": {
+                        "serviceAccountName": MOUNTER_SERVICE_ACCOUNT,
                         "automountServiceAccountToken": false,
+                        "imagePullSecrets": pull_secrets,
                         "priorityClassName": "system-node-critical",
                         "terminationGracePeriodSeconds": 30,
                         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
@@ -249,8 +264,7 @@ impl PoolObjects<'_> {
                                 {"key": "metadata.name", "operator": "In", "values": [node]}
                             ]}]
                         }}},
-                        // A pool's mount must hold wherever the node provisioner runs.
-                        "tolerations": [{"operator": "Exists"}],
+                        "tolerations": tolerations,
                         "containers": [{
                             "name": "mounter",
                             "image": self.image,

@@ -140,7 +140,14 @@ fn a_volume_whose_node_cannot_be_read_holds_every_node() {
 }
 
 fn objects() -> PoolObjects<'static> {
-    PoolObjects { resource: "hpp", namespace: "ops", image: "img:1", pool: "local", path: "/var/hpvolumes" }
+    PoolObjects {
+        resource: "hpp",
+        namespace: "ops",
+        image: "img:1",
+        pool: "local",
+        path: "/var/hpvolumes",
+        image_pull_secrets: &[],
+    }
 }
 
 #[test]
@@ -159,7 +166,7 @@ fn a_pool_claim_is_the_template_labelled_and_never_owned() {
 
 #[test]
 fn a_mounter_is_pinned_to_its_node_and_sees_only_the_pool_path_and_its_claim() {
-    let mounter = objects().mounter("worker-1", "hpp-pool-local");
+    let mounter = objects().mounter("worker-1", "hpp-pool-local", &[]);
     assert_eq!(mounter["metadata"]["name"], "hpp-pool-local-worker-1");
     let pod = &mounter["spec"]["template"]["spec"];
     let term =
@@ -180,6 +187,35 @@ fn a_mounter_is_pinned_to_its_node_and_sees_only_the_pool_path_and_its_claim() {
     assert_eq!(pod["automountServiceAccountToken"], false, "no API access");
     assert_eq!(mounter["spec"]["strategy"]["type"], "Recreate");
     // Distinct nodes, distinct selectors.
-    let other = objects().mounter("worker-2", "hpp-pool-local");
+    let other = objects().mounter("worker-2", "hpp-pool-local", &[]);
     assert_ne!(mounter["spec"]["selector"], other["spec"]["selector"]);
+}
+
+#[test]
+fn a_mounter_runs_as_its_own_account_pins_its_scc_and_pulls_with_the_operators_secrets() {
+    let secrets = ["regcred".to_owned(), "mirror".to_owned()];
+    let objects = PoolObjects { image_pull_secrets: &secrets, ..objects() };
+    let mounter = objects.mounter("worker-1", "hpp-pool-local", &[]);
+    let template = &mounter["spec"]["template"];
+    assert_eq!(template["spec"]["serviceAccountName"], MOUNTER_SERVICE_ACCOUNT, "not the namespace's default");
+    assert_eq!(template["metadata"]["annotations"]["openshift.io/required-scc"], MOUNTER_SCC);
+    assert_eq!(template["spec"]["imagePullSecrets"], json!([{"name": "regcred"}, {"name": "mirror"}]));
+    for kubevirt_scc in ["hostpath-provisioner", "hostpath-provisioner-csi"] {
+        assert_ne!(MOUNTER_SCC, kubevirt_scc, "never one of the kubevirt operator's SCCs");
+    }
+}
+
+#[test]
+fn a_mounter_tolerates_what_it_is_given_and_nothing_else() {
+    let dedicated: Toleration = serde_json::from_value(
+        json!({"key": "dedicated", "operator": "Equal", "value": "storage", "effect": "NoSchedule"}),
+    )
+    .expect("toleration");
+    let mounter = objects().mounter("worker-1", "hpp-pool-local", std::slice::from_ref(&dedicated));
+    let tolerations = &mounter["spec"]["template"]["spec"]["tolerations"];
+    assert_eq!(tolerations, &json!([serde_json::to_value(&dedicated).expect("toleration")]));
+    assert_eq!(
+        objects().mounter("worker-1", "hpp-pool-local", &[])["spec"]["template"]["spec"]["tolerations"],
+        json!([])
+    );
 }

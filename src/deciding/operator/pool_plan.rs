@@ -127,7 +127,7 @@ pub fn plan(
                 name: claim_name(&pool.name, Some(node)),
                 pool: pool.name.clone(),
                 node: Some(node.clone()),
-                body: objects.mounter(node, &claim),
+                body: objects.mounter(node, &claim, &tolerations),
             });
         }
         plan.nodes.insert(pool.name.clone(), selected.clone());

@@ -37,7 +37,7 @@ fn pv(name: &str, path: &str, node: &str) -> KeptVolume {
 }
 
 fn objects() -> PoolObjects<'static> {
-    PoolObjects { resource: "hpp", namespace: "ops", image: "img", pool: "", path: "" }
+    PoolObjects { resource: "hpp", namespace: "ops", image: "img", pool: "", path: "", image_pull_secrets: &[] }
 }
 
 fn existing(kind: Kind, name: &str, node: Option<&str>, path: &str) -> Existing {
@@ -93,6 +93,40 @@ fn a_node_not_ready_keeps_its_claim_as_the_daemonset_keeps_its_pod() {
     .expect("node");
     let plan = plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &[tainted], &[], &[], &objects());
     assert_eq!(plan.nodes["local"], ["n1"]);
+}
+
+/// The kubevirt operator puts no control-plane toleration on its node pods or mounters: a
+/// tainted control-plane node gets no pool claim or mounter unless the resource tolerates it.
+#[test]
+fn a_tainted_control_plane_node_gets_no_claim_or_mounter_unless_the_resource_tolerates_it() {
+    let control_plane: Node = serde_json::from_value(json!({
+        "metadata": {"name": "cp", "labels": {"kubernetes.io/os": "linux"}},
+        "spec": {"taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]},
+    }))
+    .expect("node");
+    let mut nodes = linux_nodes();
+    nodes.push(control_plane);
+    let pools = [pool("local", "/mnt/local", &["ReadWriteOnce"])];
+    let plain = plan(&pools, &placement(), &nodes, &[], &[], &objects());
+    assert_eq!(plain.nodes["local"], ["n1", "n2"]);
+    assert!(!names(&plain).iter().any(|(_, name)| name.ends_with("-cp")), "{:?}", names(&plain));
+    for mounter in plain.apply.iter().filter(|a| a.kind == Kind::Mounter) {
+        let tolerations = &mounter.body["spec"]["template"]["spec"]["tolerations"];
+        assert!(!tolerations.to_string().contains("control-plane"), "{tolerations}");
+        let every_taint = tolerations.as_array().expect("tolerations").iter().any(|t| t.get("key").is_none());
+        assert!(!every_taint, "no toleration of every taint: {tolerations}");
+    }
+    let tolerating = NodePlacement {
+        tolerations: vec![
+            serde_json::from_value(json!({"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}))
+                .expect("toleration"),
+        ],
+        ..placement()
+    };
+    let asked = plan(&pools, &tolerating, &nodes, &[], &[], &objects());
+    assert_eq!(asked.nodes["local"], ["n1", "n2", "cp"]);
+    let on_cp = asked.apply.iter().find(|a| a.kind == Kind::Mounter && a.name.ends_with("-cp")).expect("mounter");
+    assert!(on_cp.body["spec"]["template"]["spec"]["tolerations"].to_string().contains("control-plane"));
 }
 
 #[test]

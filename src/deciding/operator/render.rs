@@ -1,6 +1,7 @@
 //! What a `HostPathProvisioner` makes: the objects of deploy/legacy (ServiceAccount, RBAC, the
 //! peers Service, the node DaemonSet), read from the very files users can read and changed only where the resource
-//! says so; on OpenShift the SCC of deploy/openshift; with the Prometheus Operator the metrics
+//! says so; the pool mounters' ServiceAccount; on OpenShift the SCCs of deploy/openshift (the node
+//! pods' and the pool mounters'); with the Prometheus Operator the metrics
 //! Service, ServiceMonitor and PrometheusRule of deploy/monitoring. Namespaced objects go in the
 //! operator's namespace; every object carries an owner reference to the resource, so that the
 //! garbage collector removes them with it.
@@ -14,8 +15,8 @@ use std::path::Path;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, HostPathVolumeSource, PersistentVolumeClaimSpec, ServiceAccount, Toleration, Volume,
-    VolumeMount,
+    Affinity, Container, EnvVar, HostPathVolumeSource, LocalObjectReference, PersistentVolumeClaimSpec, ServiceAccount,
+    Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -23,6 +24,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::embedded::{self, EmbeddedError};
+use super::pool_claims::{MOUNTER_SCC, MOUNTER_SERVICE_ACCOUNT};
 use super::resource::{API_VERSION, HostPathProvisioner, KIND, StoragePool};
 use crate::deciding::layout;
 
@@ -31,6 +34,7 @@ const RBAC: &str = include_str!("../../../deploy/legacy/rbac.yaml");
 const SERVICE_ACCOUNT: &str = include_str!("../../../deploy/legacy/serviceaccount.yaml");
 const PEERS_SERVICE: &str = include_str!("../../../deploy/legacy/peers-service.yaml");
 const SCC: &str = include_str!("../../../deploy/openshift/scc.yaml");
+const MOUNTER_SCC_FILE: &str = include_str!("../../../deploy/openshift/pool-mounter-scc.yaml");
 const METRICS_SERVICE: &str = include_str!("../../../deploy/monitoring/metrics-service.yaml");
 const SERVICE_MONITOR: &str = include_str!("../../../deploy/monitoring/servicemonitor.yaml");
 const PROMETHEUS_RULE: &str = include_str!("../../../deploy/monitoring/prometheusrule.yaml");
@@ -43,6 +47,12 @@ const LEGACY_POOL: &str = "legacy";
 pub const NODE_CONTAINER: &str = "kubevirt-hostpath-provisioner";
 /// The pool root volume of daemonset.yaml (the legacy pool), kept for `pathConfig`.
 const LEGACY_VOLUME: &str = "pv-volume";
+/// The node pods' SCC (deploy/openshift/scc.yaml), which their pods pin on OpenShift. Not the
+/// kubevirt operator's `hostpath-provisioner`: applying over it would take that SCC over, and
+/// deleting the resource would delete it.
+pub const NODE_SCC: &str = "kubevirt-hostpath-provisioner";
+/// The annotation by which a pod names the one SCC that may admit it (OpenShift 4.14 and later).
+pub const REQUIRED_SCC: &str = "openshift.io/required-scc";
 /// Label on everything the operator makes: which resource made it.
 pub const OWNER_LABEL: &str = "hostpathprovisioner.kubevirt.io/resource";
 /// The recommended labels deploy/legacy's kustomization puts on pods; the metrics Service
@@ -68,6 +78,9 @@ pub struct Environment {
     /// the DaemonSet keeps serving them (only while mounted), so that those volumes can still
     /// be used and released.
     pub held_pools: Vec<(String, String)>,
+    /// Pull secrets (names, in the operator's namespace) the node pods and the pool mounters
+    /// get: the operator pod's own (docs/operator.md, "Private registries").
+    pub image_pull_secrets: Vec<String>,
 }
 
 /// One object to apply, with what the API needs to address it.
@@ -217,47 +230,39 @@ struct Placement {
 impl Placement {
     fn parse(resource: &HostPathProvisioner) -> Result<Placement, Problem> {
         let workload = &resource.spec.workload;
+        let problem = |reason| move |error: EmbeddedError| Problem { reason, message: error.to_string(), pool: None };
         let affinity = match &workload.affinity {
             None => None,
-            Some(value) => Some(serde_json::from_value::<Affinity>(value.clone()).map_err(|e| Problem {
-                reason: "InvalidAffinity",
-                message: format!(
-                    "spec.workload.affinity is not a Kubernetes Affinity ({e}): correct it as for a pod's spec.affinity"
-                ),
-                pool: None,
-            })?),
+            Some(value) => Some(
+                embedded::parse::<Affinity>(value, "spec.workload.affinity", AFFINITY)
+                    .map_err(problem("InvalidAffinity"))?,
+            ),
         };
         let tolerations = workload
             .tolerations
             .iter()
             .enumerate()
             .map(|(i, value)| {
-                serde_json::from_value::<Toleration>(value.clone()).map_err(|e| Problem {
-                    reason: "InvalidTolerations",
-                    message: format!(
-                        "spec.workload.tolerations[{i}] is not a Kubernetes Toleration ({e}): correct it as for a pod's spec.tolerations"
-                    ),
-                    pool: None,
-                })
+                embedded::parse::<Toleration>(value, &format!("spec.workload.tolerations[{i}]"), TOLERATION)
+                    .map_err(problem("InvalidTolerations"))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Placement { node_selector: workload.node_selector.clone(), affinity, tolerations })
     }
 }
 
-/// The pool claim template of `pool`, parsed, or the problem that leaves the pool out.
-pub fn claim_template(pool: &StoragePool) -> Result<Option<PersistentVolumeClaimSpec>, Problem> {
+const AFFINITY: embedded::Kind = embedded::Kind { name: "Affinity", as_for: "a pod's spec.affinity" };
+const TOLERATION: embedded::Kind = embedded::Kind { name: "Toleration", as_for: "a pod's spec.tolerations" };
+const CLAIM_SPEC: embedded::Kind = embedded::Kind { name: "PersistentVolumeClaimSpec", as_for: "a claim's spec" };
+
+/// The pool claim template of the pool at `index` in the spec, parsed, or the problem that
+/// leaves the pool out.
+pub fn claim_template(index: usize, pool: &StoragePool) -> Result<Option<PersistentVolumeClaimSpec>, Problem> {
     let Some(value) = &pool.pvc_template else { return Ok(None) };
     let problem = |reason, message| Problem { reason, message, pool: Some(pool.name.clone()) };
-    let template = serde_json::from_value::<PersistentVolumeClaimSpec>(value.clone()).map_err(|e| {
-        problem(
-            "InvalidPvcTemplate",
-            format!(
-                "storage pool {:?}: pvcTemplate is not a Kubernetes PersistentVolumeClaimSpec ({e}): correct it as for a claim's spec",
-                pool.name
-            ),
-        )
-    })?;
+    let at = format!("spec.storagePools[{index}].pvcTemplate");
+    let template = embedded::parse::<PersistentVolumeClaimSpec>(value, &at, CLAIM_SPEC)
+        .map_err(|e| problem("InvalidPvcTemplate", format!("storage pool {:?}: {e}", pool.name)))?;
     if template.volume_mode.as_deref() == Some("Block") {
         return Err(problem(
             "BlockPoolNotSupported",
@@ -281,7 +286,7 @@ fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> 
         }];
     }
     let mut served = Vec::new();
-    for pool in &resource.spec.storage_pools {
+    for (index, pool) in resource.spec.storage_pools.iter().enumerate() {
         if !layout::is_dns_label(&pool.name) {
             problems.push(Problem {
                 reason: "InvalidPoolName",
@@ -293,7 +298,7 @@ fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> 
             });
             continue;
         }
-        match claim_template(pool) {
+        match claim_template(index, pool) {
             Err(problem) => problems.push(problem),
             Ok(template) => {
                 served.push(ServedPool { name: pool.name.clone(), path: pool.path.clone(), template, held: false })
@@ -332,6 +337,15 @@ fn objects(
     service_account.metadata.namespace = Some(namespace.to_owned());
     let service_account_name = service_account.metadata.name.clone().unwrap_or_default();
     objects.push(desired(resource, "serviceaccounts", &service_account)?);
+    // The pool mounters' own identity: no role is bound to it and it mounts no token; it exists
+    // so that an SCC can admit the mounters (privileged) and nothing else in the namespace.
+    let mounter_account = json!({
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": MOUNTER_SERVICE_ACCOUNT, "namespace": namespace},
+        "automountServiceAccountToken": false,
+    });
+    objects.push(desired(resource, "serviceaccounts", &mounter_account)?);
     for document in documents(RBAC, "rbac.yaml")? {
         match document.get("kind").and_then(Value::as_str) {
             Some("ClusterRole") => objects.push(desired(resource, "clusterroles", &from::<ClusterRole>(document)?)?),
@@ -363,9 +377,17 @@ fn objects(
     objects.push(desired(resource, "services", &peers)?);
     objects.push(desired(resource, "daemonsets", &daemonset(resource, environment, placement, pools)?)?);
     if environment.openshift {
-        let mut scc = untyped(SCC, "scc.yaml")?;
-        scc["users"] = json!([format!("system:serviceaccount:{namespace}:{service_account_name}")]);
-        objects.push(desired(resource, "securitycontextconstraints", &scc)?);
+        for (file, name, text, account) in [
+            ("scc.yaml", NODE_SCC, SCC, service_account_name.as_str()),
+            ("pool-mounter-scc.yaml", MOUNTER_SCC, MOUNTER_SCC_FILE, MOUNTER_SERVICE_ACCOUNT),
+        ] {
+            let mut scc = untyped(text, file)?;
+            if scc["metadata"]["name"] != name {
+                return Err(format!("{file}: the SCC is not named {name}, which the pods require"));
+            }
+            scc["users"] = json!([format!("system:serviceaccount:{namespace}:{account}")]);
+            objects.push(desired(resource, "securitycontextconstraints", &scc)?);
+        }
     }
     if environment.prometheus {
         let mut service = untyped(METRICS_SERVICE, "metrics-service.yaml")?;
@@ -392,16 +414,23 @@ fn daemonset(
     let mut daemonset: DaemonSet = typed(DAEMONSET, "daemonset.yaml")?;
     daemonset.metadata.namespace = Some(environment.namespace.clone());
     let spec = daemonset.spec.as_mut().ok_or("daemonset.yaml: no spec")?;
-    let template_labels = spec.template.metadata.get_or_insert_with(ObjectMeta::default).labels.get_or_insert_default();
+    let template_metadata = spec.template.metadata.get_or_insert_with(ObjectMeta::default);
+    let template_labels = template_metadata.labels.get_or_insert_default();
     for (key, value) in POD_LABELS {
         template_labels.insert(key.to_owned(), value.to_owned());
     }
+    // On OpenShift the node pods are admitted by their own SCC and no other (elsewhere the
+    // annotation means nothing).
+    template_metadata.annotations.get_or_insert_default().insert(REQUIRED_SCC.to_owned(), NODE_SCC.to_owned());
     let pod = spec.template.spec.as_mut().ok_or("daemonset.yaml: no pod spec")?;
-    // The file's own placement (Linux nodes, the control-plane taint) stays; the resource's adds
-    // to it, and wins on a key both name.
+    // The file's node selector (Linux nodes: the binary is Linux-only) stays, the resource's adds
+    // to it and wins on a key both name. Tolerations are the resource's alone, as the kubevirt
+    // operator has them: the file's control-plane toleration is for deploy/legacy, and here it
+    // would put node pods, pool claims and mounters on control-plane nodes nobody asked for.
     pod.node_selector.get_or_insert_default().extend(placement.node_selector.clone());
-    pod.tolerations.get_or_insert_default().extend(placement.tolerations.iter().cloned());
+    pod.tolerations = Some(placement.tolerations.clone()).filter(|t| !t.is_empty());
     pod.affinity = placement.affinity.clone();
+    pod.image_pull_secrets = pull_secrets(&environment.image_pull_secrets);
     let container = pod
         .containers
         .iter_mut()
@@ -461,6 +490,12 @@ fn daemonset(
         }
     }
     Ok(daemonset)
+}
+
+/// `imagePullSecrets` naming `secrets`; None for none.
+fn pull_secrets(secrets: &[String]) -> Option<Vec<LocalObjectReference>> {
+    Some(secrets.iter().map(|name| LocalObjectReference { name: name.clone() }).collect())
+        .filter(|s: &Vec<_>| !s.is_empty())
 }
 
 /// Sets (or with None removes) a plain env var, keeping the file's order.

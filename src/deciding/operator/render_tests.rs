@@ -13,6 +13,7 @@ fn environment() -> Environment {
         openshift: false,
         prometheus: false,
         held_pools: Vec::new(),
+        image_pull_secrets: Vec::new(),
     }
 }
 
@@ -125,7 +126,7 @@ fn the_storage_pool_example_is_one_pool_at_var_hpvolumes() {
 }
 
 #[test]
-fn workload_placement_adds_to_the_files_own() {
+fn workload_placement_adds_to_the_files_node_selector_and_the_tolerations_are_the_resources_alone() {
     let spec = json!({
         "pathConfig": {"path": "/var/hpvolumes"},
         "workload": {
@@ -141,7 +142,7 @@ fn workload_placement_adds_to_the_files_own() {
     assert_eq!(selector.get("storage").map(String::as_str), Some("yes"));
     assert_eq!(selector.get("kubernetes.io/os").map(String::as_str), Some("linux"), "the file's own selector stays");
     let tolerations: Vec<_> = pod.tolerations.iter().flatten().filter_map(|t| t.key.as_deref()).collect();
-    assert_eq!(tolerations, ["node-role.kubernetes.io/control-plane", "dedicated"]);
+    assert_eq!(tolerations, ["dedicated"], "no control-plane toleration the kubevirt operator does not add");
     let terms =
         pod.affinity.and_then(|a| a.node_affinity).and_then(|n| n.required_during_scheduling_ignored_during_execution);
     assert_eq!(terms.map(|t| t.node_selector_terms.len()), Some(1));
@@ -192,15 +193,11 @@ fn pools_on_a_claim_are_served_only_while_mounted_and_listed_for_their_claims() 
     assert_eq!(rendered.served_pools, ["disk", "claim"]);
     assert_eq!(env_value(&rendered, "STORAGE_POOLS").as_deref(), Some("disk=/mnt/disk,claim=/mnt/claim,mountpoint"));
     assert_eq!(rendered.pools_on_claim.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["claim"]);
-    // The claims' nodes are the DaemonSet's: its file's placement is kept.
+    // The claims' nodes are the DaemonSet's: its file's node selector is kept, its
+    // control-plane toleration is not (the kubevirt operator adds none).
     assert_eq!(rendered.placement.node_selector.get("kubernetes.io/os").map(String::as_str), Some("linux"));
-    assert!(
-        rendered
-            .placement
-            .tolerations
-            .iter()
-            .any(|t| t.key.as_deref() == Some("node-role.kubernetes.io/control-plane"))
-    );
+    assert_eq!(rendered.placement.tolerations, []);
+    assert_eq!(pod(&rendered).tolerations, None);
 }
 
 #[test]
@@ -267,12 +264,14 @@ fn everything_is_owned_by_the_resource_and_namespaced_objects_go_in_the_operator
         kinds,
         [
             "ServiceAccount",
+            "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
             "Service",
             "DaemonSet",
+            "SecurityContextConstraints",
             "SecurityContextConstraints",
             "Service",
             "ServiceMonitor",
@@ -296,8 +295,17 @@ fn everything_is_owned_by_the_resource_and_namespaced_objects_go_in_the_operator
     }
     let binding = &object(&rendered, "ClusterRoleBinding").body;
     assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
-    let scc = &object(&rendered, "SecurityContextConstraints").body;
-    assert_eq!(scc["users"], json!([format!("system:serviceaccount:{NAMESPACE}:kubevirt-hostpath-provisioner-admin")]));
+    let sccs: Vec<_> = rendered.objects.iter().filter(|o| o.kind == "SecurityContextConstraints").collect();
+    let users: Vec<_> = sccs.iter().map(|s| (s.name.as_str(), s.body["users"].clone())).collect();
+    assert_eq!(
+        users,
+        [
+            (NODE_SCC, json!([format!("system:serviceaccount:{NAMESPACE}:kubevirt-hostpath-provisioner-admin")])),
+            (MOUNTER_SCC, json!([format!("system:serviceaccount:{NAMESPACE}:{MOUNTER_SERVICE_ACCOUNT}")])),
+        ]
+    );
+    let accounts: Vec<_> = rendered.objects.iter().filter(|o| o.kind == "ServiceAccount").map(|o| &o.name).collect();
+    assert_eq!(accounts, ["kubevirt-hostpath-provisioner-admin", MOUNTER_SERVICE_ACCOUNT]);
     assert_eq!(object(&rendered, "ServiceMonitor").body["spec"]["namespaceSelector"]["matchNames"], json!([NAMESPACE]));
     // The peers and metrics Services find the pods by the labels the rendered template carries,
     // and the pods name the peers Service.
@@ -325,3 +333,108 @@ fn without_openshift_or_prometheus_no_scc_or_monitoring_object_is_made() {
     };
     assert!(!rendered.objects.iter().any(monitoring_or_scc));
 }
+
+/// The kubevirt operator's SCCs are `hostpath-provisioner` (legacy) and `hostpath-provisioner-csi`:
+/// applying ours under one of those names would take it over, and deleting the resource would
+/// delete it.
+#[test]
+fn the_sccs_take_no_name_of_the_kubevirt_operators_and_the_pods_pin_theirs() {
+    let environment = Environment { openshift: true, ..environment() };
+    let rendered = render(&example("pvc-template.yaml"), &environment);
+    let names: Vec<_> =
+        rendered.objects.iter().filter(|o| o.kind == "SecurityContextConstraints").map(|o| o.name.as_str()).collect();
+    assert_eq!(names, [NODE_SCC, MOUNTER_SCC]);
+    for kubevirt in ["hostpath-provisioner", "hostpath-provisioner-csi"] {
+        assert!(!names.contains(&kubevirt), "{kubevirt} is the kubevirt operator's");
+    }
+    let template = &object(&rendered, "DaemonSet").body["spec"]["template"];
+    assert_eq!(template["metadata"]["annotations"][REQUIRED_SCC], NODE_SCC);
+}
+
+#[test]
+fn the_node_pods_pull_with_the_operators_pull_secrets() {
+    let environment = Environment { image_pull_secrets: vec!["regcred".into()], ..environment() };
+    let pod = pod(&render(&example("storage-pool.yaml"), &environment));
+    let names: Vec<_> = pod.image_pull_secrets.iter().flatten().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["regcred"]);
+    assert_eq!(self::pod(&render(&example("storage-pool.yaml"), &self::environment())).image_pull_secrets, None);
+}
+
+#[test]
+fn a_typo_in_the_placement_is_refused_naming_the_field_and_renders_nothing() {
+    let spec = json!({"pathConfig": {"path": "/var/hpvolumes"}, "workload": {"tolerations": [
+        {"key": "dedicated", "operator": "Exists"},
+        {"key": "gpu", "operater": "Exists", "effect": "NoSchedule"},
+    ]}});
+    let rendered = render(&with_spec(spec), &environment());
+    assert!(rendered.blocked() && rendered.objects.is_empty(), "what runs keeps running");
+    assert_eq!(rendered.problems[0].reason, "InvalidTolerations");
+    assert!(
+        rendered.problems[0].message.starts_with("spec.workload.tolerations[1].operater: "),
+        "{:?}",
+        rendered.problems
+    );
+    let spec = json!({"pathConfig": {"path": "/var/hpvolumes"}, "workload": {"affinity": {"nodeAfinity": {}}}});
+    let rendered = render(&with_spec(spec), &environment());
+    assert_eq!(rendered.problems[0].reason, "InvalidAffinity");
+    assert!(
+        rendered.problems[0].message.starts_with("spec.workload.affinity.nodeAfinity: "),
+        "{:?}",
+        rendered.problems
+    );
+}
+
+#[test]
+fn a_typo_in_a_claim_template_leaves_that_pool_out_naming_the_field() {
+    let spec = json!({"storagePools": [
+        {"name": "disk", "path": "/mnt/disk"},
+        {"name": "claim", "path": "/mnt/claim", "pvcTemplate": {"resources": {"request": {"storage": "1Gi"}}}},
+    ]});
+    let rendered = render(&with_spec(spec), &environment());
+    assert_eq!(rendered.served_pools, ["disk"]);
+    assert_eq!(rendered.problems.len(), 1, "{:?}", rendered.problems);
+    let problem = &rendered.problems[0];
+    assert_eq!((problem.reason, problem.pool.as_deref()), ("InvalidPvcTemplate", Some("claim")));
+    assert!(problem.message.contains("spec.storagePools[1].pvcTemplate.resources.request"), "{}", problem.message);
+}
+
+/// The operator's rights over cluster-wide RBAC and SCCs (deploy/operator/rbac.yaml) are
+/// limited by name to what it makes: a stolen operator token cannot patch or delete any other
+/// ClusterRole, binding or SCC. `create` and `list` cannot be limited by name in Kubernetes RBAC.
+#[test]
+fn the_operator_may_change_only_the_cluster_objects_it_makes() {
+    let rbac: Vec<Value> = serde_saphyr::from_multiple(OPERATOR_RBAC).expect("rbac.yaml parses");
+    let cluster_role = rbac.iter().find(|d| d["kind"] == "ClusterRole").expect("ClusterRole");
+    let guarded = ["clusterroles", "clusterrolebindings", "securitycontextconstraints"];
+    let by_name = ["get", "patch", "update", "delete", "escalate", "bind", "*"];
+    let mut named: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for rule in cluster_role["rules"].as_array().expect("rules") {
+        let strings = |key: &str| -> Vec<String> {
+            rule[key].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect()
+        };
+        let (resources, verbs, names) = (strings("resources"), strings("verbs"), strings("resourceNames"));
+        for resource in resources.iter().filter(|r| guarded.contains(&r.as_str()) || *r == "*") {
+            if names.is_empty() {
+                let open: Vec<_> = verbs.iter().filter(|v| by_name.contains(&v.as_str())).collect();
+                assert!(open.is_empty(), "{resource}: {open:?} granted without resourceNames");
+            }
+            named.entry(resource.clone()).or_default().extend(names.iter().cloned());
+        }
+    }
+    let environment = Environment { openshift: true, ..environment() };
+    for kind in ["ClusterRole", "ClusterRoleBinding", "SecurityContextConstraints"] {
+        let made: Vec<_> = render(&example("pvc-template.yaml"), &environment)
+            .objects
+            .into_iter()
+            .filter(|o| o.kind == kind)
+            .map(|o| (o.plural, o.name))
+            .collect();
+        assert!(!made.is_empty(), "{kind}");
+        for (plural, name) in made {
+            let allowed = named.get(&plural).cloned().unwrap_or_default();
+            assert!(allowed.contains(&name), "{kind} {name} is made but rbac.yaml names only {allowed:?}");
+        }
+    }
+}
+
+const OPERATOR_RBAC: &str = include_str!("../../../deploy/operator/rbac.yaml");

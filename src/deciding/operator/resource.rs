@@ -3,9 +3,9 @@
 //! this operator reports.
 //!
 //! The big core sub-objects (`workload.affinity`, `workload.tolerations`, `pvcTemplate`) are kept
-//! as JSON here and parsed into k8s-openapi types when rendering ([`super::render`]): one
-//! malformed affinity must not make the whole resource unreadable, it must be reported in a
-//! condition on that resource. `deploy/operator/crd.yaml` is the schema; a unit test below
+//! as JSON here and parsed into k8s-openapi types when rendering, strictly ([`super::embedded`]):
+//! one malformed affinity or misspelt field must not make the whole resource unreadable nor
+//! vanish, it must be reported in a condition on that resource. `deploy/operator/crd.yaml` is the schema; a unit test below
 //! reads every example of `deploy/operator/examples/` through these types.
 
 use std::collections::BTreeMap;
