@@ -110,8 +110,9 @@ struct ShippedPod {
     namespace: String,
     /// The Pod Security level it needs: the least one whose namespace admits it.
     level: &'static str,
-    /// The SCC meant to admit it on OpenShift.
-    scc: Value,
+    /// The SCC meant to admit it on OpenShift; none for the variant that is not for OpenShift
+    /// (the operator pod that pins its uid, for clusters whose images' default user is root).
+    scc: Option<Value>,
     /// The SCC names its ServiceAccount in `users` (ours); OpenShift's own restricted-v2 is
     /// granted to every authenticated user instead.
     granted_by_name: bool,
@@ -146,7 +147,7 @@ fn example(file: &str) -> HostPathProvisioner {
 /// Every pod of the operator path: the operator's (deploy/operator and the chart), the node
 /// DaemonSet's and a pool mounter's as the operator makes them, and the node DaemonSet's of
 /// deploy/openshift and of the chart with its SCC.
-fn shipped_pods() -> Vec<ShippedPod> {
+fn shipped_pods(env: &TestEnv) -> Vec<ShippedPod> {
     let mut pods = Vec::new();
     let deployment = documents(&read("deploy/operator/deployment.yaml")).remove(0);
     pods.push(ShippedPod {
@@ -154,7 +155,17 @@ fn shipped_pods() -> Vec<ShippedPod> {
         pod: template(&deployment),
         namespace: "hostpath-provisioner".into(),
         level: "restricted",
-        scc: restricted_v2(),
+        scc: None,
+        granted_by_name: false,
+    });
+    let openshift_operator =
+        env.cp.run_kubectl(&repo(), &["kustomize", "deploy/operator-openshift"]).unwrap_or_else(|e| panic!("{e:#}"));
+    pods.push(ShippedPod {
+        what: "the operator (deploy/operator-openshift)",
+        pod: template(find(&documents(&openshift_operator), "Deployment")),
+        namespace: "hostpath-provisioner".into(),
+        level: "restricted",
+        scc: Some(restricted_v2()),
         granted_by_name: false,
     });
     let operator_chart = chart(&["--set", "operator.enabled=true"]);
@@ -163,7 +174,17 @@ fn shipped_pods() -> Vec<ShippedPod> {
         pod: template(find(&operator_chart, "Deployment")),
         namespace: CHART_NAMESPACE.into(),
         level: "restricted",
-        scc: restricted_v2(),
+        scc: None,
+        granted_by_name: false,
+    });
+    let openshift_operator_chart =
+        chart(&["--set", "operator.enabled=true", "--api-versions", "security.openshift.io/v1"]);
+    pods.push(ShippedPod {
+        what: "the operator (the chart on OpenShift)",
+        pod: template(find(&openshift_operator_chart, "Deployment")),
+        namespace: CHART_NAMESPACE.into(),
+        level: "restricted",
+        scc: Some(restricted_v2()),
         granted_by_name: false,
     });
 
@@ -190,7 +211,7 @@ fn shipped_pods() -> Vec<ShippedPod> {
         pod: template(&made("DaemonSet", "kubevirt-hostpath-provisioner")),
         namespace: CHART_NAMESPACE.into(),
         level: "privileged",
-        scc: made("SecurityContextConstraints", "kubevirt-hostpath-provisioner"),
+        scc: Some(made("SecurityContextConstraints", "kubevirt-hostpath-provisioner")),
         granted_by_name: true,
     });
     let pool = &rendered.pools_on_claim[0];
@@ -208,7 +229,7 @@ fn shipped_pods() -> Vec<ShippedPod> {
         pod: template(&objects.mounter("node-1", "hpp-pool-local-node-1", &rendered.placement.tolerations)),
         namespace: CHART_NAMESPACE.into(),
         level: "privileged",
-        scc: made("SecurityContextConstraints", "kubevirt-hostpath-provisioner-pool-mounter"),
+        scc: Some(made("SecurityContextConstraints", "kubevirt-hostpath-provisioner-pool-mounter")),
         granted_by_name: true,
     });
 
@@ -217,7 +238,7 @@ fn shipped_pods() -> Vec<ShippedPod> {
         pod: template(&documents(&read("deploy/legacy/daemonset.yaml"))[0]),
         namespace: "kubevirt-hostpath-provisioner".into(),
         level: "privileged",
-        scc: documents(&read("deploy/openshift/scc.yaml")).remove(0),
+        scc: Some(documents(&read("deploy/openshift/scc.yaml")).remove(0)),
         granted_by_name: true,
     });
     let openshift_chart = chart(&["--set", "openshift.scc.create=true"]);
@@ -226,7 +247,7 @@ fn shipped_pods() -> Vec<ShippedPod> {
         pod: template(find(&openshift_chart, "DaemonSet")),
         namespace: CHART_NAMESPACE.into(),
         level: "privileged",
-        scc: find(&openshift_chart, "SecurityContextConstraints").clone(),
+        scc: Some(find(&openshift_chart, "SecurityContextConstraints").clone()),
         granted_by_name: true,
     });
     pods
@@ -248,7 +269,7 @@ async fn every_pod_needs_exactly_the_pod_security_level_meant_for_it() {
         namespaces.create(&PostParams::default(), &namespace).await.expect("create a namespace");
     }
     let dry_run = PostParams { dry_run: true, ..PostParams::default() };
-    for shipped in shipped_pods() {
+    for shipped in shipped_pods(&env) {
         let mut least = None;
         let mut refusals = Vec::new();
         for level in levels {
@@ -408,23 +429,33 @@ fn scc_refusals(scc: &Value, pod: &Value, namespace: &str, granted_by_name: bool
     refusals
 }
 
-#[test]
-fn every_pod_passes_the_rules_of_the_scc_meant_to_admit_it() {
-    let pods = shipped_pods();
+#[tokio::test(flavor = "multi_thread")]
+async fn every_pod_passes_the_rules_of_the_scc_meant_to_admit_it() {
+    let env = TestEnv::start("hpp-scc", 0).await;
+    let pods = shipped_pods(&env);
     for shipped in &pods {
-        let refusals = scc_refusals(&shipped.scc, &shipped.pod, &shipped.namespace, shipped.granted_by_name);
-        assert!(refusals.is_empty(), "{} under {}: {refusals:#?}", shipped.what, shipped.scc["metadata"]["name"]);
+        let Some(scc) = &shipped.scc else {
+            // Not for OpenShift: the operator pod that pins its uid, since the image's default
+            // user is root. Its OpenShift variant is checked instead, and this one must be it
+            // with the uid pinned.
+            assert_eq!(shipped.pod["spec"]["securityContext"]["runAsUser"], json!(65532), "{}", shipped.what);
+            continue;
+        };
+        let refusals = scc_refusals(scc, &shipped.pod, &shipped.namespace, shipped.granted_by_name);
+        assert!(refusals.is_empty(), "{} under {}: {refusals:#?}", shipped.what, scc["metadata"]["name"]);
         // A pod that names the SCC it needs names this one.
         if let Some(required) = shipped.pod["metadata"]["annotations"]["openshift.io/required-scc"].as_str() {
-            assert_eq!(required, shipped.scc["metadata"]["name"], "{}", shipped.what);
+            assert_eq!(required, scc["metadata"]["name"], "{}", shipped.what);
         }
     }
     // The check refuses what it should: a pinned uid under restricted-v2 (what kept the operator
     // pod off OpenShift), a mounter under the node pods' SCC, a node pod under restricted-v2.
-    let mut pinned = pods[0].pod.clone();
-    pinned["spec"]["securityContext"]["runAsUser"] = json!(65532);
-    assert!(!scc_refusals(&restricted_v2(), &pinned, "ns", false).is_empty());
-    let (node, mounter) = (&pods[2], &pods[3]);
-    assert!(!scc_refusals(&node.scc, &mounter.pod, &mounter.namespace, true).is_empty());
+    let find_pod = |what: &str| pods.iter().find(|p| p.what == what).unwrap_or_else(|| panic!("no pod {what}"));
+    let pinned = &find_pod("the operator (deploy/operator)").pod;
+    assert!(!scc_refusals(&restricted_v2(), pinned, "ns", false).is_empty());
+    let (node, mounter) =
+        (find_pod("the node DaemonSet the operator makes"), find_pod("a pool mounter the operator makes"));
+    let node_scc = node.scc.as_ref().expect("the node pods' SCC");
+    assert!(!scc_refusals(node_scc, &mounter.pod, &mounter.namespace, true).is_empty());
     assert!(!scc_refusals(&restricted_v2(), &node.pod, &node.namespace, false).is_empty());
 }
