@@ -20,6 +20,7 @@
 pub mod assess;
 pub mod capabilities;
 pub mod inspect;
+pub mod readyz;
 pub mod report;
 pub mod volume_check;
 
