@@ -23,13 +23,24 @@ pub enum LogFormat {
     Json,
 }
 
+/// The subcommands `main` dispatches on, for the daemon's `--help` (a test checks that it
+/// names each).
+pub const SUBCOMMANDS_HELP: &str = "\
+Subcommands (without one, the daemon runs):
+  doctor            Check this node's pools with the daemon's settings: filesystem, mount, space, orphan and missing volume directories, trash
+  readyz            Print the /readyz answer of the provisioner running here: ok, or why it is not ready (kubectl exec <pod> -- /hostpath-provisioner readyz)
+  check-volume DIR  Check that the volume mounted at DIR can be written and read (the Helm chart's test pod)
+  operator          Serve HostPathProvisioner resources: deploy and run the node provisioner they describe (docs/operator.md)
+  pool-mount        Bind-mount a pool's claim onto the pool path and keep it there (the operator's node pods)
+`hostpath-provisioner <subcommand> --help` describes each, but check-volume.";
+
 /// Raw command line, before validation.
 #[derive(Clone, Debug, Parser)]
 #[command(
     name = "hostpath-provisioner",
     version,
     about = "Dynamic hostPath PersistentVolume provisioner (drop-in for the kubevirt legacy provisioner)",
-    after_help = "Subcommand: `hostpath-provisioner doctor [--output json]` checks this node's pools with the same settings (see `doctor --help`)."
+    after_help = SUBCOMMANDS_HELP
 )]
 pub struct Args {
     /// This pod's node: the Node object name (downward API spec.nodeName).
@@ -213,8 +224,8 @@ pub enum ConfigError {
     /// Required setting absent.
     #[error("{0} is required (flag --{1} or env {0})")]
     Missing(&'static str, &'static str),
-    /// Invalid value.
-    #[error("{setting}: invalid value {value:?}: {accepted}")]
+    /// Invalid value; the message names the env var, the value, the flag and what is accepted.
+    #[error("{setting}: invalid value {value:?}{}: {accepted}", flag_note(setting))]
     Invalid {
         /// Env var name.
         setting: &'static str,
@@ -293,7 +304,7 @@ impl Args {
         }
         let mut pools = Vec::new();
         if let Some(pv_dir) = self.pv_dir.filter(|p| !p.as_os_str().is_empty()) {
-            let root = pv_dir.to_str().and_then(pool_root).ok_or_else(|| {
+            let root = pv_dir.to_str().and_then(layout::pool_root).ok_or_else(|| {
                 invalid(
                     "PV_DIR",
                     &pv_dir.display().to_string(),
@@ -302,7 +313,8 @@ impl Args {
             })?;
             pools.push(PoolPath::local(LEGACY_POOL, root));
         }
-        for spec in &self.pools {
+        // Blank, as PV_DIR: a manifest may set the variable empty for "no more pools".
+        for spec in self.pools.iter().filter(|spec| !spec.trim().is_empty()) {
             pools.extend(parse_pool_specs(spec)?);
         }
         check_pools(&pools)?;
@@ -324,9 +336,16 @@ impl Args {
             Some(name) => return Err(invalid("PEER_SERVICE", &name, "a Service name (DNS label)")),
             None => None,
         };
-        let node_lease_seconds =
-            self.node_lease_seconds.trim().parse::<u32>().ok().filter(|s| *s >= 3).ok_or_else(|| {
-                invalid("NODE_LEASE_SECONDS", &self.node_lease_seconds, "a number of seconds, at least 3")
+        // The Lease's leaseDurationSeconds is a 32-bit number: a larger value would be refused by
+        // the API server at every renewal, leaving the node never live for the others.
+        let node_lease_seconds = self
+            .node_lease_seconds
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|s| (3..=MAX_LEASE_SECONDS).contains(s))
+            .ok_or_else(|| {
+                invalid("NODE_LEASE_SECONDS", &self.node_lease_seconds, "a number of seconds from 3 to 2147483647")
             })?;
         let pv_capacity = match self.pv_capacity.trim().to_ascii_lowercase().as_str() {
             "request" => PvCapacity::Request,
@@ -386,11 +405,28 @@ impl Args {
             .ok()
             .filter(|n| *n >= 1)
             .ok_or_else(|| invalid("MAX_CONCURRENCY", &self.max_concurrency, "a number from 1 to 65535"))?;
-        if self.provisioner_name.trim().is_empty() {
-            return Err(invalid("PROVISIONER_NAME", "", "a non-empty name such as kubevirt.io/hostpath-provisioner"));
+        // The API server accepts as StorageClass.provisioner, and as the reporting controller of
+        // our events, only a qualified name: any other name would match no class and write no event.
+        if !is_qualified_name(&self.provisioner_name) {
+            return Err(invalid(
+                "PROVISIONER_NAME",
+                &self.provisioner_name,
+                "a qualified name such as kubevirt.io/hostpath-provisioner (an optional DNS subdomain and '/', then up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)",
+            ));
         }
         if publish_capacity && !layout::is_dns_subdomain(&self.provisioner_name) {
             return Err(ConfigError::PublishCapacityNeedsObjectName(self.provisioner_name));
+        }
+        let metrics_addr = parse_addr("METRICS_ADDR", &self.metrics_addr)?;
+        let health_addr = parse_addr("HEALTH_ADDR", &self.health_addr)?;
+        if let (Some(metrics), Some(health)) = (metrics_addr, health_addr)
+            && listeners_collide(metrics, health)
+        {
+            return Err(invalid(
+                "METRICS_ADDR",
+                &format!("{} (HEALTH_ADDR {})", self.metrics_addr.trim(), self.health_addr.trim()),
+                "a port of its own, or the very address of HEALTH_ADDR (one listener then serves both): the two addresses overlap on one port, so the second could not listen",
+            ));
         }
         Ok(Config {
             node_name,
@@ -410,8 +446,8 @@ impl Args {
             publish_capacity,
             reserved_bytes,
             max_concurrency,
-            metrics_addr: parse_addr("METRICS_ADDR", &self.metrics_addr)?,
-            health_addr: parse_addr("HEALTH_ADDR", &self.health_addr)?,
+            metrics_addr,
+            health_addr,
             log_format,
             reap_volumes_of_removed_nodes: parse_reap_grace(&self.reap_volumes_of_removed_nodes)?,
         })
@@ -448,12 +484,6 @@ fn own_namespace() -> String {
         .unwrap_or_else(|| "default".to_owned())
 }
 
-/// A pool root: absolute, normalised, not `/`, and free of ',' (the separator of pool lists and
-/// of the pools a node advertises in its lease).
-fn pool_root(path: &str) -> Option<PathBuf> {
-    layout::normalise(path).ok().filter(|p| p.parent().is_some() && !path.contains(','))
-}
-
 /// Parses one `--pool` value or the whole `STORAGE_POOLS`: comma-separated entries, where
 /// `NAME=PATH` starts a pool and `shared`, `mountpoint`, `reserve=SIZE` or `accounting=...` is an
 /// option of the pool before it.
@@ -463,8 +493,8 @@ pub fn parse_pool_specs(value: &str) -> Result<Vec<PoolPath>, ConfigError> {
     const ACCEPTED: &str = "NAME=PATH[,shared][,mountpoint][,reserve=SIZE][,accounting=free|requests] entries separated by commas, NAME a DNS-1123 label, PATH an absolute directory other than /";
     let mut pools: Vec<PoolPath> = Vec::new();
     for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-        if let Some(value) = token.strip_prefix("accounting=") {
-            let (Some(pool), Some(accounting)) = (pools.last_mut(), CapacityAccounting::parse(value)) else {
+        if let Some(accounting) = token.strip_prefix("accounting=") {
+            let (Some(pool), Some(accounting)) = (pools.last_mut(), CapacityAccounting::parse(accounting)) else {
                 return Err(invalid("STORAGE_POOLS", value, ACCEPTED));
             };
             pool.accounting = Some(accounting);
@@ -483,7 +513,7 @@ pub fn parse_pool_specs(value: &str) -> Result<Vec<PoolPath>, ConfigError> {
                 if !layout::is_dns_label(name) {
                     return Err(invalid("STORAGE_POOLS", value, ACCEPTED));
                 }
-                let root = pool_root(path.trim()).ok_or_else(|| invalid("STORAGE_POOLS", value, ACCEPTED))?;
+                let root = layout::pool_root(path.trim()).ok_or_else(|| invalid("STORAGE_POOLS", value, ACCEPTED))?;
                 pools.push(PoolPath::local(name, root));
             }
             None => match (token, pools.last_mut()) {
@@ -523,8 +553,48 @@ fn invalid(setting: &'static str, value: &str, accepted: &str) -> ConfigError {
     ConfigError::Invalid { setting, value: value.to_owned(), accepted: accepted.to_owned() }
 }
 
-/// `:8080` means all interfaces, as Go programs accept.
-fn parse_addr(setting: &'static str, value: &str) -> Result<Option<SocketAddr>, ConfigError> {
+/// ` (flag --x)` for a setting the command line also takes, so that an error names it whichever
+/// way it was given.
+fn flag_note(setting: &str) -> String {
+    use clap::CommandFactory;
+    let command = Args::command();
+    let flag = command.get_arguments().find(|arg| arg.get_env() == Some(std::ffi::OsStr::new(setting)));
+    match flag.and_then(|arg| arg.get_long()) {
+        Some(long) => format!(" (flag --{long})"),
+        None => String::new(),
+    }
+}
+
+/// Longest lease the API server stores (`leaseDurationSeconds` is an int32).
+const MAX_LEASE_SECONDS: u32 = i32::MAX as u32;
+
+/// A Kubernetes qualified name (`[prefix/]name`): what the API server accepts as a
+/// StorageClass's `provisioner` and an event's `reportingController`.
+fn is_qualified_name(value: &str) -> bool {
+    let (prefix, name) = match value.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, value),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    name_ok && prefix.is_none_or(layout::is_dns_subdomain)
+}
+
+/// Whether two listeners on these addresses cannot both bind: the same port, different
+/// addresses, one of them the wildcard of the other's family (or the IPv6 wildcard, which on
+/// Linux also takes the port for IPv4). The same address is served by one listener.
+fn listeners_collide(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |wide: SocketAddr, other: SocketAddr| {
+        wide.ip().is_unspecified() && (wide.is_ipv6() || wide.is_ipv4() == other.is_ipv4())
+    };
+    a != b && a.port() == b.port() && a.port() != 0 && (covers(a, b) || covers(b, a))
+}
+
+/// A listen address setting: empty is off; `:8080` means all interfaces, as Go programs accept.
+pub fn parse_addr(setting: &'static str, value: &str) -> Result<Option<SocketAddr>, ConfigError> {
     let value = value.trim();
     if value.is_empty() {
         return Ok(None);

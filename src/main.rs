@@ -15,14 +15,16 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run() -> anyhow::Result<()> {
-    // Subcommands: `doctor` (this node's storage health), `check-volume DIR` (the Helm chart's
-    // test pod), `operator` (the operator of HostPathProvisioner resources, src/operating) and
-    // `pool-mount` (its per-node mounter). Anything else is the daemon, whose command line takes
-    // no positional argument.
+    // Subcommands: `doctor` (this node's storage health), `readyz` (the daemon's /readyz answer,
+    // for kubectl exec), `check-volume DIR` (the Helm chart's test pod), `operator` (the operator
+    // of HostPathProvisioner resources, src/operating) and `pool-mount` (its per-node mounter),
+    // listed in the daemon's --help (config::SUBCOMMANDS_HELP). Anything else is the daemon,
+    // whose command line takes no positional argument.
     use hostpath_provisioner::{doctor, operating};
     let subcommand = std::env::args_os().nth(1);
     let exit_code = match subcommand.as_ref().and_then(|arg| arg.to_str()) {
         Some(doctor::SUBCOMMAND) => Some(doctor::main(std::env::args_os().skip(1)).await),
+        Some(doctor::readyz::SUBCOMMAND) => Some(doctor::readyz::main(std::env::args_os().skip(1))),
         Some(doctor::volume_check::SUBCOMMAND) => Some(doctor::volume_check::main(std::env::args_os().skip(2))),
         Some(operating::SUBCOMMAND) => Some(operating::main(std::env::args_os().skip(1)).await),
         Some(operating::pool_mount::SUBCOMMAND) => Some(operating::pool_mount::main(std::env::args_os().skip(1)).await),

@@ -1,6 +1,8 @@
 //! End-to-end: no refusal without a word on the PV side. A shared or every-node PV whose
-//! directory is in no pool a live node serves, and an expansion the API server accepts but no
-//! disk can hold, are each declined with an event that says why and what to change.
+//! directory is in no pool a live node serves, one whose directory is in a served pool but is no
+//! volume of it (the pool's root, or deeper than directly under it), and an expansion the API
+//! server accepts but no disk can hold, are each declined with an event that says why and what
+//! to change.
 
 mod common;
 
@@ -39,9 +41,8 @@ async fn shared_and_every_node_volumes_in_no_served_pool_are_refused_with_a_reas
     let elsewhere = env.cp.temp_dir().join(format!("{}-unserved", env.group));
     let parent = elsewhere.display().to_string();
     // PVs named as this provisioner names them, so that the path is all that is wrong.
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     for (i, topology) in ["shared", "everyNode"].into_iter().enumerate() {
-        let name = format!("pvc-{:08x}-0000-4000-8000-{:012x}", nanos as u32, i);
+        let name = volume_name(i);
         let dir = name.clone();
         std::fs::create_dir_all(elsewhere.join(&dir)).expect("mkdir");
         std::fs::write(elsewhere.join(&dir).join("data"), b"keep").expect("write");
@@ -58,6 +59,72 @@ async fn shared_and_every_node_volumes_in_no_served_pool_are_refused_with_a_reas
         assert!(env.pvs().get_opt(&name).await.expect("get").is_some(), "{topology}: the PV stays");
         assert_eq!(std::fs::read(elsewhere.join(&dir).join("data")).ok().as_deref(), Some(&b"keep"[..]), "{topology}");
         env.pvs().delete(&name, &Default::default()).await.expect("clean up");
+    }
+    // Next to the served pool root: its parent holds that root, and serving it would nest the
+    // pools, so no pool is advised.
+    let pool = env.nodes[0].pool_root.clone();
+    let holder = pool.parent().expect("the pool root has a parent").display().to_string();
+    let name = volume_name(2);
+    let uid = released_pv(&env, &name, "shared", &format!("{holder}/{name}")).await;
+    let note = env.wait_event("default", &uid, "VolumeNotServed").await;
+    assert!(note.contains("no pool can be configured for it") && note.contains(&holder), "says why: {note}");
+    assert!(!note.contains("--pool"), "no pool advised: {note}");
+    env.pvs().delete(&name, &Default::default()).await.expect("clean up");
+}
+
+/// A PV name as this provisioner makes them (`pvc-<uid>`), unique to this run.
+fn volume_name(i: usize) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("pvc-{:08x}-0000-4000-8000-{:012x}", nanos as u32, i)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pv_at_a_served_pool_root_or_deeper_inside_it_is_refused_as_no_volume_of_that_pool() {
+    let mut env = TestEnv::start("notavolume", 0).await;
+    env.own_provisioner();
+    // Two nodes with pools at different paths: the node speaking for a PV may be the one that
+    // serves its pool or the other one; both must say the same.
+    for i in 1..=2 {
+        env.add_node(&format!("{}-{i}", env.group), &|spec| spec).await;
+    }
+    let pool = env.nodes[0].pool_root.clone();
+    let root = pool.display().to_string();
+    std::fs::write(pool.join("keep"), b"pool data").expect("write");
+    let nested_dir = pool.join("sub");
+    let cases = [
+        ("shared", root.clone(), "is the root of pool legacy, not a volume directory in it".to_owned()),
+        ("everyNode", root.clone(), "is the root of pool legacy, not a volume directory in it".to_owned()),
+        ("shared", String::new(), format!("is inside pool legacy ({root}) but not directly under its root")),
+        ("everyNode", String::new(), format!("is inside pool legacy ({root}) but not directly under its root")),
+    ];
+    for (i, (topology, path, says)) in cases.into_iter().enumerate() {
+        let name = volume_name(i);
+        let path = if path.is_empty() {
+            std::fs::create_dir_all(nested_dir.join(&name)).expect("mkdir");
+            std::fs::write(nested_dir.join(&name).join("data"), b"keep").expect("write");
+            nested_dir.join(&name).display().to_string()
+        } else {
+            path
+        };
+        let uid = released_pv(&env, &name, topology, &path).await;
+        let note = env.wait_event("default", &uid, "VolumeFailedDelete").await;
+        assert!(note.contains(&path) && note.contains(&says), "{topology} {path}: says why: {note}");
+        assert!(
+            !note.contains("--pool") && !note.contains("in no pool"),
+            "{topology} {path}: no advice to serve it: {note}"
+        );
+        assert_eq!(
+            env.our_event("default", &uid, "VolumeNotServed").await,
+            None,
+            "{topology} {path}: not called unserved"
+        );
+        assert!(env.pvs().get_opt(&name).await.expect("get").is_some(), "{topology}: the PV stays");
+        env.pvs().delete(&name, &Default::default()).await.expect("clean up");
+    }
+    assert_eq!(std::fs::read(pool.join("keep")).ok().as_deref(), Some(&b"pool data"[..]), "the pool is untouched");
+    for entry in std::fs::read_dir(&nested_dir).expect("nested directory stays") {
+        let dir = entry.expect("entry").path();
+        assert_eq!(std::fs::read(dir.join("data")).ok().as_deref(), Some(&b"keep"[..]), "{}", dir.display());
     }
 }
 

@@ -1,6 +1,7 @@
 //! Property tests of the path rules (docs/architecture.md, deletion rules): directory names derived from any valid
-//! claim are short, stable, single components that the deletion rules give back, and the deletion
-//! rules refuse anything that is not a direct child of the pool root.
+//! claim are short, stable, single components that the deletion rules give back, the deletion
+//! rules refuse anything that is not a direct child of the pool root, and a PV in no served pool
+//! is never told to serve a pool that would nest with a served one.
 //!
 //! Only the crate's public API is used. The case counts are kept moderate so this file runs in a
 //! few seconds as part of `cargo test`; the fuzz targets in fuzz/ cover the same rules at length.
@@ -8,6 +9,8 @@
 use std::path::PathBuf;
 
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath, PathRefusal, PoolPath};
+use hostpath_provisioner::deciding::unserved::{self, Placement, ServeAdvice};
+use hostpath_provisioner::deciding::volume::DeleteRefusal;
 use hostpath_provisioner::filesystem::VolumeDirName;
 use proptest::prelude::*;
 
@@ -67,6 +70,21 @@ fn path_text() -> impl Strategy<Value = String> {
         }
         path
     })
+}
+
+/// An absolute path of `count` components drawn from a few names (and some with ',' or spaces),
+/// so that two of them are often one inside the other, equal, or siblings sharing a prefix.
+fn near_path(count: std::ops::Range<usize>) -> impl Strategy<Value = String> {
+    let part = prop_oneof![
+        Just("a".to_owned()),
+        Just("ab".to_owned()),
+        Just("var".to_owned()),
+        Just("hpvolumes".to_owned()),
+        Just("x,y".to_owned()),
+        Just("sp ".to_owned()),
+        "[a-c]{1,2}",
+    ];
+    prop::collection::vec(part, count).prop_map(|parts| format!("/{}", parts.join("/")))
 }
 
 /// A directory name as either build writes it for `uid`.
@@ -157,10 +175,16 @@ proptest! {
         let dir = dir_for(&name, &uid, prefix);
         let path = if relative { format!("var/hpvolumes/{dir}") } else { format!("{parent}/{dir}") };
         let result = layout::accept_delete_path(&path, &layout::pv_name(&uid), &pools());
-        prop_assert!(
-            matches!(result, Err(PathRefusal::OutsidePools { .. }) | Err(PathRefusal::NotAbsolute(_))),
-            "{} was not refused: {:?}", path, result
-        );
+        // Deeper inside the pool, it is refused naming the pool; elsewhere, as in no pool.
+        let inside = !relative && layout::normalise(&parent).is_ok_and(|p| p.starts_with(ROOT));
+        if inside {
+            prop_assert!(matches!(result, Err(PathRefusal::NestedInPool { .. })), "{} was not refused: {:?}", path, result);
+        } else {
+            prop_assert!(
+                matches!(result, Err(PathRefusal::OutsidePools { .. }) | Err(PathRefusal::NotAbsolute(_))),
+                "{} was not refused: {:?}", path, result
+            );
+        }
     }
 
     #[test]
@@ -174,8 +198,11 @@ proptest! {
         let pv = layout::pv_name(&uid);
         for path in [format!("{ROOT}/{extra}/{dir}"), format!("{ROOT}/{dir}/{extra}"), format!("{ROOT}/{dir}/{dir}")] {
             prop_assert!(
-                matches!(layout::accept_delete_path(&path, &pv, &pools()), Err(PathRefusal::OutsidePools { .. })),
-                "{} was not refused", path
+                matches!(
+                    layout::accept_delete_path(&path, &pv, &pools()),
+                    Err(PathRefusal::NestedInPool { ref pool, .. }) if pool == "legacy"
+                ),
+                "{} was not refused as inside pool legacy", path
             );
         }
     }
@@ -186,6 +213,55 @@ proptest! {
         let dir = dir_for(&name, &other, prefix);
         let result = layout::accept_delete_path(&format!("{ROOT}/{dir}"), &layout::pv_name(&uid), &pools());
         prop_assert!(matches!(result, Err(PathRefusal::UnknownLayout { .. })), "{}: {:?}", dir, result);
+    }
+
+    /// The advice rule: whatever the served pools and the PV's path, a path in or at the root of
+    /// a served pool is never "in no pool", and the only pool ever advised is the path's parent,
+    /// one the configuration accepts and that neither contains nor lies in a served pool.
+    #[test]
+    fn no_pool_is_advised_that_would_nest_with_a_served_one(
+        roots in prop::collection::vec(near_path(1..4), 1..4),
+        path in near_path(0..6),
+        name_it in any::<bool>(),
+        uid in uid(),
+    ) {
+        let pv = layout::pv_name(&uid);
+        let path = if name_it { format!("{path}/{pv}") } else { path };
+        let served: Vec<PoolPath> =
+            roots.iter().enumerate().map(|(i, root)| PoolPath::local(&format!("pool{i}"), PathBuf::from(root))).collect();
+        let normalised = layout::normalise(&path).expect("generated paths are absolute, without '..'");
+        let in_a_served_pool = served.iter().any(|pool| normalised.starts_with(&pool.root));
+        let placement = unserved::place(&path, &pv, &served);
+        let text = match &placement {
+            Placement::ServedVolume(accepted) => {
+                let root = &served.iter().find(|p| p.name == accepted.pool).expect("a served pool").root;
+                prop_assert_eq!(normalised.parent(), Some(root.as_path()));
+                String::new()
+            }
+            Placement::NotAVolume(refusal) => {
+                prop_assert!(in_a_served_pool, "{} is in no served pool but refused as {:?}", path, refusal);
+                DeleteRefusal::UnsafePath { path: path.clone(), refusal: refusal.clone() }.to_string()
+            }
+            Placement::Unserved(advice) => {
+                prop_assert!(!in_a_served_pool, "{} is in a served pool, yet called unserved", path);
+                if let ServeAdvice::ServeParent(parent) = advice {
+                    prop_assert_eq!(Some(PathBuf::from(parent)), normalised.parent().map(PathBuf::from));
+                    prop_assert_eq!(layout::pool_root(parent), Some(PathBuf::from(parent)), "not a valid pool root");
+                }
+                let refusal = DeleteRefusal::NoNodeServesPath { path: path.clone(), roots: roots.join(", "), advice: advice.clone() };
+                refusal.to_string()
+            }
+        };
+        // Whatever the event says, every pool it advises is clear of the served ones.
+        for advised in text.split("--pool NAME=").skip(1) {
+            let advised = PathBuf::from(advised.split(')').next().unwrap_or_default());
+            for pool in &served {
+                prop_assert!(
+                    !advised.starts_with(&pool.root) && !pool.root.starts_with(&advised),
+                    "{}: advises {} next to served {}", path, advised.display(), pool.root.display()
+                );
+            }
+        }
     }
 
     #[test]

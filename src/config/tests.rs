@@ -358,3 +358,143 @@ fn kubeconfig_lists_merge_and_the_first_file_wins() {
     let e = read_kubeconfigs(&[missing]).unwrap_err().to_string();
     assert!(e.starts_with("KUBECONFIG"), "{e}");
 }
+
+/// Values that clap takes but that would fail after the start (a lease the API server refuses at
+/// every renewal, a provisioner name no class can name, listeners that cannot both bind, a ','
+/// in a pool path) stop the start with one line naming the env var, the flag and the value.
+#[test]
+fn values_that_would_fail_later_are_refused_at_start_naming_the_flag_and_the_value() {
+    let cases: [(&[&str], &str, &str, &str); 11] = [
+        (&["--pv-dir", "/a,b"], "PV_DIR", "--pv-dir", "/a,b"),
+        (&["--pool", "ssd=/mnt/a,b"], "STORAGE_POOLS", "--pool", "ssd=/mnt/a,b"),
+        (&["--pool", "=/mnt/ssd"], "STORAGE_POOLS", "--pool", "=/mnt/ssd"),
+        (&["--pool", "ssd=/x,accounting=none"], "STORAGE_POOLS", "--pool", "ssd=/x,accounting=none"),
+        (
+            &["--reap-volumes-of-removed-nodes", "0s"],
+            "REAP_VOLUMES_OF_REMOVED_NODES",
+            "--reap-volumes-of-removed-nodes",
+            "0s",
+        ),
+        (
+            &["--reap-volumes-of-removed-nodes", "0h"],
+            "REAP_VOLUMES_OF_REMOVED_NODES",
+            "--reap-volumes-of-removed-nodes",
+            "0h",
+        ),
+        (&["--node-lease-seconds", "2147483648"], "NODE_LEASE_SECONDS", "--node-lease-seconds", "2147483648"),
+        (&["--provisioner-name", " "], "PROVISIONER_NAME", "--provisioner-name", " "),
+        (&["--provisioner-name", "my provisioner"], "PROVISIONER_NAME", "--provisioner-name", "my provisioner"),
+        (&["--provisioner-name", "example.com/a/b"], "PROVISIONER_NAME", "--provisioner-name", "example.com/a/b"),
+        (
+            &["--health-addr", "127.0.0.1:8080"],
+            "METRICS_ADDR",
+            "--metrics-addr",
+            "0.0.0.0:8080 (HEALTH_ADDR 127.0.0.1:8080)",
+        ),
+    ];
+    for (args, setting, flag, value) in cases {
+        let mut all = vec!["--node-name", "n"];
+        if !args.contains(&"--pv-dir") {
+            all.extend(["--pv-dir", "/p"]);
+        }
+        all.extend_from_slice(args);
+        let e = parse(&all).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{setting}: invalid value {value:?} (flag {flag}): ")), "{args:?}: {e}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+    // The edges that still work.
+    let c = parse_on_node(&["--pv-dir", "/p", "--node-lease-seconds", "2147483647"]).unwrap();
+    assert_eq!(c.node_lease.as_secs(), 2_147_483_647);
+    for name in ["kubevirt.io/hostpath-provisioner", "hostpath.example.org", "Example_Name.1", "a.b/C-d_e.f"] {
+        assert_eq!(parse_on_node(&["--pv-dir", "/p", "--provisioner-name", name]).unwrap().provisioner_name, name);
+    }
+    // RUST_LOG has no flag: no flag named.
+    let e = log_filter(Some(std::ffi::OsStr::new("=debug"))).unwrap_err().to_string();
+    assert!(e.starts_with("RUST_LOG: invalid value \"=debug\": "), "{e}");
+}
+
+#[test]
+fn provisioner_names_are_what_the_api_server_takes_as_a_class_provisioner() {
+    for good in ["a", "kubevirt.io/hostpath-provisioner", "x.y/Z", "a-b_c.d", &"n".repeat(63)] {
+        assert!(is_qualified_name(good), "{good}");
+    }
+    for bad in ["", "/a", "a/", "-a", "a-", "a b", "a/b/c", "Example.com/a", "ex_ample.com/a", &"n".repeat(64), "a/b c"]
+    {
+        assert!(!is_qualified_name(bad), "{bad}");
+    }
+}
+
+#[test]
+fn listeners_collide_only_where_the_second_could_not_bind() {
+    let collide = |a: &str, b: &str| listeners_collide(a.parse().unwrap(), b.parse().unwrap());
+    // A wildcard takes the port for every address of its family; [::] for IPv4 too.
+    assert!(collide("0.0.0.0:8080", "127.0.0.1:8080"));
+    assert!(collide("10.0.0.1:8080", "0.0.0.0:8080"));
+    assert!(collide("[::]:8080", "127.0.0.1:8080"));
+    assert!(collide("0.0.0.0:8080", "[::]:8080"));
+    assert!(collide("[::1]:8080", "[::]:8080"));
+    // Different ports, distinct addresses, the IPv4 wildcard next to an IPv6 address, the very
+    // same address (one listener serves both), and port 0 (each gets a port of its own).
+    assert!(!collide("0.0.0.0:8080", "0.0.0.0:8081"));
+    assert!(!collide("127.0.0.1:8080", "127.0.0.2:8080"));
+    assert!(!collide("0.0.0.0:8080", "[::1]:8080"));
+    assert!(!collide("0.0.0.0:8080", "0.0.0.0:8080"));
+    assert!(!collide("0.0.0.0:0", "127.0.0.1:0"));
+    let c = parse_on_node(&["--pv-dir", "/p", "--health-addr", ":8080", "--metrics-addr", ":8080"]).unwrap();
+    assert_eq!(c.health_addr, Some("0.0.0.0:8080".parse().unwrap()));
+    assert_eq!(c.metrics_addr, c.health_addr, "one listener serves both");
+    assert!(parse_on_node(&["--pv-dir", "/p", "--metrics-addr", "127.0.0.1:8081"]).is_err());
+    assert!(parse_on_node(&["--pv-dir", "/p", "--metrics-addr", ""]).is_ok(), "disabled metrics collide with nothing");
+}
+
+#[test]
+fn a_blank_pool_list_is_no_pools_as_a_blank_pv_dir_is() {
+    let c = parse_on_node(&["--pv-dir", "/p", "--pool", "", "--pool", "  "]).unwrap();
+    assert_eq!(c.pools, vec![counted(PoolPath::local("legacy", "/p"))]);
+    let e = parse_on_node(&["--pool", ""]).unwrap_err().to_string();
+    assert!(e.contains("PV_DIR"), "still needs a pool: {e}");
+}
+
+/// The daemon's `--help` names every subcommand `main` dispatches on, each on a line of its own.
+#[test]
+fn the_help_names_every_subcommand() {
+    use clap::CommandFactory;
+    let help = Args::command().render_long_help().to_string();
+    for subcommand in [
+        crate::doctor::SUBCOMMAND,
+        crate::doctor::readyz::SUBCOMMAND,
+        crate::doctor::volume_check::SUBCOMMAND,
+        crate::operating::SUBCOMMAND,
+        crate::operating::pool_mount::SUBCOMMAND,
+    ] {
+        assert!(
+            help.lines().any(|line| line.trim_start().starts_with(&format!("{subcommand} "))),
+            "{subcommand} missing from:\n{help}"
+        );
+    }
+}
+
+/// docs/configuration.md lists every flag and env var of the binary, its subcommands' included.
+#[test]
+fn the_configuration_reference_lists_every_setting() {
+    use clap::CommandFactory;
+    let doc = include_str!("../../docs/configuration.md");
+    let commands = [
+        Args::command(),
+        crate::doctor::DoctorArgs::command(),
+        crate::doctor::readyz::ReadyzArgs::command(),
+        crate::operating::OperatorArgs::command(),
+        crate::operating::pool_mount::PoolMountArgs::command(),
+    ];
+    for command in commands {
+        for arg in command.get_arguments() {
+            if let Some(long) = arg.get_long().filter(|l| !matches!(*l, "help" | "version")) {
+                assert!(doc.contains(&format!("`--{long}")), "{} --{long} missing", command.get_name());
+            }
+            if let Some(env) = arg.get_env() {
+                let env = env.to_string_lossy();
+                assert!(doc.contains(&format!("`{env}`")), "{} {env} missing", command.get_name());
+            }
+        }
+    }
+}

@@ -175,13 +175,35 @@ pub enum PathRefusal {
     /// Contains `..`, which cannot be resolved lexically without trusting symlinks.
     #[error("path {0:?} contains '..'")]
     ParentComponent(String),
-    /// Not directly under any configured pool root.
+    /// In no pool at all: neither a pool root nor inside one.
     #[error("path {path:?} is not directly under a pool root ({roots})")]
     OutsidePools {
         /// The refused path.
         path: String,
         /// The configured roots, for the message.
         roots: String,
+    },
+    /// The root of a pool itself: it holds the pool's volumes and is none of them.
+    #[error(
+        "path {path:?} is the root of pool {pool}, not a volume directory in it (a volume is a directory directly under its pool's root)"
+    )]
+    PoolRoot {
+        /// The refused path.
+        path: String,
+        /// The pool it is the root of.
+        pool: String,
+    },
+    /// Inside a pool, but deeper than directly under its root.
+    #[error(
+        "path {path:?} is inside pool {pool} ({root}) but not directly under its root, where the pool's volume directories are"
+    )]
+    NestedInPool {
+        /// The refused path.
+        path: String,
+        /// The pool it is inside.
+        pool: String,
+        /// That pool's root.
+        root: String,
     },
     /// The last component is not one of the known directory layouts for this PV.
     #[error(
@@ -226,17 +248,40 @@ pub fn normalise(path: &str) -> Result<PathBuf, PathRefusal> {
     Ok(out)
 }
 
+/// A directory that can be a pool root (`PV_DIR`, `--pool`): absolute, without `..`, not `/`,
+/// and free of ',' (the separator of pool lists and of the pools a node advertises in its
+/// lease). Normalised.
+pub fn pool_root(path: &str) -> Option<PathBuf> {
+    normalise(path).ok().filter(|p| p.parent().is_some() && !path.contains(','))
+}
+
 /// Decides whether `host_path` of PV `pv_name` may be deleted: it must be a direct child of a
 /// pool root and named in one of the layouts either build ever wrote, with the PV's own UID.
+/// A path in a pool but not directly under its root (the root itself, or deeper) is refused
+/// saying which pool, so that no one is told to serve it as a pool of its own.
 pub fn accept_delete_path(host_path: &str, pv_name: &str, pools: &[PoolPath]) -> Result<AcceptedPath, PathRefusal> {
     if uid_from_pv_name(pv_name).is_none() {
         return Err(PathRefusal::ForeignPvName(pv_name.to_owned()));
     }
     let path = normalise(host_path)?;
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
-        return Err(outside(host_path, pools));
-    };
+    if let Some(pool) = pools.iter().find(|pool| pool.root == path) {
+        return Err(PathRefusal::PoolRoot { path: host_path.to_owned(), pool: pool.name.clone() });
+    }
+    let parent = path.parent().unwrap_or(&path);
     let Some(pool) = pools.iter().find(|pool| pool.root == parent) else {
+        // The innermost pool holding it, when pools of several nodes nest.
+        let holding =
+            pools.iter().filter(|pool| path.starts_with(&pool.root)).max_by_key(|pool| pool.root.as_os_str().len());
+        return Err(match holding {
+            Some(pool) => PathRefusal::NestedInPool {
+                path: host_path.to_owned(),
+                pool: pool.name.clone(),
+                root: pool.root.display().to_string(),
+            },
+            None => outside(host_path, pools),
+        });
+    };
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return Err(outside(host_path, pools));
     };
     if !matches_layout(name, pv_name) {
@@ -357,16 +402,58 @@ mod tests {
     #[test]
     fn paths_outside_the_pool_are_refused() {
         let pv = pv_name(UID);
-        for path in ["/", "/etc", "/var/hpvolumes", "/var/other/pvc-x", "/var/hpvolumes-evil/pvc-x"] {
+        for path in ["/", "/etc", "/var", "/var/other/pvc-x", "/var/hpvolumes-evil/pvc-x"] {
             let path = path.replace("pvc-x", &pv);
             assert!(
                 matches!(accept_delete_path(&path, &pv, &pools()), Err(PathRefusal::OutsidePools { .. })),
                 "{path}"
             );
         }
-        // Nested one level deeper is not "directly under".
-        let nested = format!("/var/hpvolumes/sub/{pv}");
-        assert!(matches!(accept_delete_path(&nested, &pv, &pools()), Err(PathRefusal::OutsidePools { .. })));
+    }
+
+    #[test]
+    fn the_pool_root_and_paths_deeper_in_the_pool_are_refused_naming_the_pool() {
+        let pv = pv_name(UID);
+        for root in ["/var/hpvolumes", "/var/hpvolumes/", "/var//hpvolumes/."] {
+            let refusal = accept_delete_path(root, &pv, &pools()).unwrap_err();
+            assert_eq!(refusal, PathRefusal::PoolRoot { path: root.into(), pool: "legacy".into() });
+            assert!(refusal.to_string().contains("is the root of pool legacy"), "{refusal}");
+        }
+        // Nested one level deeper or more is not "directly under".
+        for nested in
+            [format!("/var/hpvolumes/sub/{pv}"), format!("/var/hpvolumes/{pv}/{pv}"), "/var/hpvolumes/a/b/c".into()]
+        {
+            let refusal = accept_delete_path(&nested, &pv, &pools()).unwrap_err();
+            assert_eq!(
+                refusal,
+                PathRefusal::NestedInPool {
+                    path: nested.clone(),
+                    pool: "legacy".into(),
+                    root: "/var/hpvolumes".into()
+                }
+            );
+            assert!(
+                refusal.to_string().contains("inside pool legacy (/var/hpvolumes) but not directly under its root")
+            );
+        }
+        // Pools of several nodes may nest: the innermost one holding the path is named.
+        let nesting = vec![PoolPath::local("outer", "/mnt"), PoolPath::local("inner", "/mnt/nfs")];
+        assert!(matches!(
+            accept_delete_path(&format!("/mnt/nfs/sub/{pv}"), &pv, &nesting),
+            Err(PathRefusal::NestedInPool { ref pool, .. }) if pool == "inner"
+        ));
+        assert!(matches!(
+            accept_delete_path("/mnt/nfs", &pv, &nesting),
+            Err(PathRefusal::PoolRoot { ref pool, .. }) if pool == "inner"
+        ));
+    }
+
+    #[test]
+    fn a_pool_root_is_absolute_normalised_and_neither_slash_nor_listed_with_commas() {
+        assert_eq!(pool_root("/var/hpvolumes/"), Some(PathBuf::from("/var/hpvolumes")));
+        for bad in ["/", "//", "/.", "relative", "/a/../b", "/a,b", ""] {
+            assert_eq!(pool_root(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

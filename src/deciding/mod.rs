@@ -24,6 +24,7 @@ pub mod retention;
 pub mod settings;
 pub mod static_binding;
 pub mod topology;
+pub mod unserved;
 pub mod volume;
 pub mod volume_spec;
 pub mod watch_list;

@@ -6,6 +6,7 @@ use crate::deciding::identity::Identity;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{self, AcceptedPath, PathRefusal, PoolPath};
 use crate::deciding::topology::{self, Acting, LiveNode, Topology};
+use crate::deciding::unserved::{self, Placement, ServeAdvice};
 use crate::keys;
 
 /// Why a PV is left alone silently.
@@ -125,18 +126,18 @@ pub enum DeleteRefusal {
         key: &'static str,
     },
     /// A shared or every-node volume whose directory is in no pool that any node with a running
-    /// provisioner serves: no node can make, keep or remove it.
+    /// provisioner serves: no node can make, keep or remove it. (A path inside a served pool
+    /// that is no volume of it is an [`DeleteRefusal::UnsafePath`] instead.)
     #[error(
-        "the volume's path {path:?} is in no pool a node with a running provisioner serves (pool roots: {roots}); \
-         configure its pool on the nodes that should serve it (--pool NAME={parent}), or fix or remove the PV"
+        "the volume's path {path:?} is in no pool a node with a running provisioner serves (pool roots: {roots}); {advice}"
     )]
     NoNodeServesPath {
         /// The PV's hostPath.
         path: String,
-        /// Its parent directory, the pool root it would need.
-        parent: String,
-        /// The pool roots the live nodes serve.
+        /// The pool roots served.
         roots: String,
+        /// Which pool to configure, if any can be.
+        advice: ServeAdvice,
     },
     /// The path failed the rules of docs/architecture.md, deletion rules.
     #[error("refusing to delete {path:?}: {refusal}. Nothing was removed; check the PV and remove it by hand")]
@@ -255,29 +256,31 @@ fn decide_shared_volume(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], live
             }
         }
         Err(DeleteRefusal::UnsafePath { refusal: PathRefusal::OutsidePools { .. }, .. }) => {
-            outside_my_pools(pv, me, live)
+            outside_my_pools(pv, me, pools, live)
         }
         Err(refusal) => speak(key, me, live, VolumeDecision::Refuse(refusal)),
     }
 }
 
-/// A shared or every-node PV whose directory is in none of this node's pools: another live node
-/// may serve its pool; if none does, one node says so.
-fn outside_my_pools(pv: &KeptVolume, me: &Identity, live: &[LiveNode]) -> VolumeDecision {
+/// A shared or every-node PV whose directory is in none of this node's pools: a volume of a pool
+/// another live node serves is that node's; a path inside a served pool that is no volume of it,
+/// or in no served pool, is reported by one node (every node decides alike, whichever pools it
+/// has itself).
+fn outside_my_pools(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], live: &[LiveNode]) -> VolumeDecision {
     let key = pv.metadata.name.as_deref().unwrap_or_default();
     let path = volume_path(pv).unwrap_or_default().to_owned();
-    let parent = layout::normalise(&path)
-        .ok()
-        .and_then(|p| p.parent().map(|p| p.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    let mut roots: Vec<&str> = live.iter().flat_map(|n| n.pools.iter().map(|k| k.root.as_str())).collect();
-    roots.sort_unstable();
-    roots.dedup();
-    if roots.contains(&parent.as_str()) {
-        return VolumeDecision::Ignore(Ignore::NotMyPool);
-    }
-    let roots = if roots.is_empty() { "none".to_owned() } else { roots.join(", ") };
-    speak(key, me, live, VolumeDecision::Refuse(DeleteRefusal::NoNodeServesPath { path, parent, roots }))
+    let served = unserved::served_pools(pools, live);
+    let refusal = match unserved::place(&path, key, &served) {
+        Placement::ServedVolume(_) => return VolumeDecision::Ignore(Ignore::NotMyPool),
+        Placement::NotAVolume(refusal) => DeleteRefusal::UnsafePath { path, refusal },
+        Placement::Unserved(advice) => {
+            let mut roots: Vec<String> = served.iter().map(|p| p.root.display().to_string()).collect();
+            roots.sort_unstable();
+            let roots = if roots.is_empty() { "none".to_owned() } else { roots.join(", ") };
+            DeleteRefusal::NoNodeServesPath { path, roots, advice }
+        }
+    };
+    speak(key, me, live, VolumeDecision::Refuse(refusal))
 }
 
 /// An every-node volume has a copy on each node: each node keeps its own in step with the PV.
@@ -290,7 +293,7 @@ fn decide_every_node_volume(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], 
     let accepted = match accepted_path(pv, pools) {
         Ok(accepted) => accepted,
         Err(DeleteRefusal::UnsafePath { refusal: PathRefusal::OutsidePools { .. }, .. }) => {
-            return outside_my_pools(pv, me, live);
+            return outside_my_pools(pv, me, pools, live);
         }
         Err(refusal) => return speak(key, me, live, VolumeDecision::Refuse(refusal)),
     };
@@ -594,7 +597,7 @@ mod tests {
         // A pool no live node serves: the one node speaking for it says so...
         assert!(matches!(
             decide_as("a", &other_root, &live(&["a"])),
-            VolumeDecision::Refuse(DeleteRefusal::NoNodeServesPath { ref parent, .. }) if parent == "/data"
+            VolumeDecision::Refuse(DeleteRefusal::NoNodeServesPath { advice: ServeAdvice::ServeParent(ref parent), .. }) if parent == "/data"
         ));
         // ... while a pool another live node serves is that node's.
         let mut served = live(&["a", "b"]);
@@ -607,6 +610,47 @@ mod tests {
             .filter(|n| matches!(decide_as(n, &traversal, &live(&["a", "b"])), VolumeDecision::Refuse(_)))
             .count();
         assert_eq!(refusals, 1, "one node reports an unsafe every-node PV");
+    }
+
+    /// A shared or every-node PV at a served pool's root, or inside a served pool but not
+    /// directly under its root, whichever node serves that pool: refused as no volume of that
+    /// pool by exactly one node, and no node advises serving another pool for it.
+    #[test]
+    fn a_path_in_a_served_pool_that_is_no_volume_is_refused_as_such_by_one_node() {
+        // Node b alone serves /data; a (the other live node) serves the usual pools.
+        let mut nodes = live(&["a", "b"]);
+        nodes[1].pools = vec![topology::PoolKey::new("data", "/data")];
+        let b_pools = vec![PoolPath::local("data", "/data")];
+        let decide_on = |node: &str, pv: &KeptVolume| {
+            let me = Identity { node: node.into(), ..me() };
+            let pools = if node == "b" { b_pools.clone() } else { shape_pools() };
+            decide_volume(pv, &me, node, &pools, &nodes)
+        };
+        for (path, topology, pool) in [
+            ("/data".to_owned(), "shared", "data"),
+            (format!("/data/sub/{}", pv_dir()), "everyNode", "data"),
+            ("/mnt/nfs/".to_owned(), "everyNode", "nfs"),
+            (format!("/mnt/nfs/a/b/{}", pv_dir()), "shared", "nfs"),
+        ] {
+            let pv = unpinned_pv(&path, Some(topology), "Released");
+            let decisions: Vec<_> = ["a", "b"].iter().map(|n| decide_on(n, &pv)).collect();
+            let refusals: Vec<_> = decisions.iter().filter(|d| matches!(d, VolumeDecision::Refuse(_))).collect();
+            assert_eq!(refusals.len(), 1, "{path}: one node speaks: {decisions:?}");
+            let VolumeDecision::Refuse(refusal @ DeleteRefusal::UnsafePath { refusal: why, .. }) = refusals[0] else {
+                panic!("{path}: {refusals:?}");
+            };
+            assert!(
+                matches!(why, PathRefusal::PoolRoot { pool: p, .. } | PathRefusal::NestedInPool { pool: p, .. } if p == pool),
+                "{path}: {why:?}"
+            );
+            let text = refusal.to_string();
+            assert!(!text.contains("--pool") && !text.contains("in no pool"), "{path}: {text}");
+            assert!(
+                decisions
+                    .iter()
+                    .all(|d| matches!(d, VolumeDecision::Refuse(_) | VolumeDecision::Ignore(Ignore::OtherNode)))
+            );
+        }
     }
 
     #[test]

@@ -57,8 +57,7 @@ pub async fn reconcile(pv: Arc<KeptVolume>, ctx: Arc<Context>) -> Result<Action,
             tracing::trace!(pv = %name, ?why, "nothing to do");
             Action::await_change()
         }
-        VolumeDecision::Refuse(DeleteRefusal::NoNodeServesPath { path, parent, roots }) => {
-            let refusal = DeleteRefusal::NoNodeServesPath { path, parent, roots };
+        VolumeDecision::Refuse(refusal @ DeleteRefusal::NoNodeServesPath { .. }) => {
             tracing::warn!(pv = %name, %refusal, "no node serves the volume's pool");
             // Looked at again: a node serving the pool may start later.
             ctx.warn(&pv_ref(&pv), reason::VOLUME_NOT_SERVED, "Serve", refusal.to_string()).await;
