@@ -53,6 +53,7 @@ mod binaries;
 mod cluster;
 mod control_plane;
 mod deploy_tools;
+pub mod documented_commands;
 pub mod fixtures;
 mod go_peer;
 mod kubeconfig;
