@@ -54,6 +54,7 @@ mod cluster;
 mod control_plane;
 mod deploy_tools;
 pub mod docker_context;
+pub mod documented_commands;
 pub mod fixtures;
 mod go_peer;
 mod kubeconfig;
