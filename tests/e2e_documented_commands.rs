@@ -563,6 +563,19 @@ async fn the_operator_install_runs_as_written() {
     ));
     let listed = shell.run(&docs.command("docs/operator.md", "Install", "kubectl get hostpathprovisioners"));
     assert!(listed.lines().any(|l| l.starts_with("hostpath-provisioner ")), "{listed}");
+    // On OpenShift: the same install, with no uid pinned on the operator pod (restricted-v2
+    // assigns one), applied over the first as an admin switching would.
+    let pinned = &operator["spec"]["template"]["spec"]["securityContext"];
+    assert_eq!(pinned["runAsUser"], 65532, "elsewhere the uid is pinned: the image's default user is root");
+    shell.run(&docs.command(
+        "docs/operator.md",
+        "OpenShift",
+        "kubectl apply --server-side -k deploy/operator-openshift",
+    ));
+    let operator = shell.must_get(&["deployment", "hostpath-provisioner-operator", "-n", "hostpath-provisioner"]);
+    let context = &operator["spec"]["template"]["spec"]["securityContext"];
+    assert!(context["runAsUser"].is_null() && context["runAsNonRoot"] == true, "{context}");
+    assert_eq!(container(&operator)["image"], format!("{REGISTRY}/hostpath-provisioner:0.1.0"));
     shell.finish();
 }
 
