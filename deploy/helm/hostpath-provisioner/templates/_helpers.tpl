@@ -26,7 +26,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The recommended labels, on every object. */}}
 {{- define "hpp.labels" -}}
 {{ include "hpp.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "hpp.versionLabel" . | quote }}
 app.kubernetes.io/part-of: hostpath-provisioner
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -54,9 +54,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end }}
 {{- end }}
 
-{{/* The volume of a pool: `pv-volume` for legacy (the Go build's name), pool-<name> for the others. */}}
+{{/* The image tag as a label value: at most 63 characters, starting and ending with a letter or
+     digit (a tag may be 128 characters long and end in `_` or `.`). */}}
+{{- define "hpp.versionLabel" -}}
+{{- regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" (.Values.image.tag | default .Chart.AppVersion | toString | trunc 63) "" }}
+{{- end }}
+
+{{/* The volume of a pool: `pv-volume` for legacy (the Go build's name), pool-<name> for the
+     others. A volume name is a DNS label of at most 63 characters, and a pool name may have 63
+     itself (the binary, the classes' storagePool and the operator accept that): a name longer
+     than 58 keeps its first 49 characters and gets 8 of its SHA-256 instead, which keeps the
+     names of two pools apart. Nothing outside the pod spec refers to these names. */}}
 {{- define "hpp.poolVolume" -}}
-{{- if eq .name "legacy" }}pv-volume{{ else }}pool-{{ .name }}{{ end }}
+{{- if eq .name "legacy" }}pv-volume
+{{- else if le (len .name) 58 }}pool-{{ .name }}
+{{- else }}pool-{{ .name | trunc 49 }}-{{ sha256sum .name | trunc 8 }}
+{{- end }}
 {{- end }}
 
 {{/* STORAGE_POOLS (of a list of pools): every pool but legacy, as NAME=PATH[,shared][,reserve=SIZE][,accounting=MODE], comma-separated. */}}
@@ -85,4 +98,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{/* The peers Service's name (templates/peers-service.yaml), within the 63 characters of a name. */}}
 {{- define "hpp.peersService" -}}
 {{ include "hpp.fullname" . | trunc 57 | trimSuffix "-" }}-peers
+{{- end }}
+
+{{/* The metrics Service's name (templates/metrics-service.yaml), within the 63 characters of a name. */}}
+{{- define "hpp.metricsService" -}}
+{{ include "hpp.fullname" . | trunc 55 | trimSuffix "-" }}-metrics
+{{- end }}
+
+{{/* The test pod's name label: not the provisioner pods' (see templates/tests/volume.yaml), within
+     the 63 characters of a label value. */}}
+{{- define "hpp.testName" -}}
+{{ include "hpp.name" . | trunc 58 | trimSuffix "-" }}-test
 {{- end }}
