@@ -197,7 +197,8 @@ fn the_chart_renders_every_setting_of_the_maximal_values() {
         ("STORAGE_POOLS", "ssd=/mnt/ssd,reserve=20Gi,accounting=free,nfs=/mnt/nfs,shared,mountpoint"),
         ("PROVISIONER_NAME", "hostpath.example.com"),
         ("USE_NAMING_PREFIX", "true"),
-        ("PV_CAPACITY", "filesystem"),
+        // Not `filesystem`: the binary refuses it with `requests` accounting, set just below.
+        ("PV_CAPACITY", "request"),
         ("DIR_MODE", "0750"),
         ("REQUIRE_MOUNTPOINT", "true"),
         ("PV_FINALIZER", "true"),

@@ -105,6 +105,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{ include "hpp.fullname" . | trunc 55 | trimSuffix "-" }}-metrics
 {{- end }}
 
+{{/* The node groups the DaemonSet template renders, as JSON {"groups": [...]}: nodeGroups, or
+     one unnamed group with `pools` on every node. */}}
+{{- define "hpp.groups" -}}
+{{- if .Values.nodeGroups }}
+{{- dict "groups" .Values.nodeGroups | toJson }}
+{{- else }}
+{{- dict "groups" (list (dict "name" "" "nodeSelector" dict "pools" .Values.pools)) | toJson }}
+{{- end }}
+{{- end }}
+
 {{/* The test pod's name label: not the provisioner pods' (see templates/tests/volume.yaml), within
      the 63 characters of a label value. */}}
 {{- define "hpp.testName" -}}
