@@ -115,6 +115,124 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end }}
 {{- end }}
 
+{{/* Where the `otherNodes` group runs, as JSON {"restricted": bool, "terms": [nodeSelectorTerm]}:
+     on no node of another group. A node is in a group when it has every label of the group's
+     nodeSelector, so it is outside all of them when, for each group, one of its labels is
+     missing or differs: one term (the terms are ORed, the expressions of a term ANDed) per choice
+     of one label in each group, each label as `NotIn` (which a node without the label passes),
+     as deploy/node-groups does. A label the common nodeSelector requires with the same value
+     cannot tell the groups apart and is skipped. Not restricted when no other group exists. */}}
+{{- define "hpp.otherNodesTerms" -}}
+{{- $common := .Values.nodeSelector | default dict }}
+{{- $terms := list (list) }}
+{{- $others := 0 }}
+{{- range $group := .Values.nodeGroups }}
+{{- if not $group.otherNodes }}
+{{- $others = add1 $others }}
+{{- $next := list }}
+{{- range $term := $terms }}
+{{- range $key := keys ($group.nodeSelector | default dict) | sortAlpha }}
+{{- $value := toString (get $group.nodeSelector $key) }}
+{{- if not (and (hasKey $common $key) (eq (toString (get $common $key)) $value)) }}
+{{- $next = append $next (append $term (dict "key" $key "value" $value)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $terms = $next }}
+{{- end }}
+{{- end }}
+{{- $out := list }}
+{{- $seen := dict }}
+{{- range $term := $terms }}
+{{- $byKey := dict }}
+{{- range $term }}
+{{- $_ := set $byKey .key (append (get $byKey .key | default list) .value | uniq | sortAlpha) }}
+{{- end }}
+{{- $expressions := list }}
+{{- range $key := keys $byKey | sortAlpha }}
+{{- $expressions = append $expressions (dict "key" $key "operator" "NotIn" "values" (get $byKey $key)) }}
+{{- end }}
+{{- $id := toJson $expressions }}
+{{- if not (hasKey $seen $id) }}
+{{- $_ := set $seen $id true }}
+{{- $out = append $out (dict "matchExpressions" $expressions) }}
+{{- end }}
+{{- end }}
+{{- dict "restricted" (gt $others 0) "terms" $out | toJson }}
+{{- end }}
+
+{{/* The nodes some DaemonSet of the chart runs on, beyond the common nodeSelector and affinity,
+     as JSON {"restricted": bool, "terms": [nodeSelectorTerm]}: with node groups and no
+     `otherNodes` group, the nodes of one of the groups (one term per group, its labels as `In`). */}}
+{{- define "hpp.servedNodesTerms" -}}
+{{- $terms := list }}
+{{- $everyNode := not .Values.nodeGroups }}
+{{- range $group := .Values.nodeGroups }}
+{{- if $group.otherNodes }}
+{{- $everyNode = true }}
+{{- else }}
+{{- $expressions := list }}
+{{- range $key := keys ($group.nodeSelector | default dict) | sortAlpha }}
+{{- $expressions = append $expressions (dict "key" $key "operator" "In" "values" (list (toString (get $group.nodeSelector $key)))) }}
+{{- end }}
+{{- $terms = append $terms (dict "matchExpressions" $expressions) }}
+{{- end }}
+{{- end }}
+{{- dict "restricted" (not $everyNode) "terms" (ternary list $terms $everyNode) | toJson }}
+{{- end }}
+
+{{/* An affinity (.affinity) whose required node affinity also demands one of .terms: each of its
+     own nodeSelectorTerms (or an empty one) combined with each of .terms, since terms are ORed
+     and the expressions within a term ANDed. As YAML; .affinity unchanged when .terms is empty. */}}
+{{- define "hpp.withNodeTerms" -}}
+{{- $affinity := deepCopy (.affinity | default dict) }}
+{{- if .terms }}
+{{- $node := get $affinity "nodeAffinity" | default dict }}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict }}
+{{- $theirs := get $required "nodeSelectorTerms" | default (list dict) }}
+{{- $combined := list }}
+{{- range $their := $theirs }}
+{{- range $ours := $.terms }}
+{{- $term := deepCopy $their }}
+{{- $_ := set $term "matchExpressions" (concat (get $their "matchExpressions" | default list) $ours.matchExpressions) }}
+{{- $combined = append $combined $term }}
+{{- end }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $combined }}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ := set $affinity "nodeAffinity" $node }}
+{{- end }}
+{{- if $affinity }}{{ toYaml $affinity }}{{ end }}
+{{- end }}
+
+{{/* Whether a class of storageClasses (.) provisions a claim with no node named on it:
+     WaitForFirstConsumer (the pod's node makes it), or Immediate with topology shared or
+     everyNode. An Immediate class of node volumes waits for kubevirt.io/provisionOnNode. */}}
+{{- define "hpp.needsNoNodeAnnotation" -}}
+{{- if or (eq (.volumeBindingMode | default "WaitForFirstConsumer") "WaitForFirstConsumer") (has (toString ((.parameters | default dict).topology)) (list "shared" "everyNode")) }}true{{ end }}
+{{- end }}
+
+{{/* The class of the `helm test` claim: tests.storageClass, else the first class of
+     storageClasses that needs no node annotation. Never an Immediate class of node volumes: its
+     claim waits for a node named in kubevirt.io/provisionOnNode, which the test cannot know, so
+     `helm test` would hang to its timeout. */}}
+{{- define "hpp.testClass" -}}
+{{- $chosen := "" }}
+{{- if .Values.tests.storageClass }}
+{{- $chosen = .Values.tests.storageClass }}
+{{- range .Values.storageClasses }}
+{{- if and (eq .name $chosen) (not (include "hpp.needsNoNodeAnnotation" .)) }}
+{{- fail (printf "tests.storageClass: %s binds Immediate and makes node volumes: its claim would wait for a kubevirt.io/provisionOnNode annotation and `helm test` would hang; name a WaitForFirstConsumer class, or set tests.enabled=false" $chosen) }}
+{{- end }}
+{{- end }}
+{{- else }}
+{{- range .Values.storageClasses }}
+{{- if and (not $chosen) (include "hpp.needsNoNodeAnnotation" .) }}{{ $chosen = .name }}{{ end }}
+{{- end }}
+{{- end }}
+{{- required "tests.storageClass: storageClasses has no WaitForFirstConsumer class for the `helm test` claim (the claim of an Immediate class of node volumes waits for a node annotation): add one, name a class of this provisioner, or set tests.enabled=false" $chosen }}
+{{- end }}
+
 {{/* The test pod's name label: not the provisioner pods' (see templates/tests/volume.yaml), within
      the 63 characters of a label value. */}}
 {{- define "hpp.testName" -}}

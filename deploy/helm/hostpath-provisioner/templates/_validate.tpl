@@ -36,15 +36,24 @@
 
 {{- define "hpp.validate" -}}
 {{- $groups := (include "hpp.groups" . | fromJson).groups }}
-{{- /* Node groups: DNS labels, once each, selecting different nodes. */}}
+{{- /* Node groups: DNS labels, once each; each either selects its nodes or takes the others. */}}
 {{- $names := dict }}
+{{- $others := list }}
 {{- range $i, $a := .Values.nodeGroups }}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" (toString $a.name)) }}{{ fail (printf "nodeGroups: name %q is not a DNS label" (toString $a.name)) }}{{ end }}
 {{- if hasKey $names $a.name }}{{ fail (printf "nodeGroups: %q is listed twice" $a.name) }}{{ end }}
 {{- $_ := set $names $a.name true }}
-{{- if not $a.nodeSelector }}{{ fail (printf "nodeGroups: %s needs a nodeSelector (the groups must select different nodes)" $a.name) }}{{ end }}
+{{- if $a.otherNodes }}
+{{- if $a.nodeSelector }}{{ fail (printf "nodeGroups: %s has otherNodes: true and a nodeSelector; the group of the other nodes selects them by the other groups' labels, so give it no nodeSelector" $a.name) }}{{ end }}
+{{- $others = append $others $a.name }}
+{{- else if not $a.nodeSelector }}
+{{- fail (printf "nodeGroups: %s needs a nodeSelector (the groups must select different nodes), or otherNodes: true to take every node no other group selects" $a.name) }}
+{{- end }}
+{{- end }}
+{{- if gt (len $others) 1 }}{{ fail (printf "nodeGroups: %s all have otherNodes: true; only one group can take the nodes no other group selects" (join ", " $others)) }}{{ end }}
+{{- range $i, $a := .Values.nodeGroups }}
 {{- range $j, $b := $.Values.nodeGroups }}
-{{- if lt $i $j }}
+{{- if and (lt $i $j) (not $a.otherNodes) (not $b.otherNodes) }}
 {{- $apart := false }}
 {{- range $key, $value := $a.nodeSelector }}
 {{- if and (hasKey $b.nodeSelector $key) (ne (toString $value) (toString (get $b.nodeSelector $key))) }}{{ $apart = true }}{{ end }}
@@ -52,6 +61,10 @@
 {{- if not $apart }}{{ fail (printf "nodeGroups: %s and %s may select the same node: give their nodeSelectors a label key with a different value in each (two provisioners on one node would both act on its claims)" $a.name $b.name) }}{{ end }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- if $others }}
+{{- $placement := include "hpp.otherNodesTerms" . | fromJson }}
+{{- if and $placement.restricted (not $placement.terms) }}{{ fail (printf "nodeGroups: %s (otherNodes) would get no node: every label of some group's nodeSelector is also in the common nodeSelector, so that group takes every node" (first $others)) }}{{ end }}
 {{- end }}
 
 {{- /* Pools of each group: what the binary checks in PV_DIR and STORAGE_POOLS. */}}
