@@ -26,7 +26,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The recommended labels, on every object. */}}
 {{- define "hpp.labels" -}}
 {{ include "hpp.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "hpp.versionLabel" . | quote }}
 app.kubernetes.io/part-of: hostpath-provisioner
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -54,9 +54,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end }}
 {{- end }}
 
-{{/* The volume of a pool: `pv-volume` for legacy (the Go build's name), pool-<name> for the others. */}}
+{{/* The image tag as a label value: at most 63 characters, starting and ending with a letter or
+     digit (a tag may be 128 characters long and end in `_` or `.`). */}}
+{{- define "hpp.versionLabel" -}}
+{{- regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" (.Values.image.tag | default .Chart.AppVersion | toString | trunc 63) "" }}
+{{- end }}
+
+{{/* The volume of a pool: `pv-volume` for legacy (the Go build's name), pool-<name> for the
+     others. A volume name is a DNS label of at most 63 characters, and a pool name may have 63
+     itself (the binary, the classes' storagePool and the operator accept that): a name longer
+     than 58 keeps its first 49 characters and gets 8 of its SHA-256 instead, which keeps the
+     names of two pools apart. Nothing outside the pod spec refers to these names. */}}
 {{- define "hpp.poolVolume" -}}
-{{- if eq .name "legacy" }}pv-volume{{ else }}pool-{{ .name }}{{ end }}
+{{- if eq .name "legacy" }}pv-volume
+{{- else if le (len .name) 58 }}pool-{{ .name }}
+{{- else }}pool-{{ .name | trunc 49 }}-{{ sha256sum .name | trunc 8 }}
+{{- end }}
 {{- end }}
 
 {{/* STORAGE_POOLS (of a list of pools): every pool but legacy, as NAME=PATH[,shared][,reserve=SIZE][,accounting=MODE], comma-separated. */}}
@@ -85,4 +98,143 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{/* The peers Service's name (templates/peers-service.yaml), within the 63 characters of a name. */}}
 {{- define "hpp.peersService" -}}
 {{ include "hpp.fullname" . | trunc 57 | trimSuffix "-" }}-peers
+{{- end }}
+
+{{/* The metrics Service's name (templates/metrics-service.yaml), within the 63 characters of a name. */}}
+{{- define "hpp.metricsService" -}}
+{{ include "hpp.fullname" . | trunc 55 | trimSuffix "-" }}-metrics
+{{- end }}
+
+{{/* The node groups the DaemonSet template renders, as JSON {"groups": [...]}: nodeGroups, or
+     one unnamed group with `pools` on every node. */}}
+{{- define "hpp.groups" -}}
+{{- if .Values.nodeGroups }}
+{{- dict "groups" .Values.nodeGroups | toJson }}
+{{- else }}
+{{- dict "groups" (list (dict "name" "" "nodeSelector" dict "pools" .Values.pools)) | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* Where the `otherNodes` group runs, as JSON {"restricted": bool, "terms": [nodeSelectorTerm]}:
+     on no node of another group. A node is in a group when it has every label of the group's
+     nodeSelector, so it is outside all of them when, for each group, one of its labels is
+     missing or differs: one term (the terms are ORed, the expressions of a term ANDed) per choice
+     of one label in each group, each label as `NotIn` (which a node without the label passes),
+     as deploy/node-groups does. A label the common nodeSelector requires with the same value
+     cannot tell the groups apart and is skipped. Not restricted when no other group exists. */}}
+{{- define "hpp.otherNodesTerms" -}}
+{{- $common := .Values.nodeSelector | default dict }}
+{{- $terms := list (list) }}
+{{- $others := 0 }}
+{{- range $group := .Values.nodeGroups }}
+{{- if not $group.otherNodes }}
+{{- $others = add1 $others }}
+{{- $next := list }}
+{{- range $term := $terms }}
+{{- range $key := keys ($group.nodeSelector | default dict) | sortAlpha }}
+{{- $value := toString (get $group.nodeSelector $key) }}
+{{- if not (and (hasKey $common $key) (eq (toString (get $common $key)) $value)) }}
+{{- $next = append $next (append $term (dict "key" $key "value" $value)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $terms = $next }}
+{{- end }}
+{{- end }}
+{{- $out := list }}
+{{- $seen := dict }}
+{{- range $term := $terms }}
+{{- $byKey := dict }}
+{{- range $term }}
+{{- $_ := set $byKey .key (append (get $byKey .key | default list) .value | uniq | sortAlpha) }}
+{{- end }}
+{{- $expressions := list }}
+{{- range $key := keys $byKey | sortAlpha }}
+{{- $expressions = append $expressions (dict "key" $key "operator" "NotIn" "values" (get $byKey $key)) }}
+{{- end }}
+{{- $id := toJson $expressions }}
+{{- if not (hasKey $seen $id) }}
+{{- $_ := set $seen $id true }}
+{{- $out = append $out (dict "matchExpressions" $expressions) }}
+{{- end }}
+{{- end }}
+{{- dict "restricted" (gt $others 0) "terms" $out | toJson }}
+{{- end }}
+
+{{/* The nodes some DaemonSet of the chart runs on, beyond the common nodeSelector and affinity,
+     as JSON {"restricted": bool, "terms": [nodeSelectorTerm]}: with node groups and no
+     `otherNodes` group, the nodes of one of the groups (one term per group, its labels as `In`). */}}
+{{- define "hpp.servedNodesTerms" -}}
+{{- $terms := list }}
+{{- $everyNode := not .Values.nodeGroups }}
+{{- range $group := .Values.nodeGroups }}
+{{- if $group.otherNodes }}
+{{- $everyNode = true }}
+{{- else }}
+{{- $expressions := list }}
+{{- range $key := keys ($group.nodeSelector | default dict) | sortAlpha }}
+{{- $expressions = append $expressions (dict "key" $key "operator" "In" "values" (list (toString (get $group.nodeSelector $key)))) }}
+{{- end }}
+{{- $terms = append $terms (dict "matchExpressions" $expressions) }}
+{{- end }}
+{{- end }}
+{{- dict "restricted" (not $everyNode) "terms" (ternary list $terms $everyNode) | toJson }}
+{{- end }}
+
+{{/* An affinity (.affinity) whose required node affinity also demands one of .terms: each of its
+     own nodeSelectorTerms (or an empty one) combined with each of .terms, since terms are ORed
+     and the expressions within a term ANDed. As YAML; .affinity unchanged when .terms is empty. */}}
+{{- define "hpp.withNodeTerms" -}}
+{{- $affinity := deepCopy (.affinity | default dict) }}
+{{- if .terms }}
+{{- $node := get $affinity "nodeAffinity" | default dict }}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict }}
+{{- $theirs := get $required "nodeSelectorTerms" | default (list dict) }}
+{{- $combined := list }}
+{{- range $their := $theirs }}
+{{- range $ours := $.terms }}
+{{- $term := deepCopy $their }}
+{{- $_ := set $term "matchExpressions" (concat (get $their "matchExpressions" | default list) $ours.matchExpressions) }}
+{{- $combined = append $combined $term }}
+{{- end }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $combined }}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ := set $affinity "nodeAffinity" $node }}
+{{- end }}
+{{- if $affinity }}{{ toYaml $affinity }}{{ end }}
+{{- end }}
+
+{{/* Whether a class of storageClasses (.) provisions a claim with no node named on it:
+     WaitForFirstConsumer (the pod's node makes it), or Immediate with topology shared or
+     everyNode. An Immediate class of node volumes waits for kubevirt.io/provisionOnNode. */}}
+{{- define "hpp.needsNoNodeAnnotation" -}}
+{{- if or (eq (.volumeBindingMode | default "WaitForFirstConsumer") "WaitForFirstConsumer") (has (toString ((.parameters | default dict).topology)) (list "shared" "everyNode")) }}true{{ end }}
+{{- end }}
+
+{{/* The class of the `helm test` claim: tests.storageClass, else the first class of
+     storageClasses that needs no node annotation. Never an Immediate class of node volumes: its
+     claim waits for a node named in kubevirt.io/provisionOnNode, which the test cannot know, so
+     `helm test` would hang to its timeout. */}}
+{{- define "hpp.testClass" -}}
+{{- $chosen := "" }}
+{{- if .Values.tests.storageClass }}
+{{- $chosen = .Values.tests.storageClass }}
+{{- range .Values.storageClasses }}
+{{- if and (eq .name $chosen) (not (include "hpp.needsNoNodeAnnotation" .)) }}
+{{- fail (printf "tests.storageClass: %s binds Immediate and makes node volumes: its claim would wait for a kubevirt.io/provisionOnNode annotation and `helm test` would hang; name a WaitForFirstConsumer class, or set tests.enabled=false" $chosen) }}
+{{- end }}
+{{- end }}
+{{- else }}
+{{- range .Values.storageClasses }}
+{{- if and (not $chosen) (include "hpp.needsNoNodeAnnotation" .) }}{{ $chosen = .name }}{{ end }}
+{{- end }}
+{{- end }}
+{{- required "tests.storageClass: storageClasses has no WaitForFirstConsumer class for the `helm test` claim (the claim of an Immediate class of node volumes waits for a node annotation): add one, name a class of this provisioner, or set tests.enabled=false" $chosen }}
+{{- end }}
+
+{{/* The test pod's name label: not the provisioner pods' (see templates/tests/volume.yaml), within
+     the 63 characters of a label value. */}}
+{{- define "hpp.testName" -}}
+{{ include "hpp.name" . | trunc 58 | trimSuffix "-" }}-test
 {{- end }}
