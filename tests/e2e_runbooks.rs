@@ -5,12 +5,9 @@
 
 mod common;
 
-use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
 
 use common::*;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams, PostParams};
 
 const OPERATING: &str = include_str!("../docs/operating.md");
 
