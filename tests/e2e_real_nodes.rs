@@ -59,6 +59,9 @@ use two_nodes::{
 #[path = "real_nodes/operator.rs"]
 mod operator;
 use operator::the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives;
+#[path = "real_nodes/drain.rs"]
+mod drain;
+use drain::kubectl_drain_of_a_node_whose_pool_sits_on_a_claim_loses_nothing_and_the_pool_comes_back;
 #[path = "real_nodes/swap.rs"]
 mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes;
@@ -96,6 +99,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
         helm_test_provisions_a_volume_a_non_root_pod_writes_into_and_fails_when_it_cannot,
         the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives,
+        kubectl_drain_of_a_node_whose_pool_sits_on_a_claim_loses_nothing_and_the_pool_comes_back,
         // The second real node joins for these (names end in TWO_NODES) and leaves after them.
         a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes,
         an_every_node_volume_gives_each_nodes_pod_its_own_directory_two_nodes,

@@ -110,6 +110,18 @@ pub fn is_mount_point(mounts: &[Mount], path: &Path) -> bool {
     mounts.iter().any(|m| m.mount_point == path)
 }
 
+/// Whether a filesystem, or a directory other than `path` itself, is mounted at `path`
+/// (resolved): the topmost mount there counts unless it is a bind mount of that very directory
+/// onto itself, which is how a container sees its hostPath volume of `path` whether or not the
+/// host has a disk mounted there (only a mount over it, propagated from the host, is one). The
+/// bind's root is the directory's path within its filesystem: `path` itself, or a tail of it
+/// when that filesystem is mounted below `/` (a separate `/var`).
+pub fn is_mounted_over(mounts: &[Mount], path: &Path) -> bool {
+    let Some(top) = mounts.iter().rev().find(|m| m.mount_point == path) else { return false };
+    let within = top.fs_root.strip_prefix("/").unwrap_or(&top.fs_root);
+    within.as_os_str().is_empty() || !path.ends_with(within)
+}
+
 /// The first mount, in table order, at `path` or below it (resolved).
 pub fn first_mount_at_or_below<'a>(mounts: &'a [Mount], path: &Path) -> Option<&'a Mount> {
     mounts.iter().find(|m| m.mount_point.starts_with(path))
@@ -165,6 +177,27 @@ mod tests {
             3 2 8:17 / /var/hpvolumes rw - xfs /dev/sdb1 rw\n";
         let mounts = parse_mountinfo(table);
         assert_eq!(mount_of(&mounts, Path::new("/var/hpvolumes/a")).map(|m| m.device.as_str()), Some("8:17"));
+    }
+
+    #[test]
+    fn a_bind_of_the_directory_onto_itself_is_not_something_mounted_over_it() {
+        // A pod's hostPath volume of the pool path: the host's root filesystem, or its /var.
+        let bare = b"1 0 0:50 / / rw - overlay overlay rw\n\
+            2 1 254:0 /var/lib/pool /var/lib/pool rw master:9 - ext4 /dev/vda rw\n\
+            3 1 8:2 /lib/other /var/lib/other rw master:3 - xfs /dev/sdb1 rw\n";
+        let mounts = parse_mountinfo(bare);
+        assert!(!is_mounted_over(&mounts, Path::new("/var/lib/pool")), "the volume itself");
+        assert!(!is_mounted_over(&mounts, Path::new("/var/lib/other")), "its filesystem mounted at /var on the host");
+        assert!(!is_mounted_over(&mounts, Path::new("/var/lib")), "nothing mounted there");
+        // The host mounted a disk there (propagated over the volume), or a claim's directory.
+        let disk = [&bare[..], b"4 2 7:1 / /var/lib/pool rw master:12 - ext4 /dev/loop1 rw\n"].concat();
+        assert!(is_mounted_over(&parse_mountinfo(&disk), Path::new("/var/lib/pool")));
+        let claim = [&bare[..], b"4 2 254:0 /var/lib/disks/a /var/lib/pool rw - ext4 /dev/vda rw\n"].concat();
+        assert!(is_mounted_over(&parse_mountinfo(&claim), Path::new("/var/lib/pool")));
+        // The same on the host: a disk mounted at the path, a bind of another directory.
+        let host = b"1 0 8:1 / / rw - ext4 /dev/sda1 rw\n2 1 8:17 / /srv/pool rw - xfs /dev/sdb1 rw\n";
+        assert!(is_mounted_over(&parse_mountinfo(host), Path::new("/srv/pool")));
+        assert!(!is_mounted_over(&parse_mountinfo(host), Path::new("/srv")));
     }
 
     #[test]

@@ -159,39 +159,35 @@ impl PoolRoot {
         Ok(())
     }
 
-    /// Whether something is mounted at the root path, bind mounts of a subdirectory of the same
-    /// filesystem included.
+    /// Whether something is mounted at the root path, bind mounts of another directory (of the
+    /// same filesystem too) included, a bind mount of the root directory onto itself not: that is
+    /// how a pod sees its hostPath volume of the pool path, whether or not the host has the
+    /// pool's disk mounted there (see [`crate::deciding::mount_table::is_mounted_over`]).
     ///
-    /// Uses `STATX_ATTR_MOUNT_ROOT` (Linux 5.8+); older kernels fall back to comparing the device
-    /// with the parent's and then to `/proc/self/mountinfo`, which also knows same-device binds.
+    /// Uses `STATX_ATTR_MOUNT_ROOT` (Linux 5.8+) to skip the mount table for a plain directory;
+    /// older kernels read the table every time.
     pub fn is_mountpoint(&self) -> Result<bool, PoolError> {
         let inode = inode_at(CWD, &self.path, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| fs_error("stat the pool root", self.path.clone(), e))?;
         match inode.mount_root {
-            Some(root) => Ok(root),
-            None => self.is_mountpoint_without_statx_attr(inode.dev),
+            Some(false) => Ok(false),
+            Some(true) | None => self.is_mountpoint_without_statx_attr(),
         }
     }
 
-    /// The pre-5.8 answer of [`PoolRoot::is_mountpoint`].
-    pub(super) fn is_mountpoint_without_statx_attr(&self, dev: u64) -> Result<bool, PoolError> {
-        let Some(parent) = self.path.parent() else {
-            return Ok(true); // "/" is always a mount point
-        };
-        let parent_inode = inode_at(CWD, parent, AtFlags::empty())
-            .map_err(|e| fs_error("stat the pool root's parent", parent.to_owned(), e))?;
-        if parent_inode.dev != dev {
-            return Ok(true);
-        }
-        // Same device as the parent: only the mount table can tell a bind mount of a subdirectory
-        // from a plain directory. mountinfo shows resolved paths, hence the canonical form.
+    /// [`PoolRoot::is_mountpoint`] from the mount table alone. mountinfo shows resolved paths,
+    /// hence the canonical form.
+    pub(super) fn is_mountpoint_without_statx_attr(&self) -> Result<bool, PoolError> {
         let canonical = std::fs::canonicalize(&self.path).map_err(|e| PoolError::Io {
             op: "resolve the pool root path",
             path: self.path.clone(),
             source: Errno::from_io_error(&e).unwrap_or(Errno::IO),
         })?;
+        if canonical.parent().is_none() {
+            return Ok(true); // "/" is always a mount point
+        }
         let mounts = read_mount_table()?;
-        Ok(crate::deciding::mount_table::is_mount_point(&mounts, &canonical))
+        Ok(crate::deciding::mount_table::is_mounted_over(&mounts, &canonical))
     }
 
     /// Creates the volume directory with exactly `mode` (whatever the umask, docs/architecture.md, compatibility contract item 9).

@@ -56,9 +56,15 @@ pub fn is_mounted(source: &Path, target: &Path) -> std::io::Result<bool> {
 }
 
 /// Whether the pool holds volumes: any entry but the provisioner's hidden ones (`.trash` and
-/// the like) counts, since only volume directories are made visible there.
+/// the like) and `lost+found` counts, since only volume directories are made visible there.
+/// mkfs puts `lost+found` at the root of an ext2/3/4 filesystem, the claim's: counted, it would
+/// keep an emptied pool mounted on the host after its claim was deleted.
 fn holds_volumes(target: &Path) -> std::io::Result<bool> {
-    Ok(std::fs::read_dir(target)?.flatten().any(|entry| !entry.file_name().to_string_lossy().starts_with('.')))
+    Ok(std::fs::read_dir(target)?.flatten().any(|entry| {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        !name.starts_with('.') && name != "lost+found"
+    }))
 }
 
 /// Runs the subcommand; returns the process exit code.
@@ -124,5 +130,23 @@ async fn wait_for_termination() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_volume_directories_hold_a_pool() {
+        let pool = tempfile::tempdir().unwrap();
+        assert!(!holds_volumes(pool.path()).unwrap(), "empty");
+        // What an emptied pool on a fresh ext4 claim shows.
+        for name in ["lost+found", ".hpp-trash", ".hpp-deleting"] {
+            std::fs::create_dir(pool.path().join(name)).unwrap();
+        }
+        assert!(!holds_volumes(pool.path()).unwrap(), "lost+found and the provisioner's own directories");
+        std::fs::create_dir(pool.path().join("pvc-0b1c")).unwrap();
+        assert!(holds_volumes(pool.path()).unwrap(), "a volume");
     }
 }

@@ -221,15 +221,35 @@ fn a_read_only_pool_is_refused_until_it_is_writable_again() {
 #[test]
 fn bind_mount_of_a_same_filesystem_subdirectory_is_a_mountpoint() {
     let fx = Fixture::new();
-    assert!(!fx.pool.is_mountpoint_without_statx_attr(fx.pool.dev).expect("plain"));
+    assert!(!fx.pool.is_mountpoint_without_statx_attr().expect("plain"));
     let src = fx.outside().join("src");
     fs::create_dir(&src).expect("mkdir");
     let _mount = MountGuard::bind(&src, &fx.root());
     let pool = PoolRoot::open("bind", &fx.root()).expect("open");
     assert_eq!(pool.dev, fx.pool.dev, "same filesystem");
     assert!(pool.is_mountpoint().expect("statx"));
-    assert!(pool.is_mountpoint_without_statx_attr(pool.dev).expect("fallback"));
+    assert!(pool.is_mountpoint_without_statx_attr().expect("fallback"));
     pool.check(true).expect("bind mount counts");
+}
+
+#[test]
+fn a_bind_mount_of_the_root_onto_itself_is_not_a_disk_mounted_there() {
+    // What a pod sees of its hostPath volume of the pool path while the host has nothing
+    // mounted there: the `mountpoint` option must refuse the pool.
+    let fx = Fixture::new();
+    let itself = MountGuard::bind(&fx.root(), &fx.root());
+    let pool = PoolRoot::open("volume", &fx.root()).expect("open");
+    assert!(!pool.is_mountpoint().expect("statx"));
+    assert!(!pool.is_mountpoint_without_statx_attr().expect("fallback"));
+    let err = pool.check(true).expect_err("nothing mounted over it");
+    assert!(matches!(err, PoolError::RootNotMountpoint { .. }), "{err}");
+    // The host mounts the disk: it shows over the volume.
+    let disk = MountGuard::tmpfs(&fx.root(), c"size=1m");
+    let pool = PoolRoot::open("volume", &fx.root()).expect("open");
+    assert!(pool.is_mountpoint().expect("statx"));
+    pool.check(true).expect("the disk is there");
+    drop(disk);
+    drop(itself);
 }
 
 #[test]
