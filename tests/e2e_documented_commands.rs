@@ -445,7 +445,10 @@ async fn the_kustomize_installs_and_their_additions_run_as_written() {
     // OpenShift serves SecurityContextConstraints; here its CRD stands in.
     shell.install_crds();
     let out = shell.run(&docs.command("docs/install.md", section, "kubectl apply -k deploy/openshift"));
-    assert!(out.contains("securitycontextconstraints.security.openshift.io/hostpath-provisioner created"), "{out}");
+    assert!(
+        out.contains("securitycontextconstraints.security.openshift.io/kubevirt-hostpath-provisioner created"),
+        "{out}"
+    );
     assert_eq!(out.lines().filter(|l| l.ends_with(" created")).count(), 1, "only the SCC is new:\n{out}");
     let out = shell.run(&docs.command("docs/install.md", section, "kubectl -n kubevirt-hostpath-provisioner rollout"));
     assert!(out.contains("successfully rolled out"), "{out}");

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Affinity, Node, NodeSelectorRequirement, PersistentVolumeClaimSpec, Toleration};
 use sha2::{Digest, Sha256};
 
+pub use super::render::{MOUNTER_SCC, MOUNTER_SERVICE_ACCOUNT};
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
 use crate::deciding::volume::{owner_node, volume_path};
@@ -169,12 +170,6 @@ pub const NODE_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/node";
 /// Annotation on a pool's claims and mounters: the pool path, for the hold-back rule after the
 /// pool was removed from the resource or moved.
 pub const PATH_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/pool-path";
-/// The mounters' ServiceAccount, which the operator makes next to the node pods': none of the
-/// namespace's other pods may use the mounters' SCC.
-pub const MOUNTER_SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-pool-mounter";
-/// The mounters' SCC (deploy/openshift/pool-mounter-scc.yaml), which their pods pin. Not a name
-/// of the kubevirt operator's SCCs (`hostpath-provisioner`, `hostpath-provisioner-csi`).
-pub const MOUNTER_SCC: &str = "kubevirt-hostpath-provisioner-pool-mounter";
 /// Where the image has the binary (the Dockerfile's entrypoint), for the mounter's probe.
 const BINARY: &str = "/hostpath-provisioner";
 /// Where the mounter's pod sees the claim.

@@ -25,9 +25,15 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::embedded::{self, EmbeddedError};
-use super::pool_claims::{MOUNTER_SCC, MOUNTER_SERVICE_ACCOUNT};
 use super::resource::{API_VERSION, HostPathProvisioner, KIND, StoragePool};
 use crate::deciding::layout;
+
+/// The mounters' ServiceAccount, made here next to the node pods': none of the
+/// namespace's other pods may use the mounters' SCC.
+pub const MOUNTER_SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-pool-mounter";
+/// The mounters' SCC (deploy/openshift/pool-mounter-scc.yaml), which their pods pin. Not a name
+/// of the kubevirt operator's SCCs (`hostpath-provisioner`, `hostpath-provisioner-csi`).
+pub const MOUNTER_SCC: &str = "kubevirt-hostpath-provisioner-pool-mounter";
 
 const DAEMONSET: &str = include_str!("../../../deploy/legacy/daemonset.yaml");
 const RBAC: &str = include_str!("../../../deploy/legacy/rbac.yaml");
