@@ -56,6 +56,9 @@ use two_nodes::{
     a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes,
     an_every_node_volume_gives_each_nodes_pod_its_own_directory_two_nodes,
 };
+#[path = "real_nodes/operator_helm.rs"]
+mod operator_helm;
+use operator_helm::the_documented_one_step_helm_install_of_the_operator_provisions_a_volume_a_pod_writes;
 #[path = "real_nodes/operator.rs"]
 mod operator;
 use operator::the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives;
@@ -98,6 +101,8 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
         helm_test_provisions_a_volume_a_non_root_pod_writes_into_and_fails_when_it_cannot,
+        // Before the other operator scenarios: nothing of the operator is applied yet.
+        the_documented_one_step_helm_install_of_the_operator_provisions_a_volume_a_pod_writes,
         the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives,
         kubectl_drain_of_a_node_whose_pool_sits_on_a_claim_loses_nothing_and_the_pool_comes_back,
         // The second real node joins for these (names end in TWO_NODES) and leaves after them.
