@@ -97,6 +97,33 @@ pub enum ClaimError {
     /// The class enforces quota and the pool cannot.
     #[error("{0}")]
     QuotaUnsupported(#[from] crate::deciding::quota::QuotaRefusal),
+    /// A shared pool's record of promised space (requests accounting) cannot be read.
+    #[error(
+        "the record of space promised in pool {pool} (annotation {annotation} of Lease {lease}) cannot be read: {error}; \
+         delete that Lease to start a new record (volumes being made in the pool at that moment are then not counted)"
+    )]
+    PromiseRecord {
+        /// The pool's name.
+        pool: String,
+        /// The Lease, `namespace/name`.
+        lease: String,
+        /// The annotation holding the record.
+        annotation: &'static str,
+        /// Why it cannot be read.
+        error: String,
+    },
+    /// Other nodes kept changing a shared pool's record of promises: no attempt could write it.
+    #[error(
+        "space in pool {pool} could not be promised: other nodes changed its record (Lease {lease}) at every one of {attempts} attempts"
+    )]
+    PromiseContention {
+        /// The pool's name.
+        pool: String,
+        /// The Lease, `namespace/name`.
+        lease: String,
+        /// How many attempts were made.
+        attempts: usize,
+    },
 }
 
 impl ClaimError {
@@ -111,7 +138,11 @@ impl ClaimError {
     /// Whether to retry with backoff.
     pub fn retry(&self) -> Retry {
         match self {
-            Self::Api(_) | Self::InsufficientSpace(_) | Self::Cleanup { .. } => Retry::Backoff,
+            Self::Api(_)
+            | Self::InsufficientSpace(_)
+            | Self::Cleanup { .. }
+            | Self::PromiseRecord { .. }
+            | Self::PromiseContention { .. } => Retry::Backoff,
             Self::Pool(e) | Self::Clone { error: e, .. } if e.is_retryable() => Retry::Backoff,
             Self::Pool(_)
             | Self::Clone { .. }
@@ -132,6 +163,8 @@ impl ClaimError {
             Self::Cleanup { .. } => "cleanup",
             Self::UnknownPool(_) => "unknown_pool",
             Self::QuotaUnsupported(_) => "quota_unsupported",
+            Self::PromiseRecord { .. } => "promise_record",
+            Self::PromiseContention { .. } => "promise_contention",
         }
     }
 }

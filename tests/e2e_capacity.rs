@@ -346,6 +346,89 @@ async fn a_burst_of_claims_under_requests_accounting_never_promises_more_than_th
     assert!(refused > 0 && bound > 0, "the burst must reach the limit: {bound} bound, {refused} refused");
 }
 
+/// Three nodes sharing one pool (a network filesystem, here one loop filesystem every node
+/// mounts at the same path) with requests accounting: each claim's acting node is ranked by its
+/// uid, so the claims of a burst are planned by different nodes at the same instant, none of
+/// which sees the others' volumes in its watch yet. Their promises go through the pool's shared
+/// record (src/deciding/pool_promises.rs enumerates the interleavings of two and three nodes),
+/// so together they never promise more than the disk holds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_on_a_shared_pool_planned_by_three_nodes_at_once_never_promises_more_than_the_pool() {
+    let mut env = TestEnv::start("shared-promises", 0).await;
+    // Immediate shared claims are seen by every node of this provisioner name: a name of its own.
+    env.own_provisioner();
+    let shared = env.cp.temp_dir().join(format!("{}-nfs", env.group));
+    std::fs::create_dir_all(&shared).expect("shared pool dir");
+    let disk = LoopFs::mount(&shared, 64, None);
+    let pool = format!("nfs={},shared,accounting=requests", disk.dir.display());
+    for i in 1..=3 {
+        let pool = pool.clone();
+        env.add_node(&format!("{}-{i}", env.group), &move |spec| {
+            spec.arg("--pool").arg(pool.clone()).env("RESERVED_SPACE", "0")
+        })
+        .await;
+    }
+    // Every node's view of the live nodes includes the others (a view lives a quarter lease).
+    tokio::time::sleep(std::time::Duration::from_secs(u64::from(LEASE_SECONDS) / 4 + 1)).await;
+    let class = env
+        .class("shared-imm", |c| c.immediate().parameter("storagePool", "nfs").parameter("topology", "shared"))
+        .await;
+    let size = disk_size(&disk.dir);
+    // Twelve claims of 10 MiB, 120 MiB in all, on a disk of 64 MiB: at most six fit.
+    let names: Vec<String> = (0..12).map(|i| format!("shared-burst-{i}")).collect();
+    let created =
+        futures::future::join_all(names.iter().map(|name| {
+            env.create_claim(fixtures::claim(&env.ns, name, &class, "10Mi").access_modes(&["ReadWriteMany"]))
+        }))
+        .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let (bound, refused) = loop {
+        let (mut bound, mut refused) = (Vec::new(), 0u64);
+        for claim in &created {
+            let name = claim.metadata.name.as_deref().unwrap();
+            let phase = env.claims().get(name).await.unwrap().status.and_then(|s| s.phase).unwrap_or_default();
+            if phase == "Bound" {
+                bound.push(claim);
+            } else if env.our_event(&env.ns, &uid(claim), "ProvisioningFailed").await.is_some() {
+                refused += 1;
+            }
+        }
+        if bound.len() as u64 + refused == created.len() as u64 {
+            break (bound, refused);
+        }
+        assert!(std::time::Instant::now() < deadline, "{} bound, {refused} refused\n{}", bound.len(), env.log_tails());
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    let promised = bound.len() as u64 * (10 << 20);
+    println!("{} bound, {refused} refused, {promised} bytes promised of {size}", bound.len());
+    assert!(promised <= size, "{} volumes of 10 MiB promised on a shared disk of {size} bytes", bound.len());
+    assert!(
+        refused > 0 && !bound.is_empty(),
+        "the burst must reach the limit: {} bound, {refused} refused",
+        bound.len()
+    );
+    // More than one node made volumes: the burst was planned across nodes, not by one.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), &env.ns);
+    let makers: std::collections::BTreeSet<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ProvisioningSucceeded"))
+        .filter_map(|e| e.reporting_instance)
+        .collect();
+    assert!(makers.len() > 1, "volumes made by {makers:?} only");
+    // Every promise was settled once its volume was made or refused: the record is empty.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(env.client.clone(), "default");
+    let pool_key = hostpath_provisioner::deciding::topology::PoolKey::new("nfs", &disk.dir.to_string_lossy());
+    let lease = hostpath_provisioner::deciding::pool_promises::lease_name(&env.provisioner, &pool_key);
+    let record = leases.get(&lease).await.unwrap().metadata.annotations.unwrap_or_default();
+    let records: Vec<_> =
+        record.get(hostpath_provisioner::deciding::pool_promises::RECORD_ANNOTATION).into_iter().collect();
+    assert_eq!(records, ["{}"], "one record for the pool, nothing left promised");
+}
+
 /// The size of the filesystem holding `dir`, in bytes.
 fn disk_size(dir: &std::path::Path) -> u64 {
     let out = std::process::Command::new("df").args(["-B1", "--output=size"]).arg(dir).output().unwrap();

@@ -13,6 +13,7 @@ pub mod liveness;
 pub mod mount_table;
 pub mod operator;
 pub mod os_disk;
+pub mod pool_promises;
 pub mod provision;
 pub mod published_capacity;
 pub mod quota;

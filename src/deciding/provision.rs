@@ -59,6 +59,10 @@ pub struct FactsNeeded {
     pub quota_facts: bool,
     /// The requests of the pool's live volumes (a pool with `requests` capacity accounting).
     pub promised: bool,
+    /// Counted through the pool's shared record of promises (`deciding::pool_promises`), not
+    /// this node's caches and ledger: a `shared` pool, where other nodes make volumes at the
+    /// same time.
+    pub shared_promises: bool,
 }
 
 /// Names the facts the plan for `claim` (a candidate of this node, `Interest::Candidate`) reads.
@@ -93,6 +97,12 @@ pub fn facts_needed(
         quota_facts: pool.is_some() && request.as_ref().is_some_and(|r| r.quota == QuotaMode::Enforce),
         promised: pool.as_ref().is_some_and(|name| {
             config.pools.iter().any(|p| p.name == *name && p.accounting == Some(CapacityAccounting::Requests))
+        }),
+        shared_promises: pool.as_ref().is_some_and(|name| {
+            config
+                .pools
+                .iter()
+                .any(|p| p.name == *name && p.shared && p.accounting == Some(CapacityAccounting::Requests))
         }),
         pool,
         dir_name,

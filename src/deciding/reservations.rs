@@ -8,8 +8,8 @@
 //! its PV (or the attempt fails). Pure bookkeeping over plain data: the caller passes the clock
 //! and which PV names the cache holds.
 //!
-//! Nodes do not share this ledger: two nodes that each act for a claim of one shared pool can
-//! still overcommit it between them (docs/sizes.md says so).
+//! Nodes do not share this ledger, so it serves the pools one node decides alone; a `shared`
+//! pool's promises go through a record every node reads instead ([`crate::deciding::pool_promises`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -158,18 +158,24 @@ pub fn volume_path(pv: &KeptVolume) -> Option<&str> {
 
 /// The requests promised in the pool at `root`: the capacity of every PV whose directory is in it
 /// (any phase: a Released volume's data is still there until it is removed).
-pub fn promised_bytes<'a>(pvs: impl IntoIterator<Item = &'a KeptVolume>, root: &std::path::Path) -> u64 {
+pub fn promised_bytes<'a>(pvs: impl IntoIterator<Item = &'a KeptVolume>, root: &'a std::path::Path) -> u64 {
+    pool_volume_bytes(pvs, root).map(|(_, bytes)| bytes).fold(0u64, u64::saturating_add)
+}
+
+/// The PVs whose directory is in the pool at `root`, by name, with their capacity in bytes.
+pub fn pool_volume_bytes<'a>(
+    pvs: impl IntoIterator<Item = &'a KeptVolume>,
+    root: &'a std::path::Path,
+) -> impl Iterator<Item = (&'a str, u64)> {
     pvs.into_iter()
-        .filter(|pv| volume_path(pv).and_then(|p| layout::normalise(p).ok()).is_some_and(|p| p.parent() == Some(root)))
-        .filter_map(|pv| {
-            pv.spec
-                .as_ref()?
-                .capacity
-                .as_ref()?
-                .get("storage")
-                .and_then(|q| crate::deciding::capacity::parse_bytes(&q.0).ok())
+        .filter(move |pv| {
+            volume_path(pv).and_then(|p| layout::normalise(p).ok()).is_some_and(|p| p.parent() == Some(root))
         })
-        .fold(0u64, u64::saturating_add)
+        .filter_map(|pv| {
+            let quantity = pv.spec.as_ref()?.capacity.as_ref()?.get("storage")?;
+            let bytes = crate::deciding::capacity::parse_bytes(&quantity.0).ok()?;
+            Some((pv.metadata.name.as_deref().unwrap_or_default(), bytes))
+        })
 }
 
 /// The node that owns a PV: the `kubevirt.io/provisionOnNode` annotation, or for PVs lacking it

@@ -112,6 +112,19 @@ impl Gathered {
         facts.promised_bytes = Some(cached.saturating_add(in_flight));
     }
 
+    /// Sets what the claim's pool has promised, counted elsewhere (a shared pool's record).
+    pub fn set_promised(&mut self, bytes: u64) {
+        if let Some(facts) = &mut self.pool_facts {
+            facts.promised_bytes = Some(bytes);
+        }
+    }
+
+    /// The pool's name and root, as nodes advertise it, when the pool could be read.
+    pub fn pool_key(&self) -> Option<crate::deciding::topology::PoolKey> {
+        let pool = self.pool.as_ref().filter(|_| self.pool_facts.is_some())?;
+        Some(crate::deciding::topology::PoolKey::new(pool.name(), &pool.path().to_string_lossy()))
+    }
+
     /// The facts, as the plan reads them.
     pub fn facts<'a>(
         &'a self,

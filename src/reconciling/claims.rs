@@ -15,8 +15,10 @@ use crate::deciding::capacity::parse_bytes;
 use crate::deciding::claim::{Interest, claim_interest};
 use crate::deciding::class::claim_class_name;
 use crate::deciding::layout::pv_name;
+use crate::deciding::pool_promises as promises;
 use crate::deciding::provision::{self, ClaimPlan, Explanation, Failure, Later, SOURCE_RECHECK, plan_claim};
 use crate::deciding::retention;
+use crate::deciding::topology::PoolKey;
 use crate::error::{ClaimError, Retry, reason};
 use crate::filesystem::PoolError;
 use crate::keys;
@@ -24,6 +26,7 @@ use crate::reconciling::claim_actions::{claim_key, claim_ref, explain_once, hand
 use crate::reconciling::claim_facts::{self, Gathered};
 use crate::reconciling::clones;
 use crate::reconciling::context::{Context, MAX_RETRY};
+use crate::reconciling::pool_promises;
 use crate::reconciling::provisioning::{self, Provisioned};
 use crate::reconciling::resize;
 use crate::reconciling::stranded;
@@ -86,6 +89,11 @@ async fn candidate(ctx: &Arc<Context>, claim: &PersistentVolumeClaim) -> Result<
     let class = claim_class_name(claim).and_then(|class| ctx.classes.get(&ObjectRef::new(class)));
     let needs = provision::facts_needed(claim, class.as_deref(), &ctx.me, &ctx.decision);
     let mut gathered = claim_facts::gather(ctx, claim, &needs).await?;
+    if needs.shared_promises
+        && let Some(pool) = gathered.pool_key()
+    {
+        return shared_pool_candidate(ctx, claim, class.as_deref(), gathered, &pool).await;
+    }
     if !needs.promised {
         let plan = plan_claim(&gathered.facts(claim, class.as_deref(), ctx));
         return carry_out(ctx, claim, plan, &mut gathered).await;
@@ -106,6 +114,46 @@ async fn candidate(ctx: &Arc<Context>, claim: &PersistentVolumeClaim) -> Result<
         plan
     };
     carry_out(ctx, claim, plan, &mut gathered).await
+}
+
+/// A claim of a `shared` pool with requests accounting: other nodes make volumes in the pool at
+/// the same time, so what is promised comes from the pool's shared record and a consistent list
+/// of the PVs, and the new volume's promise is written to the record, on condition that nobody
+/// wrote it meanwhile, before the volume is made (deciding::pool_promises). A lost race reads
+/// again.
+async fn shared_pool_candidate(
+    ctx: &Arc<Context>,
+    claim: &PersistentVolumeClaim,
+    class: Option<&k8s_openapi::api::storage::v1::StorageClass>,
+    mut gathered: Gathered,
+    pool: &PoolKey,
+) -> Result<Action, ClaimError> {
+    let own = pv_name(claim.metadata.uid.as_deref().unwrap_or_default());
+    for _ in 0..pool_promises::ATTEMPTS {
+        let read = pool_promises::read(ctx, pool).await?;
+        let listed = pool_promises::listed(ctx, std::path::Path::new(&pool.root)).await?;
+        let now = pool_promises::now_secs();
+        gathered.set_promised(promises::promised(&listed, &read.record, &own, now));
+        let plan = plan_claim(&gathered.facts(claim, class, ctx));
+        let ClaimPlan::Provision(provision) = &plan else {
+            return carry_out(ctx, claim, plan, &mut gathered).await;
+        };
+        let bytes = parse_bytes(&provision.capacity).unwrap_or(provision.plan.request_bytes);
+        let record = promises::with_promise(&listed, &read.record, &own, bytes, now);
+        if !pool_promises::write(ctx, &read, &record).await? {
+            continue;
+        }
+        let outcome = carry_out(ctx, claim, plan, &mut gathered).await;
+        // Made (its PV now counts from the list) or failed (nothing is promised): either way
+        // the promise has done its work.
+        pool_promises::settle(ctx, pool, &own).await;
+        return outcome;
+    }
+    Err(ClaimError::PromiseContention {
+        pool: pool.name.clone(),
+        lease: format!("{}/{}", ctx.config.namespace, promises::lease_name(&ctx.me.provisioner, pool)),
+        attempts: pool_promises::ATTEMPTS,
+    })
 }
 
 async fn carry_out(

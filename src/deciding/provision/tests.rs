@@ -540,7 +540,9 @@ fn with_requests_accounting_a_claim_is_refused_when_the_promises_would_exceed_th
     let f = facts(&big, Some(&class), &cfg, &me, PoolState::Ready(&pool));
     assert!(matches!(plan_claim(&f), ClaimPlan::Provision(_)));
     cfg.pools[0].accounting = Some(CapacityAccounting::Requests);
-    assert!(facts_needed(&big, Some(&class), &me, &cfg).promised, "the promises are gathered");
+    let needs = facts_needed(&big, Some(&class), &me, &cfg);
+    assert!(needs.promised, "the promises are gathered");
+    assert!(!needs.shared_promises, "a node-local pool: this node's caches and ledger are the whole truth");
     let f = facts(&big, Some(&class), &cfg, &me, PoolState::Ready(&pool));
     match plan_claim(&f) {
         ClaimPlan::Fail(Failure::ShortOfSpace(short)) => {
@@ -580,4 +582,18 @@ fn the_promises_of_a_pool_are_the_capacities_of_the_pvs_in_it() {
     ];
     let promised = crate::deciding::volume::promised_bytes(pvs.iter(), std::path::Path::new("/var/hpvolumes"));
     assert_eq!(promised, 15 * GIB);
+}
+
+#[test]
+fn the_promises_of_a_shared_pool_with_requests_accounting_go_through_its_shared_record() {
+    let claim = claim("hpp").on_node(NODE).request("1Gi").build();
+    let me = me();
+    let mut cfg = config();
+    cfg.pools[0].shared = true;
+    let class = wffc();
+    let needs = facts_needed(&claim, Some(&class), &me, &cfg);
+    assert!(!needs.promised && !needs.shared_promises, "free-space accounting counts no promises");
+    cfg.pools[0].accounting = Some(CapacityAccounting::Requests);
+    let needs = facts_needed(&claim, Some(&class), &me, &cfg);
+    assert!(needs.promised && needs.shared_promises, "{needs:?}");
 }
