@@ -203,3 +203,6 @@ mod tests {
         assert_eq!(parse_advertised("junk,=/x,a=relative,b=/ok"), vec![PoolKey::new("b", "/ok")]);
     }
 }
+
+#[cfg(test)]
+mod mixed_model;
