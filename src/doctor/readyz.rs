@@ -116,7 +116,9 @@ pub fn ask(target: SocketAddr) -> std::io::Result<Answer> {
     let mut stream = TcpStream::connect_timeout(&target, TIMEOUT)?;
     stream.set_read_timeout(Some(TIMEOUT))?;
     stream.set_write_timeout(Some(TIMEOUT))?;
-    write!(stream, "GET /readyz HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n")?;
+    // One write: `write!` on an unbuffered stream sends each piece of the format on its own.
+    let request = format!("GET /readyz HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
     let mut raw = Vec::new();
     stream.take(MAX_ANSWER_BYTES).read_to_end(&mut raw)?;
     parse_answer(&raw).map_err(std::io::Error::other)
@@ -198,9 +200,13 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
-            let mut request = [0u8; 1024];
-            let n = conn.read(&mut request).unwrap();
-            let request = String::from_utf8_lossy(&request[..n]).into_owned();
+            // The whole request, up to the blank line, before answering (as an HTTP server does).
+            let mut request = Vec::new();
+            let mut byte = [0u8; 1];
+            while !request.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+                request.push(byte[0]);
+            }
+            let request = String::from_utf8_lossy(&request).into_owned();
             conn.write_all(
                 b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 32\r\n\r\nnot ready: unusable pool(s): x\n\n",
             )

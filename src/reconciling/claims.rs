@@ -128,6 +128,14 @@ async fn shared_pool_candidate(
     mut gathered: Gathered,
     pool: &PoolKey,
 ) -> Result<Action, ClaimError> {
+    // Only a claim this node would make reads the record: planned as if nothing were promised,
+    // any other plan (another node acts, a refusal for another reason) stands as it is, and
+    // those nodes cost the API nothing.
+    gathered.set_promised(0);
+    let unpromised = plan_claim(&gathered.facts(claim, class, ctx));
+    if !matches!(unpromised, ClaimPlan::Provision(_)) {
+        return carry_out(ctx, claim, unpromised, &mut gathered).await;
+    }
     let own = pv_name(claim.metadata.uid.as_deref().unwrap_or_default());
     for _ in 0..pool_promises::ATTEMPTS {
         let read = pool_promises::read(ctx, pool).await?;
