@@ -73,6 +73,12 @@ use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothin
 /// a `cargo test` of its own: the suite's run of this binary then does nothing.
 const APART_ENV: &str = "TESTBED_REAL_NODES_APART";
 
+/// The `HostPathProvisioner` resources (cluster-scoped), for the operator scenarios.
+fn resources(ctx: &Ctx) -> Api<kube::api::DynamicObject> {
+    let gvk = kube::core::GroupVersionKind::gvk("hostpathprovisioner.kubevirt.io", "v1beta1", "HostPathProvisioner");
+    Api::all_with(ctx.lane.client(), &kube::core::ApiResource::from_gvk_with_plural(&gvk, "hostpathprovisioners"))
+}
+
 /// Suffix of the scenarios that run with the second real node; the others run without it.
 const TWO_NODES: &str = "_two_nodes";
 

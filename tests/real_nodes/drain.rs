@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::DynamicObject;
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
 use super::*;
@@ -27,11 +26,6 @@ const POOL: &str = "drained";
 /// The page whose commands the scenario runs.
 const DOC: &str = "docs/draining.md";
 const POOL_LABEL: &str = "hostpathprovisioner.kubevirt.io/pool";
-
-fn resources(ctx: &Ctx) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("hostpathprovisioner.kubevirt.io", "v1beta1", "HostPathProvisioner");
-    Api::all_with(ctx.lane.client(), &ApiResource::from_gvk_with_plural(&gvk, "hostpathprovisioners"))
-}
 
 /// The operator process on the host (as in tests/e2e_operator.rs), stopped when dropped.
 struct OperatorProcess(std::process::Child);

@@ -7,18 +7,12 @@
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::api::DynamicObject;
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
 use super::*;
 
 const OPERATOR_NAMESPACE: &str = "hostpath-provisioner";
 const RESOURCE: &str = "lane-operator";
-
-fn resources(ctx: &Ctx) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("hostpathprovisioner.kubevirt.io", "v1beta1", "HostPathProvisioner");
-    Api::all_with(ctx.lane.client(), &ApiResource::from_gvk_with_plural(&gvk, "hostpathprovisioners"))
-}
 
 /// The operator process on the host (as in tests/e2e_operator.rs), stopped when dropped.
 struct OperatorProcess(std::process::Child);

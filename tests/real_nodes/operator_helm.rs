@@ -12,8 +12,6 @@ use std::os::unix::ffi::OsStrExt;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::DynamicObject;
-use kube::core::{ApiResource, GroupVersionKind};
 use testbed::documented_commands::{DocumentedCommand, documented_commands};
 use testbed::{DeployTool, deploy_tool};
 
@@ -28,11 +26,6 @@ const POOL: &str = "/var/hpvolumes";
 const CHART_CLASS: &str = "hostpath-provisioner";
 /// The node DaemonSet and ClusterRole the operator makes.
 const NODE_OBJECTS: &str = "kubevirt-hostpath-provisioner";
-
-fn resources(ctx: &Ctx) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("hostpathprovisioner.kubevirt.io", "v1beta1", "HostPathProvisioner");
-    Api::all_with(ctx.lane.client(), &ApiResource::from_gvk_with_plural(&gvk, "hostpathprovisioners"))
-}
 
 /// The one command of docs/operator.md that starts with `start` and contains `containing`.
 fn documented(commands: &[DocumentedCommand], start: &str, containing: &str) -> Result<String> {
