@@ -108,7 +108,12 @@ impl Gathered {
         let others =
             volumes.iter().map(|pv| pv.as_ref()).filter(|pv| pv.metadata.name.as_deref() != Some(own.as_str()));
         let cached = promised_bytes(others, pool.path());
-        let in_flight = ledger.outstanding(pool.name(), &own, |name| ctx.known_volume(name).is_some(), now);
+        // "Counted from the cache" must mean this snapshot: a PV that reached the cache after the
+        // snapshot was taken would otherwise be counted neither here nor as in flight (seen: a
+        // burst on a busy machine promised one volume too many).
+        let snapshot: std::collections::HashSet<&str> =
+            volumes.iter().filter_map(|pv| pv.metadata.name.as_deref()).collect();
+        let in_flight = ledger.outstanding(pool.name(), &own, |name| snapshot.contains(name), now);
         facts.promised_bytes = Some(cached.saturating_add(in_flight));
     }
 
