@@ -58,23 +58,12 @@ unit:
 e2e: control-plane deploy-tools image
 	$(CARGO) test --workspace --tests -- --test-threads=$${E2E_THREADS:-4}
 
-# Three things run at once once everything is compiled, because the end-to-end tests spend most
-# of their time waiting on API servers, kubelets and pods rather than computing: the suite; the
-# real-node lane (tests/e2e_real_nodes.rs, which the suite's own run of it then leaves out:
-# TESTBED_REAL_NODES_APART); and, niced, the build of the oldest-Kubernetes control plane that
-# test-oldest-k8s (below) needs. Cold, that saves the lane's and the build's wall time (about
-# 10 and 9 min on 2 cores); once cached the build is a check. The lane's output follows the
-# suite's; the build's is in target/oldest-k8s-build.log.
-test: control-plane promtool deploy-tools lint image
-	$(CARGO) test --workspace --all-targets --no-run
-	@mkdir -p target
-	$(OLDEST_K8S) nice -n 10 bash hack/build-control-plane.sh >target/oldest-k8s-build.log 2>&1 & build=$$!; \
-	$(CARGO) test --test e2e_real_nodes >target/real-nodes-run.log 2>&1 & lane=$$!; \
-	TESTBED_REAL_NODES_APART=1 $(CARGO) test --workspace --all-targets -- --test-threads=$${E2E_THREADS:-4}; suite=$$?; \
-	wait $$lane; lane_status=$$?; echo "== the real-node lane (target/real-nodes-run.log)"; cat target/real-nodes-run.log; \
-	wait $$build || { tail -30 target/oldest-k8s-build.log; echo "building Kubernetes $(OLDEST_K8S_VERSION) failed"; exit 1; }; \
-	[ $$suite -eq 0 ] && [ $$lane_status -eq 0 ]
-	$(MAKE) test-oldest-k8s
+# Everything the suite needs, then the suite (hack/test.sh says how): the Go tools, the image and
+# the test binaries build at the same time, as do the suite and the real-node lane
+# (tests/e2e_real_nodes.rs, which the suite's own run of it then leaves out:
+# TESTBED_REAL_NODES_APART), and last test-oldest-k8s. Logs in target/make-test/.
+test:
+	CARGO="$(CARGO)" MAKE="$(MAKE)" IMAGE_PLATFORMS="$(IMAGE_PLATFORMS)" OLDEST_K8S_VERSION="$(OLDEST_K8S_VERSION)" bash hack/test.sh
 
 # The oldest Kubernetes the project supports (Chart.yaml's kubeVersion, README "Install"): the
 # end-to-end tests whose APIs differ by version also run against its control plane, built on
