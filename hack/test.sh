@@ -10,8 +10,8 @@
 #   Go tools    control plane, promtool, helm and kube-score; then, niced, the oldest-Kubernetes
 #               control plane (`make test-oldest-k8s`), which nothing needs until the end
 #   image       `make image` (its static builds have their own target directories)
-#   tests       fmt, clippy, and the test binaries (they share target/debug with the image
-#               chain's first step, so that step runs first, alone)
+#   tests       fmt, clippy, and the test binaries (they share target/ with the image chain's
+#               first step, building its tool, so that step runs first, alone)
 #
 # Then the suite and the real-node lane run at the same time (they mostly wait on API servers,
 # kubelets and pods), and last the tests against the oldest Kubernetes.
@@ -26,7 +26,7 @@ LOGS=target/make-test
 mkdir -p "$LOGS"
 
 started=$SECONDS
-say() { printf '== [%s] %s\n' "$(date -u -d "@$((SECONDS - started))" +%M:%S)" "$*"; }
+say() { printf '== [%s] %s\n' "$(date -u -d "@$((SECONDS - started))" +%H:%M:%S)" "$*"; }
 fail() { say "FAILED: $*"; exit 1; }
 # show LOG: the log's last lines, after a failure.
 show() { echo "---- last lines of $1"; tail -40 "$1"; echo "----"; }
@@ -51,7 +51,8 @@ rm -f "$LOGS/go-tools.done"
 say "building the image's builder"
 "$CARGO" build -q -p testbed --bin image || fail "building testbed's image tool"
 say "building the image for $IMAGE_PLATFORMS (log: $LOGS/image.log)"
-"$CARGO" run -q -p testbed --bin image -- --platform "$IMAGE_PLATFORMS" >"$LOGS/image.log" 2>&1 &
+# Run directly, not by `cargo run`, which would wait for clippy's lock on target/ to check it.
+"${CARGO_TARGET_DIR:-target}/debug/image" --platform "$IMAGE_PLATFORMS" >"$LOGS/image.log" 2>&1 &
 image=$!
 
 say "lint: cargo fmt --check, clippy"
