@@ -10,6 +10,7 @@ use kube::api::{Patch, PatchParams};
 use testbed::fixtures;
 
 const CACHED_CLAIMS: &str = r#"hostpath_provisioner_cached_objects{watch="claims"}"#;
+const RECORDED_ELSEWHERE: &str = r#"hostpath_provisioner_cached_objects{watch="claims-placed-elsewhere"}"#;
 
 fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
@@ -18,10 +19,14 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 /// Waits until the node's claim cache holds exactly `expected` claims (the gauge is refreshed
 /// every 15 s).
 async fn wait_cached_claims(env: &TestEnv, expected: f64) {
+    wait_gauge(env, CACHED_CLAIMS, expected).await;
+}
+
+async fn wait_gauge(env: &TestEnv, series: &str, expected: f64) {
     let provisioner = &env.nodes[0].provisioner;
-    testbed::wait_for(&format!("{expected} claims cached"), TIMEOUT, || async {
+    testbed::wait_for(&format!("{series} = {expected}"), TIMEOUT, || async {
         let metrics = provisioner.metrics().await?;
-        anyhow::Ok((sample(&metrics, CACHED_CLAIMS) == Some(expected)).then_some(()))
+        anyhow::Ok((sample(&metrics, series) == Some(expected)).then_some(()))
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
@@ -55,9 +60,30 @@ async fn forgotten_claims_are_acted_on_again_when_what_the_decision_reads_change
     // An Immediate claim of ours naming no node stays pending: every node keeps it (to explain it).
     let immediate = env.class("imm", |c| c.immediate()).await;
     env.create_claim(fixtures::claim(&env.ns, "unplaced", &immediate, "1Mi")).await;
-    // Only that one is kept: the bound ones are done, the others are not this node's (yet).
+    // Two placed on other nodes (by the annotation, by the scheduler) are recorded compactly, not
+    // cached.
+    env.create_claim(fixtures::claim(&env.ns, "pinned-elsewhere", &ours, "1Mi").provision_on_node("another-node"))
+        .await;
+    // (The PV controller hands a claim the scheduler placed to our provisioner; only then is it ours.)
+    env.create_claim(
+        fixtures::claim(&env.ns, "selected-elsewhere", &ours, "1Mi")
+            .annotation("volume.kubernetes.io/selected-node", "another-node"),
+    )
+    .await;
+    // Only the unplaced one is kept: the bound ones are done, the others are not this node's (yet).
+    wait_gauge(&env, RECORDED_ELSEWHERE, 2.0).await;
     wait_cached_claims(&env, 1.0).await;
     env.delete_claim("unplaced").await;
+    env.delete_claim("pinned-elsewhere").await;
+    // The scheduler places the other one here: it leaves the record and is provisioned.
+    patch_claim(
+        &env,
+        "selected-elsewhere",
+        serde_json::json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": node}}}),
+    )
+    .await;
+    env.wait_bound("selected-elsewhere").await;
+    wait_gauge(&env, RECORDED_ELSEWHERE, 0.0).await;
 
     // The scheduler selects this node for the waiting claim: provisioned at once.
     patch_claim(

@@ -28,4 +28,5 @@ pub mod topology;
 pub mod unserved;
 pub mod volume;
 pub mod volume_spec;
+pub mod waiting;
 pub mod watch_list;

@@ -4,26 +4,49 @@
 //! scheduler picks its node, an admin annotates it. Likewise every PV without a node label (the Go
 //! build's, shared and every-node ones, but also every other provisioner's). A node keeps such an
 //! object only while its next event could ask something of this node; all others (bound claims,
-//! other provisioners' claims and PVs) are forgotten as soon as their event is seen. A forgotten
+//! other provisioners' claims and PVs) are forgotten as soon as their event is seen. A claim
+//! placed on another node asks one thing of every node, to notice when that node runs no
+//! provisioner: it is kept as a compact record (deciding::waiting), not as a claim. A forgotten
 //! object that becomes relevant is seen whole again: every watch event carries the entire object.
 //! So memory grows with what this node has to act on, not with the cluster.
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 use crate::deciding::capacity::parse_bytes;
 use crate::deciding::claim::{Interest, claim_interest};
 use crate::deciding::identity::Identity;
 use crate::deciding::kept_volume::KeptVolume;
+use crate::deciding::waiting::WaitingClaim;
 use crate::keys;
 
-/// Whether this node keeps `claim` in memory: a claim it may provision or must explain (any
-/// interest but [`Interest::Ignore`]), the source of a clone in progress (its cloning protection
-/// finalizer is removed by this node), or a bound claim asking for a new size (the node holding
-/// its volume expands it).
-pub fn keep_claim(claim: &PersistentVolumeClaim, me: &Identity) -> bool {
-    claim_interest(&claim.metadata, me) != Interest::Ignore
-        || claim.metadata.finalizers.iter().flatten().any(|f| f == keys::CLONE_PROTECTION_FINALIZER)
-        || size_change_pending(claim)
+/// What a node does with a claim it receives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Retention {
+    /// Keep it in the watch cache, trimmed by [`trim_claim`]: a claim this node may provision or
+    /// must explain, the source of a clone in progress (its cloning protection finalizer is
+    /// removed by this node), or a bound claim asking for a new size (the node holding its volume
+    /// expands it).
+    Keep,
+    /// Placed on another node: only its compact record is kept, for the absent-node explanation
+    /// (deciding::waiting).
+    Waiting(WaitingClaim),
+    /// Nothing for this node to do: forgotten.
+    Forget,
+}
+
+/// Which of the three `claim` is for this node.
+pub fn claim_retention(claim: &PersistentVolumeClaim, me: &Identity) -> Retention {
+    match claim_interest(&claim.metadata, me) {
+        Interest::Elsewhere(node) => WaitingClaim::of(claim, &node).map_or(Retention::Forget, Retention::Waiting),
+        Interest::Candidate => Retention::Keep,
+        Interest::Ignore
+            if claim.metadata.finalizers.iter().flatten().any(|f| f == keys::CLONE_PROTECTION_FINALIZER)
+                || size_change_pending(claim) =>
+        {
+            Retention::Keep
+        }
+        Interest::Ignore => Retention::Forget,
+    }
 }
 
 /// A bound claim whose requested size differs from the size it was given: an expansion to make,
@@ -55,24 +78,11 @@ pub fn size_change_pending(claim: &PersistentVolumeClaim) -> bool {
     bound && given.is_some() && (request_unreadable || matches!((requested, given), (Some(r), Some(g)) if r != g))
 }
 
-/// What a kept claim keeps: metadata only as far as the decisions read it; spec and status whole
-/// for a claim this node may act on (the decisions read them: expansion reads the status
-/// conditions too, and such claims are few). A claim placed on another node is kept only for the
-/// absent-node explanation (reconciling::stranded), and every node keeps every such claim of a
-/// burst while it waits: of its spec it keeps the two fields that explanation reads (the class,
-/// the volume name), and no status. Its next event brings the whole object again, and whether a
-/// claim is placed elsewhere is read from the metadata trimming keeps, so the trimmed claim is
-/// never taken for another kind.
-pub fn trim_claim(claim: &mut PersistentVolumeClaim, me: &Identity) {
+/// What a kept claim keeps: metadata only as far as the decisions read it (keys::trim_claim_metadata);
+/// spec and status whole (the decisions read them: expansion reads the status conditions too,
+/// and such claims are few).
+pub fn trim_claim(claim: &mut PersistentVolumeClaim) {
     keys::trim_claim_metadata(&mut claim.metadata);
-    if matches!(claim_interest(&claim.metadata, me), Interest::Elsewhere(_)) {
-        claim.spec = claim.spec.take().map(|spec| PersistentVolumeClaimSpec {
-            storage_class_name: spec.storage_class_name,
-            volume_name: spec.volume_name,
-            ..Default::default()
-        });
-        claim.status = None;
-    }
 }
 
 /// Whether this node keeps a PV without a node label: one of this provisioner's (made by the Go
@@ -115,18 +125,36 @@ mod tests {
         claim
     }
 
+    fn keep_claim(claim: &PersistentVolumeClaim, me: &Identity) -> bool {
+        claim_retention(claim, me) == Retention::Keep
+    }
+
     #[test]
     fn claims_a_node_may_act_on_are_kept() {
         for claim in [
             claim("hpp").selected(NODE).build(),
             claim("hpp").on_node(NODE).build(),
             claim("hpp").provisioner_annotations().build(),
-            // Placed on another node: kept to notice when that node runs no provisioner.
-            claim("hpp").selected(OTHER_NODE).provisioner_annotations().build(),
-            claim("hpp").on_node(OTHER_NODE).build(),
         ] {
             assert!(keep_claim(&claim, &me()), "{:?}", claim.metadata.annotations);
         }
+    }
+
+    #[test]
+    fn claims_placed_on_another_node_are_only_recorded() {
+        for claim in [
+            claim("hpp").selected(OTHER_NODE).provisioner_annotations().build(),
+            claim("hpp").on_node(OTHER_NODE).build(),
+        ] {
+            match claim_retention(&claim, &me()) {
+                Retention::Waiting(record) => assert_eq!(&*record.node, OTHER_NODE),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Without a uid (never from the API server) there is nothing to record it by.
+        let mut nameless = claim("hpp").on_node(OTHER_NODE).build();
+        nameless.metadata.uid = None;
+        assert_eq!(claim_retention(&nameless, &me()), Retention::Forget);
     }
 
     #[test]
@@ -195,7 +223,7 @@ mod tests {
             .build();
         full.metadata.labels = Some(BTreeMap::from([("app".to_owned(), "db".to_owned())]));
         let mut trimmed = full.clone();
-        trim_claim(&mut trimmed, &me());
+        trim_claim(&mut trimmed);
         let class = class("hpp", "WaitForFirstConsumer");
         assert_eq!(
             decide_claim(&trimmed, Some(&class), &me(), &config(), &[]),
@@ -207,19 +235,38 @@ mod tests {
     }
 
     /// Everything the absent-node explanation (reconciling::stranded) reads of a claim placed on
-    /// another node, in the order it reads them.
-    fn explanation_reads(claim: &PersistentVolumeClaim) -> impl PartialEq + std::fmt::Debug {
+    /// another node, from the whole claim.
+    type Reads = (Interest, Option<String>, Option<String>, bool, (Option<String>, Option<String>, Option<String>));
+
+    fn explanation_reads(claim: &PersistentVolumeClaim) -> Reads {
         use kube::Resource;
+        let reference = claim.object_ref(&());
         (
             claim_interest(&claim.metadata, &me()),
             claim.metadata.uid.clone(),
             crate::deciding::class::claim_class_name(claim).map(str::to_owned),
-            claim.spec.as_ref().and_then(|s| s.volume_name.clone()),
+            claim.spec.as_ref().and_then(|s| s.volume_name.clone()).is_none_or(|v| v.is_empty()),
             // The event: its name, namespace and the reference to the claim.
-            claim.metadata.namespace.clone(),
-            claim.object_ref(&()),
-            keep_claim(claim, &me()),
+            (reference.namespace, reference.name, reference.uid),
         )
+    }
+
+    /// The same, from the record.
+    fn recorded_reads(record: &WaitingClaim) -> Reads {
+        (
+            Interest::Elsewhere(record.node.to_string()),
+            Some(record.uid.to_string()),
+            record.class.as_deref().map(str::to_owned),
+            record.unbound,
+            (Some(record.namespace.to_string()), Some(record.name.to_string()), Some(record.uid.to_string())),
+        )
+    }
+
+    fn record_of(claim: &PersistentVolumeClaim) -> WaitingClaim {
+        match claim_retention(claim, &me()) {
+            Retention::Waiting(record) => record,
+            other => panic!("{other:?}"),
+        }
     }
 
     fn placed_elsewhere(by_annotation: bool) -> PersistentVolumeClaim {
@@ -236,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_placed_elsewhere_keeps_what_the_absent_node_explanation_reads() {
+    fn the_record_of_a_claim_placed_elsewhere_holds_what_the_absent_node_explanation_reads() {
         let mut with_beta_class = placed_elsewhere(true);
         with_beta_class.metadata.annotations.as_mut().unwrap().insert(keys::STORAGE_CLASS_BETA.into(), "beta".into());
         let mut bound_meanwhile = placed_elsewhere(false);
@@ -244,39 +291,29 @@ mod tests {
         let mut clone_source = placed_elsewhere(true);
         clone_source.metadata.finalizers = Some(vec![keys::CLONE_PROTECTION_FINALIZER.into()]);
         for full in [placed_elsewhere(true), placed_elsewhere(false), with_beta_class, bound_meanwhile, clone_source] {
-            assert!(matches!(claim_interest(&full.metadata, &me()), Interest::Elsewhere(_)));
-            let mut trimmed = full.clone();
-            trim_claim(&mut trimmed, &me());
-            assert_eq!(explanation_reads(&trimmed), explanation_reads(&full));
-            // The spec's other fields and the status are gone, the metadata trimmed as for any claim.
-            let spec = trimmed.spec.as_ref().unwrap();
-            assert!(spec.resources.is_none() && spec.access_modes.is_none() && trimmed.status.is_none());
-            assert!(trimmed.metadata.labels.is_none());
-            // Trimming again changes nothing: a trimmed claim is trimmed as what it is.
-            let mut twice = trimmed.clone();
-            trim_claim(&mut twice, &me());
-            assert_eq!(twice, trimmed);
+            assert_eq!(recorded_reads(&record_of(&full)), explanation_reads(&full));
         }
     }
 
     #[test]
-    fn the_absent_node_explanation_sees_a_dropped_field() {
-        // Guards the test above: each field the explanation reads, dropped, changes what it reads.
+    fn the_record_changes_with_each_field_the_explanation_reads() {
+        // Guards the test above: each field the explanation reads, changed, changes the record.
         let full = placed_elsewhere(false);
-        let drops: [fn(&mut PersistentVolumeClaim); 6] = [
-            |c| c.metadata.uid = None,
-            |c| c.metadata.namespace = None,
-            |c| c.metadata.name = None,
+        let changes: [fn(&mut PersistentVolumeClaim); 6] = [
+            |c| c.metadata.uid = Some("another-uid".into()),
+            |c| c.metadata.namespace = Some("elsewhere".into()),
+            |c| c.metadata.name = Some("renamed".into()),
             |c| c.spec.as_mut().unwrap().storage_class_name = None,
             |c| c.spec.as_mut().unwrap().volume_name = Some("pvc-x".into()),
             |c| {
-                c.metadata.annotations.as_mut().unwrap().remove(keys::SELECTED_NODE);
+                c.metadata.annotations.as_mut().unwrap().insert(keys::SELECTED_NODE.into(), "third-node".into());
             },
         ];
-        for (i, drop_field) in drops.iter().enumerate() {
+        for (i, change) in changes.iter().enumerate() {
             let mut changed = full.clone();
-            drop_field(&mut changed);
-            assert_ne!(explanation_reads(&changed), explanation_reads(&full), "field {i}");
+            change(&mut changed);
+            assert_ne!(record_of(&changed), record_of(&full), "field {i}");
+            assert_eq!(recorded_reads(&record_of(&changed)), explanation_reads(&changed), "field {i}");
         }
     }
 
@@ -285,7 +322,7 @@ mod tests {
         for mut full in [bound("2Gi", "1Gi"), claim("hpp").selected(NODE).build(), claim("hpp").on_node(NODE).build()] {
             full.status.get_or_insert_default().phase = Some("Pending".into());
             let mut trimmed = full.clone();
-            trim_claim(&mut trimmed, &me());
+            trim_claim(&mut trimmed);
             assert_eq!((&trimmed.spec, &trimmed.status), (&full.spec, &full.status));
         }
     }

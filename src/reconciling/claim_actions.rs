@@ -46,30 +46,36 @@ pub async fn handback(ctx: &Context, claim: &PersistentVolumeClaim, why: &str, l
 /// Writes a Warning that speaks for the cluster, not for one node: every node computes the same
 /// event name, so the first create wins and the others get AlreadyExists.
 pub async fn explain_once(ctx: &Context, claim: &PersistentVolumeClaim, suffix: &str, reason: &str, note: String) {
-    let (Some(namespace), Some(uid)) = (claim.metadata.namespace.as_deref(), claim.metadata.uid.as_deref()) else {
+    explain_once_about(ctx, claim_ref(claim), suffix, reason, note).await;
+}
+
+/// [`explain_once`] about the object `regarding` refers to (its namespace and uid name the event).
+pub async fn explain_once_about(ctx: &Context, regarding: ObjectReference, suffix: &str, reason: &str, note: String) {
+    let (Some(namespace), Some(uid)) = (regarding.namespace.clone(), regarding.uid.as_deref()) else {
         return;
     };
+    let key = format!("{namespace}/{}", regarding.name.as_deref().unwrap_or_default());
     let event = K8sEvent {
         metadata: ObjectMeta {
             name: Some(format!("{uid}.{suffix}")),
-            namespace: Some(namespace.to_owned()),
+            namespace: Some(namespace.clone()),
             ..Default::default()
         },
         event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
         action: Some("Provision".into()),
         reason: Some(reason.into()),
         note: Some(note),
-        regarding: Some(claim_ref(claim)),
+        regarding: Some(regarding),
         reporting_controller: Some(ctx.me.provisioner.clone()),
         reporting_instance: Some(ctx.me.provisioner.clone()),
         type_: Some("Warning".into()),
         ..Default::default()
     };
-    let events: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), namespace);
+    let events: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), &namespace);
     match events.create(&PostParams::default(), &event).await {
-        Ok(_) => tracing::info!(claim = %claim_key(claim), reason, "explained why the claim stays Pending"),
+        Ok(_) => tracing::info!(claim = %key, reason, "explained why the claim stays Pending"),
         Err(kube::Error::Api(status)) if status.code == 409 => {}
-        Err(error) => tracing::warn!(claim = %claim_key(claim), %error, reason, "could not publish the explanation"),
+        Err(error) => tracing::warn!(claim = %key, %error, reason, "could not publish the explanation"),
     }
 }
 

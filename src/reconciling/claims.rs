@@ -1,8 +1,8 @@
 //! The claim reconciler. A claim this node may provision is looked at as a whole: the facts its
 //! plan reads are gathered ([`claim_facts`](crate::reconciling::claim_facts)), one decision
 //! plans it ([`plan_claim`]) and the plan is carried out here. A settled claim is looked at only
-//! for its clones' protection and for expansion; a claim placed on another node only to notice a
-//! node where no provisioner runs ([`stranded`](crate::reconciling::stranded)).
+//! for its clones' protection and for expansion. A claim placed on another node is not here: the
+//! claim watch records it compactly for [`stranded`](crate::reconciling::stranded).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +29,6 @@ use crate::reconciling::context::{Context, MAX_RETRY};
 use crate::reconciling::pool_promises;
 use crate::reconciling::provisioning::{self, Provisioned};
 use crate::reconciling::resize;
-use crate::reconciling::stranded;
 use crate::serving::metrics::{ClaimClass, Metrics};
 
 /// How soon a claim seen before the PV watches synced is looked at again.
@@ -42,15 +41,11 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
     let action = match claim_interest(&claim.metadata, &ctx.me) {
         Interest::Ignore => {
             ctx.reset_retry(&key);
-            ctx.forget_stranded(&claim.metadata);
-            stranded::forget_waiting(&ctx, &claim.metadata);
             return settled(&ctx, &claim).await;
         }
-        Interest::Elsewhere(node) => return stranded::watch_for_no_provisioner(&ctx, &claim, &node).await,
-        Interest::Candidate => {
-            stranded::forget_waiting(&ctx, &claim.metadata);
-            candidate(&ctx, &claim).await?
-        }
+        // Not kept in the cache (deciding::retention): recorded for reconciling::stranded.
+        Interest::Elsewhere(_) => return Ok(Action::await_change()),
+        Interest::Candidate => candidate(&ctx, &claim).await?,
     };
     ctx.reset_retry(&key);
     Ok(action)

@@ -20,6 +20,7 @@ use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::reservations::Reservations;
 use crate::deciding::settings::DecisionConfig;
 use crate::deciding::volume_spec::NodeFacts;
+use crate::deciding::waiting::WaitingRecord;
 use crate::filesystem::pools::Pools;
 use crate::keys;
 use crate::reconciling::membership::Membership;
@@ -66,8 +67,8 @@ pub struct Context {
     recorder: Recorder,
     node: tokio::sync::Mutex<Option<NodeFacts>>,
     backoffs: Mutex<HashMap<String, ExponentialBackoff>>,
-    /// Claims placed on a node with no live provisioner, by uid: since when this node knows.
-    stranded: Mutex<HashMap<String, Instant>>,
+    /// Claims placed on another node, as a compact record (deciding::waiting).
+    waiting: Mutex<WaitingRecord>,
     last_warnings: Mutex<HashMap<String, (String, Instant)>>,
 }
 
@@ -123,7 +124,7 @@ impl Context {
             recorder,
             node: tokio::sync::Mutex::new(None),
             backoffs: Mutex::new(HashMap::new()),
-            stranded: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(WaitingRecord::default()),
             last_warnings: Mutex::new(HashMap::new()),
         }
     }
@@ -188,27 +189,20 @@ impl Context {
         backoff.next().unwrap_or(MAX_RETRY)
     }
 
-    /// How long the claim `uid` has been seen waiting for a node without a live provisioner.
-    pub fn stranded_for(&self, uid: &str) -> Duration {
-        let mut stranded = self.stranded.lock().unwrap_or_else(|e| e.into_inner());
-        stranded.entry(uid.to_owned()).or_insert_with(Instant::now).elapsed()
-    }
-
-    /// Forgets a claim that is no longer waiting for a node without a provisioner.
-    pub fn forget_stranded(&self, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
-        if let Some(uid) = meta.uid.as_deref() {
-            self.stranded.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
-        }
+    /// The record of claims placed on another node.
+    pub fn waiting(&self) -> std::sync::MutexGuard<'_, WaitingRecord> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Forgets everything remembered about a claim this node no longer keeps (bound, moved away,
-    /// deleted): its retry backoff, warnings, and reports of it waiting for a node.
+    /// deleted): its retry backoff, warnings, its record as waiting for another node and reports
+    /// of it.
     pub fn forget_claim(&self, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
         let key =
             format!("{}/{}", meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default());
         self.reset_retry(&key);
-        self.forget_stranded(meta);
         if let Some(uid) = meta.uid.as_deref() {
+            self.waiting().forget(uid);
             self.forget_warnings(uid);
             self.metrics.waiting_claims.forget(uid);
         }

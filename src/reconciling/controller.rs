@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -14,12 +14,14 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 
 use crate::config::Config;
 use crate::deciding::kept_volume::KeptVolume;
-use crate::deciding::{layout, retention};
+use crate::deciding::layout;
+use crate::deciding::retention::{self, Retention};
 use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
+use crate::reconciling::claim_actions::object_key;
 use crate::reconciling::context::Context;
 use crate::reconciling::published_capacity::{self, Publisher};
-use crate::reconciling::{claims, orphans, reaping, settling, upkeep, volumes, watches};
+use crate::reconciling::{claims, orphans, reaping, settling, stranded, upkeep, volumes, watches};
 use crate::serving::health::{self, Health, Watch};
 use crate::serving::heap;
 use crate::serving::metrics::Metrics;
@@ -85,7 +87,8 @@ pub async fn run(
     ));
 
     // Claims: whole objects, so that deciding needs no GET, but only the few this node may act on
-    // stay in memory (deciding::retention); the others are forgotten as their events pass.
+    // stay in memory (deciding::retention); claims placed on another node are recorded compactly
+    // (deciding::waiting), the others forgotten as their events pass.
     let claim_events = watches::observe(
         Watch::Claims,
         watcher(Api::<PersistentVolumeClaim>::all(client.clone()), list.clone()),
@@ -95,13 +98,17 @@ pub async fn run(
     .filter_map({
         let ctx = ctx.clone();
         move |event| {
-            let keep = |claim: &mut PersistentVolumeClaim| {
-                let kept = retention::keep_claim(claim, &ctx.me);
-                if kept {
-                    retention::trim_claim(claim, &ctx.me);
+            match &event {
+                Ok(watcher::Event::Init) => ctx.waiting().listing(),
+                Ok(watcher::Event::InitDone) => {
+                    let gone = ctx.waiting().listed();
+                    for uid in gone {
+                        ctx.metrics.waiting_claims.forget(&uid);
+                    }
                 }
-                kept
-            };
+                _ => {}
+            }
+            let keep = |claim: &mut PersistentVolumeClaim| keep_claim(&ctx, claim);
             futures::future::ready(watches::retain(event, keep, |claim| ctx.forget_claim(&claim.metadata)))
         }
     })
@@ -198,6 +205,7 @@ pub async fn run(
     tokio::spawn(settling::keep_settling(ctx.clone()));
     tokio::spawn(upkeep::purge_trash(ctx.clone()));
     tokio::spawn(reaping::run(ctx.clone()));
+    tokio::spawn(stranded::watch_for_no_provisioner(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");
     futures::join!(claim_controller, own_volumes, legacy_volumes);
@@ -266,4 +274,29 @@ fn pool_problems(pools: &Pools, config: &Config) -> Vec<String> {
         }
     }
     problems
+}
+
+/// Keeps a claim this node may act on (trimmed), records one placed on another node, forgets the
+/// others (deciding::retention).
+fn keep_claim(ctx: &Context, claim: &mut PersistentVolumeClaim) -> bool {
+    match retention::claim_retention(claim, &ctx.me) {
+        Retention::Keep => {
+            if let Some(uid) = claim.metadata.uid.as_deref() {
+                ctx.waiting().forget(uid);
+                ctx.metrics.waiting_claims.forget(uid);
+            }
+            retention::trim_claim(claim);
+            true
+        }
+        Retention::Waiting(record) => {
+            // It may have been a candidate here before the scheduler moved it.
+            ctx.reset_retry(&object_key(&claim.metadata));
+            ctx.waiting().record(record, Instant::now(), ctx.config.node_lease);
+            false
+        }
+        Retention::Forget => {
+            ctx.forget_claim(&claim.metadata);
+            false
+        }
+    }
 }

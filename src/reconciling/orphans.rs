@@ -39,7 +39,10 @@ pub async fn remove_orphan_directories(ctx: &Context) {
         let mut orphans = Vec::new();
         // Snapshot claims only after listing: a directory being provisioned right now belongs to
         // a claim that was already in the store when its directory was made.
-        let claim_uids: HashSet<String> = ctx.claims.state().iter().filter_map(|c| c.metadata.uid.clone()).collect();
+        let mut claim_uids: HashSet<String> =
+            ctx.claims.state().iter().filter_map(|c| c.metadata.uid.clone()).collect();
+        // Claims placed on another node are in the compact record, not the cache.
+        claim_uids.extend(ctx.waiting().uids());
         for entry in entries {
             let Some(uid) = layout::uid_of_dir(&entry) else { continue };
             // A claim without its PV is either being provisioned (its directory still empty) or

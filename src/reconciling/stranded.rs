@@ -1,78 +1,98 @@
 //! Claims placed on another node: noticing a node where no provisioner runs, where the claim
-//! would otherwise wait without a word.
+//! would otherwise wait without a word. The claims come from the compact record the claim watch
+//! keeps (deciding::waiting); this task looks at each when it is due and writes what that
+//! decides.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::controller::Action;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::deciding::class::claim_class_name;
-use crate::deciding::topology::{self, Acting};
-use crate::error::{ClaimError, reason};
-use crate::reconciling::claim_actions::explain_once;
+use crate::deciding::waiting::{Look, RECHECK, WaitingClaim, look};
+use crate::error::reason;
+use crate::reconciling::claim_actions::explain_once_about;
 use crate::reconciling::context::Context;
 
-/// How often a claim waiting for a node without a running provisioner is looked at again.
-const STRANDED_RECHECK: Duration = Duration::from_secs(300);
+/// How often the record is scanned for claims due for a look.
+const SCAN_EVERY: Duration = Duration::from_secs(5);
 /// How long a report of a claim waiting for a node without a provisioner holds: two rechecks and
 /// a margin, so it lapses only once its speaker stopped looking (the claim went, or the speaker).
-const WAITING_REPORT_VALIDITY: Duration = Duration::from_secs(2 * STRANDED_RECHECK.as_secs() + 60);
+const WAITING_REPORT_VALIDITY: Duration = Duration::from_secs(2 * RECHECK.as_secs() + 60);
+/// Explanations written at once when many claims fall due together (a node with many claims
+/// went away).
+const EXPLAIN_CONCURRENCY: usize = 8;
 
 /// A claim placed on another node waits for that node's provisioner. When that node has not been
 /// live (no ready provisioner pod; with renewals, no live lease) for a whole lease duration (the
 /// DaemonSet does not run there: a taint it does not tolerate, a nodeSelector, a typo in the
 /// annotation), one node says so on the claim, once. A claim whose node is alive is provisioned
-/// there within moments and leaves this node's cache when bound, so liveness is looked at only
-/// for a claim still waiting after that grace.
-pub async fn watch_for_no_provisioner(
-    ctx: &Context,
-    claim: &PersistentVolumeClaim,
-    node: &str,
-) -> Result<Action, ClaimError> {
-    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-    let waited = ctx.stranded_for(uid);
-    let grace = ctx.config.node_lease;
-    if waited < grace {
-        return Ok(Action::requeue(grace - waited + Duration::from_secs(1)));
-    }
-    let live = ctx.live_nodes().await?;
-    if live.iter().any(|n| n.node == node) {
-        // Alive, and the claim waits for something else there (that node explains it).
-        forget_waiting(ctx, &claim.metadata);
-        return Ok(Action::requeue(STRANDED_RECHECK));
-    }
-    // Another node speaks; look again when its lease would have expired, in case it died.
-    if let Acting::Other { recheck_after, .. } = topology::spokesman(uid, &ctx.me.node, &live) {
-        forget_waiting(ctx, &claim.metadata);
-        return Ok(Action::requeue(recheck_after.min(STRANDED_RECHECK)));
-    }
-    // provisionOnNode says nothing about the class: only claims of our classes are ours to explain.
-    let ours = claim_class_name(claim)
-        .and_then(|class| ctx.classes.get(&ObjectRef::new(class)))
-        .is_some_and(|class| class.provisioner == ctx.me.provisioner);
-    let pending = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty);
-    if ours && pending {
-        let evidence = match &ctx.config.peer_service {
-            Some(service) => format!("no ready pod behind Service {service} in namespace {}", ctx.config.namespace),
-            None => format!("no live lease in namespace {}", ctx.config.namespace),
+/// there within moments and leaves the record when bound, so liveness is looked at only for a
+/// claim still waiting after that grace, and once per scan for all claims due in it.
+pub async fn watch_for_no_provisioner(ctx: Arc<Context>) {
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(SCAN_EVERY).await;
+        let due = ctx.waiting().due(Instant::now());
+        if due.is_empty() {
+            continue;
+        }
+        let live = match ctx.live_nodes().await {
+            Ok(live) => {
+                failing = false;
+                live
+            }
+            Err(error) => {
+                // The claims stay due: the next scan tries again.
+                if !failing {
+                    tracing::warn!(%error, claims = due.len(), "cannot read the live nodes to look at claims waiting for another node; retrying");
+                }
+                failing = true;
+                continue;
+            }
         };
-        let note = format!(
-            "this claim waits for node {node}, where no hostpath-provisioner is running ({evidence}): check that the \
-             provisioner DaemonSet runs there (taints it does not tolerate, its nodeSelector) and that the node name is right"
-        );
-        explain_once(ctx, claim, "no-provisioner-on-node", reason::NO_PROVISIONER_ON_NODE, note).await;
-        ctx.metrics.waiting_claims.report(uid, node, WAITING_REPORT_VALIDITY);
-    } else {
-        forget_waiting(ctx, &claim.metadata);
+        futures::stream::iter(due)
+            .for_each_concurrent(EXPLAIN_CONCURRENCY, |(claim, _waited)| {
+                let (ctx, live) = (&ctx, &live);
+                async move {
+                    let ours = claim
+                        .class
+                        .as_deref()
+                        .and_then(|class| ctx.classes.get(&ObjectRef::new(class)))
+                        .is_some_and(|class| class.provisioner == ctx.me.provisioner);
+                    let (seen, next) = look(&claim, &ctx.me.node, live, ours);
+                    if seen == Look::Explain {
+                        explain(ctx, &claim).await;
+                        ctx.metrics.waiting_claims.report(&claim.uid, &claim.node, WAITING_REPORT_VALIDITY);
+                    } else {
+                        ctx.metrics.waiting_claims.forget(&claim.uid);
+                    }
+                    ctx.waiting().look_again(&claim.uid, Instant::now() + next);
+                }
+            })
+            .await;
     }
-    Ok(Action::requeue(STRANDED_RECHECK))
 }
 
-/// Forgets that a claim was reported waiting for a node (it moved on, or another node speaks).
-pub fn forget_waiting(ctx: &Context, meta: &ObjectMeta) {
-    if let Some(uid) = meta.uid.as_deref() {
-        ctx.metrics.waiting_claims.forget(uid);
-    }
+/// The one event for the cluster on `claim`.
+async fn explain(ctx: &Context, claim: &WaitingClaim) {
+    let evidence = match &ctx.config.peer_service {
+        Some(service) => format!("no ready pod behind Service {service} in namespace {}", ctx.config.namespace),
+        None => format!("no live lease in namespace {}", ctx.config.namespace),
+    };
+    let note = format!(
+        "this claim waits for node {}, where no hostpath-provisioner is running ({evidence}): check that the \
+         provisioner DaemonSet runs there (taints it does not tolerate, its nodeSelector) and that the node name is right",
+        claim.node
+    );
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: Some(claim.namespace.to_string()),
+        name: Some(claim.name.to_string()),
+        uid: Some(claim.uid.to_string()),
+        ..Default::default()
+    };
+    explain_once_about(ctx, regarding, "no-provisioner-on-node", reason::NO_PROVISIONER_ON_NODE, note).await;
 }

@@ -139,9 +139,11 @@ pub async fn refresh_pools(ctx: Arc<Context>) {
 }
 
 /// Sets how many objects each watch cache holds (the claims cache shows that memory follows this
-/// node's claims, not the cluster's).
+/// node's claims, not the cluster's), and how many claims placed on other nodes are recorded
+/// compactly (deciding::waiting).
 fn refresh_cache_gauges(ctx: &Context) {
-    let sizes = [("claims", ctx.claims.len()), ("classes", ctx.classes.len())]
+    let waiting = ctx.waiting().len();
+    let sizes = [("claims", ctx.claims.len()), ("claims-placed-elsewhere", waiting), ("classes", ctx.classes.len())]
         .into_iter()
         .chain(["volumes", "legacyvolumes"].into_iter().zip(ctx.volumes.iter().map(|store| store.len())));
     for (watch, size) in sizes {

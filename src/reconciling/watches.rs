@@ -33,9 +33,9 @@ pub async fn initial_list_config(client: &Client, node: &str) -> watcher::Config
     }
 }
 
-/// Lets through the watch events of objects this node keeps (`keep` decides, and trims what it
-/// keeps); an object it does not keep leaves the cache as a deletion, and `forget` drops what
-/// this node remembered about it (deciding::retention).
+/// Lets through the watch events of objects this node keeps (`keep` decides, trims what it keeps
+/// and forgets what it drops); an object it does not keep leaves the cache as a deletion, and
+/// `forget` drops what this node remembered about a deleted one (deciding::retention).
 pub fn retain<K>(
     event: Result<watcher::Event<K>, watcher::Error>,
     keep: impl Fn(&mut K) -> bool,
@@ -48,13 +48,11 @@ pub fn retain<K>(
             if keep(&mut object) {
                 Event::Apply(object)
             } else {
-                forget(&object);
                 Event::Delete(object)
             }
         }
         Event::InitApply(mut object) => {
             if !keep(&mut object) {
-                forget(&object);
                 return None;
             }
             Event::InitApply(object)

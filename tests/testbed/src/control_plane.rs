@@ -645,6 +645,7 @@ impl Layout<'_> {
             env: Vec::new(),
             clean_env: false,
             log_path: self.dir.join(format!("{name}.log")),
+            cgroup_procs: None,
         }
     }
 

@@ -80,6 +80,7 @@ impl GoPeer {
             env,
             clean_env: true,
             log_path: cp.temp_dir().join(format!("go-peer-{}.log", spec.node_name)),
+            cgroup_procs: None,
         };
         let child = ManagedChild::spawn(&process)?;
         Ok(GoPeer { last_pid: child.pid(), spec, process, child: Some(child) })

@@ -58,6 +58,7 @@ pub mod documented_commands;
 pub mod fixtures;
 mod go_peer;
 mod kubeconfig;
+pub mod memory_cgroup;
 mod pki;
 mod process;
 mod provisioner;

@@ -42,6 +42,8 @@ pub(crate) struct ProcessSpec {
     pub clean_env: bool,
     /// stdout and stderr are both appended here.
     pub log_path: PathBuf,
+    /// A cgroup's `cgroup.procs`: the process joins that cgroup before its exec.
+    pub cgroup_procs: Option<PathBuf>,
 }
 
 impl ProcessSpec {
@@ -210,8 +212,16 @@ fn spawn_on_this_thread(spec: &ProcessSpec) -> io::Result<Child> {
         .stderr(log)
         .process_group(0);
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
-    // SAFETY: the closure only calls async-signal-safe functions (prctl, getppid) and allocates
-    // nothing, as required between fork and exec.
+    // Made before the fork: the child must not allocate.
+    let cgroup_procs = match &spec.cgroup_procs {
+        Some(path) => Some(
+            std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+        ),
+        None => None,
+    };
+    // SAFETY: the closure only calls async-signal-safe functions (prctl, getppid, open, write,
+    // close) and allocates nothing, as required between fork and exec.
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
@@ -220,6 +230,18 @@ fn spawn_on_this_thread(spec: &ProcessSpec) -> io::Result<Child> {
             // The parent may have died before prctl took effect; then nobody would kill us.
             if libc::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if let Some(procs) = &cgroup_procs {
+                // "0" moves the writing process itself.
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if written != 1 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
+use crate::memory_cgroup::MemoryCgroup;
 use crate::process::{ManagedChild, ProcessSpec, free_port, tail_file};
 
 /// Default `RUST_LOG`: enough to follow each decision in a failed test's log tail.
@@ -34,6 +35,9 @@ pub struct ProvisionerSpec {
     /// (needs root): how several simulated nodes on one host each see a directory of their own
     /// at the same path, as every-node volumes need. Gone with the process.
     pub private_mounts: Vec<(PathBuf, PathBuf)>,
+    /// A memory limit in bytes, as a pod's `resources.limits.memory` sets it: the process runs in
+    /// a memory cgroup of its own with that limit (needs root), and OOM kills are counted.
+    pub memory_limit: Option<u64>,
 }
 
 impl ProvisionerSpec {
@@ -51,7 +55,14 @@ impl ProvisionerSpec {
             extra_args: Vec::new(),
             env: Vec::new(),
             private_mounts: Vec::new(),
+            memory_limit: None,
         }
+    }
+
+    /// Runs the process under a memory limit of `bytes` (see [`ProvisionerSpec::memory_limit`]).
+    pub fn memory_limit(mut self, bytes: u64) -> Self {
+        self.memory_limit = Some(bytes);
+        self
     }
 
     /// Adds a bind mount of `source` on `target` seen only by this process (see
@@ -82,6 +93,8 @@ pub struct Provisioner {
     metrics_addr: SocketAddr,
     child: Option<ManagedChild>,
     last_pid: u32,
+    /// Dropped after the child (fields drop in order): a cgroup is removed once empty.
+    cgroup: Option<MemoryCgroup>,
 }
 
 const TERMINATE_GRACE: Duration = Duration::from_secs(10);
@@ -112,6 +125,10 @@ impl Provisioner {
         ];
         env.extend(spec.env.iter().cloned());
         let (program, args) = with_private_mounts(&spec.binary, args, &spec.private_mounts)?;
+        let cgroup = match spec.memory_limit {
+            Some(limit) => Some(MemoryCgroup::create(&format!("provisioner-{}", spec.node_name), limit)?),
+            None => None,
+        };
         let process = ProcessSpec {
             name: format!("provisioner-{}", spec.node_name),
             program,
@@ -119,9 +136,10 @@ impl Provisioner {
             env,
             clean_env: true,
             log_path: log_dir.join(format!("provisioner-{}.log", spec.node_name)),
+            cgroup_procs: cgroup.as_ref().map(MemoryCgroup::procs_file),
         };
         let child = ManagedChild::spawn(&process)?;
-        Ok(Provisioner { last_pid: child.pid(), spec, process, health_addr, metrics_addr, child: Some(child) })
+        Ok(Provisioner { last_pid: child.pid(), spec, process, health_addr, metrics_addr, child: Some(child), cgroup })
     }
 
     /// SIGKILL (a crash, as far as the provisioner can tell) and reap.
@@ -183,6 +201,11 @@ impl Provisioner {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The memory cgroup the process runs in, when it has a limit.
+    pub fn memory_cgroup(&self) -> Option<&MemoryCgroup> {
+        self.cgroup.as_ref()
     }
 
     /// The Prometheus text exposition from `/metrics`.

@@ -42,6 +42,10 @@ usage: bench --provisioner PATH [options]
                    binary of hack/build-go-legacy.sh's cache; `make bench-vs-go`): scenarios
                    a, b and c, each run by ours then by the Go build on the same nodes, and
                    their ratios; what the Go build does not do is skipped with a line saying so
+  --memory-limit Q each provisioner runs in a memory cgroup with this limit (a quantity, e.g.
+                   64Mi), as a pod's resources.limits.memory puts it, and the report counts
+                   OOM kills (default: the limit deploy/legacy/daemonset.yaml ships; `none`:
+                   no cgroup; needs root)
   --rust-log SPEC  RUST_LOG of the provisioners (default info)
   --provisioner-env NAME=VALUE
                    extra environment of the provisioners (repeatable), e.g. MALLOC_ARENA_MAX=2";
@@ -78,6 +82,8 @@ pub struct Args {
     pub grow_to: Vec<usize>,
     pub rust_log: String,
     pub provisioner_env: Vec<(String, String)>,
+    /// `--memory-limit`: the provisioners' memory cgroup limit in bytes; `None`: no cgroup.
+    pub memory_limit: Option<u64>,
 }
 
 impl Args {
@@ -101,7 +107,8 @@ impl Args {
                 }
                 flag @ ("--provisioner" | "--nodes" | "--claims" | "--rate" | "--clients" | "--files"
                 | "--idle-secs" | "--reference-rounds" | "--out" | "--rust-log" | "--scale-curve"
-                | "--grow-to" | "--memory-claims" | "--peer" | "--scenarios" | "--peer-at" | "--big-start") => {
+                | "--grow-to" | "--memory-claims" | "--peer" | "--scenarios" | "--peer-at" | "--big-start"
+                | "--memory-limit") => {
                     let value = args.next().with_context(|| format!("{flag} needs a value"))?;
                     values.insert(flag.trim_start_matches("--").to_string(), value);
                 }
@@ -184,6 +191,11 @@ impl Args {
             grow_to,
             rust_log: values.get("rust-log").cloned().unwrap_or_else(|| "info".to_string()),
             provisioner_env,
+            memory_limit: match values.get("memory-limit").map(String::as_str) {
+                Some("none") => None,
+                Some(quantity) => Some(testbed::memory_cgroup::quantity_bytes(quantity).context("--memory-limit")?),
+                None => Some(testbed::memory_cgroup::quantity_bytes(&shipped_memory_limit()?)?),
+            },
         };
         if (parsed.nodes == 0 && parsed.scale_curve.is_empty() && parsed.big_start.is_none())
             || parsed.claims == 0
@@ -221,6 +233,21 @@ fn parse_steps(list: &str) -> Result<Vec<usize>> {
     Ok(steps)
 }
 
+/// The provisioner container's memory limit in deploy/legacy/daemonset.yaml (the one users
+/// install): the `memory:` under its `limits:`.
+pub fn shipped_memory_limit() -> Result<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/legacy/daemonset.yaml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    memory_limit_of(&text).with_context(|| format!("no resources.limits.memory in {}", path.display()))
+}
+
+fn memory_limit_of(manifest: &str) -> Option<String> {
+    let mut lines = manifest.lines().map(str::trim).filter(|l| !l.starts_with('#'));
+    lines.by_ref().find(|line| *line == "limits:")?;
+    let line = lines.next()?;
+    Some(line.strip_prefix("memory:")?.trim().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -229,6 +256,17 @@ mod tests {
         assert!(super::parse_steps("10,1").is_err());
         assert!(super::parse_steps("0,2").is_err());
         assert!(super::parse_steps("1,x").is_err());
+    }
+
+    #[test]
+    fn the_memory_limit_is_the_one_under_limits() {
+        let manifest =
+            "resources:\n  requests:\n    memory: 20Mi\n  # a bound\n  limits:\n    # why\n    memory: 64Mi\n";
+        assert_eq!(super::memory_limit_of(manifest).as_deref(), Some("64Mi"));
+        assert_eq!(super::memory_limit_of("requests:\n  memory: 20Mi\n"), None);
+        // The shipped DaemonSet has one, in a form the cgroup takes.
+        let shipped = super::shipped_memory_limit().unwrap();
+        assert!(testbed::memory_cgroup::quantity_bytes(&shipped).unwrap() > 0, "{shipped}");
     }
 
     #[test]

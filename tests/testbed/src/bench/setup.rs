@@ -219,7 +219,15 @@ fn provisioner_spec(cp: &ControlPlane, args: &Args, name: &str) -> ProvisionerSp
     for (key, value) in &args.provisioner_env {
         spec = spec.env(key, value);
     }
+    if let Some(limit) = args.memory_limit {
+        spec = spec.memory_limit(limit);
+    }
     spec
+}
+
+/// OOM kills so far in the memory cgroups of the provisioners running now.
+pub fn oom_kills(nodes: &[SimNode]) -> u64 {
+    nodes.iter().filter_map(|node| node.provisioner.memory_cgroup()).map(|cgroup| cgroup.oom_kills().unwrap_or(0)).sum()
 }
 
 /// Starts a new provisioner process for `node` (its previous one stopped), on fresh health

@@ -81,6 +81,13 @@ async fn main() -> ExitCode {
             ExitCode::from(130)
         }
     };
+    if let (Some(env), Some(limit)) = (&env, args.memory_limit) {
+        let kills = setup::oom_kills(&env.nodes) + testbed::memory_cgroup::oom_kills_in_removed_cgroups();
+        println!(
+            "memory limit: every provisioner ran in a memory cgroup of {:.0} MiB (--memory-limit); OOM kills: {kills}",
+            limit as f64 / 1_048_576.0
+        );
+    }
     if let Some(env) = &env {
         let dir = args.out.parent().unwrap_or(std::path::Path::new(".")).join("bench-logs");
         match save_logs(env, &dir) {
@@ -825,5 +832,6 @@ fn config_json(args: &Args) -> Value {
         "memory_claims": args.memory_claims,
         "scenarios": args.scenarios,
         "grow_to": args.grow_to,
+        "memory_limit_bytes": args.memory_limit,
     })
 }

@@ -165,6 +165,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         env: Vec::new(),
         clean_env: false,
         log_path: layout.containerd_log(),
+        cgroup_procs: None,
     };
     let mut child = ManagedChild::spawn(&spec)?;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -268,6 +269,7 @@ pub fn start_kubelet(
         env: Vec::new(),
         clean_env: false,
         log_path: layout.kubelet_log(),
+        cgroup_procs: None,
     };
     ManagedChild::spawn(&spec)
 }
