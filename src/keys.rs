@@ -16,6 +16,9 @@ pub const STORAGE_PROVISIONER_BETA: &str = "volume.beta.kubernetes.io/storage-pr
 pub const STORAGE_CLASS_BETA: &str = "volume.beta.kubernetes.io/storage-class";
 /// Set by the PV controller once a claim is bound.
 pub const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
+/// PV annotation the kubelet reads: a gid added to the supplemental groups of every pod that
+/// uses the volume.
+pub const VOLUME_GID: &str = "pv.beta.kubernetes.io/gid";
 /// Node label whose value goes into the PV's node affinity.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Our label on PVs naming the owning node, so each node can watch only its own volumes.

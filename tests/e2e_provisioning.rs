@@ -155,7 +155,12 @@ async fn refused_parameters_data_sources_and_sizes_are_each_explained_on_the_cla
     let topology = env.class("topo", |c| c.immediate().parameter("topology", "everywhere")).await;
     let quota = env.class("quota", |c| c.immediate().parameter("quota", "strict")).await;
     let pool = env.class("pool", |c| c.immediate().parameter("storagePool", "fast")).await;
+    let mode = env.class("mode", |c| c.immediate().parameter("mode", "0778")).await;
     let cases = [
+        (
+            fixtures::claim(&env.ns, "mode", &mode, "1Mi"),
+            "mode=\"0778\"; accepted: an octal mode up to 07777, such as 0770 or 2775",
+        ),
         (
             fixtures::claim(&env.ns, "topology", &topology, "1Mi"),
             "topology=\"everywhere\"; accepted: node, shared, everyNode",
@@ -182,6 +187,35 @@ async fn refused_parameters_data_sources_and_sizes_are_each_explained_on_the_cla
         assert!(note.contains(expected), "{note:?} should mention {expected:?}");
     }
     assert!(entries(&env.nodes[0].pool_root).is_empty(), "nothing created for refused claims");
+}
+
+/// A class's `uid`, `gid` and `mode` make the new directory's owner, group and mode, and the
+/// group reaches pods through the PV's `pv.beta.kubernetes.io/gid`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_class_gives_its_volumes_their_owner_group_and_mode() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let env = TestEnv::start("ownership", 1).await;
+    let node = env.nodes[0].name.clone();
+    let owned = env
+        .class("owned", |c| c.immediate().parameter("uid", "1000").parameter("gid", "2000").parameter("mode", "2770"))
+        .await;
+    let plain = env.class("plain", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "owned", &owned, "1Mi").provision_on_node(&node)).await;
+    env.create_claim(fixtures::claim(&env.ns, "plain", &plain, "1Mi").provision_on_node(&node)).await;
+    let pv = env.wait_bound("owned").await;
+    let dir =
+        std::path::PathBuf::from(pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).expect("hostPath").path.clone());
+    let meta = std::fs::metadata(&dir).expect("the volume's directory");
+    assert_eq!((meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777), (1000, 2000, 0o2770), "{}", dir.display());
+    let annotations = pv.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(annotations.get("pv.beta.kubernetes.io/gid").map(String::as_str), Some("2000"));
+    // Without the parameters: root's, the provisioner's DIR_MODE, no gid annotation.
+    let pv = env.wait_bound("plain").await;
+    let dir =
+        std::path::PathBuf::from(pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).expect("hostPath").path.clone());
+    let meta = std::fs::metadata(&dir).expect("the volume's directory");
+    assert_eq!((meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777), (0, 0, 0o777), "{}", dir.display());
+    assert!(!pv.metadata.annotations.unwrap_or_default().contains_key("pv.beta.kubernetes.io/gid"));
 }
 
 #[tokio::test(flavor = "multi_thread")]

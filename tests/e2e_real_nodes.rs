@@ -44,6 +44,7 @@ struct Ctx {
 mod local_volumes;
 use local_volumes::{
     a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
+    a_pod_of_another_user_writes_into_a_class_owned_volume_through_its_group,
     two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
 };
 #[path = "real_nodes/helm_test.rs"]
@@ -110,6 +111,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
         a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
+        a_pod_of_another_user_writes_into_a_class_owned_volume_through_its_group,
         helm_test_provisions_a_volume_a_non_root_pod_writes_into_and_fails_when_it_cannot,
         // Before the other operator scenarios: nothing of the operator is applied yet.
         the_documented_one_step_helm_install_of_the_operator_provisions_a_volume_a_pod_writes,

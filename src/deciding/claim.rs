@@ -97,6 +97,8 @@ pub struct ProvisionPlan {
     pub quota: QuotaMode,
     /// The kind of PV to write (the class's `volumeType`).
     pub volume_type: crate::deciding::class::VolumeType,
+    /// Owner, group and mode of the new directory (the class's `uid`, `gid`, `mode`).
+    pub ownership: crate::deciding::class::Ownership,
 }
 
 /// Why a claim is skipped silently.
@@ -340,6 +342,7 @@ fn plan(
         clone_of,
         quota: request.quota,
         volume_type: request.volume_type,
+        ownership: request.ownership,
     })
 }
 

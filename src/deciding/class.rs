@@ -42,14 +42,70 @@ pub fn claim_class_name(claim: &PersistentVolumeClaim) -> Option<&str> {
 /// StorageClass parameters we understand. Anything else is refused so that a typo never
 /// silently provisions something other than what the admin asked for. `pvDir` is the torchbox
 /// provisioner's parameter, accepted when it names a configured shared pool's root.
-pub const KNOWN_PARAMETERS: &[&str] =
-    &["storagePool", topology::PARAMETER, "pvDir", quota::PARAMETER, VOLUME_TYPE, NODE_LOCAL_SHARING];
+pub const KNOWN_PARAMETERS: &[&str] = &[
+    "storagePool",
+    topology::PARAMETER,
+    "pvDir",
+    quota::PARAMETER,
+    VOLUME_TYPE,
+    NODE_LOCAL_SHARING,
+    OWNER_UID,
+    OWNER_GID,
+    DIR_MODE,
+];
 
 /// Class parameter: which kind of PV is written (`hostPath`, the default, or `local`).
 pub const VOLUME_TYPE: &str = "volumeType";
 /// Class parameter: `"true"` lets several pods of the volume's node share a node volume
 /// (ReadWriteMany and ReadOnlyMany accepted; the PV keeps its node affinity).
 pub const NODE_LOCAL_SHARING: &str = "nodeLocalSharing";
+
+/// Class parameter: the uid that owns a new volume's directory (decimal).
+pub const OWNER_UID: &str = "uid";
+/// Class parameter: its gid (decimal); also written on the PV as `pv.beta.kubernetes.io/gid`, so
+/// the kubelet adds it to the supplemental groups of every pod using the volume.
+pub const OWNER_GID: &str = "gid";
+/// Class parameter: the directory's mode (octal, such as `0770` or `2775`), in place of the
+/// provisioner's `DIR_MODE`.
+pub const DIR_MODE: &str = "mode";
+
+/// Owner, group and mode a class gives its new volumes' directories (each `None`: as without
+/// the parameter: root, root, `DIR_MODE`). Applied when the directory is made, never later: a
+/// volume's owner afterwards is its workload's business.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// `uid`.
+    pub uid: Option<u32>,
+    /// `gid`.
+    pub gid: Option<u32>,
+    /// `mode`.
+    pub mode: Option<u32>,
+}
+
+impl Ownership {
+    /// Whether the class sets any of the three.
+    pub fn is_set(&self) -> bool {
+        self.uid.is_some() || self.gid.is_some() || self.mode.is_some()
+    }
+}
+
+/// A uid or gid as a class writes it: decimal, below 2^32 - 1 (which chown reads as "leave
+/// unchanged").
+fn parse_id(value: &str) -> Option<u32> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse::<u32>().ok().filter(|id| *id != u32::MAX)
+}
+
+/// A mode as a class writes it: octal digits (`0770`, `770`, `2775`), at most `07777`.
+fn parse_mode(value: &str) -> Option<u32> {
+    let digits = value.strip_prefix("0o").unwrap_or(value);
+    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return None;
+    }
+    u32::from_str_radix(digits, 8).ok().filter(|mode| *mode <= 0o7777)
+}
 
 /// The kind of PV written for a volume. The directory, the node affinity and the reclaim are the
 /// same; what differs is what the kubelet does with it: a `local` PV gets the pod's `fsGroup`
@@ -94,6 +150,8 @@ pub struct ClassRequest {
     pub volume_type: VolumeType,
     /// The `nodeLocalSharing` parameter.
     pub node_local_sharing: bool,
+    /// The `uid`, `gid` and `mode` parameters.
+    pub ownership: Ownership,
 }
 
 impl ClassRequest {
@@ -176,12 +234,41 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
         let accepted = format!("false for topology {topology}, whose volumes take ReadWriteMany already");
         return Err(bad(NODE_LOCAL_SHARING, "true", accepted));
     }
+    let id = |key: &str| match params.get(key) {
+        None => Ok(None),
+        Some(value) => parse_id(value)
+            .map(Some)
+            .ok_or_else(|| bad(key, value, "a decimal id from 0 to 4294967294, such as 1000".to_owned())),
+    };
+    let ownership =
+        Ownership {
+            uid: id(OWNER_UID)?,
+            gid: id(OWNER_GID)?,
+            mode: match params.get(DIR_MODE) {
+                None => None,
+                Some(value) => Some(parse_mode(value).ok_or_else(|| {
+                    bad(DIR_MODE, value, "an octal mode up to 07777, such as 0770 or 2775".to_owned())
+                })?),
+            },
+        };
+    if ownership.is_set() && topology == Topology::EveryNode {
+        let key = [(OWNER_UID, ownership.uid.is_some()), (OWNER_GID, ownership.gid.is_some())]
+            .into_iter()
+            .find_map(|(key, set)| set.then_some(key))
+            .unwrap_or(DIR_MODE);
+        let value = params.get(key).cloned().unwrap_or_default();
+        let accepted = "no uid, gid or mode for topology everyNode (each node makes its own copy of the directory, \
+                        and those parameters are not carried to them yet); use a node or shared class"
+            .to_owned();
+        return Err(bad(key, &value, accepted));
+    }
     Ok(ClassRequest {
         topology,
         pool: pool.or_else(|| config.default_pool.clone()),
         quota,
         volume_type,
         node_local_sharing,
+        ownership,
     })
 }
 
@@ -189,4 +276,65 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
 /// when a class needs them).
 pub fn class_topology(class: &StorageClass, config: &DecisionConfig) -> Option<Topology> {
     class_request(class, "", config).ok().map(|r| r.topology)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::test_fixtures::{class, config};
+
+    fn with(params: &[(&str, &str)]) -> Result<ClassRequest, Refusal> {
+        let mut class = class("hpp", "WaitForFirstConsumer");
+        class.parameters =
+            Some(params.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<BTreeMap<_, _>>());
+        class_request(&class, "hpp", &config())
+    }
+
+    #[test]
+    fn owner_group_and_mode_are_read_from_the_class() {
+        let request = with(&[("uid", "1000"), ("gid", "2000"), ("mode", "2770")]).unwrap();
+        assert_eq!(request.ownership, Ownership { uid: Some(1000), gid: Some(2000), mode: Some(0o2770) });
+        assert_eq!(with(&[("mode", "0750")]).unwrap().ownership.mode, Some(0o750));
+        assert_eq!(with(&[("uid", "0")]).unwrap().ownership.uid, Some(0));
+        assert_eq!(with(&[]).unwrap().ownership, Ownership::default());
+        assert!(!Ownership::default().is_set());
+    }
+
+    #[test]
+    fn malformed_owner_group_or_mode_is_refused_saying_what_is_accepted() {
+        for (key, value) in [
+            ("uid", "-1"),
+            ("uid", "4294967295"),
+            ("uid", "99999999999"),
+            ("uid", "alice"),
+            ("gid", ""),
+            ("gid", "1e3"),
+            ("mode", "0778"),
+            ("mode", "17777"),
+            ("mode", "rwx"),
+            ("mode", ""),
+        ] {
+            match with(&[(key, value)]) {
+                Err(Refusal::BadParameter { key: refused, value: seen, accepted, .. }) => {
+                    assert_eq!((refused.as_str(), seen.as_str()), (key, value));
+                    assert!(accepted.contains("such as"), "{accepted}");
+                }
+                other => panic!("{key}={value}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_node_classes_refuse_ownership_until_their_copies_carry_it() {
+        match with(&[("topology", "everyNode"), ("mode", "0700")]) {
+            Err(Refusal::BadParameter { key, accepted, .. }) => {
+                assert_eq!(key, "mode");
+                assert!(accepted.contains("everyNode"), "{accepted}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(with(&[("topology", "everyNode")]).is_ok());
+    }
 }

@@ -48,6 +48,11 @@ pub fn build_pv(
         (keys::PROVISIONED_BY.to_owned(), me.provisioner.clone()),
         (keys::PROVISIONER_IDENTITY.to_owned(), me.provisioner.clone()),
     ]);
+    // The kubelet adds this gid to the supplemental groups of every pod using the volume, so a
+    // class's group reaches its pods without each pod naming it.
+    if let Some(gid) = plan.ownership.gid {
+        annotations.insert(keys::VOLUME_GID.to_owned(), gid.to_string());
+    }
     let mut finalizers = plan.protect.then(|| vec![keys::PROTECTION_FINALIZER.to_owned()]);
     let labels = match plan.topology {
         Topology::Node => {

@@ -6,7 +6,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, CWD, Dir, FileType, Gid, Mode, OFlags, ResolveFlags, Uid};
 use rustix::io::Errno;
 
 use super::walker::{MAX_ANCHORS, OPEN_DIR_WINDOW, Walker};
@@ -222,6 +222,35 @@ impl PoolRoot {
         rustix::fs::fchmod(&fd, mode).map_err(|e| fs_error("set the volume directory mode", path.clone(), e))?;
         tracing::debug!(pool = %self.name, path = %path.display(), ?created, "volume directory ready");
         Ok(created)
+    }
+
+    /// Gives the volume directory `name` its class's owner and group (each `None`: unchanged), then
+    /// exactly `mode`, through a descriptor opened beneath the root without following symlinks
+    /// (chown first: it may clear a set-group-ID bit the mode then sets again). Only the
+    /// directory itself; nothing inside is touched.
+    pub fn set_ownership(
+        &self,
+        name: &VolumeDirName,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        mode: u32,
+    ) -> Result<(), PoolError> {
+        if mode > 0o7777 {
+            return Err(PoolError::InvalidMode { mode });
+        }
+        let path = self.volume_path(name);
+        let fd = match self.open_dir_beneath(self.fd.as_fd(), name.as_str(), &|| path.clone(), Subvolumes::Refuse)? {
+            DirOpen::Opened(fd, _) => fd,
+            DirOpen::NotDirectory => return Err(PoolError::VolumeNotDirectory { path }),
+            DirOpen::Gone => return Err(fs_error("open the volume directory", path, Errno::NOENT)),
+        };
+        if uid.is_some() || gid.is_some() {
+            rustix::fs::fchown(&fd, uid.map(Uid::from_raw), gid.map(Gid::from_raw))
+                .map_err(|e| fs_error("set the volume directory's owner", path.clone(), e))?;
+        }
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+            .map_err(|e| fs_error("set the volume directory mode", path.clone(), e))?;
+        Ok(())
     }
 
     /// True if an entry of that name exists under the root, whatever its type (symlinks are not

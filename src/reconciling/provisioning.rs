@@ -49,7 +49,8 @@ pub async fn provision(
         );
     }
     let node = ctx.node_facts().await?;
-    let mode = ctx.config.dir_mode;
+    let ownership = plan.ownership;
+    let mode = ownership.mode.unwrap_or(ctx.config.dir_mode);
     let created = match &provision.make {
         MakeVolume::Plain => pool.create_volume_dir(&dir, mode)?,
         MakeVolume::BtrfsQuota { limit_bytes } => pool.create_quota_volume(&dir, mode, *limit_bytes)?,
@@ -63,6 +64,11 @@ pub async fn provision(
             created
         }
     };
+    // A class's owner, group or mode (a clone's root too: the copy keeps its files' owners, the
+    // directory gets the class's).
+    if ownership.is_set() {
+        pool.set_ownership(&dir, ownership.uid, ownership.gid, mode)?;
+    }
     let pv = build_pv(plan, claim, &ctx.me, &node, Quantity(provision.capacity.clone()));
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let claim_uid = claim.metadata.uid.as_deref().unwrap_or_default();

@@ -1,6 +1,7 @@
 //! What users get from `volumeType: local` on a real kubelet, next to a hostPath volume of the
 //! same pool: the pod's `fsGroup` on the volume, and the volume in the kubelet's stats summary
-//! with its used bytes; and `nodeLocalSharing`: two pods of the node writing one volume.
+//! with its used bytes; `nodeLocalSharing`: two pods of the node writing one volume; and a
+//! class's owner, group and mode.
 
 use std::os::unix::fs::MetadataExt;
 
@@ -129,5 +130,42 @@ pub(super) async fn two_pods_of_the_node_share_a_node_volume_with_node_local_sha
     ctx.lane.delete_pod(&ns, "first").await?;
     ctx.lane.delete_pod(&ns, "second").await?;
     ctx.delete_claim_and_wait_reclaimed(&ns, "team").await?;
+    Ok(())
+}
+
+/// A class's `uid`, `gid` and `mode`: the directory is the class's user's and group's, and a pod
+/// of a third user, in neither, writes into the `2770` directory because the kubelet adds the
+/// PV's `pv.beta.kubernetes.io/gid` to its groups.
+pub(super) async fn a_pod_of_another_user_writes_into_a_class_owned_volume_through_its_group(ctx: &Ctx) -> Result<()> {
+    const OWNER: u32 = 1000;
+    const GROUP: u32 = 2000;
+    ctx.deployed().await?;
+    let ns = ctx.namespace("ownership").await?;
+    let class = ctx.class(&ns, &[("uid", "1000"), ("gid", "2000"), ("mode", "2770")]).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), &ns);
+    let claim = fixtures::claim(&ns, "owned", &class, "16Mi").provision_on_node(ctx.lane.node_name());
+    claims.create(&PostParams::default(), &claim.build()).await?;
+    let writer = PodRun::new(&ns, "writer", "id && echo written > /data/file && ls -ln /data/file")
+        .claim("owned")
+        .as_user(3000, 3000);
+    let outcome = ctx.lane.run_pod(&writer).await?;
+    ensure!(
+        outcome.exit_code == Some(0) && outcome.logs.contains("2000"),
+        "uid 3000 writes with the volume's group among its groups: {}",
+        outcome.logs
+    );
+    let dir = ctx.lane.volume_dir(&ns, "owned").await?;
+    let meta = std::fs::metadata(&dir)?;
+    ensure!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777) == (OWNER, GROUP, 0o2770),
+        "the directory is {}:{} mode {:o}",
+        meta.uid(),
+        meta.gid(),
+        meta.mode() & 0o7777
+    );
+    let file = std::fs::metadata(dir.join("file"))?;
+    ensure!((file.uid(), file.gid()) == (3000, GROUP), "the file is the writer's, in the volume's group (setgid)");
+    ctx.lane.delete_pod(&ns, "writer").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "owned").await?;
     Ok(())
 }

@@ -348,6 +348,36 @@ fn create_refuses_modes_beyond_0o7777() {
 }
 
 #[test]
+fn set_ownership_gives_the_directory_alone_its_owner_group_and_mode() {
+    use std::os::unix::fs::MetadataExt;
+    let fx = Fixture::new();
+    fx.pool.create_volume_dir(&dir_name("pvc-1"), 0o777).expect("create");
+    fs::write(fx.vol("pvc-1/data"), b"x").expect("write");
+    let file_owner = fs::metadata(fx.vol("pvc-1/data")).expect("stat").uid();
+    // chown to another user needs root (CAP_CHOWN), as the provisioner has; as another user only
+    // the mode is checked.
+    let root = rustix::process::geteuid().is_root();
+    let (uid, gid) = if root { (Some(1000), Some(2000)) } else { (None, None) };
+    fx.pool.set_ownership(&dir_name("pvc-1"), uid, gid, 0o2770).expect("set ownership");
+    let meta = fs::metadata(fx.vol("pvc-1")).expect("stat");
+    assert_eq!(mode_of(&fx.vol("pvc-1")), 0o2770, "the set-group-ID bit survives the chown");
+    if root {
+        assert_eq!((meta.uid(), meta.gid()), (1000, 2000));
+    }
+    assert_eq!(fs::metadata(fx.vol("pvc-1/data")).expect("stat").uid(), file_owner, "nothing inside changes");
+
+    // A symlink named like the volume is refused and its target left alone.
+    let target = fx.outside().join("secret");
+    fs::create_dir(&target).expect("mkdir");
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o700)).expect("chmod");
+    symlink(&target, fx.vol("pvc-2")).expect("symlink");
+    assert!(fx.pool.set_ownership(&dir_name("pvc-2"), uid, gid, 0o777).is_err());
+    assert_eq!(mode_of(&target), 0o700);
+    let err = fx.pool.set_ownership(&dir_name("pvc-1"), None, None, 0o10777).expect_err("mode");
+    assert!(matches!(err, PoolError::InvalidMode { .. }), "{err}");
+}
+
+#[test]
 fn volume_dir_exists_does_not_follow_symlinks() {
     let fx = Fixture::new();
     assert!(!fx.pool.volume_dir_exists(&dir_name("pvc-1")).expect("missing"));
