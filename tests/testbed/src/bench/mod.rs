@@ -8,6 +8,7 @@ pub mod fanout;
 pub mod many_files;
 pub mod memory;
 pub mod observe;
+pub mod peak_split;
 pub mod peer;
 pub mod plot;
 pub mod procfs;

@@ -115,6 +115,9 @@ pub struct Deleted {
     /// Per PV, from phase Released to gone.
     pub released_to_gone: Summary,
     pub remaining: usize,
+    /// Per provisioner, its largest resident set sampled during the scenario, with its parts
+    /// (peak_split), when the caller sampled.
+    pub sampled_peaks: Vec<super::procfs::ProcSample>,
 }
 
 pub async fn provision(env: &Env, spec: Spec) -> Result<Provisioned> {
@@ -247,6 +250,7 @@ pub async fn delete(env: &Env, provisioned: &Provisioned) -> Result<Deleted> {
         pvs_deleted_per_sec: stats::rate(&gone_times),
         released_to_gone: Summary::of_seconds(&released_to_gone),
         remaining,
+        sampled_peaks: Vec::new(),
     })
 }
 

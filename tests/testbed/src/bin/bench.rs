@@ -41,6 +41,7 @@ use bench::args::{Args, USAGE};
 use bench::clones::{self, Clones};
 use bench::many_files::{self, ManyFiles};
 use bench::memory::{self, Memory};
+use bench::peak_split::{self, PeakSampler};
 use bench::plot::{self, Series};
 use bench::procfs::{self, ProcSample, mib};
 use bench::quota_latency::{self, QuotaLatency};
@@ -183,6 +184,7 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         let (id, class) = (spec.id, spec.class);
         // The peak (VmHWM) read after the scenario's deletion is then the scenario's own.
         env.provisioner_pids().into_iter().try_for_each(procfs::reset_peak)?;
+        let sampler = PeakSampler::start(env.provisioner_pids());
         eprintln!("bench: scenario {id}: {}", spec.title);
         // Runs only during its own scenario, so it adds no watch to the others; a client of its
         // own, so it shares no connection with the bench's watches.
@@ -195,7 +197,8 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
             idle = Some(Idle { window: window::close(env, opened).await?, claims_in_cluster: provisioned.sent.len() });
         }
         eprintln!("bench: scenario {id}: deleting");
-        let deleted = scenario::delete(env, &provisioned).await?;
+        let mut deleted = scenario::delete(env, &provisioned).await?;
+        deleted.sampled_peaks = sampler.finish().await;
         if let Some(reference) = reference {
             reference_errors = reference.errors();
         }
@@ -610,10 +613,11 @@ fn burst_peak_goal(args: &Args, results: &[(Provisioned, Deleted)]) -> Vec<(Stri
     vec![(
         format!("c: peak RSS per node < {BURST_PEAK_GOAL_MIB:.0} MiB, 1000 claims over 10 nodes"),
         format!(
-            "max / mean {} MiB ({} claims, {} nodes; provisioning and deletion)",
+            "max / mean {} MiB ({} claims, {} nodes; provisioning and deletion); {}",
             peak_line(&d.window.procs_end),
             p.sent.len(),
-            args.nodes
+            args.nodes,
+            peak_split::split_line(&d.sampled_peaks)
         ),
         if same_load { met.to_string() } else { format!("{met} (other load)") },
     )]
@@ -621,7 +625,12 @@ fn burst_peak_goal(args: &Args, results: &[(Provisioned, Deleted)]) -> Vec<(Stri
 
 fn scenario_json((p, d): &(Provisioned, Deleted)) -> Value {
     let peaks: Vec<f64> = d.window.procs_end.iter().map(|s| mib(s.hwm_kib)).collect();
-    json!({ "provisioning": p.json(), "deletion": d.json(), "peak_rss_mib_per_node": peaks })
+    let split: Vec<Value> = d
+        .sampled_peaks
+        .iter()
+        .map(|s| json!({ "rss_mib": mib(s.rss_kib), "anon_mib": mib(s.rss_anon_kib), "file_mib": mib(s.rss_file_kib) }))
+        .collect();
+    json!({ "provisioning": p.json(), "deletion": d.json(), "peak_rss_mib_per_node": peaks, "sampled_peak_per_node": split })
 }
 
 /// The goals table of a run that measures only some goals.
