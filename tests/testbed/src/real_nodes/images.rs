@@ -364,7 +364,7 @@ pub fn image_dir(repo: &Path) -> PathBuf {
 pub fn build_static_provisioner(repo: &Path) -> Result<PathBuf> {
     let target_dir = image_dir(repo);
     let context = build_context(repo)?;
-    let binary = static_build(repo, &context, "x86_64-unknown-linux-gnu", &target_dir, |_| {})
+    let binary = static_build(repo, &context, "x86_64-unknown-linux-gnu", "image", &target_dir, |_| {})
         .context("building the static provisioner")?;
     check_static(&binary, "x86-64")?;
     Ok(binary)
@@ -377,7 +377,7 @@ pub fn build_context(repo: &Path) -> Result<PathBuf> {
     crate::docker_context::sync_context(repo, &image_dir(repo).join("context"))
 }
 
-/// `bash hack/build-static.sh TARGET image TARGET_DIR` in `context`, without the caller's cargo
+/// `bash hack/build-static.sh TARGET PROFILE TARGET_DIR` in `context`, without the caller's cargo
 /// variables. Called from `cargo run` (make image) and from a test binary under `cargo test`,
 /// which export different CARGO_* variables; left in, they make cargo rebuild the top crates each
 /// time one caller follows the other. The context has no `.git`, so the commit comes from
@@ -386,6 +386,7 @@ fn static_build(
     repo: &Path,
     context: &Path,
     target: &str,
+    profile: &str,
     target_dir: &Path,
     cross: impl FnOnce(&mut Command),
 ) -> Result<PathBuf> {
@@ -407,7 +408,7 @@ fn static_build(
         build.env("HPP_GIT_COMMIT", commit);
     }
     cross(&mut build);
-    build.current_dir(context).arg("hack/build-static.sh").arg(target).arg("image").arg(target_dir);
+    build.current_dir(context).arg("hack/build-static.sh").arg(target).arg(profile).arg(target_dir);
     build.stderr(std::process::Stdio::inherit());
     let output = build.output().context("running hack/build-static.sh")?;
     if !output.status.success() {
@@ -468,7 +469,8 @@ fn on_path(tool: &str) -> bool {
 /// (fetched and cached by `hack/fetch-cross-rust.sh`: the only Rust >= 1.88 with an arm64 std
 /// reachable from here) driven by the installed cargo, `aarch64-unknown-linux-gnu` with
 /// `+crt-static` (glibc from libc6-dev-arm64-cross linked in), ring's C and the link by
-/// `aarch64-linux-gnu-gcc`. Its target dir is in the toolchain's cache, profile `image`.
+/// `aarch64-linux-gnu-gcc`. Its target dir is in the toolchain's cache; the Cargo profile is
+/// [`arm64_profile`].
 pub fn build_arm64_provisioner(repo: &Path) -> Result<PathBuf> {
     let missing = arm64_missing_tools();
     if !missing.is_empty() {
@@ -493,7 +495,7 @@ pub fn build_arm64_provisioner(repo: &Path) -> Result<PathBuf> {
         .context("hack/fetch-cross-rust.sh printed no rustc path")?;
     let env_target = ARM64_TARGET.replace('-', "_");
     let context = build_context(repo)?;
-    let binary = static_build(repo, &context, ARM64_TARGET, &target_dir, |build| {
+    let binary = static_build(repo, &context, ARM64_TARGET, &arm64_profile(), &target_dir, |build| {
         // sccache would cache by the wrapper script, not by the compiler behind it.
         build
             .env_remove("RUSTC_WRAPPER")
@@ -505,6 +507,15 @@ pub fn build_arm64_provisioner(repo: &Path) -> Result<PathBuf> {
     .context("cross-compiling the arm64 provisioner")?;
     check_static(&binary, "ARM aarch64")?;
     Ok(binary)
+}
+
+/// The Cargo profile of the arm64 build: `HPP_ARM64_PROFILE`, else `image` (as amd64's).
+/// `make test` sets `dev`: on an amd64 machine the arm64 binary only runs under qemu in one test
+/// (e2e_arm64), which needs code that compiles and runs on arm64, not optimized code; unoptimized,
+/// the cross build costs a cold `make test` on 2 cores about half as much CPU. The images users
+/// run come from the Dockerfile, with the `release` profile.
+pub fn arm64_profile() -> String {
+    std::env::var("HPP_ARM64_PROFILE").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "image".to_string())
 }
 
 /// The image the deploy manifests run, as `deploy/legacy` renders it: the DaemonSet's `image:`
