@@ -93,10 +93,19 @@ demo-operator: control-plane
 	$(CARGO) build -p hostpath-provisioner
 	$(CARGO) run -q -p testbed --bin demo_operator -- --provisioner target/debug/hostpath-provisioner
 
-# Speed and footprint figures (never asserted in tests).
+# Speed and footprint figures (never asserted in tests), of the binary users run: the
+# Dockerfile's (hack/build-static.sh, profile release, glibc linked in), built in a target dir of
+# its own. BENCH_PROVISIONER=PATH measures another binary instead, e.g. `make image`'s
+# (target/image/x86_64-unknown-linux-gnu/image/hostpath-provisioner).
+BENCH_BUILD_DIR ?= target/dockerfile-build
 bench: control-plane
-	$(CARGO) build --release -p hostpath-provisioner
-	$(CARGO) run --release -q -p testbed --bin bench -- --provisioner target/release/hostpath-provisioner $(BENCH_ARGS)
+	@provisioner="$${BENCH_PROVISIONER:-}"; \
+	if [ -z "$$provisioner" ]; then \
+	  echo "bench: building the Dockerfile's binary (hack/build-static.sh, release) in $(BENCH_BUILD_DIR)"; \
+	  provisioner="$$(bash hack/build-static.sh x86_64-unknown-linux-gnu release $(BENCH_BUILD_DIR))" || exit 1; \
+	fi; \
+	echo "bench: measuring $$provisioner"; \
+	$(CARGO) run --release -q -p testbed --bin bench -- --provisioner "$$provisioner" $(BENCH_ARGS)
 
 # The same scenarios run by ours and by the Go provisioner this project replaces, in turn, and
 # their ratios (docs/performance.md). The Go build comes from its source archive
@@ -104,13 +113,14 @@ bench: control-plane
 # ../../shared/go-legacy and /work/shared/go-legacy, as .ci/run does). BENCH_ARGS as for bench.
 GO_LEGACY_ARCHIVE_NAME := kubevirt-hostpath-provisioner-7c142255.tar.gz
 bench-vs-go: control-plane
-	$(CARGO) build --release -p hostpath-provisioner
-	@archive="$${HPP_GO_LEGACY_ARCHIVE:-}"; \
+	@provisioner="$${BENCH_PROVISIONER:-}"; \
+	[ -n "$$provisioner" ] || provisioner="$$(bash hack/build-static.sh x86_64-unknown-linux-gnu release $(BENCH_BUILD_DIR))" || exit 1; \
+	archive="$${HPP_GO_LEGACY_ARCHIVE:-}"; \
 	for dir in ../shared/go-legacy ../../shared/go-legacy /work/shared/go-legacy; do \
 	  [ -n "$$archive" ] || [ ! -f "$$dir/$(GO_LEGACY_ARCHIVE_NAME)" ] || archive="$$dir/$(GO_LEGACY_ARCHIVE_NAME)"; \
 	done; \
 	go="$$(HPP_GO_LEGACY_ARCHIVE="$$archive" bash hack/build-go-legacy.sh)" && \
-	$(CARGO) run --release -q -p testbed --bin bench -- --provisioner target/release/hostpath-provisioner \
+	$(CARGO) run --release -q -p testbed --bin bench -- --provisioner "$$provisioner" \
 	  --peer "$$go/kubevirt-legacy-provisioner" --out target/bench-vs-go.json $(BENCH_ARGS)
 
 fmt:

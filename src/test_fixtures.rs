@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use crate::deciding::identity::Identity;
+pub use crate::deciding::kept_volume::{KeptClaimRef, KeptMap};
 use crate::deciding::kept_volume::{KeptVolume, KeptVolumeFields, KeptVolumeSpec};
 use crate::deciding::layout::PoolPath;
 use crate::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy, PvCapacity};
@@ -137,14 +138,12 @@ pub struct PvBuilder(pub KeptVolume);
 /// no node until [`PvBuilder::owner_annotation`] or [`PvBuilder::hostname_affinity`] says so.
 pub fn pv(host_path: &str, phase: &str) -> PvBuilder {
     PvBuilder(KeptVolume::from(KeptVolumeFields {
-        metadata: ObjectMeta {
-            name: Some(format!("pvc-{UID}")),
-            annotations: Some(BTreeMap::from([
-                (crate::keys::PROVISIONED_BY.to_owned(), PROVISIONER.to_owned()),
-                (crate::keys::PROVISIONER_IDENTITY.to_owned(), PROVISIONER.to_owned()),
-            ])),
-            ..Default::default()
-        },
+        metadata: ObjectMeta { name: Some(format!("pvc-{UID}")), ..Default::default() },
+        labels: KeptMap::default(),
+        annotations: KeptMap::from([
+            (crate::keys::PROVISIONED_BY, PROVISIONER),
+            (crate::keys::PROVISIONER_IDENTITY, PROVISIONER),
+        ]),
         spec: Some(KeptVolumeSpec {
             persistent_volume_reclaim_policy: Some("Delete".into()),
             host_path: Some(HostPathVolumeSource { path: host_path.to_owned(), type_: None }),
@@ -157,11 +156,7 @@ pub fn pv(host_path: &str, phase: &str) -> PvBuilder {
 impl PvBuilder {
     /// `kubevirt.io/provisionOnNode`: the node that made it.
     pub fn owner_annotation(mut self, node: &str) -> Self {
-        self.0
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(crate::keys::PROVISION_ON_NODE.into(), node.into());
+        self.0.annotations.insert(crate::keys::PROVISION_ON_NODE, node);
         self
     }
     /// Required node affinity on `kubernetes.io/hostname`, as every PV of the Go build has.

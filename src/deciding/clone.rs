@@ -178,8 +178,7 @@ pub fn check_source(
             "source claim {name:?} is bound to PV {pv_name:?}, which is not visible yet"
         ));
     };
-    let annotations = pv.metadata.annotations.as_ref();
-    let ours = annotations.and_then(|a| a.get(keys::PROVISIONED_BY)).is_some_and(|p| *p == me.provisioner);
+    let ours = pv.annotations.get(keys::PROVISIONED_BY) == Some(me.provisioner.as_str());
     if !ours {
         return SourceVerdict::Refuse(CloneRefusal::NotOurs {
             source_claim: name.to_owned(),

@@ -89,9 +89,8 @@ pub fn trim_claim(claim: &mut PersistentVolumeClaim) {
 /// build, or shared or every-node: the volume reconciler decides on those), or one still unbound
 /// that names a claim (deciding::static_binding looks for such PVs before provisioning).
 pub fn keep_unlabelled_volume(pv: &KeptVolume, me: &Identity) -> bool {
-    let annotations = pv.metadata.annotations.as_ref();
-    let ours = annotations.and_then(|a| a.get(keys::PROVISIONED_BY)).is_some_and(|p| *p == me.provisioner)
-        || annotations.is_some_and(|a| a.contains_key(keys::PROVISIONER_IDENTITY));
+    let ours = pv.annotations.get(keys::PROVISIONED_BY) == Some(me.provisioner.as_str())
+        || pv.annotations.contains_key(keys::PROVISIONER_IDENTITY);
     let pre_bound = pv.spec.as_ref().is_some_and(|s| s.claim_ref.is_some())
         && pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound");
     ours || pre_bound
@@ -198,13 +197,13 @@ mod tests {
     fn unlabelled_volumes_are_kept_when_ours_or_waiting_for_their_claim() {
         let mut ours = pv("/var/hpvolumes/pvc-x", "Bound").build();
         ours.spec.as_mut().unwrap().claim_ref =
-            Some(k8s_openapi::api::core::v1::ObjectReference { name: Some("data".into()), ..Default::default() });
+            Some(crate::deciding::kept_volume::KeptClaimRef { name: Some("data".into()), ..Default::default() });
         assert!(keep_unlabelled_volume(&ours, &me()));
         let mut go_identity_only = ours.clone();
-        go_identity_only.metadata.annotations.as_mut().unwrap().remove(keys::PROVISIONED_BY);
+        go_identity_only.annotations.remove(keys::PROVISIONED_BY);
         assert!(keep_unlabelled_volume(&go_identity_only, &me()));
         let mut foreign = ours.clone();
-        foreign.metadata.annotations = Some(BTreeMap::from([(keys::PROVISIONED_BY.into(), "ebs.csi.aws.com".into())]));
+        foreign.annotations = KeptMap::from([(keys::PROVISIONED_BY, "ebs.csi.aws.com")]);
         assert!(!keep_unlabelled_volume(&foreign, &me()), "another provisioner's bound PV");
         let mut waiting = foreign.clone();
         waiting.status.as_mut().unwrap().phase = Some("Available".into());

@@ -46,25 +46,25 @@ pub fn pre_bound_volume<'a>(
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::api::core::v1::ObjectReference;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
-    use crate::deciding::kept_volume::{KeptVolumeFields, KeptVolumeSpec};
+    use crate::deciding::kept_volume::{KeptClaimRef, KeptVolumeFields, KeptVolumeSpec};
     use crate::test_fixtures::*;
 
     fn static_pv(size: &str, claim_ref: Option<(&str, &str, Option<&str>)>) -> KeptVolume {
         KeptVolume::from(KeptVolumeFields {
             metadata: ObjectMeta { name: Some("static".into()), ..Default::default() },
+            labels: Default::default(),
+            annotations: Default::default(),
             spec: Some(KeptVolumeSpec {
                 capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity(size.into()))]).into()),
                 access_modes: Some(vec!["ReadWriteOnce".into()]),
-                claim_ref: claim_ref.map(|(namespace, name, uid)| ObjectReference {
+                claim_ref: claim_ref.map(|(namespace, name, uid)| KeptClaimRef {
                     namespace: Some(namespace.into()),
                     name: Some(name.into()),
                     uid: uid.map(Into::into),
-                    ..Default::default()
                 }),
                 ..Default::default()
             }),

@@ -88,7 +88,7 @@ pub fn volume_shape(pv: &KeptVolume, pools: &[PoolPath]) -> VolumeShape {
     if owner_node(pv).is_some() {
         return VolumeShape::Node;
     }
-    match pv.metadata.labels.as_ref().and_then(|l| l.get(keys::TOPOLOGY_LABEL)).and_then(|t| Topology::parse(t)) {
+    match pv.labels.get(keys::TOPOLOGY_LABEL).and_then(Topology::parse) {
         Some(Topology::Shared) => return VolumeShape::Shared,
         Some(Topology::EveryNode) => return VolumeShape::EveryNode,
         Some(Topology::Node) | None => {}
@@ -181,7 +181,7 @@ pub fn pool_volume_bytes<'a>(
 /// The node that owns a PV: the `kubevirt.io/provisionOnNode` annotation, or for PVs lacking it
 /// (written before August 2019) the single value of its `kubernetes.io/hostname` node affinity.
 pub fn owner_node(pv: &KeptVolume) -> Option<&str> {
-    if let Some(node) = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISION_ON_NODE)) {
+    if let Some(node) = pv.annotations.get(keys::PROVISION_ON_NODE) {
         return Some(node);
     }
     let terms = &pv.spec.as_ref()?.node_affinity.as_ref()?.required.as_ref()?.node_selector_terms;
@@ -291,7 +291,7 @@ fn outside_my_pools(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], live: &[
 
 /// An every-node volume has a copy on each node: each node keeps its own in step with the PV.
 fn decide_every_node_volume(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], live: &[LiveNode]) -> VolumeDecision {
-    let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY));
+    let provisioned_by = pv.annotations.get(keys::PROVISIONED_BY);
     if provisioned_by != Some(&me.provisioner) {
         return VolumeDecision::Ignore(Ignore::NotOurs);
     }
@@ -349,7 +349,7 @@ pub fn is_protected(pv: &KeptVolume) -> bool {
 /// A PV of ours deleted by hand under the Retain policy while our finalizer holds it, once no
 /// claim uses it: the data stays, the PV may go.
 fn retained_but_protected(pv: &KeptVolume, me: &Identity) -> bool {
-    let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY));
+    let provisioned_by = pv.annotations.get(keys::PROVISIONED_BY);
     pv.metadata.deletion_timestamp.is_some()
         && is_protected(pv)
         && pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound")
@@ -375,7 +375,7 @@ fn not_to_delete(pv: &KeptVolume, me: &Identity) -> Option<Ignore> {
     if pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) != Some("Delete") {
         return Some(Ignore::NotDeletePolicy);
     }
-    let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY));
+    let provisioned_by = pv.annotations.get(keys::PROVISIONED_BY);
     if provisioned_by != Some(&me.provisioner) {
         return Some(Ignore::NotOurs);
     }
@@ -402,17 +402,15 @@ fn speak(key: &str, me: &Identity, live: &[LiveNode], decision: VolumeDecision) 
 
 /// The value of our node label on the PV.
 fn labelled_for(pv: &KeptVolume) -> Option<String> {
-    pv.metadata.labels.as_ref().and_then(|l| l.get(keys::NODE_LABEL)).cloned()
+    pv.labels.get(keys::NODE_LABEL).map(str::to_owned)
 }
 
 fn has_owner_annotation(pv: &KeptVolume) -> bool {
-    pv.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(keys::PROVISION_ON_NODE))
+    pv.annotations.contains_key(keys::PROVISION_ON_NODE)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
@@ -481,7 +479,7 @@ mod tests {
         pv.spec.as_mut().unwrap().host_path.as_mut().unwrap().path = path.into();
         pv.status.as_mut().unwrap().phase = Some(phase.into());
         if let Some(t) = topology {
-            pv.metadata.labels = Some(BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), t.to_owned())]));
+            pv.labels = KeptMap::from([(keys::TOPOLOGY_LABEL, t)]);
         }
         pv
     }
@@ -670,7 +668,7 @@ mod tests {
         assert_eq!(decide(&retain), VolumeDecision::Ignore(Ignore::NotDeletePolicy));
 
         let mut foreign = go_pv(&pv_dir(), Some(NODE), NODE);
-        foreign.metadata.annotations.as_mut().unwrap().insert(keys::PROVISIONED_BY.into(), "other".into());
+        foreign.annotations.insert(keys::PROVISIONED_BY, "other");
         assert_eq!(decide(&foreign), VolumeDecision::Ignore(Ignore::NotOurs));
 
         let mut deleting = go_pv(&pv_dir(), Some(NODE), NODE);
@@ -698,7 +696,7 @@ mod tests {
     fn an_owner_annotation_disagreeing_with_the_label_is_reported_by_the_labelled_node() {
         // Labelled for this node (so only this node sees it), annotated for another.
         let mut pv = go_pv(&pv_dir(), Some(OTHER_NODE), OTHER_NODE);
-        pv.metadata.labels = Some(BTreeMap::from([(keys::NODE_LABEL.to_owned(), NODE.to_owned())]));
+        pv.labels = KeptMap::from([(keys::NODE_LABEL, NODE)]);
         match decide(&pv) {
             VolumeDecision::Refuse(refusal @ DeleteRefusal::OwnerMismatch { .. }) => {
                 let text = refusal.to_string();
@@ -723,7 +721,7 @@ mod tests {
         pv.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into());
         assert_eq!(decide(&pv), VolumeDecision::DropProtection, "Retain: the data stays, the PV goes");
         let mut others = pv.clone();
-        others.metadata.annotations.as_mut().unwrap().insert(keys::PROVISION_ON_NODE.into(), OTHER_NODE.into());
+        others.annotations.insert(keys::PROVISION_ON_NODE, OTHER_NODE);
         assert!(matches!(decide(&others), VolumeDecision::Ignore(_)), "another node's PV: silent");
         // Without our finalizer a deleted PV is not ours to act on (the Go-compatible default).
         pv.metadata.finalizers = None;

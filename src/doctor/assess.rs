@@ -40,8 +40,7 @@ const CONTAINER_FILE_TYPE: &str = "container_file_t";
 /// pinned to this node (by annotation, or by hostname affinity for PVs older than it), on a shared
 /// pool, or every-node (a copy on each node).
 pub fn volume_here(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[PoolPath]) -> Option<AcceptedPath> {
-    let annotations = pv.metadata.annotations.as_ref();
-    if annotations.and_then(|a| a.get(keys::PROVISIONED_BY)) != Some(&me.provisioner) {
+    if pv.annotations.get(keys::PROVISIONED_BY) != Some(me.provisioner.as_str()) {
         return None;
     }
     if pv.metadata.deletion_timestamp.is_some() {
@@ -57,7 +56,7 @@ pub fn volume_here(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[P
     let accepted = layout::accept_delete_path(crate::deciding::volume::volume_path(pv)?, name, pools).ok()?;
     let mine = match volume_shape(pv, pools) {
         VolumeShape::Node => {
-            let by_annotation = annotations.is_some_and(|a| a.contains_key(keys::PROVISION_ON_NODE));
+            let by_annotation = pv.annotations.contains_key(keys::PROVISION_ON_NODE);
             owner_node(pv).is_some_and(|owner| owner == me.node || (!by_annotation && owner == my_hostname))
         }
         VolumeShape::Shared => pools.iter().any(|p| p.name == accepted.pool && p.shared),
@@ -256,8 +255,6 @@ pub fn exit_code(findings: &[Finding], api: &ApiCheck) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
@@ -301,10 +298,10 @@ mod tests {
     #[test]
     fn shared_and_every_node_pvs_are_here_on_every_node() {
         let mut shared = pv(&format!("/mnt/nfs/pvc-{UID}"), None);
-        shared.metadata.labels = Some(BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), "shared".to_owned())]));
+        shared.labels = crate::test_fixtures::KeptMap::from([(keys::TOPOLOGY_LABEL, "shared")]);
         assert_eq!(here(&shared).map(|h| h.0), Some("nfs".into()));
         let mut every = pv(&format!("/var/hpvolumes/pvc-{UID}"), None);
-        every.metadata.labels = Some(BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), "everyNode".to_owned())]));
+        every.labels = crate::test_fixtures::KeptMap::from([(keys::TOPOLOGY_LABEL, "everyNode")]);
         assert_eq!(here(&every).map(|h| h.0), Some("legacy".into()));
     }
 
@@ -320,7 +317,7 @@ mod tests {
         deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
         assert_eq!(here(&deleting), None);
         let mut foreign = pv(&path, Some(NODE));
-        foreign.metadata.annotations.as_mut().unwrap().insert(keys::PROVISIONED_BY.into(), "other.io/x".into());
+        foreign.annotations.insert(keys::PROVISIONED_BY, "other.io/x");
         assert_eq!(here(&foreign), None);
         assert_eq!(here(&pv(&format!("/srv/pvc-{UID}"), Some(NODE))), None);
         assert_eq!(here(&pv(&format!("/var/hpvolumes/pvc-{OTHER_UID}"), Some(NODE))), None, "another PV's layout");

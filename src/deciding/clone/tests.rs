@@ -1,13 +1,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, ObjectReference, PersistentVolumeClaimStatus, TypedLocalObjectReference, TypedObjectReference,
+    HostPathVolumeSource, PersistentVolumeClaimStatus, TypedLocalObjectReference, TypedObjectReference,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::*;
-use crate::deciding::kept_volume::{KeptVolume, KeptVolumeFields, KeptVolumeSpec};
+use crate::deciding::kept_volume::{KeptClaimRef, KeptMap, KeptVolume, KeptVolumeFields, KeptVolumeSpec};
 use crate::test_fixtures::{NODE, OTHER_NODE, PROVISIONER, claim, me};
 
 const SOURCE_UID: &str = "11111111-2222-3333-4444-555555555555";
@@ -40,16 +40,11 @@ fn bound_source() -> PersistentVolumeClaim {
 fn source_pv(node: &str) -> KeptVolume {
     let name = format!("pvc-{SOURCE_UID}");
     KeptVolume::from(KeptVolumeFields {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            annotations: Some(BTreeMap::from([
-                (keys::PROVISIONED_BY.to_owned(), PROVISIONER.to_owned()),
-                (keys::PROVISION_ON_NODE.to_owned(), node.to_owned()),
-            ])),
-            ..Default::default()
-        },
+        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+        labels: KeptMap::default(),
+        annotations: KeptMap::from([(keys::PROVISIONED_BY, PROVISIONER), (keys::PROVISION_ON_NODE, node)]),
         spec: Some(KeptVolumeSpec {
-            claim_ref: Some(ObjectReference { uid: Some(SOURCE_UID.into()), ..Default::default() }),
+            claim_ref: Some(KeptClaimRef { uid: Some(SOURCE_UID.into()), ..Default::default() }),
             host_path: Some(HostPathVolumeSource { path: format!("/var/hpvolumes/{name}"), type_: None }),
             capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity("1Gi".into()))]).into()),
             ..Default::default()
@@ -188,12 +183,7 @@ fn a_source_of_another_class_or_provisioner_or_pool_is_refused() {
     assert!(matches!(verdict, SourceVerdict::Refuse(CloneRefusal::OtherClass { .. })), "{verdict:?}");
 
     let mut foreign = source_pv(NODE);
-    foreign
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .insert(keys::PROVISIONED_BY.into(), "other.io/x".into());
+    foreign.annotations.insert(keys::PROVISIONED_BY, "other.io/x");
     let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&foreign), &me());
     assert!(matches!(verdict, SourceVerdict::Refuse(CloneRefusal::NotOurs { .. })), "{verdict:?}");
 
@@ -208,8 +198,8 @@ fn a_source_of_another_class_or_provisioner_or_pool_is_refused() {
 fn a_shared_source_can_be_copied_by_any_node() {
     let pool = PoolPath::shared("nfs", "/var/hpvolumes");
     let mut pv = source_pv(NODE);
-    pv.metadata.annotations.as_mut().expect("annotations").remove(keys::PROVISION_ON_NODE);
-    pv.metadata.labels = Some(BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), "shared".to_owned())]));
+    pv.annotations.remove(keys::PROVISION_ON_NODE);
+    pv.labels = KeptMap::from([(keys::TOPOLOGY_LABEL, "shared")]);
     let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&pv), &me());
     assert_eq!(verdict, SourceVerdict::Ready { dir_name: format!("pvc-{SOURCE_UID}") });
     assert_eq!(clone_actor(None, Placement::Pinned, &me()), CloneActor::Me);

@@ -140,10 +140,7 @@ pub fn may_release(pool_path: &str, node: Option<&str>, pvs: &[KeptVolume], prov
     let Ok(root) = layout::normalise(pool_path) else { return Release::HoldBack(Vec::new()) };
     let mut holding: Vec<String> = pvs
         .iter()
-        .filter(|pv| {
-            pv.metadata.annotations.as_ref().and_then(|a| a.get(keys::PROVISIONED_BY)).map(String::as_str)
-                == Some(provisioner)
-        })
+        .filter(|pv| pv.annotations.get(keys::PROVISIONED_BY) == Some(provisioner))
         .filter(|pv| {
             volume_path(pv).and_then(|p| layout::normalise(p).ok()).is_some_and(|p| p.starts_with(&root) && p != root)
         })

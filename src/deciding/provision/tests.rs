@@ -1,8 +1,6 @@
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, ObjectReference, PersistentVolumeClaim, PersistentVolumeClaimStatus,
-};
+use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
@@ -200,14 +198,14 @@ fn the_claims_own_pv_means_done_and_a_pv_of_its_name_bound_elsewhere_is_a_confli
     let pool = roomy();
     let (cfg, me) = (config(), me());
     let mut mine = pv("/var/hpvolumes/pvc-x", "Bound").build();
-    mine.spec.as_mut().expect("spec").claim_ref = Some(ObjectReference { uid: Some(UID.into()), ..Default::default() });
+    mine.spec.as_mut().expect("spec").claim_ref = Some(KeptClaimRef { uid: Some(UID.into()), ..Default::default() });
     let class = wffc();
     let mut f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&pool));
     f.existing_pv = Some(&mine);
     assert_eq!(plan_claim(&f), ClaimPlan::AlreadyProvisioned);
     let mut theirs = mine.clone();
     theirs.spec.as_mut().expect("spec").claim_ref =
-        Some(ObjectReference { uid: Some("other".into()), ..Default::default() });
+        Some(KeptClaimRef { uid: Some("other".into()), ..Default::default() });
     f.existing_pv = Some(&theirs);
     assert_eq!(
         plan_claim(&f),
@@ -317,16 +315,14 @@ fn bound_source() -> PersistentVolumeClaim {
 fn source_pv(node: &str) -> KeptVolume {
     let name = format!("pvc-{SOURCE_UID}");
     KeptVolume::from(KeptVolumeFields {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            annotations: Some(BTreeMap::from([
-                (crate::keys::PROVISIONED_BY.to_owned(), PROVISIONER.to_owned()),
-                (crate::keys::PROVISION_ON_NODE.to_owned(), node.to_owned()),
-            ])),
-            ..Default::default()
-        },
+        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+        labels: KeptMap::default(),
+        annotations: KeptMap::from([
+            (crate::keys::PROVISIONED_BY, PROVISIONER),
+            (crate::keys::PROVISION_ON_NODE, node),
+        ]),
         spec: Some(KeptVolumeSpec {
-            claim_ref: Some(ObjectReference { uid: Some(SOURCE_UID.into()), ..Default::default() }),
+            claim_ref: Some(KeptClaimRef { uid: Some(SOURCE_UID.into()), ..Default::default() }),
             host_path: Some(HostPathVolumeSource { path: format!("/var/hpvolumes/{name}"), type_: None }),
             ..Default::default()
         }),
