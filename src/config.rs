@@ -137,6 +137,10 @@ pub struct Args {
     /// Off unless set: delete the Released PV objects (reclaim Delete) of a node whose Node object has been gone this long, e.g. 24h (its data went with it; one node speaks for the cluster).
     #[arg(long, env = "REAP_VOLUMES_OF_REMOVED_NODES", default_value = "", value_name = "DURATION")]
     pub reap_volumes_of_removed_nodes: String,
+
+    /// Off unless set: release the bound claims of a node whose Node object has been gone this long, e.g. 1h: its PVs are set to Retain (the data stays for the node's return), then the claims are deleted so that their workloads' new claims are provisioned on other nodes. Needs the delete verb on claims (docs/operating.md).
+    #[arg(long, env = "RELEASE_CLAIMS_OF_REMOVED_NODES", default_value = "", value_name = "DURATION")]
+    pub release_claims_of_removed_nodes: String,
 }
 
 // Settings that may come from env vars are read as plain strings and checked in
@@ -292,6 +296,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How long a Node object must be gone before its Released PVs are deleted (off: `None`).
     pub reap_volumes_of_removed_nodes: Option<std::time::Duration>,
+    /// How long a Node object must be gone before the claims bound to its volumes are released
+    /// (off: `None`).
+    pub release_claims_of_removed_nodes: Option<std::time::Duration>,
 }
 
 impl Args {
@@ -449,26 +456,33 @@ impl Args {
             metrics_addr,
             health_addr,
             log_format,
-            reap_volumes_of_removed_nodes: parse_reap_grace(&self.reap_volumes_of_removed_nodes)?,
+            reap_volumes_of_removed_nodes: parse_grace(
+                "REAP_VOLUMES_OF_REMOVED_NODES",
+                &self.reap_volumes_of_removed_nodes,
+            )?,
+            release_claims_of_removed_nodes: parse_grace(
+                "RELEASE_CLAIMS_OF_REMOVED_NODES",
+                &self.release_claims_of_removed_nodes,
+            )?,
         })
     }
 }
 
-/// `REAP_VOLUMES_OF_REMOVED_NODES`: empty is off; else a positive duration written as `24h`, `90m`,
-/// `1h 30m` or ISO 8601 `PT24H` (jiff's parser, already in the build through k8s-openapi). How
-/// long is safe is the admin's call (docs/operating.md): a node re-created under the same name
-/// within it keeps its volumes.
-fn parse_reap_grace(value: &str) -> Result<Option<std::time::Duration>, ConfigError> {
+/// `REAP_VOLUMES_OF_REMOVED_NODES`, `RELEASE_CLAIMS_OF_REMOVED_NODES` (`name`): empty is off; else
+/// a positive duration written as `24h`, `90m`, `1h 30m` or ISO 8601 `PT24H` (jiff's parser,
+/// already in the build through k8s-openapi). How long is safe is the admin's call
+/// (docs/operating.md): a node re-created under the same name within it keeps its volumes.
+fn parse_grace(name: &'static str, value: &str) -> Result<Option<std::time::Duration>, ConfigError> {
     let value = value.trim();
     if value.is_empty() || value == "off" {
         return Ok(None);
     }
     let accepted = "a positive duration such as 24h, 90m or 1h 30m, or empty (off)";
     let duration: jiff::SignedDuration =
-        value.parse().map_err(|_| invalid("REAP_VOLUMES_OF_REMOVED_NODES", value, accepted))?;
+        value.parse().map_err(|_| invalid(name, value, accepted))?;
     match std::time::Duration::try_from(duration) {
         Ok(d) if !d.is_zero() => Ok(Some(d)),
-        _ => Err(invalid("REAP_VOLUMES_OF_REMOVED_NODES", value, accepted)),
+        _ => Err(invalid(name, value, accepted)),
     }
 }
 

@@ -39,6 +39,13 @@ pub mod reason {
     /// Warning, on a PV: deleted because its node's Node object was gone past
     /// `--reap-volumes-of-removed-nodes` (names the node).
     pub const REMOVED_NODE_VOLUME_DELETED: &str = "RemovedNodeVolumeDeleted";
+    /// Warning, on a PV and on its claim: the claim was deleted because the PV's node's Node
+    /// object was gone past `--release-claims-of-removed-nodes` (names the node; the PV was set
+    /// to Retain first, so the data stays on that node).
+    pub const REMOVED_NODE_CLAIM_RELEASED: &str = "RemovedNodeClaimReleased";
+    /// Warning, on a PV of a removed node: its claim could not be deleted (with the API
+    /// server's answer; a 403 names the missing RBAC rule). The PV is Retain already.
+    pub const REMOVED_NODE_CLAIM_NOT_RELEASED: &str = "RemovedNodeClaimNotReleased";
 }
 
 /// Whether and how soon to try again.

@@ -401,6 +401,8 @@ fn values_the_binary_refuses_at_start_are_refused_at_render_time_naming_the_valu
         ("config: {reapVolumesOfRemovedNodes: PT0S}", "\"PT0S\"", &[("REAP_VOLUMES_OF_REMOVED_NODES", "PT0S")]),
         ("config: {reapVolumesOfRemovedNodes: 30m1h}", "'30m1h'", &[("REAP_VOLUMES_OF_REMOVED_NODES", "30m1h")]),
         ("config: {reapVolumesOfRemovedNodes: 1d}", "'1d'", &[("REAP_VOLUMES_OF_REMOVED_NODES", "1d")]),
+        ("config: {releaseClaimsOfRemovedNodes: 0m}", "\"0m\"", &[("RELEASE_CLAIMS_OF_REMOVED_NODES", "0m")]),
+        ("config: {releaseClaimsOfRemovedNodes: 1d}", "'1d'", &[("RELEASE_CLAIMS_OF_REMOVED_NODES", "1d")]),
         ("config: {dirMode: \"77777\"}", "'77777'", &[("DIR_MODE", "77777")]),
         ("config: {provisionOnNode: Team_A}", "'Team_A'", &[("PROVISION_ON_NODE", "Team_A")]),
         ("config: {listenAddress: \"::\"}", "'::'", &[("METRICS_ADDR", ":::8080")]),
@@ -444,6 +446,28 @@ fn values_the_binary_refuses_at_start_are_refused_at_render_time_naming_the_valu
 
 /// What the chart renders, the binary starts with: the shipped values files, and the accepted
 /// spellings of the settings whose grammar the chart now checks.
+/// Deleting claims is a right the provisioner gets only with `config.releaseClaimsOfRemovedNodes`.
+#[test]
+fn the_provisioner_may_delete_claims_only_when_it_releases_those_of_removed_nodes() {
+    let claim_verbs = |values: &str| -> Vec<String> {
+        let objects = render(values, &[]);
+        let roles = of_kind(&objects, "ClusterRole");
+        let rules = roles.iter().flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default());
+        let claims: Vec<Value> =
+            rules.filter(|rule| rule["resources"].as_array().is_some_and(|r| r.contains(&"persistentvolumeclaims".into()))).collect();
+        assert_eq!(claims.len(), 1, "{values}: one rule for claims");
+        claims[0]["verbs"].as_array().expect("verbs").iter().map(|v| v.as_str().unwrap_or_default().to_owned()).collect()
+    };
+    for off in ["config: {}", "config: {releaseClaimsOfRemovedNodes: \"\"}", "config: {releaseClaimsOfRemovedNodes: \"off\"}"] {
+        assert!(!claim_verbs(off).contains(&"delete".to_owned()), "{off}");
+    }
+    let on = claim_verbs("config: {releaseClaimsOfRemovedNodes: 1h}");
+    assert!(on.contains(&"delete".to_owned()) && on.contains(&"watch".to_owned()), "{on:?}");
+    let objects = render("config: {releaseClaimsOfRemovedNodes: 1h}", &[]);
+    let env = rendered_env(&objects);
+    assert!(env.contains(&("RELEASE_CLAIMS_OF_REMOVED_NODES".to_owned(), "1h".to_owned())), "{env:?}");
+}
+
 #[test]
 fn every_environment_the_chart_renders_is_one_the_binary_starts_with() {
     let read = |path: &str| std::fs::read_to_string(repo().join(path)).expect("values");
@@ -451,6 +475,7 @@ fn every_environment_the_chart_renders_is_one_the_binary_starts_with() {
     for values in [
         "config: {reapVolumesOfRemovedNodes: 1h 30m}",
         "config: {reapVolumesOfRemovedNodes: PT24H}",
+        "config: {releaseClaimsOfRemovedNodes: 1h, reapVolumesOfRemovedNodes: 24h}",
         "config: {reapVolumesOfRemovedNodes: 1s 500ms, listenAddress: \"[::]\"}",
         "config: {logLevel: \"warn,hostpath_provisioner[reconcile{claim}]=TRACE,kube=0\"}",
         "config: {dirMode: \"0o7777\", provisionOnNode: \"team-a, team-b\"}",

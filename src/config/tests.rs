@@ -72,6 +72,20 @@ fn reaping_volumes_of_removed_nodes_is_off_unless_given_a_duration() {
 }
 
 #[test]
+fn releasing_claims_of_removed_nodes_is_off_unless_given_a_duration() {
+    let off = parse(&["--node-name", "n", "--pv-dir", "/p"]).unwrap();
+    assert_eq!(off.release_claims_of_removed_nodes, None);
+    let on = parse(&["--node-name", "n", "--pv-dir", "/p", "--release-claims-of-removed-nodes", "1h"]).unwrap();
+    assert_eq!(on.release_claims_of_removed_nodes, Some(std::time::Duration::from_secs(3_600)));
+    assert_eq!(on.reap_volumes_of_removed_nodes, None, "one does not turn on the other");
+    for bad in ["0s", "-1h", "24"] {
+        let flag = format!("--release-claims-of-removed-nodes={bad}");
+        let err = parse(&["--node-name", "n", "--pv-dir", "/p", &flag]).unwrap_err();
+        assert!(err.to_string().contains("RELEASE_CLAIMS_OF_REMOVED_NODES"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn naming_prefix_follows_the_go_rule() {
     for (value, want) in [("true", true), ("TRUE", true), ("True", true), ("1", false), ("yes", false), ("", false)] {
         let c = parse(&["--node-name", "n", "--pv-dir", "/p", "--use-naming-prefix", value]).unwrap();

@@ -50,6 +50,7 @@ pub const SUBCOMMAND: &str = "doctor";
     mut_arg("namespace", |a| a.hide(true)),
     mut_arg("peer_service", |a| a.hide(true)),
     mut_arg("reap_volumes_of_removed_nodes", |a| a.hide(true)),
+    mut_arg("release_claims_of_removed_nodes", |a| a.hide(true)),
     mut_arg("node_lease_seconds", |a| a.hide(true)),
     mut_arg("use_naming_prefix", |a| a.hide(true)),
     mut_arg("pv_capacity", |a| a.hide(true)),

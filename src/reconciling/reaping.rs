@@ -1,17 +1,18 @@
-//! `--reap-volumes-of-removed-nodes`: the node that speaks for the cluster looks, once per pass,
-//! for Released PVs of ours whose node's Node object is gone, and deletes those gone past the
-//! grace period (`deciding::reaping` decides). Off unless configured.
+//! `--reap-volumes-of-removed-nodes` and `--release-claims-of-removed-nodes`: the node that speaks
+//! for the cluster looks, once per pass, for PVs of ours whose node's Node object is gone; past
+//! the grace period it deletes the Released ones, and releases the claims of the Bound ones
+//! (`deciding::reaping` decides). Off unless configured.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolumeClaim};
 use kube::Resource;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 
 use crate::deciding::kept_volume::KeptVolume;
-use crate::deciding::reaping::{ReapFacts, owners_to_check, plan_reaping};
+use crate::deciding::reaping::{Graces, ReapFacts, Release, owners_to_check, plan_reaping};
 use crate::deciding::topology::{self, Acting};
 use crate::error::reason;
 use crate::keys;
@@ -24,13 +25,20 @@ const MAX_PASS_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Runs the passes for as long as the provisioner runs.
 pub async fn run(ctx: Arc<Context>) {
-    let Some(grace) = ctx.config.reap_volumes_of_removed_nodes else { return };
-    let interval = (grace / 4).clamp(Duration::from_secs(1), MAX_PASS_INTERVAL);
-    tracing::info!(grace = ?grace, "deleting the Released PVs of nodes gone for longer than the grace period");
+    let graces =
+        Graces { reap: ctx.config.reap_volumes_of_removed_nodes, release: ctx.config.release_claims_of_removed_nodes };
+    let Some(shortest) = [graces.reap, graces.release].into_iter().flatten().min() else { return };
+    let interval = (shortest / 4).clamp(Duration::from_secs(1), MAX_PASS_INTERVAL);
+    if let Some(grace) = graces.reap {
+        tracing::info!(grace = ?grace, "deleting the Released PVs of nodes gone for longer than the grace period");
+    }
+    if let Some(grace) = graces.release {
+        tracing::info!(grace = ?grace, "releasing the bound claims of nodes gone for longer than the grace period");
+    }
     let mut absent_since = BTreeMap::new();
     loop {
         tokio::time::sleep(interval).await;
-        match pass(&ctx, grace, &absent_since).await {
+        match pass(&ctx, graces, &absent_since).await {
             Ok(Some(next)) => absent_since = next,
             // Another node speaks for the cluster: its clock counts, ours starts again if it dies.
             Ok(None) => absent_since.clear(),
@@ -42,7 +50,7 @@ pub async fn run(ctx: Arc<Context>) {
 /// One pass; `None` when another node speaks for the cluster.
 async fn pass(
     ctx: &Context,
-    grace: Duration,
+    graces: Graces,
     absent_since: &BTreeMap<String, Instant>,
 ) -> Result<Option<BTreeMap<String, Instant>>, kube::Error> {
     let live = ctx.live_nodes().await?;
@@ -54,7 +62,7 @@ async fn pass(
     // One GET per owner of a Released PV (few), rather than a list of every Node: the
     // provisioner's RBAC has nodes `get` only.
     let mut existing = BTreeSet::new();
-    for owner in owners_to_check(&listed, &ctx.me.provisioner) {
+    for owner in owners_to_check(&listed, &ctx.me.provisioner, graces) {
         if Api::<Node>::all(ctx.client.clone()).get_metadata_opt(owner).await?.is_some() {
             existing.insert(owner.to_owned());
         }
@@ -64,18 +72,22 @@ async fn pass(
         nodes: &existing,
         absent_since,
         now: Instant::now(),
-        grace,
+        graces,
         provisioner: &ctx.me.provisioner,
     });
     for (node, left) in &plan.waiting {
-        tracing::debug!(%node, left = ?left, "a node with Released volumes is gone; waiting out the grace period");
+        tracing::debug!(%node, left = ?left, "a node with volumes is gone; waiting out the grace period");
+    }
+    for release in &plan.release {
+        release_claim(ctx, &pvs, release, graces.release.unwrap_or_default()).await?;
     }
     for reap in &plan.reap {
         let Some(pv) = listed.iter().find(|pv| pv.metadata.name.as_deref() == Some(&reap.pv)) else { continue };
         let note = format!(
             "deleted: node {} has had no Node object for longer than {:?} (--reap-volumes-of-removed-nodes); \
              the volume's data was on that node and went with it",
-            reap.node, grace
+            reap.node,
+            graces.reap.unwrap_or_default()
         );
         if !reap.already_deleted {
             let preconditions =
@@ -96,6 +108,78 @@ async fn pass(
         ctx.warn(&pv.object_ref(&()), reason::REMOVED_NODE_VOLUME_DELETED, "Delete", note).await;
     }
     Ok(Some(plan.absent_since))
+}
+
+/// Releases one claim from a gone node's PV: the PV to Retain first (a JSON patch that tests the
+/// resourceVersion the plan saw), then the claim deleted with its uid as precondition. A write
+/// refused because the object changed or went (409, 404, 422) leaves the rest to the next pass,
+/// which decides again on what it finds.
+async fn release_claim(
+    ctx: &Context,
+    pvs: &Api<KeptVolume>,
+    release: &Release,
+    grace: Duration,
+) -> Result<(), kube::Error> {
+    let pv_ref = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolume".into()),
+        name: Some(release.pv.clone()),
+        uid: Some(release.pv_uid.clone()),
+        ..Default::default()
+    };
+    let claim_ref = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: Some(release.claim_namespace.clone()),
+        name: Some(release.claim_name.clone()),
+        uid: Some(release.claim_uid.clone()),
+        ..Default::default()
+    };
+    let claim = format!("{}/{}", release.claim_namespace, release.claim_name);
+    if release.retain_first {
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            { "op": "test", "path": "/metadata/resourceVersion", "value": release.pv_resource_version },
+            { "op": "replace", "path": "/spec/persistentVolumeReclaimPolicy", "value": "Retain" },
+        ]))
+        .expect("a valid JSON patch");
+        match pvs.patch(&release.pv, &PatchParams::default(), &Patch::Json::<()>(patch)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 || e.code == 422 => return Ok(()),
+            Err(error) => return Err(error),
+        }
+        tracing::info!(pv = %release.pv, node = %release.node, %claim, "set the PV of a removed node to Retain before releasing its claim");
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &release.claim_namespace);
+    let preconditions = Preconditions { uid: Some(release.claim_uid.clone()), resource_version: None };
+    match claims.delete(&release.claim_name, &DeleteParams { preconditions: Some(preconditions), ..Default::default() }).await {
+        Ok(_) => {}
+        // Gone already, or a new claim of the same name: nothing of ours to release.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
+        Err(error) => {
+            let why = if matches!(&error, kube::Error::Api(e) if e.code == 403) {
+                " (the provisioner's ClusterRole needs `delete` on persistentvolumeclaims; docs/operating.md, \"Claims of removed nodes\")"
+            } else {
+                ""
+            };
+            let note = format!(
+                "claim {claim} not released: {error}{why}; PV {} is Retain, its data stays, and the next pass tries again",
+                release.pv
+            );
+            ctx.warn(&pv_ref, reason::REMOVED_NODE_CLAIM_NOT_RELEASED, "Release", note).await;
+            return Err(error);
+        }
+    }
+    let note = format!(
+        "claim {claim} released: node {} has had no Node object for longer than {grace:?} \
+         (--release-claims-of-removed-nodes); PV {} is Retain and its data stays on that node, \
+         for the node's return or an admin; a new claim of the workload is provisioned where its pod runs now",
+        release.node, release.pv
+    );
+    tracing::warn!(pv = %release.pv, node = %release.node, %claim, "released the claim of a removed node's volume");
+    ctx.metrics.released_claims.inc();
+    ctx.warn(&claim_ref, reason::REMOVED_NODE_CLAIM_RELEASED, "Release", note.clone()).await;
+    ctx.warn(&pv_ref, reason::REMOVED_NODE_CLAIM_RELEASED, "Release", note).await;
+    Ok(())
 }
 
 /// Removes our deletion-protection finalizer, which only the PV's (gone) owner would remove.

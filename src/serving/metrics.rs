@@ -214,6 +214,8 @@ pub struct Metrics {
     pub refused_paths: Counter,
     /// PV objects of removed nodes deleted (`--reap-volumes-of-removed-nodes`).
     pub reaped_volumes: Counter,
+    /// Claims released from removed nodes' PVs (`--release-claims-of-removed-nodes`).
+    pub released_claims: Counter,
     /// Pool size in bytes.
     pub pool_capacity_bytes: Family<PoolLabel, Gauge>,
     /// Pool free bytes (available to unprivileged users, as statvfs f_bavail).
@@ -286,6 +288,7 @@ impl Metrics {
         let delete_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 18));
         let refused_paths = Counter::default();
         let reaped_volumes = Counter::default();
+        let released_claims = Counter::default();
         let pool_capacity_bytes = Family::<PoolLabel, Gauge>::default();
         let pool_free_bytes = Family::<PoolLabel, Gauge>::default();
         let watch_restarts = Family::<WatchLabel, Counter>::default();
@@ -323,6 +326,11 @@ impl Metrics {
             "reaped_volumes",
             "Released PVs of nodes whose Node object was gone past --reap-volumes-of-removed-nodes, deleted",
             reaped_volumes.clone(),
+        );
+        registry.register(
+            "released_claims",
+            "Claims bound to PVs of nodes whose Node object was gone past --release-claims-of-removed-nodes, deleted after their PV was set to Retain",
+            released_claims.clone(),
         );
         registry.register(
             "pool_capacity_bytes",
@@ -394,6 +402,7 @@ impl Metrics {
             delete_seconds,
             refused_paths,
             reaped_volumes,
+            released_claims,
             pool_capacity_bytes,
             pool_free_bytes,
             pool_usable,
