@@ -478,8 +478,7 @@ fn parse_grace(name: &'static str, value: &str) -> Result<Option<std::time::Dura
         return Ok(None);
     }
     let accepted = "a positive duration such as 24h, 90m or 1h 30m, or empty (off)";
-    let duration: jiff::SignedDuration =
-        value.parse().map_err(|_| invalid(name, value, accepted))?;
+    let duration: jiff::SignedDuration = value.parse().map_err(|_| invalid(name, value, accepted))?;
     match std::time::Duration::try_from(duration) {
         Ok(d) if !d.is_zero() => Ok(Some(d)),
         _ => Err(invalid(name, value, accepted)),

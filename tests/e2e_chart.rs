@@ -453,12 +453,20 @@ fn the_provisioner_may_delete_claims_only_when_it_releases_those_of_removed_node
         let objects = render(values, &[]);
         let roles = of_kind(&objects, "ClusterRole");
         let rules = roles.iter().flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default());
-        let claims: Vec<Value> =
-            rules.filter(|rule| rule["resources"].as_array().is_some_and(|r| r.contains(&"persistentvolumeclaims".into()))).collect();
+        let claims: Vec<Value> = rules
+            .filter(|rule| rule["resources"].as_array().is_some_and(|r| r.contains(&"persistentvolumeclaims".into())))
+            .collect();
         assert_eq!(claims.len(), 1, "{values}: one rule for claims");
-        claims[0]["verbs"].as_array().expect("verbs").iter().map(|v| v.as_str().unwrap_or_default().to_owned()).collect()
+        claims[0]["verbs"]
+            .as_array()
+            .expect("verbs")
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_owned())
+            .collect()
     };
-    for off in ["config: {}", "config: {releaseClaimsOfRemovedNodes: \"\"}", "config: {releaseClaimsOfRemovedNodes: \"off\"}"] {
+    for off in
+        ["config: {}", "config: {releaseClaimsOfRemovedNodes: \"\"}", "config: {releaseClaimsOfRemovedNodes: \"off\"}"]
+    {
         assert!(!claim_verbs(off).contains(&"delete".to_owned()), "{off}");
     }
     let on = claim_verbs("config: {releaseClaimsOfRemovedNodes: 1h}");

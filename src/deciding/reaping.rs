@@ -188,7 +188,8 @@ fn candidate<'a>(pv: &'a KeptVolume, provisioner: &str, graces: Graces) -> Optio
         }
         Some("Bound") if graces.release.is_some() => {
             let claim = spec.claim_ref.as_ref()?;
-            let named = [&claim.namespace, &claim.name, &claim.uid].iter().all(|f| f.as_deref().is_some_and(|v| !v.is_empty()));
+            let named =
+                [&claim.namespace, &claim.name, &claim.uid].iter().all(|f| f.as_deref().is_some_and(|v| !v.is_empty()));
             (named && pv.metadata.deletion_timestamp.is_none()).then_some(Answer::Release)?
         }
         _ => return None,
@@ -201,7 +202,6 @@ mod tests {
     use super::*;
     use crate::test_fixtures::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
 
     const GONE: &str = "node-gone";
     const REAP_ONLY: Graces = Graces { reap: Some(Duration::from_secs(600)), release: None };
@@ -329,10 +329,17 @@ mod tests {
         assert_eq!(released, [("pvc-delete", true), ("pvc-retain", false)]);
         let first_release = &past.release[0];
         assert_eq!(
-            (first_release.claim_namespace.as_str(), first_release.claim_name.as_str(), first_release.claim_uid.as_str()),
+            (
+                first_release.claim_namespace.as_str(),
+                first_release.claim_name.as_str(),
+                first_release.claim_uid.as_str()
+            ),
             ("apps", "data-pvc-delete", "claim-uid-pvc-delete")
         );
-        assert_eq!((first_release.pv_uid.as_str(), first_release.pv_resource_version.as_str()), ("uid-pvc-delete", "7"));
+        assert_eq!(
+            (first_release.pv_uid.as_str(), first_release.pv_resource_version.as_str()),
+            ("uid-pvc-delete", "7")
+        );
         assert_eq!(first_release.node, GONE);
         assert!(past.reap.is_empty(), "the Released PV waits for its own, longer grace");
         assert_eq!(past.waiting.get(GONE), Some(&Duration::from_secs(540)));
@@ -459,7 +466,10 @@ mod tests {
             if let (Some(back), Some(pass)) = (node_back_first, first_pass)
                 && back < pass
             {
-                assert!(claim_deleted_under.is_empty() && world.policy == "Delete", "{sequence:?}: the node came back first");
+                assert!(
+                    claim_deleted_under.is_empty() && world.policy == "Delete",
+                    "{sequence:?}: the node came back first"
+                );
             }
         }
         assert!(orders > 1_000, "{orders}");

@@ -151,7 +151,10 @@ async fn release_claim(
     }
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &release.claim_namespace);
     let preconditions = Preconditions { uid: Some(release.claim_uid.clone()), resource_version: None };
-    match claims.delete(&release.claim_name, &DeleteParams { preconditions: Some(preconditions), ..Default::default() }).await {
+    match claims
+        .delete(&release.claim_name, &DeleteParams { preconditions: Some(preconditions), ..Default::default() })
+        .await
+    {
         Ok(_) => {}
         // Gone already, or a new claim of the same name: nothing of ours to release.
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
