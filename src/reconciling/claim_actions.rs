@@ -93,3 +93,16 @@ pub fn claim_key(claim: &PersistentVolumeClaim) -> String {
 pub fn claim_ref(claim: &PersistentVolumeClaim) -> ObjectReference {
     claim.object_ref(&())
 }
+
+/// The same reference for a claim known by namespace, name and uid only (a claim this node
+/// does not keep, or one it is about to delete).
+pub fn claim_ref_of(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: Some(namespace.to_owned()),
+        name: Some(name.to_owned()),
+        uid: Some(uid.to_owned()),
+        ..Default::default()
+    }
+}

@@ -16,6 +16,7 @@ use crate::deciding::reaping::{Graces, ReapFacts, Release, owners_to_check, plan
 use crate::deciding::topology::{self, Acting};
 use crate::error::reason;
 use crate::keys;
+use crate::reconciling::claim_actions::claim_ref_of;
 use crate::reconciling::context::Context;
 
 /// The key the cluster-wide ranking picks the speaking node by.
@@ -127,14 +128,7 @@ async fn release_claim(
         uid: Some(release.pv_uid.clone()),
         ..Default::default()
     };
-    let claim_ref = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("PersistentVolumeClaim".into()),
-        namespace: Some(release.claim_namespace.clone()),
-        name: Some(release.claim_name.clone()),
-        uid: Some(release.claim_uid.clone()),
-        ..Default::default()
-    };
+    let claim_ref = claim_ref_of(&release.claim_namespace, &release.claim_name, &release.claim_uid);
     let claim = format!("{}/{}", release.claim_namespace, release.claim_name);
     if release.retain_first {
         let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([

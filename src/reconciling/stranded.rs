@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::deciding::waiting::{Look, RECHECK, WaitingClaim, look};
 use crate::error::reason;
-use crate::reconciling::claim_actions::explain_once_about;
+use crate::reconciling::claim_actions::{claim_ref_of, explain_once_about};
 use crate::reconciling::context::Context;
 
 /// How often the record is scanned for claims due for a look.
@@ -86,13 +85,6 @@ async fn explain(ctx: &Context, claim: &WaitingClaim) {
          provisioner DaemonSet runs there (taints it does not tolerate, its nodeSelector) and that the node name is right",
         claim.node
     );
-    let regarding = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("PersistentVolumeClaim".into()),
-        namespace: Some(claim.namespace.to_string()),
-        name: Some(claim.name.to_string()),
-        uid: Some(claim.uid.to_string()),
-        ..Default::default()
-    };
+    let regarding = claim_ref_of(&claim.namespace, &claim.name, &claim.uid);
     explain_once_about(ctx, regarding, "no-provisioner-on-node", reason::NO_PROVISIONER_ON_NODE, note).await;
 }
