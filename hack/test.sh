@@ -42,8 +42,13 @@ cpu() {
   (
     "$@"
     status=$?
-    times | tail -1 | awk -v step="$step" '{ split($1, u, /[ms]/); split($2, s, /[ms]/);
+    # Into a file, not a pipe: a pipeline's side is a new process, whose children's times start
+    # at zero.
+    times_file="$LOGS/cpu.$BASHPID"
+    times >"$times_file"
+    tail -1 "$times_file" | awk -v step="$step" '{ split($1, u, /[ms]/); split($2, s, /[ms]/);
       printf "%-34s %6.0f s\n", step, u[1] * 60 + u[2] + s[1] * 60 + s[2] }' >>"$LOGS/cpu.txt"
+    rm -f "$times_file"
     exit "$status"
   )
 }
