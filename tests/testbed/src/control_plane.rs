@@ -749,6 +749,9 @@ impl Layout<'_> {
                 "endpointslice-controller",
             ]);
             controllers.extend(["deployment-controller", "replicaset-controller"]); // the operator's pool mounters
+            // A StatefulSet that comes back on another node when its node leaves, with a new
+            // claim the controller makes for its pending pod.
+            controllers.push("statefulset-controller");
         }
         let controllers: Vec<&str> = if self.minor >= 28 {
             controllers
