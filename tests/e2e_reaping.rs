@@ -16,14 +16,20 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams};
 use testbed::fixtures;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_released_volumes_of_a_removed_node_are_deleted_after_the_grace_period_and_retained_ones_kept() {
-    let mut env = TestEnv::start("reap", 0).await;
+/// Two nodes of a provisioner name of the test's own, each with `variable` set to 3 s.
+async fn two_nodes_with(test: &str, variable: &str) -> TestEnv {
+    let mut env = TestEnv::start(test, 0).await;
     env.own_provisioner();
     for i in 1..=2 {
         let name = format!("{}-{i}", env.group);
-        env.add_node(&name, &|spec| spec.env("REAP_VOLUMES_OF_REMOVED_NODES", "3s")).await;
+        env.add_node(&name, &|spec| spec.env(variable, "3s")).await;
     }
+    env
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_released_volumes_of_a_removed_node_are_deleted_after_the_grace_period_and_retained_ones_kept() {
+    let mut env = two_nodes_with("reap", "REAP_VOLUMES_OF_REMOVED_NODES").await;
     let removed = env.nodes[1].name.clone();
     let delete = env.class("imm", |c| c.immediate()).await;
     let retain = env.class("keep", |c| c.immediate().reclaim_policy("Retain")).await;
@@ -60,12 +66,7 @@ async fn the_released_volumes_of_a_removed_node_are_deleted_after_the_grace_peri
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_bound_claims_of_a_removed_node_are_released_their_volumes_kept_and_a_returning_node_keeps_its_data() {
-    let mut env = TestEnv::start("release", 0).await;
-    env.own_provisioner();
-    for i in 1..=2 {
-        let name = format!("{}-{i}", env.group);
-        env.add_node(&name, &|spec| spec.env("RELEASE_CLAIMS_OF_REMOVED_NODES", "3s")).await;
-    }
+    let mut env = two_nodes_with("release", "RELEASE_CLAIMS_OF_REMOVED_NODES").await;
     let (live, removed) = (env.nodes[0].name.clone(), env.nodes[1].name.clone());
     let class = env.class("imm", |c| c.immediate()).await;
     let claim = env.create_claim(fixtures::claim(&env.ns, "data", &class, "1Mi").provision_on_node(&removed)).await;
