@@ -3,9 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeStatus, TypedLocalObjectReference, VolumeNodeAffinity,
-    VolumeResourceRequirements,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, TypedLocalObjectReference, VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -13,7 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use crate::deciding::identity::Identity;
 pub use crate::deciding::kept_volume::{KeptClaimRef, KeptMap};
-use crate::deciding::kept_volume::{KeptVolume, KeptVolumeFields, KeptVolumeSpec};
+use crate::deciding::kept_volume::{
+    KeptDirectory, KeptNodeAffinity, KeptNodeSelector, KeptNodeSelectorRequirement, KeptNodeSelectorTerm, KeptVolume,
+    KeptVolumeFields, KeptVolumeSpec, KeptVolumeStatus,
+};
 use crate::deciding::layout::PoolPath;
 use crate::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy, PvCapacity};
 
@@ -146,10 +147,10 @@ pub fn pv(host_path: &str, phase: &str) -> PvBuilder {
         ]),
         spec: Some(KeptVolumeSpec {
             persistent_volume_reclaim_policy: Some("Delete".into()),
-            host_path: Some(HostPathVolumeSource { path: host_path.to_owned(), type_: None }),
+            host_path: Some(KeptDirectory { path: host_path.to_owned() }),
             ..Default::default()
         }),
-        status: Some(PersistentVolumeStatus { phase: Some(phase.into()), ..Default::default() }),
+        status: Some(KeptVolumeStatus { phase: Some(phase.into()) }),
     }))
 }
 
@@ -161,16 +162,15 @@ impl PvBuilder {
     }
     /// Required node affinity on `kubernetes.io/hostname`, as every PV of the Go build has.
     pub fn hostname_affinity(mut self, hostname: &str) -> Self {
-        self.0.spec.get_or_insert_with(Default::default).node_affinity = Some(VolumeNodeAffinity {
-            required: Some(NodeSelector {
-                node_selector_terms: vec![NodeSelectorTerm {
-                    match_expressions: Some(vec![NodeSelectorRequirement {
+        self.0.spec.get_or_insert_with(Default::default).node_affinity = Some(KeptNodeAffinity {
+            required: Some(KeptNodeSelector {
+                node_selector_terms: Box::new([KeptNodeSelectorTerm {
+                    match_expressions: Some(Box::new([KeptNodeSelectorRequirement {
                         key: crate::keys::HOSTNAME_LABEL.into(),
                         operator: "In".into(),
-                        values: Some(vec![hostname.into()]),
-                    }]),
-                    match_fields: None,
-                }],
+                        values: Some(Box::new([hostname.into()])),
+                    }])),
+                }]),
             }),
         });
         self

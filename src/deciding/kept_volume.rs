@@ -21,12 +21,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, LocalVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeSpec,
-    PersistentVolumeStatus, VolumeNodeAffinity,
+    HostPathVolumeSource, LocalVolumeSource, NodeSelectorRequirement, ObjectReference, PersistentVolume,
+    PersistentVolumeSpec, PersistentVolumeStatus, VolumeNodeAffinity,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::Deserialize;
+
+use crate::deciding::interning::{Word, Words, intern, optional_word, optional_words, word};
 
 /// A PersistentVolume as far as the decisions read it: its fields, read through `Deref`
 /// (`pv.metadata`, `pv.labels`, `pv.annotations`, `pv.spec`, `pv.status`), held once however
@@ -46,13 +48,14 @@ pub struct KeptVolumeFields {
     /// `metadata.annotations`.
     pub annotations: KeptMap,
     pub spec: Option<KeptVolumeSpec>,
-    pub status: Option<PersistentVolumeStatus>,
+    pub status: Option<KeptVolumeStatus>,
 }
 
-/// Labels or annotations of a kept volume: the entries in one allocation, sorted by key, where
+/// Labels or annotations of a kept volume: the entries in one allocation, sorted by key, each key
+/// and value shared with every other volume that carries it (deciding::interning), where
 /// `ObjectMeta`'s B-tree map takes a 544-byte node before the first entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KeptMap(Box<[(Box<str>, Box<str>)]>);
+pub struct KeptMap(Box<[(Arc<str>, Arc<str>)]>);
 
 impl KeptMap {
     /// The value under `key`, as `BTreeMap::get` answers.
@@ -84,9 +87,13 @@ impl KeptMap {
     }
 
     fn from_entries<K: AsRef<str>, V: AsRef<str>>(entries: impl IntoIterator<Item = (K, V)>) -> Self {
-        let mut entries: Vec<(Box<str>, Box<str>)> =
-            entries.into_iter().map(|(k, v)| (Box::from(k.as_ref()), Box::from(v.as_ref()))).collect();
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        KeptMap::sorted(entries.into_iter().map(|(k, v)| (intern(k.as_ref()), intern(v.as_ref()))).collect())
+    }
+
+    /// The map of `entries`, the last of a repeated key winning as in a decoded JSON object.
+    fn sorted(mut entries: Vec<(Arc<str>, Arc<str>)>) -> Self {
+        entries.reverse();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries.dedup_by(|later, earlier| later.0 == earlier.0);
         KeptMap(entries.into_boxed_slice())
     }
@@ -114,13 +121,11 @@ impl<'de> Deserialize<'de> for KeptMap {
                 f.write_str("a map of strings")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<KeptMap, A::Error> {
-                let mut entries: Vec<(Box<str>, Box<str>)> = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                while let Some((key, value)) = map.next_entry::<Box<str>, Box<str>>()? {
-                    entries.push((key, value));
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some((key, value)) = map.next_entry::<Word, Word>()? {
+                    entries.push((key.0, value.0));
                 }
-                entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                entries.dedup_by(|later, earlier| later.0 == earlier.0);
-                Ok(KeptMap(entries.into_boxed_slice()))
+                Ok(KeptMap::sorted(entries))
             }
         }
         deserializer.deserialize_option(OptionalMap(Entries))
@@ -146,8 +151,9 @@ impl<'de, V: serde::de::Visitor<'de, Value = KeptMap>> serde::de::Visitor<'de> f
     }
 }
 
-/// The metadata of a PV as it is decoded: `ObjectMeta`'s fields a node keeps, with labels and
-/// annotations as [`KeptMap`]s. managedFields and the rest are skipped by the decoder.
+/// The metadata of a PV as it is decoded: the `ObjectMeta` fields a decision or the watch cache
+/// reads, with labels and annotations as [`KeptMap`]s. managedFields, owner references, times
+/// other than the deletion's and the rest are skipped by the decoder.
 #[derive(Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 struct WireMetadata {
@@ -155,12 +161,8 @@ struct WireMetadata {
     namespace: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
-    generation: Option<i64>,
-    creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
-    deletion_grace_period_seconds: Option<i64>,
     finalizers: Option<Vec<String>>,
-    owner_references: Option<Vec<OwnerReference>>,
     labels: KeptMap,
     annotations: KeptMap,
 }
@@ -170,7 +172,7 @@ struct WireVolume {
     #[serde(default)]
     metadata: WireMetadata,
     spec: Option<KeptVolumeSpec>,
-    status: Option<PersistentVolumeStatus>,
+    status: Option<KeptVolumeStatus>,
 }
 
 impl WireMetadata {
@@ -181,12 +183,12 @@ impl WireMetadata {
             namespace: self.namespace,
             uid: self.uid,
             resource_version: self.resource_version,
-            generation: self.generation,
-            creation_timestamp: self.creation_timestamp,
             deletion_timestamp: self.deletion_timestamp,
-            deletion_grace_period_seconds: self.deletion_grace_period_seconds,
-            finalizers: self.finalizers,
-            owner_references: self.owner_references,
+            // A decoded list grows to four entries for its first: kept at its length.
+            finalizers: self.finalizers.map(|mut f| {
+                f.shrink_to_fit();
+                f
+            }),
             ..Default::default()
         };
         (metadata, self.labels, self.annotations)
@@ -200,12 +202,8 @@ impl From<ObjectMeta> for WireMetadata {
             namespace: meta.namespace,
             uid: meta.uid,
             resource_version: meta.resource_version,
-            generation: meta.generation,
-            creation_timestamp: meta.creation_timestamp,
             deletion_timestamp: meta.deletion_timestamp,
-            deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
             finalizers: meta.finalizers,
-            owner_references: meta.owner_references,
             labels: meta.labels.map(KeptMap::from).unwrap_or_default(),
             annotations: meta.annotations.map(KeptMap::from).unwrap_or_default(),
         }
@@ -247,20 +245,104 @@ impl<'de> Deserialize<'de> for KeptVolume {
     }
 }
 
-/// The fields of `PersistentVolumeSpec` the decisions read, named as there.
+/// The fields of `PersistentVolumeSpec` the decisions read, named as there. The words a node's
+/// volumes repeat (class, reclaim policy, volume mode) are shared (deciding::interning).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KeptVolumeSpec {
-    pub access_modes: Option<Vec<String>>,
     pub capacity: Option<KeptCapacity>,
     pub claim_ref: Option<KeptClaimRef>,
-    pub host_path: Option<HostPathVolumeSource>,
-    pub local: Option<LocalVolumeSource>,
-    pub mount_options: Option<Vec<String>>,
-    pub node_affinity: Option<VolumeNodeAffinity>,
-    pub persistent_volume_reclaim_policy: Option<String>,
-    pub storage_class_name: Option<String>,
-    pub volume_mode: Option<String>,
+    pub host_path: Option<KeptDirectory>,
+    pub local: Option<KeptDirectory>,
+    pub node_affinity: Option<KeptNodeAffinity>,
+    #[serde(default, deserialize_with = "optional_word")]
+    pub persistent_volume_reclaim_policy: Option<Arc<str>>,
+    #[serde(default, deserialize_with = "optional_word")]
+    pub storage_class_name: Option<Arc<str>>,
+    #[serde(default, deserialize_with = "optional_word")]
+    pub volume_mode: Option<Arc<str>>,
+}
+
+/// `spec.hostPath` or `spec.local` as far as it is read: the directory. The hostPath's type and
+/// the local volume's fsType are the kubelet's to read, not a node's decisions.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct KeptDirectory {
+    pub path: String,
+}
+
+impl From<HostPathVolumeSource> for KeptDirectory {
+    fn from(source: HostPathVolumeSource) -> Self {
+        KeptDirectory { path: source.path }
+    }
+}
+
+impl From<LocalVolumeSource> for KeptDirectory {
+    fn from(source: LocalVolumeSource) -> Self {
+        KeptDirectory { path: source.path }
+    }
+}
+
+/// `spec.nodeAffinity`, named as there, each list in an allocation of its length and each word
+/// shared. `matchFields` is not kept: no decision reads it.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct KeptNodeAffinity {
+    pub required: Option<KeptNodeSelector>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeptNodeSelector {
+    pub node_selector_terms: Box<[KeptNodeSelectorTerm]>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeptNodeSelectorTerm {
+    pub match_expressions: Option<Box<[KeptNodeSelectorRequirement]>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct KeptNodeSelectorRequirement {
+    #[serde(deserialize_with = "word")]
+    pub key: Arc<str>,
+    #[serde(deserialize_with = "word")]
+    pub operator: Arc<str>,
+    #[serde(default, deserialize_with = "optional_words")]
+    pub values: Option<Words>,
+}
+
+impl From<VolumeNodeAffinity> for KeptNodeAffinity {
+    fn from(affinity: VolumeNodeAffinity) -> Self {
+        let requirement = |r: NodeSelectorRequirement| KeptNodeSelectorRequirement {
+            key: intern(&r.key),
+            operator: intern(&r.operator),
+            values: r.values.map(|values| values.iter().map(|v| intern(v)).collect()),
+        };
+        KeptNodeAffinity {
+            required: affinity.required.map(|selector| KeptNodeSelector {
+                node_selector_terms: selector
+                    .node_selector_terms
+                    .into_iter()
+                    .map(|term| KeptNodeSelectorTerm {
+                        match_expressions: term.match_expressions.map(|e| e.into_iter().map(requirement).collect()),
+                    })
+                    .collect(),
+            }),
+        }
+    }
+}
+
+/// `status` as far as it is read: the phase.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct KeptVolumeStatus {
+    #[serde(default, deserialize_with = "optional_word")]
+    pub phase: Option<Arc<str>>,
+}
+
+impl From<PersistentVolumeStatus> for KeptVolumeStatus {
+    fn from(status: PersistentVolumeStatus) -> Self {
+        KeptVolumeStatus { phase: status.phase.as_deref().map(intern) }
+    }
 }
 
 /// `spec.claimRef` as far as it is read: which claim, by namespace, name and uid. Its kind, API
@@ -328,24 +410,28 @@ impl k8s_openapi::Metadata for KeptVolume {
 impl From<PersistentVolume> for KeptVolume {
     fn from(pv: PersistentVolume) -> Self {
         let (metadata, labels, annotations) = WireMetadata::from(pv.metadata).into_parts();
-        KeptVolumeFields { metadata, labels, annotations, spec: pv.spec.map(KeptVolumeSpec::from), status: pv.status }
-            .into()
+        KeptVolumeFields {
+            metadata,
+            labels,
+            annotations,
+            spec: pv.spec.map(KeptVolumeSpec::from),
+            status: pv.status.map(KeptVolumeStatus::from),
+        }
+        .into()
     }
 }
 
 impl From<PersistentVolumeSpec> for KeptVolumeSpec {
     fn from(spec: PersistentVolumeSpec) -> Self {
         KeptVolumeSpec {
-            access_modes: spec.access_modes,
             capacity: spec.capacity.map(KeptCapacity::from),
             claim_ref: spec.claim_ref.map(KeptClaimRef::from),
-            host_path: spec.host_path,
-            local: spec.local,
-            mount_options: spec.mount_options,
-            node_affinity: spec.node_affinity,
-            persistent_volume_reclaim_policy: spec.persistent_volume_reclaim_policy,
-            storage_class_name: spec.storage_class_name,
-            volume_mode: spec.volume_mode,
+            host_path: spec.host_path.map(KeptDirectory::from),
+            local: spec.local.map(KeptDirectory::from),
+            node_affinity: spec.node_affinity.map(KeptNodeAffinity::from),
+            persistent_volume_reclaim_policy: spec.persistent_volume_reclaim_policy.as_deref().map(intern),
+            storage_class_name: spec.storage_class_name.as_deref().map(intern),
+            volume_mode: spec.volume_mode.as_deref().map(intern),
         }
     }
 }
@@ -384,7 +470,14 @@ mod tests {
         assert_eq!(spec.claim_ref.as_ref().unwrap().uid.as_deref(), Some("c-1"));
         assert_eq!(spec.capacity.as_ref().unwrap().get("storage").unwrap().0, "1Gi");
         assert_eq!(spec.capacity.as_ref().unwrap().get("cpu"), None);
-        assert_eq!(spec.mount_options.as_deref(), Some(&["noatime".to_string()][..]));
+        assert_eq!(spec.volume_mode.as_deref(), Some("Filesystem"));
+        assert_eq!(spec.storage_class_name.as_deref(), Some("hpp"));
+        assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Delete"));
+        let terms = &spec.node_affinity.as_ref().unwrap().required.as_ref().unwrap().node_selector_terms;
+        let [term] = &terms[..] else { panic!("one term: {terms:?}") };
+        let [expr] = term.match_expressions.as_deref().unwrap() else { panic!("one expression: {term:?}") };
+        assert_eq!((&*expr.key, &*expr.operator), ("kubernetes.io/hostname", "In"));
+        assert_eq!(expr.values.as_deref().unwrap(), [Arc::from("n1")]);
         assert_eq!(kept.status.as_ref().unwrap().phase.as_deref(), Some("Bound"));
         assert_eq!(kept.metadata.finalizers.as_deref().unwrap(), ["kubernetes.io/pv-protection"]);
         assert_eq!(kept.labels.get("hostpath-provisioner.kubevirt.io/node"), Some("n1"));
@@ -392,6 +485,40 @@ mod tests {
         assert_eq!(kept.annotations.get("pv.kubernetes.io/bound-by-controller"), None);
         assert_eq!(spec.claim_ref.as_ref().unwrap().name.as_deref(), Some("data"));
         assert_eq!(spec.claim_ref.as_ref().unwrap().namespace.as_deref(), Some("ns"));
+    }
+
+    #[test]
+    fn volumes_share_the_words_they_repeat_and_keep_lists_at_their_length() {
+        let one: KeptVolume = serde_json::from_str(PV_JSON).unwrap();
+        let two: KeptVolume = serde_json::from_str(&PV_JSON.replace("pvc-1", "pvc-2")).unwrap();
+        assert_ne!(one.metadata.name, two.metadata.name);
+        let (a, b) = (one.spec.as_ref().unwrap(), two.spec.as_ref().unwrap());
+        let same = |x: &Option<Arc<str>>, y: &Option<Arc<str>>| Arc::ptr_eq(x.as_ref().unwrap(), y.as_ref().unwrap());
+        assert!(same(&a.storage_class_name, &b.storage_class_name));
+        assert!(same(&a.persistent_volume_reclaim_policy, &b.persistent_volume_reclaim_policy));
+        assert!(same(&a.volume_mode, &b.volume_mode));
+        assert!(same(&one.status.as_ref().unwrap().phase, &two.status.as_ref().unwrap().phase));
+        let expression = |spec: &KeptVolumeSpec| {
+            spec.node_affinity.as_ref().unwrap().required.as_ref().unwrap().node_selector_terms[0]
+                .match_expressions
+                .as_ref()
+                .unwrap()[0]
+                .clone()
+        };
+        let (x, y) = (expression(a), expression(b));
+        assert!(Arc::ptr_eq(&x.key, &y.key) && Arc::ptr_eq(&x.operator, &y.operator));
+        assert!(Arc::ptr_eq(&x.values.as_ref().unwrap()[0], &y.values.as_ref().unwrap()[0]));
+        let (label, other) = (one.labels.0[0].clone(), two.labels.0[0].clone());
+        assert!(Arc::ptr_eq(&label.0, &other.0) && Arc::ptr_eq(&label.1, &other.1));
+        // serde grows a list to four entries for its first; a kept one has its length.
+        assert_eq!(one.metadata.finalizers.as_ref().unwrap().capacity(), 1);
+    }
+
+    #[test]
+    fn a_repeated_key_keeps_its_last_value_as_a_decoded_map_would() {
+        let kept: KeptVolume =
+            serde_json::from_str(r#"{"metadata": {"labels": {"a": "1", "b": "2", "a": "3"}}}"#).unwrap();
+        assert_eq!(kept.labels.iter().collect::<Vec<_>>(), [("a", "3"), ("b", "2")]);
     }
 
     #[test]

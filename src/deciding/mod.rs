@@ -7,6 +7,7 @@ pub mod class;
 pub mod clone;
 pub mod deletion;
 pub mod identity;
+pub mod interning;
 pub mod kept_volume;
 pub mod layout;
 pub mod liveness;

@@ -60,7 +60,6 @@ mod tests {
             annotations: Default::default(),
             spec: Some(KeptVolumeSpec {
                 capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity(size.into()))]).into()),
-                access_modes: Some(vec!["ReadWriteOnce".into()]),
                 claim_ref: claim_ref.map(|(namespace, name, uid)| KeptClaimRef {
                     namespace: Some(namespace.into()),
                     name: Some(name.into()),

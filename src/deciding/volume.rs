@@ -185,13 +185,13 @@ pub fn owner_node(pv: &KeptVolume) -> Option<&str> {
         return Some(node);
     }
     let terms = &pv.spec.as_ref()?.node_affinity.as_ref()?.required.as_ref()?.node_selector_terms;
-    let [term] = terms.as_slice() else { return None };
+    let [term] = &terms[..] else { return None };
     let [expr] = term.match_expressions.as_deref()? else { return None };
-    if expr.key != keys::HOSTNAME_LABEL || expr.operator != "In" {
+    if &*expr.key != keys::HOSTNAME_LABEL || &*expr.operator != "In" {
         return None;
     }
     match expr.values.as_deref()? {
-        [value] => Some(value),
+        [value] => Some(&**value),
         _ => None,
     }
 }

@@ -392,7 +392,7 @@ pub fn error_policy(pv: Arc<KeptVolume>, error: &VolumeError, ctx: Arc<Context>)
 
 /// The label the sig-storage library puts on its deletion metrics: the PV's `storageClassName`.
 fn library_labels(pv: &KeptVolume) -> VolumeClass {
-    VolumeClass { class: pv.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default() }
+    VolumeClass { class: pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()).unwrap_or_default().to_owned() }
 }
 
 fn pv_ref(pv: &KeptVolume) -> ObjectReference {

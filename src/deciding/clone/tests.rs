@@ -1,13 +1,13 @@
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, PersistentVolumeClaimStatus, TypedLocalObjectReference, TypedObjectReference,
-};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, TypedLocalObjectReference, TypedObjectReference};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::*;
-use crate::deciding::kept_volume::{KeptClaimRef, KeptMap, KeptVolume, KeptVolumeFields, KeptVolumeSpec};
+use crate::deciding::kept_volume::{
+    KeptClaimRef, KeptDirectory, KeptMap, KeptVolume, KeptVolumeFields, KeptVolumeSpec,
+};
 use crate::test_fixtures::{NODE, OTHER_NODE, PROVISIONER, claim, me};
 
 const SOURCE_UID: &str = "11111111-2222-3333-4444-555555555555";
@@ -45,7 +45,7 @@ fn source_pv(node: &str) -> KeptVolume {
         annotations: KeptMap::from([(keys::PROVISIONED_BY, PROVISIONER), (keys::PROVISION_ON_NODE, node)]),
         spec: Some(KeptVolumeSpec {
             claim_ref: Some(KeptClaimRef { uid: Some(SOURCE_UID.into()), ..Default::default() }),
-            host_path: Some(HostPathVolumeSource { path: format!("/var/hpvolumes/{name}"), type_: None }),
+            host_path: Some(KeptDirectory { path: format!("/var/hpvolumes/{name}") }),
             capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity("1Gi".into()))]).into()),
             ..Default::default()
         }),

@@ -1,11 +1,11 @@
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimStatus};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
 use crate::deciding::capacity::CapacityAccounting;
-use crate::deciding::kept_volume::{KeptVolume, KeptVolumeFields, KeptVolumeSpec};
+use crate::deciding::kept_volume::{KeptDirectory, KeptVolume, KeptVolumeFields, KeptVolumeSpec};
 use crate::deciding::layout::PoolPath;
 use crate::deciding::quota::{FsKind, ProjectQuotaState};
 use crate::deciding::refusal::CloneRefusal;
@@ -323,7 +323,7 @@ fn source_pv(node: &str) -> KeptVolume {
         ]),
         spec: Some(KeptVolumeSpec {
             claim_ref: Some(KeptClaimRef { uid: Some(SOURCE_UID.into()), ..Default::default() }),
-            host_path: Some(HostPathVolumeSource { path: format!("/var/hpvolumes/{name}"), type_: None }),
+            host_path: Some(KeptDirectory { path: format!("/var/hpvolumes/{name}") }),
             ..Default::default()
         }),
         status: None,
