@@ -25,7 +25,11 @@ esac
 
 cd "$(dirname "$0")/.."
 # --target keeps +crt-static off build scripts and proc macros, which must stay dynamic.
-RUSTFLAGS="-C target-feature=+crt-static" "${CARGO:-cargo}" build --locked -p hostpath-provisioner \
+flags="-C target-feature=+crt-static"
+# Profiles that abort on panic (Cargo.toml) need no unwinding tables: the binary is stripped, so
+# they would not even name a frame. `dev` unwinds and keeps them.
+[ "$profile" = dev ] || flags="$flags -C force-unwind-tables=no"
+RUSTFLAGS="$flags" "${CARGO:-cargo}" build --locked -p hostpath-provisioner \
   --profile "$profile" --target "$target" --target-dir "$target_dir" >&2
 # Cargo names the `dev` profile's directory `debug`; every other profile by its own name.
 [ "$profile" = dev ] && profile=debug

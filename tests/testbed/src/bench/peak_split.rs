@@ -48,17 +48,31 @@ impl PeakSampler {
     }
 }
 
-/// "X MiB: Y heap and stacks + Z mapped from the binary" for the largest of `peaks`.
+/// "X MiB: Y heap and stacks + Z mapped from the binary" for the largest of `peaks`, and the
+/// bound on any machine: how much of the binary a kernel maps around each fault varies (this
+/// part moved by MiBs between machines), the heap does not, and no kernel maps more of it than
+/// its whole mappings.
 pub fn split_line(peaks: &[ProcSample]) -> String {
     match peaks.iter().max_by_key(|s| s.rss_kib) {
         Some(peak) if peak.rss_kib > 0 => format!(
-            "largest sampled peak {:.1} MiB = {:.1} heap and stacks (RssAnon) + {:.1} mapped from the binary (RssFile)",
+            "largest sampled peak {:.1} MiB = {:.1} heap and stacks (RssAnon) + {:.1} mapped from the binary \
+             (RssFile); with all of the binary resident ({:.1} MiB mapped): {:.1} MiB",
             mib(peak.rss_kib),
             mib(peak.rss_anon_kib),
-            mib(peak.rss_file_kib)
+            mib(peak.rss_file_kib),
+            mib(peak.binary_mapped_kib),
+            mib(worst_case_kib(peaks))
         ),
         _ => "no sample".to_string(),
     }
+}
+
+/// The largest heap of `peaks` plus the largest mapping of the binary: the peak no kernel can
+/// exceed with the same heap.
+pub fn worst_case_kib(peaks: &[ProcSample]) -> u64 {
+    let heap = peaks.iter().map(|s| s.rss_anon_kib).max().unwrap_or(0);
+    let binary = peaks.iter().map(|s| s.binary_mapped_kib.max(s.rss_file_kib)).max().unwrap_or(0);
+    heap + binary
 }
 
 #[cfg(test)]
@@ -78,5 +92,7 @@ mod tests {
         assert!(peak.rss_file_kib > 0, "{peak:?}");
         assert!(peak.rss_kib >= peak.rss_anon_kib, "{peak:?}");
         assert!(split_line(&peaks).contains("heap and stacks"));
+        assert!(peak.binary_mapped_kib >= peak.rss_file_kib / 2, "the test binary is mapped: {peak:?}");
+        assert!(worst_case_kib(&peaks) >= peak.rss_anon_kib + peak.binary_mapped_kib, "{peak:?}");
     }
 }

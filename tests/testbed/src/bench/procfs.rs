@@ -15,6 +15,10 @@ pub struct ProcSample {
     /// (the binary's code and libraries; RssFile), KiB.
     pub rss_anon_kib: u64,
     pub rss_file_kib: u64,
+    /// The size of the process's mappings of its own executable, KiB: what `rss_file_kib` of a
+    /// static binary reaches when every page of it is resident, whatever the machine's kernel
+    /// maps around a fault (fault-around, large folios, huge pages for text).
+    pub binary_mapped_kib: u64,
 }
 
 pub fn sample(pid: u32) -> Result<ProcSample> {
@@ -43,7 +47,33 @@ pub fn sample(pid: u32) -> Result<ProcSample> {
         cpu_secs: (ticks(11) + ticks(12)) / per_second,
         rss_anon_kib: kib("RssAnon:"),
         rss_file_kib: kib("RssFile:"),
+        binary_mapped_kib: binary_mapped_kib(pid).unwrap_or(0),
     })
+}
+
+/// The size of `pid`'s mappings of its executable (/proc/<pid>/maps lines naming
+/// /proc/<pid>/exe's target), KiB.
+fn binary_mapped_kib(pid: u32) -> Result<u64> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("reading /proc/{pid}/exe"))?;
+    let maps =
+        std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("reading /proc/{pid}/maps"))?;
+    Ok(mapped_kib_of(&maps, &exe.to_string_lossy()))
+}
+
+/// The summed size of the lines of a maps file whose path is `path`, KiB.
+fn mapped_kib_of(maps: &str, path: &str) -> u64 {
+    maps.lines()
+        .filter_map(|line| {
+            // address perms offset dev inode path: the path is the sixth field and may hold spaces.
+            let mut fields = line.splitn(6, ' ');
+            let range = fields.next()?;
+            let named = fields.nth(4)?.trim_start();
+            (named == path).then_some(())?;
+            let (start, end) = range.split_once('-')?;
+            let size = u64::from_str_radix(end, 16).ok()?.checked_sub(u64::from_str_radix(start, 16).ok()?)?;
+            Some(size / 1024)
+        })
+        .sum()
 }
 
 /// Resets the peak (VmHWM) of a process to its RSS now (`5` to /proc/<pid>/clear_refs, Linux
@@ -76,6 +106,18 @@ pub fn mib(kib: u64) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_binary_s_mappings_are_summed_and_nothing_else() {
+        let maps = "\
+5555a000-5555b000 r--p 00000000 fd:00 42                         /usr/bin/hpp dir/x
+5555b000-5555e000 r-xp 00001000 fd:00 42                         /usr/bin/hpp dir/x
+5555e000-5555f000 rw-p 00000000 00:00 0                          [heap]
+7ffd0000-7ffd2000 rw-p 00000000 00:00 0                          [stack]
+7f000000-7f001000 r--p 00000000 fd:00 43                         /usr/bin/hpp dir/x (deleted)
+7f001000-7f002000 rw-p 00000000 00:00 0 ";
+        assert_eq!(super::mapped_kib_of(maps, "/usr/bin/hpp dir/x"), 16);
+    }
+
     #[test]
     fn reads_this_process() {
         let s = super::sample(std::process::id()).unwrap();

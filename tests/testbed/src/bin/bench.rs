@@ -610,17 +610,32 @@ fn burst_peak_goal(args: &Args, results: &[(Provisioned, Deleted)]) -> Vec<(Stri
     let worst = d.window.procs_end.iter().map(|s| s.hwm_kib).max().unwrap_or(0);
     let met = if mib(worst) < BURST_PEAK_GOAL_MIB { "yes" } else { "NO" };
     let same_load = args.nodes == 10 && args.claims >= 1000;
-    vec![(
-        format!("c: peak RSS per node < {BURST_PEAK_GOAL_MIB:.0} MiB, 1000 claims over 10 nodes"),
-        format!(
-            "max / mean {} MiB ({} claims, {} nodes; provisioning and deletion); {}",
-            peak_line(&d.window.procs_end),
-            p.sent.len(),
-            args.nodes,
-            peak_split::split_line(&d.sampled_peaks)
+    vec![
+        (
+            format!("c: peak RSS per node < {BURST_PEAK_GOAL_MIB:.0} MiB, 1000 claims over 10 nodes"),
+            format!(
+                "max / mean {} MiB ({} claims, {} nodes; provisioning and deletion); {}",
+                peak_line(&d.window.procs_end),
+                p.sent.len(),
+                args.nodes,
+                peak_split::split_line(&d.sampled_peaks)
+            ),
+            if same_load { met.to_string() } else { format!("{met} (other load)") },
         ),
-        if same_load { met.to_string() } else { format!("{met} (other load)") },
-    )]
+        {
+            // The part of the peak that differs between machines is the binary's pages a kernel maps
+            // around each fault; with all of them resident, no kernel can map more.
+            let bound = peak_split::worst_case_kib(&d.sampled_peaks);
+            let met = if mib(bound) < BURST_PEAK_GOAL_MIB { "yes" } else { "NO" };
+            (
+                format!(
+                    "c: the same peak with all of the binary resident < {BURST_PEAK_GOAL_MIB:.0} MiB (any machine)"
+                ),
+                format!("{:.1} MiB (the largest heap and stacks + the binary's mappings)", mib(bound)),
+                if same_load { met.to_string() } else { format!("{met} (other load)") },
+            )
+        },
+    ]
 }
 
 fn scenario_json((p, d): &(Provisioned, Deleted)) -> Value {
@@ -628,7 +643,12 @@ fn scenario_json((p, d): &(Provisioned, Deleted)) -> Value {
     let split: Vec<Value> = d
         .sampled_peaks
         .iter()
-        .map(|s| json!({ "rss_mib": mib(s.rss_kib), "anon_mib": mib(s.rss_anon_kib), "file_mib": mib(s.rss_file_kib) }))
+        .map(|s| {
+            json!({
+                "rss_mib": mib(s.rss_kib), "anon_mib": mib(s.rss_anon_kib), "file_mib": mib(s.rss_file_kib),
+                "binary_mapped_mib": mib(s.binary_mapped_kib),
+            })
+        })
         .collect();
     json!({ "provisioning": p.json(), "deletion": d.json(), "peak_rss_mib_per_node": peaks, "sampled_peak_per_node": split })
 }
