@@ -443,6 +443,7 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     wait_log(&second, "holding the operator Lease").await;
 
     pools_on_a_claim_are_mounted_per_node_and_held_back_by_volumes(&env, &name).await;
+    a_kubevirt_operators_pool_claim_is_adopted_and_held_by_its_csi_volumes(&env, &name).await;
 
     // The legacy form: PV_DIR and the naming prefix, no named pools.
     let patch = json!({"spec": {"storagePools": null, "pathConfig": {"path": "/srv/hp", "useNamingPrefix": true}}});
@@ -672,6 +673,90 @@ async fn pools_on_a_claim_are_mounted_per_node_and_held_back_by_volumes(env: &Te
         node_container(d).0.get("STORAGE_POOLS").map(String::as_str) == Some("local=/var/hpvolumes")
     })
     .await;
+    let patch = json!({"spec": {"workload": null}});
+    resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("placement back");
+    for node in &nodes {
+        nodes_api.delete(node, &Default::default()).await.expect("remove the test node");
+    }
+}
+
+/// A shared pool claim the kubevirt operator made (`hpp-pool-<pool>-shared`, its labels, not
+/// ours) is the claim this operator uses for that pool: adopted, not doubled. A PV of the
+/// kubevirt CSI driver in that pool holds it when the pool is removed, as our own PVs do.
+async fn a_kubevirt_operators_pool_claim_is_adopted_and_held_by_its_csi_volumes(env: &TestEnv, name: &str) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+    let nodes_api: Api<Node> = Api::all(env.client.clone());
+    let nodes = [format!("{}-k1", env.group), format!("{}-k2", env.group)];
+    for node in &nodes {
+        let mut object = testbed::fixtures::node(node, node);
+        object.metadata.labels.get_or_insert_default().insert("hpp-e2e".into(), env.group.clone());
+        nodes_api.create(&PostParams::default(), &object).await.expect("create a node");
+    }
+    let template = json!({"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "nfs"});
+    // As the kubevirt operator made it (storagepool.go: name, labels, the template as spec).
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+    let theirs: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "hpp-pool-shared-shared", "labels": {
+            "kubevirt.io.hostpath-provisioner/storagePool": "shared-hpp",
+            "app.kubernetes.io/component": "storage",
+        }},
+        "spec": template,
+    }))
+    .expect("claim");
+    let made = claims.create(&PostParams::default(), &theirs).await.expect("the kubevirt operator's claim");
+    let csi_pv = format!("{}-csi", env.group);
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": csi_pv},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "hostpath-csi",
+                 "csi": {"driver": "kubevirt.io.hostpath-provisioner", "volumeHandle": csi_pv,
+                         "volumeAttributes": {"storagePool": "shared"}}},
+    }))
+    .expect("pv");
+    env.pvs().create(&PostParams::default(), &pv).await.expect("a CSI PV of the pool");
+
+    let patch = json!({"spec": {
+        "workload": {"nodeSelector": {"hpp-e2e": env.group}},
+        "storagePools": [{"name": "local", "path": "/var/hpvolumes"},
+                         {"name": "shared", "path": "/mnt/shared", "pvcTemplate": template}],
+    }});
+    resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("the shared pool");
+    let adopted = testbed::wait_for("the kubevirt claim adopted", WAIT, || async {
+        let claim = claims.get("hpp-pool-shared-shared").await?;
+        let labelled =
+            claim.metadata.labels.as_ref().and_then(|l| l.get("hostpathprovisioner.kubevirt.io/pool")).is_some();
+        Ok::<_, kube::Error>(labelled.then_some(claim))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(adopted.metadata.uid, made.metadata.uid, "the same claim, not a new one");
+    let of_pool =
+        claims.list(&kube::api::ListParams::default().labels("hostpathprovisioner.kubevirt.io/pool=shared")).await;
+    assert_eq!(of_pool.expect("list").items.len(), 1, "one shared claim");
+    let mounters: Api<Deployment> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+    for node in &nodes {
+        let mounter = wait_present(&mounters, &format!("hpp-pool-shared-{node}"), true).await;
+        let pod = mounter.spec.and_then(|s| s.template.spec).expect("mounter pod");
+        let volumes = serde_json::to_value(&pod.volumes).expect("volumes");
+        assert_eq!(volumes[0]["persistentVolumeClaim"]["claimName"], "hpp-pool-shared-shared");
+    }
+
+    // The pool removed: the CSI volume holds the claim and names itself; gone, it frees it.
+    let patch = json!({"spec": {"storagePools": [{"name": "local", "path": "/var/hpvolumes"}]}});
+    resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("remove the pool");
+    let held = wait_resource(env, name, "Degraded PoolHeldBack by the CSI PV", |r| {
+        condition(r, "Degraded").is_some_and(|c| {
+            c["reason"] == "PoolHeldBack" && c["message"].as_str().is_some_and(|m| m.contains(&csi_pv))
+        })
+    })
+    .await;
+    let message = condition(&held, "Degraded").expect("Degraded")["message"].to_string();
+    assert!(claims.get_opt("hpp-pool-shared-shared").await.expect("read").is_some(), "held: {message}");
+    env.pvs().delete(&csi_pv, &Default::default()).await.expect("delete the CSI PV");
+    wait_present(&claims, "hpp-pool-shared-shared", false).await;
+    for node in &nodes {
+        wait_present(&mounters, &format!("hpp-pool-shared-{node}"), false).await;
+    }
     let patch = json!({"spec": {"workload": null}});
     resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("placement back");
     for node in &nodes {

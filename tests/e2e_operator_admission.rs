@@ -226,7 +226,12 @@ fn shipped_pods(env: &TestEnv) -> Vec<ShippedPod> {
     };
     pods.push(ShippedPod {
         what: "a pool mounter the operator makes",
-        pod: template(&objects.mounter("node-1", "hpp-pool-local-node-1", &rendered.placement.tolerations)),
+        pod: template(&objects.mounter(
+            "hpp-pool-local-node-1",
+            "node-1",
+            "hpp-pool-local-node-1",
+            &rendered.placement.tolerations,
+        )),
         namespace: CHART_NAMESPACE.into(),
         level: "privileged",
         scc: Some(made("SecurityContextConstraints", "kubevirt-hostpath-provisioner-pool-mounter")),

@@ -4,13 +4,13 @@
 //! claim away under live volumes): the operator removes them itself, under the hold-back rule.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
 use super::error::OperatorError;
 use crate::deciding::kept_volume::KeptVolume;
-use crate::deciding::operator::pool_claims::{NODE_ANNOTATION, PATH_ANNOTATION, POOL_LABEL, PoolObjects};
+use crate::deciding::operator::pool_claims::{CsiVolume, NODE_ANNOTATION, PATH_ANNOTATION, POOL_LABEL, PoolObjects};
 use crate::deciding::operator::pool_plan::{self, Existing, Kind};
 use crate::deciding::operator::render::{NodePlacement, OWNER_LABEL, PoolOnClaim};
 use crate::deciding::operator::resource::ClaimStatus;
@@ -45,6 +45,7 @@ pub struct Found {
     mounters: Vec<Deployment>,
     nodes: Vec<Node>,
     pvs: Vec<KeptVolume>,
+    csi_pvs: Vec<CsiVolume>,
 }
 
 /// Reads the resource's pool claims and mounters, and when there are any (or `pools` is not
@@ -66,12 +67,21 @@ pub async fn read(target: &Target<'_>, any_pools: bool) -> Result<Found, Operato
         .await
         .map_err(|e| OperatorError::api("list the nodes for the pool claims", e))?
         .items;
-    let pvs = Api::<KeptVolume>::all(target.client.clone())
+    // Whole PVs: the kubevirt CSI driver's keep their pool in `spec.csi`, which the kept form
+    // of a volume leaves out. The operator holds them for this pass only.
+    let listed = Api::<PersistentVolume>::all(target.client.clone())
         .list(&ListParams::default())
         .await
         .map_err(|e| OperatorError::api("list the PersistentVolumes that may hold a pool back", e))?
         .items;
-    Ok(Found { claims, mounters, nodes, pvs })
+    let csi_pvs = listed.iter().filter_map(CsiVolume::of).collect();
+    // A PV that cannot be read stops the pass: a claim is never released past a volume unseen.
+    let pvs = listed
+        .into_iter()
+        .map(|pv| serde_json::to_value(pv).and_then(serde_json::from_value::<KeptVolume>))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| OperatorError::Config(format!("read a PersistentVolume that may hold a pool back: {e}")))?;
+    Ok(Found { claims, mounters, nodes, pvs, csi_pvs })
 }
 
 fn claims_api(target: &Target<'_>) -> Api<PersistentVolumeClaim> {
@@ -93,7 +103,7 @@ fn plan(target: &Target<'_>, found: &Found, pools: &[PoolOnClaim], placement: &N
         path: "",
         image_pull_secrets: target.image_pull_secrets,
     };
-    pool_plan::plan(pools, placement, &found.nodes, &existing, &found.pvs, &objects)
+    pool_plan::plan(pools, placement, &found.nodes, &existing, &found.pvs, &found.csi_pvs, &objects)
 }
 
 /// The pools (name, path) held back against `pools`: the DaemonSet keeps serving them.

@@ -15,26 +15,32 @@ use crate::deciding::layout;
 use crate::deciding::volume::{owner_node, volume_path};
 use crate::keys;
 
-/// The claim of `pool` for `node` (None: the shared claim), `hpp-pool-<pool>-<node>` or
-/// `hpp-pool-<pool>`, as the kubevirt operator names them so that its users find them. A name
-/// longer than a claim name may be keeps its start and ends with a hash of the whole.
+/// The claim of `pool` for `node` (None: the shared claim), named exactly as the kubevirt
+/// operator names it, so that a cluster coming from it finds its claims adopted rather than
+/// doubled: `hpp-pool-<pool>-<node>` or `hpp-pool-<pool>-shared`; a name over 63 characters
+/// becomes `hpp-pool-` and the FNV-1a hash of the whole name (its `getResourceNameWithMaxLength`
+/// with base `hpp-pool`, which always drops the whole suffix at that length). A claim of ours
+/// made under another name by an earlier release keeps its name ([`super::pool_plan`]).
 pub fn claim_name(pool: &str, node: Option<&str>) -> String {
     let full = match node {
         Some(node) => format!("hpp-pool-{pool}-{node}"),
-        None => format!("hpp-pool-{pool}"),
+        None => format!("hpp-pool-{pool}-shared"),
     };
-    if full.len() <= layout_limits::CLAIM_NAME {
+    if full.len() <= KUBEVIRT_MAX_NAME {
         return full;
     }
-    let digest = Sha256::digest(full.as_bytes());
-    let hash: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
-    let keep = layout_limits::CLAIM_NAME - hash.len() - 1;
-    format!("{}-{hash}", full[..keep].trim_end_matches(['-', '.']))
+    format!("hpp-pool-{:08x}", fnv1a_32(full.as_bytes()))
 }
 
-mod layout_limits {
-    /// A claim's name is a DNS subdomain.
-    pub const CLAIM_NAME: usize = 253;
+/// The kubevirt operator keeps its pool objects' names within a DNS label.
+const KUBEVIRT_MAX_NAME: usize = 63;
+
+/// 32-bit FNV-1a, the hash the kubevirt operator shortens names with (Go's `hash/fnv`
+/// `New32a`). Eight lines, so no crate: the `fnv` crate offers the 64-bit variant only.
+fn fnv1a_32(bytes: &[u8]) -> u32 {
+    const OFFSET_BASIS: u32 = 0x811c_9dc5;
+    const PRIME: u32 = 0x0100_0193;
+    bytes.iter().fold(OFFSET_BASIS, |hash, byte| (hash ^ u32::from(*byte)).wrapping_mul(PRIME))
 }
 
 /// Whether a template gives one claim shared by every node (ReadWriteMany).
@@ -155,6 +161,30 @@ pub fn may_release(pool_path: &str, node: Option<&str>, pvs: &[KeptVolume], prov
     if holding.is_empty() { Release::Release } else { Release::HoldBack(holding) }
 }
 
+/// The kubevirt CSI driver's name: its PVs (`spec.csi`) carry the pool in their attributes.
+pub const KUBEVIRT_CSI_DRIVER: &str = "kubevirt.io.hostpath-provisioner";
+
+/// A PV of the kubevirt CSI driver: its data lives in that driver's directory of a pool, which
+/// on a claim the kubevirt operator made is in that claim. Taken over, such a claim must never
+/// go while these PVs exist: this provisioner cannot see where on the claim they are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CsiVolume {
+    pub name: String,
+    /// The pool of the class that made it (its `storagePool` parameter, copied into the
+    /// volume's attributes).
+    pub pool: String,
+}
+
+impl CsiVolume {
+    /// The CSI volume of the kubevirt driver `pv` is, if it is one with a pool.
+    pub fn of(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> Option<CsiVolume> {
+        let csi = pv.spec.as_ref()?.csi.as_ref()?;
+        (csi.driver == KUBEVIRT_CSI_DRIVER).then_some(())?;
+        let pool = csi.volume_attributes.as_ref()?.get("storagePool")?.clone();
+        Some(CsiVolume { name: pv.metadata.name.clone()?, pool })
+    }
+}
+
 #[cfg(test)]
 #[path = "pool_claims_tests.rs"]
 mod tests;
@@ -214,13 +244,12 @@ impl PoolObjects<'_> {
         })
     }
 
-    /// The mounter of `claim` on `node`: one replica pinned to the node, the claim as a volume,
+    /// The mounter `name` of `claim` on `node`: one replica pinned to the node, the claim as a volume,
     /// exactly the pool path as a Bidirectional hostPath (which Kubernetes allows only to a
     /// privileged container), running `pool-mount`. It tolerates what the node pods tolerate
     /// (`tolerations`: the resource's and those the DaemonSet controller adds), so that the mount
     /// holds wherever the node provisioner runs, and nothing more.
-    pub fn mounter(&self, node: &str, claim: &str, tolerations: &[Toleration]) -> serde_json::Value {
-        let name = claim_name(self.pool, Some(node));
+    pub fn mounter(&self, name: &str, node: &str, claim: &str, tolerations: &[Toleration]) -> serde_json::Value {
         let digest = Sha256::digest(name.as_bytes());
         let selector_value: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
         let selector = serde_json::json!({ "hostpathprovisioner.kubevirt.io/mounter": selector_value });
@@ -236,7 +265,7 @@ impl PoolObjects<'_> {
         serde_json::json!({
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": self.metadata(&name, Some(node)),
+            "metadata": self.metadata(name, Some(node)),
             "spec": {
                 "replicas": 1,
                 // Never two mounters of one pool on one node.

@@ -44,26 +44,32 @@ fn a_read_write_once_template_gives_one_claim_per_selected_node() {
 fn a_read_write_many_template_gives_one_claim_for_all_nodes() {
     let nodes = vec!["worker-1".to_owned(), "worker-2".to_owned()];
     let claims = pool_claims("nfs-backend", &template(&["ReadWriteMany"]), &nodes);
-    assert_eq!(claims, [("hpp-pool-nfs-backend".to_owned(), None)]);
+    assert_eq!(claims, [("hpp-pool-nfs-backend-shared".to_owned(), None)]);
     assert_eq!(pool_claims("nfs-backend", &template(&["ReadWriteMany"]), &[]).len(), 1, "even before any node");
 }
 
+/// Names the kubevirt operator at 03d4d671 gives, printed by its own `getStoragePoolPVCName`
+/// and `getSharedStoragePoolPVCName` (a Go test calling them): a cluster coming from it must
+/// find the same claims, or a pool's data stays in a claim nobody mounts.
 #[test]
-fn an_overlong_claim_name_is_cut_with_a_hash_and_stays_distinct() {
-    let long_node = format!("{}.example.com", "n".repeat(240));
-    let a = claim_name("local", Some(&long_node));
-    let b = claim_name("local", Some(&format!("{}.example.org", "n".repeat(240))));
-    assert!(a.len() <= 253 && b.len() <= 253);
-    // Kubernetes checks a claim name as a DNS-1123 subdomain: at most 253 characters of
-    // [a-z0-9.-], starting and ending with a letter or digit (no per-label limit).
-    let valid = |n: &str| {
-        n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-            && n.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && n.ends_with(|c: char| c.is_ascii_alphanumeric())
-    };
-    assert!(valid(&a) && valid(&b), "{a}");
-    assert_ne!(a, b);
-    assert!(a.starts_with("hpp-pool-local-nnn"));
+fn claims_are_named_exactly_as_the_kubevirt_operator_names_them() {
+    let n60 = "n".repeat(60);
+    let cases: [(&str, Option<String>, &str); 8] = [
+        ("local", Some("worker-1".to_owned()), "hpp-pool-local-worker-1"),
+        ("local", Some(n60.clone()), "hpp-pool-129feb0d"),
+        ("local", Some(format!("{n60}.example.org")), "hpp-pool-08c942d5"),
+        // 63 characters and 64: the limit is the DNS label's.
+        ("a-pool-name-of-twenty", Some("node-with-a-longer-name-of-33-chr".to_owned()), "hpp-pool-79f30186"),
+        ("a-pool-name-of-twenty", Some("node-with-a-longer-name-of-34-chrs".to_owned()), "hpp-pool-2364ac74"),
+        ("nfs", None, "hpp-pool-nfs-shared"),
+        (&"p".repeat(47), None, "hpp-pool-ppppppppppppppppppppppppppppppppppppppppppppppp-shared"),
+        (&"p".repeat(48), None, "hpp-pool-fb8ff80f"),
+    ];
+    for (pool, node, expected) in cases {
+        assert_eq!(claim_name(pool, node.as_deref()), expected, "pool {pool}, node {node:?}");
+    }
+    let at_limit = claim_name("a", Some(&"n".repeat(52)));
+    assert_eq!(at_limit.len(), 63, "63 characters stay whole: {at_limit}");
 }
 
 #[test]
@@ -160,13 +166,13 @@ fn a_pool_claim_is_the_template_labelled_and_never_owned() {
     assert_eq!(claim["metadata"]["annotations"][PATH_ANNOTATION], "/var/hpvolumes");
     assert!(claim["metadata"].get("ownerReferences").is_none(), "the garbage collector must not take it");
     assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "5Gi");
-    let shared = objects().claim("hpp-pool-local", None, &template(&["ReadWriteMany"]));
+    let shared = objects().claim("hpp-pool-local-shared", None, &template(&["ReadWriteMany"]));
     assert!(shared["metadata"]["annotations"].get(NODE_ANNOTATION).is_none());
 }
 
 #[test]
 fn a_mounter_is_pinned_to_its_node_and_sees_only_the_pool_path_and_its_claim() {
-    let mounter = objects().mounter("worker-1", "hpp-pool-local", &[]);
+    let mounter = objects().mounter("hpp-pool-local-worker-1", "worker-1", "hpp-pool-local-shared", &[]);
     assert_eq!(mounter["metadata"]["name"], "hpp-pool-local-worker-1");
     let pod = &mounter["spec"]["template"]["spec"];
     let term =
@@ -182,12 +188,12 @@ fn a_mounter_is_pinned_to_its_node_and_sees_only_the_pool_path_and_its_claim() {
         container["volumeMounts"][1],
         json!({"name": "pool", "mountPath": "/var/hpvolumes", "mountPropagation": "Bidirectional"})
     );
-    assert_eq!(pod["volumes"][0]["persistentVolumeClaim"]["claimName"], "hpp-pool-local", "the shared claim");
+    assert_eq!(pod["volumes"][0]["persistentVolumeClaim"]["claimName"], "hpp-pool-local-shared", "the shared claim");
     assert_eq!(pod["volumes"][1]["hostPath"]["path"], "/var/hpvolumes", "the pool path, not /");
     assert_eq!(pod["automountServiceAccountToken"], false, "no API access");
     assert_eq!(mounter["spec"]["strategy"]["type"], "Recreate");
     // Distinct nodes, distinct selectors.
-    let other = objects().mounter("worker-2", "hpp-pool-local", &[]);
+    let other = objects().mounter("hpp-pool-local-worker-2", "worker-2", "hpp-pool-local-shared", &[]);
     assert_ne!(mounter["spec"]["selector"], other["spec"]["selector"]);
 }
 
@@ -195,7 +201,7 @@ fn a_mounter_is_pinned_to_its_node_and_sees_only_the_pool_path_and_its_claim() {
 fn a_mounter_runs_as_its_own_account_pins_its_scc_and_pulls_with_the_operators_secrets() {
     let secrets = ["regcred".to_owned(), "mirror".to_owned()];
     let objects = PoolObjects { image_pull_secrets: &secrets, ..objects() };
-    let mounter = objects.mounter("worker-1", "hpp-pool-local", &[]);
+    let mounter = objects.mounter("hpp-pool-local-worker-1", "worker-1", "hpp-pool-local-shared", &[]);
     let template = &mounter["spec"]["template"];
     assert_eq!(template["spec"]["serviceAccountName"], MOUNTER_SERVICE_ACCOUNT, "not the namespace's default");
     assert_eq!(template["metadata"]["annotations"]["openshift.io/required-scc"], MOUNTER_SCC);
@@ -211,11 +217,17 @@ fn a_mounter_tolerates_what_it_is_given_and_nothing_else() {
         json!({"key": "dedicated", "operator": "Equal", "value": "storage", "effect": "NoSchedule"}),
     )
     .expect("toleration");
-    let mounter = objects().mounter("worker-1", "hpp-pool-local", std::slice::from_ref(&dedicated));
+    let mounter = objects().mounter(
+        "hpp-pool-local-worker-1",
+        "worker-1",
+        "hpp-pool-local-shared",
+        std::slice::from_ref(&dedicated),
+    );
     let tolerations = &mounter["spec"]["template"]["spec"]["tolerations"];
     assert_eq!(tolerations, &json!([serde_json::to_value(&dedicated).expect("toleration")]));
     assert_eq!(
-        objects().mounter("worker-1", "hpp-pool-local", &[])["spec"]["template"]["spec"]["tolerations"],
+        objects().mounter("hpp-pool-local-worker-1", "worker-1", "hpp-pool-local-shared", &[])["spec"]["template"]["spec"]
+            ["tolerations"],
         json!([])
     );
 }

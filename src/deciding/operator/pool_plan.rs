@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
-use super::pool_claims::{PoolObjects, Release, claim_name, may_release, pool_claims, selected_nodes};
+use super::pool_claims::{CsiVolume, PoolObjects, Release, claim_name, may_release, pool_claims, selected_nodes};
 use super::render::{NodePlacement, PoolOnClaim};
 use crate::deciding::kept_volume::KeptVolume;
 
@@ -91,13 +91,16 @@ pub struct Plan {
 }
 
 /// Plans the claims and mounters of `pools` (empty when the resource is being deleted) for the
-/// nodes the placement selects, against what `existing` already holds.
+/// nodes the placement selects, against what `existing` already holds. `csi_pvs`: the kubevirt
+/// CSI driver's PVs, which hold every claim of their pool (a claim taken over from the kubevirt
+/// operator holds their data).
 pub fn plan(
     pools: &[PoolOnClaim],
     placement: &NodePlacement,
     nodes: &[Node],
     existing: &[Existing],
     pvs: &[KeptVolume],
+    csi_pvs: &[CsiVolume],
     objects: &PoolObjects,
 ) -> Plan {
     let mut tolerations = placement.tolerations.clone();
@@ -106,7 +109,19 @@ pub fn plan(
     let mut plan = Plan::default();
     for pool in pools {
         let objects = PoolObjects { pool: &pool.name, path: &pool.path, ..*objects };
-        let claims = pool_claims(&pool.name, &pool.template, &selected);
+        // An object of ours already made for this pool, node and path keeps its name: an
+        // earlier release named the shared claim `hpp-pool-<pool>` and cut long names another
+        // way, and a second claim or mounter would leave the first one's data aside.
+        let kept_name = |kind: Kind, node: Option<&str>| {
+            existing
+                .iter()
+                .find(|e| e.kind == kind && e.pool == pool.name && e.node.as_deref() == node && e.path == pool.path)
+                .map(|e| e.name.clone())
+        };
+        let claims: Vec<(String, Option<String>)> = pool_claims(&pool.name, &pool.template, &selected)
+            .into_iter()
+            .map(|(name, node)| (kept_name(Kind::Claim, node.as_deref()).unwrap_or(name), node))
+            .collect();
         for (name, node) in &claims {
             let body = objects.claim(name, node.as_deref(), &pool.template);
             plan.apply.push(ToApply {
@@ -118,16 +133,17 @@ pub fn plan(
             });
         }
         for node in &selected {
-            let claim = match claims.as_slice() {
-                [(shared, None)] => shared.clone(),
-                _ => claim_name(&pool.name, Some(node)),
-            };
+            let claim = claims
+                .iter()
+                .find(|(_, serves)| serves.is_none() || serves.as_ref() == Some(node))
+                .map_or_else(|| claim_name(&pool.name, Some(node)), |(name, _)| name.clone());
+            let name = kept_name(Kind::Mounter, Some(node)).unwrap_or_else(|| claim_name(&pool.name, Some(node)));
             plan.apply.push(ToApply {
                 kind: Kind::Mounter,
-                name: claim_name(&pool.name, Some(node)),
+                body: objects.mounter(&name, node, &claim, &tolerations),
+                name,
                 pool: pool.name.clone(),
                 node: Some(node.clone()),
-                body: objects.mounter(node, &claim, &tolerations),
             });
         }
         plan.nodes.insert(pool.name.clone(), selected.clone());
@@ -146,7 +162,16 @@ pub fn plan(
         }
         // Gone from the spec, off the placement, or moved: the old pool path is released only
         // when no PV of ours lives there.
-        match may_release(&found.path, found.node.as_deref(), pvs, PROVISIONER) {
+        let mut release = may_release(&found.path, found.node.as_deref(), pvs, PROVISIONER);
+        let mut csi: Vec<String> = csi_pvs.iter().filter(|v| v.pool == found.pool).map(|v| v.name.clone()).collect();
+        if !csi.is_empty() {
+            if let Release::HoldBack(ours) = release {
+                csi.extend(ours);
+            }
+            csi.sort();
+            release = Release::HoldBack(csi);
+        }
+        match release {
             Release::Release if wanted.is_none() => plan.delete.push((found.kind, found.name.clone())),
             // Moved and free: the new object replaces it in place.
             Release::Release => {}

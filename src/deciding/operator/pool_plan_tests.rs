@@ -52,7 +52,8 @@ fn names(plan: &Plan) -> Vec<(Kind, &str)> {
 fn each_selected_node_gets_its_claim_and_mounter() {
     let mut nodes = linux_nodes();
     nodes.push(node("windows", json!({"kubernetes.io/os": "windows"})));
-    let plan = plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &nodes, &[], &[], &objects());
+    let plan =
+        plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &nodes, &[], &[], &[], &objects());
     assert_eq!(
         names(&plan),
         [
@@ -71,15 +72,16 @@ fn each_selected_node_gets_its_claim_and_mounter() {
 
 #[test]
 fn a_shared_claim_is_mounted_by_every_selected_node() {
-    let plan = plan(&[pool("big", "/mnt/big", &["ReadWriteMany"])], &placement(), &linux_nodes(), &[], &[], &objects());
+    let plan =
+        plan(&[pool("big", "/mnt/big", &["ReadWriteMany"])], &placement(), &linux_nodes(), &[], &[], &[], &objects());
     assert_eq!(
         names(&plan),
-        [(Kind::Claim, "hpp-pool-big"), (Kind::Mounter, "hpp-pool-big-n1"), (Kind::Mounter, "hpp-pool-big-n2")]
+        [(Kind::Claim, "hpp-pool-big-shared"), (Kind::Mounter, "hpp-pool-big-n1"), (Kind::Mounter, "hpp-pool-big-n2")]
     );
     for mounter in &plan.apply[1..] {
         assert_eq!(
             mounter.body["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
-            "hpp-pool-big"
+            "hpp-pool-big-shared"
         );
     }
 }
@@ -91,7 +93,8 @@ fn a_node_not_ready_keeps_its_claim_as_the_daemonset_keeps_its_pod() {
         "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]},
     }))
     .expect("node");
-    let plan = plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &[tainted], &[], &[], &objects());
+    let plan =
+        plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &[tainted], &[], &[], &[], &objects());
     assert_eq!(plan.nodes["local"], ["n1"]);
 }
 
@@ -107,7 +110,7 @@ fn a_tainted_control_plane_node_gets_no_claim_or_mounter_unless_the_resource_tol
     let mut nodes = linux_nodes();
     nodes.push(control_plane);
     let pools = [pool("local", "/mnt/local", &["ReadWriteOnce"])];
-    let plain = plan(&pools, &placement(), &nodes, &[], &[], &objects());
+    let plain = plan(&pools, &placement(), &nodes, &[], &[], &[], &objects());
     assert_eq!(plain.nodes["local"], ["n1", "n2"]);
     assert!(!names(&plain).iter().any(|(_, name)| name.ends_with("-cp")), "{:?}", names(&plain));
     for mounter in plain.apply.iter().filter(|a| a.kind == Kind::Mounter) {
@@ -123,7 +126,7 @@ fn a_tainted_control_plane_node_gets_no_claim_or_mounter_unless_the_resource_tol
         ],
         ..placement()
     };
-    let asked = plan(&pools, &tolerating, &nodes, &[], &[], &objects());
+    let asked = plan(&pools, &tolerating, &nodes, &[], &[], &[], &objects());
     assert_eq!(asked.nodes["local"], ["n1", "n2", "cp"]);
     let on_cp = asked.apply.iter().find(|a| a.kind == Kind::Mounter && a.name.ends_with("-cp")).expect("mounter");
     assert!(on_cp.body["spec"]["template"]["spec"]["tolerations"].to_string().contains("control-plane"));
@@ -142,7 +145,7 @@ fn a_removed_pool_goes_unless_a_volume_of_ours_lives_there_and_the_pvs_are_named
         pv("pvc-a", "/mnt/local/pvc-a", "n1"),
         pv("elsewhere", "/other/pvc-c", "n2"),
     ];
-    let plan = plan(&[], &placement(), &linux_nodes(), &found, &pvs, &objects());
+    let plan = plan(&[], &placement(), &linux_nodes(), &found, &pvs, &[], &objects());
     assert!(plan.apply.is_empty());
     assert_eq!(
         plan.delete,
@@ -160,10 +163,87 @@ fn a_moved_pool_keeps_its_old_mount_while_held_and_is_replaced_once_free() {
     let found = [existing(Kind::Mounter, "hpp-pool-local-n1", Some("n1"), "/mnt/old")];
     let moved = [pool("local", "/mnt/new", &["ReadWriteOnce"])];
     let nodes = &linux_nodes()[..1];
-    let held = plan(&moved, &placement(), nodes, &found, &[pv("pvc-a", "/mnt/old/pvc-a", "n1")], &objects());
+    let held = plan(&moved, &placement(), nodes, &found, &[pv("pvc-a", "/mnt/old/pvc-a", "n1")], &[], &objects());
     assert_eq!(names(&held), [(Kind::Claim, "hpp-pool-local-n1")], "the old mounter is not replaced");
     assert_eq!(held.held_back[0].path, "/mnt/old");
-    let free = plan(&moved, &placement(), nodes, &found, &[], &objects());
+    let free = plan(&moved, &placement(), nodes, &found, &[], &[], &objects());
     assert_eq!(names(&free), [(Kind::Claim, "hpp-pool-local-n1"), (Kind::Mounter, "hpp-pool-local-n1")]);
     assert!(free.delete.is_empty(), "replaced in place, not deleted");
+}
+
+/// An earlier release named the shared claim `hpp-pool-<pool>` and cut long names with another
+/// hash: its claims and mounters keep their names (a new claim would be empty, and a second
+/// mounter would mount it over the first), while new ones take the kubevirt operator's names.
+#[test]
+fn objects_made_under_an_earlier_name_keep_it() {
+    let long_node = "n".repeat(60);
+    let mut nodes = linux_nodes();
+    nodes.push(node(&long_node, json!({"kubernetes.io/os": "linux"})));
+    let existing = |kind, name: &str, node: Option<&str>, path: &str| Existing {
+        pool: "big".into(),
+        ..existing(kind, name, node, path)
+    };
+    let found = [
+        existing(Kind::Claim, "hpp-pool-big", None, "/mnt/big"),
+        existing(Kind::Mounter, "hpp-pool-big-nnnn-0a1b2c3d4e", Some(&long_node), "/mnt/big"),
+        // Same pool, another path: not the same object.
+        existing(Kind::Mounter, "hpp-pool-big-n1-old", Some("n1"), "/mnt/elsewhere"),
+    ];
+    let plan = plan(&[pool("big", "/mnt/big", &["ReadWriteMany"])], &placement(), &nodes, &found, &[], &[], &objects());
+    let applied: Vec<(Kind, &str)> = plan.apply.iter().map(|a| (a.kind, a.name.as_str())).collect();
+    assert_eq!(
+        applied,
+        [
+            (Kind::Claim, "hpp-pool-big"),
+            (Kind::Mounter, "hpp-pool-big-n1"),
+            (Kind::Mounter, "hpp-pool-big-n2"),
+            (Kind::Mounter, "hpp-pool-big-nnnn-0a1b2c3d4e"),
+        ]
+    );
+    for mounter in &plan.apply[1..] {
+        assert_eq!(
+            mounter.body["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+            "hpp-pool-big",
+            "every mounter mounts the kept claim"
+        );
+        assert_eq!(mounter.body["metadata"]["name"], mounter.name);
+    }
+    assert_eq!(plan.delete, [(Kind::Mounter, "hpp-pool-big-n1-old".to_owned())], "the moved one goes, as before");
+}
+
+/// A claim taken over from the kubevirt operator holds its CSI driver's volumes of that pool
+/// (in its `csi` directory): removing the pool keeps claim and mounter while one exists, on
+/// every node, whatever our own PVs say.
+#[test]
+fn the_kubevirt_csi_volumes_of_a_pool_hold_its_claims() {
+    let found = [
+        existing(Kind::Claim, "hpp-pool-local-n1", Some("n1"), "/mnt/local"),
+        existing(Kind::Mounter, "hpp-pool-local-n1", Some("n1"), "/mnt/local"),
+    ];
+    let csi = [
+        CsiVolume { name: "pvc-csi-a".into(), pool: "local".into() },
+        CsiVolume { name: "pvc-csi-other".into(), pool: "other".into() },
+    ];
+    let held = plan(&[], &placement(), &linux_nodes(), &found, &[], &csi, &objects());
+    assert!(held.delete.is_empty(), "{:?}", held.delete);
+    assert_eq!(held.held_back.len(), 2);
+    assert!(held.held_back.iter().all(|h| h.pvs == ["pvc-csi-a"]), "{:?}", held.held_back);
+    let free = plan(&[], &placement(), &linux_nodes(), &found, &[], &csi[1..], &objects());
+    assert_eq!(free.delete.len(), 2, "another pool's CSI volume holds nothing");
+}
+
+#[test]
+fn a_csi_volume_is_read_from_the_kubevirt_drivers_attributes() {
+    let pv = |driver: &str, attributes: Value| -> k8s_openapi::api::core::v1::PersistentVolume {
+        serde_json::from_value(json!({"metadata": {"name": "pvc-1"}, "spec": {"csi": {
+            "driver": driver, "volumeHandle": "pvc-1", "volumeAttributes": attributes,
+        }}}))
+        .expect("pv")
+    };
+    assert_eq!(
+        CsiVolume::of(&pv("kubevirt.io.hostpath-provisioner", json!({"storagePool": "local"}))),
+        Some(CsiVolume { name: "pvc-1".into(), pool: "local".into() })
+    );
+    assert_eq!(CsiVolume::of(&pv("other.csi.example", json!({"storagePool": "local"}))), None);
+    assert_eq!(CsiVolume::of(&pv("kubevirt.io.hostpath-provisioner", json!({}))), None);
 }
