@@ -93,11 +93,17 @@ struct Shell {
 impl Shell {
     /// A shell against a control plane of its own, running the DaemonSet controller.
     async fn with_cluster(test: &'static str) -> Shell {
+        Shell::with_controllers(test, &["daemonset"]).await
+    }
+
+    /// A cluster whose controller manager also runs `controllers`, appended to the harness's
+    /// list (the flag adds to it when repeated) under the names every supported release knows.
+    async fn with_controllers(test: &'static str, controllers: &[&str]) -> Shell {
         let turn = ONE_CLUSTER_AT_A_TIME.lock().await;
-        // Appended to the harness's list (the flag adds to it when repeated); `daemonset` is
-        // the name every supported release knows.
-        let options =
-            Options { extra_controller_manager_args: vec!["--controllers=daemonset".to_owned()], ..Options::default() };
+        let options = Options {
+            extra_controller_manager_args: controllers.iter().map(|c| format!("--controllers={c}")).collect(),
+            ..Options::default()
+        };
         let cp = ControlPlane::start_with(options).await.unwrap_or_else(|e| panic!("{e:#}"));
         let kubectl = cp.kubectl();
         Shell::new(test, &kubectl, Some(Cluster { cp, _turn: turn }))
@@ -611,7 +617,12 @@ impl Drop for OperatorProcess {
 #[tokio::test(flavor = "multi_thread")]
 async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     let docs = Docs::load();
-    let mut shell = Shell::with_cluster("coming_from_the_kubevirt_operator_and_going_back_run_as_written").await;
+    // The garbage collector runs: the kubevirt operator's objects are owned by the resource.
+    let mut shell = Shell::with_controllers(
+        "coming_from_the_kubevirt_operator_and_going_back_run_as_written",
+        &["daemonset", "garbagecollector"],
+    )
+    .await;
     let section = "Coming from the kubevirt operator";
     shell.copy_in("kubevirt-operator.yaml");
     shell.kubectl(&["create", "-f", "kubevirt-operator.yaml"]);
@@ -624,12 +635,30 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     shell.kubectl(&["create", "-f", "deploy/operator/examples/legacy.yaml"]);
     let resource = ["hostpathprovisioner", "hostpath-provisioner"];
     let before = shell.must_get(&resource);
+    // What the kubevirt operator made for it: its finalizer, its DaemonSets and ServiceAccounts.
+    let uid = before["metadata"]["uid"].as_str().expect("uid").to_owned();
+    shell.kubectl(&[
+        "patch",
+        "hostpathprovisioner",
+        "hostpath-provisioner",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["finalizer.delete.hostpath-provisioner"]}}"#,
+    ]);
+    shell.copy_in("kubevirt-operator-objects.yaml");
+    shell.edit("kubevirt-operator-objects.yaml", "RESOURCE_UID", &uid);
+    shell.kubectl(&["create", "-f", "kubevirt-operator-objects.yaml"]);
+    let legacy_daemonset = ["daemonset", "hostpath-provisioner", "-n", "hostpath-provisioner"];
+    let csi_daemonset = ["daemonset", "hostpath-provisioner-csi", "-n", "hostpath-provisioner"];
+    let csi_account = ["serviceaccount", "hostpath-provisioner-admin-csi", "-n", "hostpath-provisioner"];
+    let witness = ["configmap", "owned-by-the-resource", "-n", "hostpath-provisioner"];
 
     // Step 1: the image; step 2: the kubevirt operator's Deployment goes, the resource stays.
     shell.set_image_in_kustomization("deploy/operator/kustomization.yaml");
     shell.run(&docs.command("docs/operator.md", section, "kubectl -n hostpath-provisioner delete deployment"));
     assert!(shell.get(&["deployment", "hostpath-provisioner-operator", "-n", "hostpath-provisioner"]).is_none());
-    // Step 4: the CRD, whose schema another manager wrote, needs --force-conflicts.
+    // Step 3: the CRD, whose schema another manager wrote, needs --force-conflicts.
     let unforced = shell.cp().run_kubectl(shell.dir(), &["apply", "--server-side", "-k", "deploy/operator"]);
     assert!(format!("{unforced:?}").contains("conflict"), "applied without --force-conflicts: {unforced:?}");
     shell.run(&docs.command(
@@ -643,27 +672,49 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     let operator = shell.must_get(&["deployment", "hostpath-provisioner-operator", "-n", "hostpath-provisioner"]);
     assert_eq!(container(&operator)["image"], format!("{REGISTRY}/hostpath-provisioner:0.1.0"));
 
-    // The operator deploys the node DaemonSet for the resource and holds it with its finalizer.
+    // The operator deploys the node DaemonSet and takes the resource over: its finalizer in
+    // place of the kubevirt one, the legacy DaemonSet gone, the CSI objects kept without owner.
     let operator = OperatorProcess::start(&shell);
     let daemonset = ["daemonset", "kubevirt-hostpath-provisioner", "-n", "hostpath-provisioner"];
-    testbed::wait_for("the operator's DaemonSet and finalizer", WAIT, || async {
-        let held =
-            shell.get(&resource).is_some_and(|r| r["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty()));
-        anyhow::Ok((held && shell.get(&daemonset).is_some()).then_some(()))
+    testbed::wait_for("the operator's DaemonSet, finalizer and take-over", WAIT, || async {
+        let finalizers = shell.get(&resource).map(|r| r["metadata"]["finalizers"].clone()).unwrap_or_default();
+        let taken = finalizers == serde_json::json!(["hostpathprovisioner.kubevirt.io/cleanup"]);
+        anyhow::Ok((taken && shell.get(&daemonset).is_some() && shell.get(&legacy_daemonset).is_none()).then_some(()))
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", shell.read("operator.log")));
+    for kept in [&csi_daemonset[..], &csi_account[..]] {
+        let object = shell.must_get(kept);
+        assert!(object["metadata"].get("ownerReferences").is_none(), "{kept:?} kept without owner: {object}");
+        let why = &object["metadata"]["annotations"]["hostpathprovisioner.kubevirt.io/kept-after-takeover"];
+        assert!(why.as_str().is_some_and(|w| w.contains("kubevirt CSI driver")), "{object}");
+    }
+    let events = shell.kubectl(&["get", "events", "-n", "default", "-o", "json"]);
+    assert!(events.contains("TookOver") && events.contains("DaemonSet hostpath-provisioner-csi"), "{events}");
 
     // Going back: the operator scaled to 0 (here: stopped), its DaemonSet deleted, the finalizer
     // removed; the resource stays for the kubevirt operator.
     drop(operator);
-    shell.run(&docs.command("docs/operator.md", section, "kubectl -n hostpath-provisioner delete daemonset"));
+    let going_back = "Going back";
+    shell.run(&docs.command("docs/operator.md", going_back, "kubectl -n hostpath-provisioner delete daemonset"));
     assert!(shell.get(&daemonset).is_none());
     let name = resource[1];
-    shell
-        .run_with(&docs.command("docs/operator.md", section, "kubectl patch hostpathprovisioner"), &[("<name>", name)]);
+    shell.run_with(
+        &docs.command("docs/operator.md", going_back, "kubectl patch hostpathprovisioner"),
+        &[("<name>", name)],
+    );
     let after = shell.must_get(&resource);
     assert!(after["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty), "{after}");
+
+    // Nothing holds the resource any more: deleted, it goes, and the garbage collector (which
+    // took the witness it still owned) leaves the CSI driver its volumes need.
+    shell.kubectl(&["delete", "hostpathprovisioner", name]);
+    shell.wait_gone(&witness).await;
+    assert!(shell.get(&csi_daemonset).is_some() && shell.get(&csi_account).is_some(), "the CSI driver was collected");
+    // Once no CSI PV is left, the CSI DaemonSet goes by hand.
+    let kept = "What becomes of the kubevirt install";
+    shell.run(&docs.command("docs/operator.md", kept, "kubectl -n hostpath-provisioner delete daemonset"));
+    assert!(shell.get(&csi_daemonset).is_none());
     shell.finish();
 }
 

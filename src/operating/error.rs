@@ -10,6 +10,9 @@ pub mod reason {
     pub const CLEANUP_FAILED: &str = "CleanupFailed";
     /// Warning: a pool's claim or mounter is kept because PVs of ours live there.
     pub const POOL_HELD_BACK: &str = "PoolHeldBack";
+    /// Normal: what the kubevirt operator left was taken over (deleted, kept without owner,
+    /// its finalizer removed).
+    pub const TOOK_OVER: &str = "TookOver";
     /// Normal: every object of the resource applied.
     pub const APPLIED: &str = "Applied";
 }

@@ -10,6 +10,7 @@ pub mod leader;
 pub mod pool_claims;
 pub mod pool_mount;
 pub mod reconcile;
+pub mod takeover;
 
 use std::ffi::OsString;
 use std::sync::Arc;

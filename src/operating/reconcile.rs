@@ -18,6 +18,7 @@ use super::error::{OperatorError, reason};
 use crate::deciding::operator::render::{Desired, Environment, OWNER_LABEL, Rendered, render};
 use crate::deciding::operator::resource::{HostPathProvisioner, Status};
 use crate::deciding::operator::status::{self, Observed, Rollout};
+use crate::deciding::operator::takeover::KUBEVIRT_FINALIZER;
 
 /// The finalizer on every resource: its deletion waits until what it made is removed.
 pub const FINALIZER: &str = "hostpathprovisioner.kubevirt.io/cleanup";
@@ -40,6 +41,16 @@ pub struct Context {
 pub async fn reconcile(resource: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Result<Action, OperatorError> {
     let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
     let name = resource.name_any();
+    // Deleted while the kubevirt operator's finalizer is still on it (this operator may never
+    // have applied it): take over first, so that the garbage collector leaves the CSI driver
+    // and nothing waits for a finalizer nobody removes. The change wakes the next reconcile.
+    if resource.metadata.deletion_timestamp.is_some() && resource.finalizers().iter().any(|f| f == KUBEVIRT_FINALIZER) {
+        if let Err(error) = take_over(&resource, &ctx, true).await {
+            publish(&ctx, &resource, EventType::Warning, reason::CLEANUP_FAILED, &error.to_string()).await;
+            return Err(error);
+        }
+        return Ok(Action::await_change());
+    }
     let result = finalizer(&api, FINALIZER, resource, |event| async {
         match event {
             Finalizing::Apply(resource) => apply(&resource, &ctx).await,
@@ -101,13 +112,22 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
         }
     }
     let mut apply_failure = None;
+    let mut daemonset_applied = false;
     if superseded_by.is_none() {
         for object in &rendered.objects {
-            if let Err(error) = apply_object(&ctx.client, object).await {
-                let message = format!("{} {}: {error}", object.kind, object.name);
-                tracing::warn!(resource = %name, %message, "cannot apply an object of the resource");
-                apply_failure.get_or_insert(message);
+            match apply_object(&ctx.client, object).await {
+                Ok(()) => daemonset_applied |= object.kind == "DaemonSet",
+                Err(error) => {
+                    let message = format!("{} {}: {error}", object.kind, object.name);
+                    tracing::warn!(resource = %name, %message, "cannot apply an object of the resource");
+                    apply_failure.get_or_insert(message);
+                }
             }
+        }
+        // What the kubevirt operator left: its legacy DaemonSet goes once the node DaemonSet
+        // is applied, the rest stays for its CSI volumes, its finalizer goes.
+        if let Err(error) = take_over(resource, ctx, daemonset_applied && apply_failure.is_none()).await {
+            apply_failure.get_or_insert(error.to_string());
         }
     }
     let mut pools = super::pool_claims::Outcome::default();
@@ -156,6 +176,22 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
         (None, true) => Action::requeue(Duration::from_secs(10)),
         (None, false) => Action::requeue(Duration::from_secs(300)),
     })
+}
+
+/// Takes the resource over from the kubevirt operator, with an Event saying what was done (a
+/// failure is reported by the caller: in the status while the resource lives).
+async fn take_over(resource: &HostPathProvisioner, ctx: &Context, replace_legacy: bool) -> Result<(), OperatorError> {
+    match super::takeover::take_over(&ctx.client, &ctx.namespace, resource, replace_legacy).await {
+        Ok(plan) if plan.is_empty() => Ok(()),
+        Ok(plan) => {
+            publish(ctx, resource, EventType::Normal, reason::TOOK_OVER, &plan.summary()).await;
+            Ok(())
+        }
+        Err(error) => {
+            tracing::warn!(resource = %resource.name_any(), %error, "cannot take the resource over from the kubevirt operator");
+            Err(error)
+        }
+    }
 }
 
 /// Events and log lines for what changed: a new Degraded reason or message is a Warning (each

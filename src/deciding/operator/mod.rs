@@ -9,3 +9,4 @@ pub mod pool_plan;
 pub mod render;
 pub mod resource;
 pub mod status;
+pub mod takeover;
