@@ -2,8 +2,15 @@
 
 /// PV annotation naming the provisioner that made it (set by the sig-storage controller in Go).
 pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
-/// PV annotation the Go build checks on delete; its value is the provisioner name.
+/// PV annotation the Go build checks on delete; its value is the provisioner name (on a local
+/// PV, the provisioner name and [`LOCAL_IDENTITY_SUFFIX`], which the Go build leaves alone).
 pub const PROVISIONER_IDENTITY: &str = "hostPathProvisionerIdentity";
+/// Added to the provisioner name in a local PV's `hostPathProvisionerIdentity`. The Go build
+/// compares that annotation with its provisioner name before it reads `spec.hostPath` to delete
+/// a released volume, with no check that there is one: a local PV with the plain name would
+/// crash it at each start after a rollback. Another name and it logs "volume deletion ignored"
+/// and leaves the PV, and its data, to this build.
+pub const LOCAL_IDENTITY_SUFFIX: &str = "/local";
 /// Claim annotation pinning a claim to a node; PV annotation naming the owning node.
 pub const PROVISION_ON_NODE: &str = "kubevirt.io/provisionOnNode";
 /// Set by the scheduler under WaitForFirstConsumer.

@@ -26,6 +26,27 @@ pub fn pv_reports_filesystem_size(setting: PvCapacity, volume: VolumeQuota) -> b
     setting == PvCapacity::Filesystem && volume == VolumeQuota::Unlimited
 }
 
+/// The `hostPathProvisionerIdentity` a volume of `volume_type` carries: the provisioner name, as
+/// the Go build writes it, except on a local PV, which the Go build must leave alone
+/// ([`keys::LOCAL_IDENTITY_SUFFIX`]).
+pub fn identity_of(volume_type: VolumeType, provisioner: &str) -> String {
+    match volume_type {
+        VolumeType::HostPath => provisioner.to_owned(),
+        VolumeType::Local => format!("{provisioner}{}", keys::LOCAL_IDENTITY_SUFFIX),
+    }
+}
+
+/// The identity `pv` should carry instead of the one it has, if it is a local PV of this node
+/// made by an earlier release (with the plain provisioner name, which the Go build acts on).
+/// Only the owning node rewrites it, so that nodes do not write the same PV together.
+pub fn identity_to_rewrite(pv: &crate::deciding::kept_volume::KeptVolume, me: &Identity) -> Option<String> {
+    let local = pv.spec.as_ref().is_some_and(|s| s.local.is_some());
+    let ours = pv.annotations.get(keys::PROVISIONED_BY) == Some(me.provisioner.as_str());
+    let plain = pv.annotations.get(keys::PROVISIONER_IDENTITY) == Some(me.provisioner.as_str());
+    let mine = crate::deciding::volume::owner_node(pv) == Some(me.node.as_str());
+    (local && ours && plain && mine).then(|| identity_of(VolumeType::Local, &me.provisioner))
+}
+
 /// The node a volume is placed on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeFacts {
@@ -46,7 +67,7 @@ pub fn build_pv(
 ) -> PersistentVolume {
     let mut annotations = BTreeMap::from([
         (keys::PROVISIONED_BY.to_owned(), me.provisioner.clone()),
-        (keys::PROVISIONER_IDENTITY.to_owned(), me.provisioner.clone()),
+        (keys::PROVISIONER_IDENTITY.to_owned(), identity_of(plan.volume_type, &me.provisioner)),
     ]);
     // The kubelet adds this gid to the supplemental groups of every pod using the volume, so a
     // class's group reaches its pods without each pod naming it.
@@ -218,7 +239,35 @@ mod tests {
             Decision::Provision(plan) => build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into())),
             other => panic!("{other:?}"),
         };
-        assert!(hostpath.spec.unwrap().local.is_none());
+        assert!(hostpath.spec.as_ref().unwrap().local.is_none());
+        // The Go build acts on the plain identity only: a hostPath PV keeps it, a local PV not.
+        let identity =
+            |pv: &PersistentVolume| pv.metadata.annotations.as_ref().unwrap()[keys::PROVISIONER_IDENTITY].clone();
+        assert_eq!(identity(&hostpath), PROVISIONER);
+        assert_eq!(identity(&pv), format!("{PROVISIONER}/local"));
+    }
+
+    /// A local PV an earlier release wrote with the plain identity is rewritten by its own node,
+    /// and only it; a hostPath PV, another provisioner's or another node's PV is left.
+    #[test]
+    fn a_local_pv_of_an_earlier_release_gets_the_local_identity_from_its_node() {
+        let claim = claim("hpp").selected(NODE).build();
+        let Decision::Provision(plan) = decide_in(&with_params(&[("volumeType", "local")]), &claim) else {
+            panic!("provisioned")
+        };
+        let mut old = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        old.metadata.annotations.as_mut().unwrap().insert(keys::PROVISIONER_IDENTITY.into(), PROVISIONER.into());
+        let kept = |pv: &PersistentVolume| crate::deciding::kept_volume::KeptVolume::from(pv.clone());
+        assert_eq!(identity_to_rewrite(&kept(&old), &me()), Some(format!("{PROVISIONER}/local")));
+        let other_node = Identity { node: "elsewhere".into(), ..me() };
+        assert_eq!(identity_to_rewrite(&kept(&old), &other_node), None, "not its node");
+        let other_provisioner = Identity { provisioner: "example.com/other".into(), ..me() };
+        assert_eq!(identity_to_rewrite(&kept(&old), &other_provisioner), None);
+        let current = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        assert_eq!(identity_to_rewrite(&kept(&current), &me()), None, "already rewritten");
+        let Decision::Provision(plain) = decide_in(&with_params(&[]), &claim) else { panic!("provisioned") };
+        let hostpath = build_pv(&plain, &claim, &me(), &node(), Quantity("1Gi".into()));
+        assert_eq!(identity_to_rewrite(&kept(&hostpath), &me()), None, "a hostPath PV keeps the plain name");
     }
 
     #[test]

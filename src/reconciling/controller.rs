@@ -225,6 +225,7 @@ async fn after_initial_lists(ctx: Arc<Context>) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tracing::info!(node = %ctx.me.node, "initial lists received; ready");
+    upkeep::give_local_volumes_their_identity(&ctx).await;
     orphans::remove_orphan_directories(&ctx).await;
 }
 

@@ -270,3 +270,29 @@ pub async fn keep_lease(ctx: Arc<Context>) {
 
 /// Retry delay after a failed lease renewal.
 const LEASE_RETRY: Duration = Duration::from_secs(5);
+
+/// Gives this node's local PVs made by an earlier release the local identity
+/// ([`crate::keys::LOCAL_IDENTITY_SUFFIX`]), so that a rollback to the Go build leaves them
+/// alone instead of crashing on them. Once, after the initial lists (a new local PV has it from
+/// the start); a PV that cannot be written is logged and looked at again at the next start.
+pub async fn give_local_volumes_their_identity(ctx: &Context) {
+    let api: kube::Api<crate::deciding::kept_volume::KeptVolume> = kube::Api::all(ctx.client.clone());
+    let rewrites: Vec<(String, String)> = ctx
+        .volumes
+        .iter()
+        .flat_map(|store| store.state())
+        .filter_map(|pv| {
+            let identity = crate::deciding::volume_spec::identity_to_rewrite(&pv, &ctx.me)?;
+            Some((pv.metadata.name.clone()?, identity))
+        })
+        .collect();
+    for (name, identity) in rewrites {
+        let patch = serde_json::json!({"metadata": {"annotations": {crate::keys::PROVISIONER_IDENTITY: identity}}});
+        match api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
+            Ok(_) => tracing::info!(pv = %name, %identity, "local PV: identity the Go build leaves alone"),
+            Err(error) => {
+                tracing::warn!(pv = %name, %error, "cannot give the local PV its identity; retried at the next start")
+            }
+        }
+    }
+}

@@ -22,15 +22,7 @@ const OUR_LABEL: &str = "hostpath-provisioner.kubevirt.io/node";
 
 /// The cached Go build (binary and source tree), or why it cannot be had here.
 fn go_build(repo: &Path) -> Result<PathBuf> {
-    let output = std::process::Command::new("bash")
-        .arg(repo.join("hack/build-go-legacy.sh"))
-        .output()
-        .context("running hack/build-go-legacy.sh")?;
-    let log = String::from_utf8_lossy(&output.stderr);
-    ensure!(output.status.success(), "hack/build-go-legacy.sh failed:\n{log}");
-    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or_default().trim());
-    ensure!(dir.join("kubevirt-legacy-provisioner").is_file(), "no Go binary in {}:\n{log}", dir.display());
-    Ok(dir)
+    testbed::go_legacy_build(repo)
 }
 
 /// The Go build's own deploy file, changed only where this lane must: its ClusterRole's

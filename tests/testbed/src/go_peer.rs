@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 
 use crate::control_plane::ControlPlane;
 use crate::process::{ManagedChild, ProcessSpec, tail_file};
@@ -22,6 +22,21 @@ use crate::process::{ManagedChild, ProcessSpec, tail_file};
 /// What the Go controller logs once its informers have synced and its workers run.
 const READY_LINE: &str = "Started provisioner controller";
 const TERMINATE_GRACE: Duration = Duration::from_secs(10);
+
+/// The cached Go build (hack/build-go-legacy.sh of the repository at `repo`): the directory
+/// holding `kubevirt-legacy-provisioner` and `src/`, the Go tree with its deploy files. Fails
+/// with the script's words where the Go source archive is not given.
+pub fn go_legacy_build(repo: &Path) -> Result<PathBuf> {
+    let output = std::process::Command::new("bash")
+        .arg(repo.join("hack/build-go-legacy.sh"))
+        .output()
+        .context("running hack/build-go-legacy.sh")?;
+    let log = String::from_utf8_lossy(&output.stderr);
+    ensure!(output.status.success(), "hack/build-go-legacy.sh failed:\n{log}");
+    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or_default().trim());
+    ensure!(dir.join("kubevirt-legacy-provisioner").is_file(), "no Go binary in {}:\n{log}", dir.display());
+    Ok(dir)
+}
 
 /// How to run one Go provisioner process.
 #[derive(Clone, Debug)]
@@ -110,6 +125,11 @@ impl GoPeer {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// How the process ended, if it did (a crash shows here).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(ManagedChild::exit_status)
     }
 
     /// SIGTERM, wait up to 10 s, then SIGKILL; reaps.

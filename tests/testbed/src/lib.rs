@@ -74,7 +74,7 @@ pub use binaries::BIN_DIR_ENV;
 pub use cluster::{Cluster, ClusterSpec, PROVISIONER_READY_TIMEOUT, SimNode, per_node_pool_dir, pool_root_for};
 pub use control_plane::{ControlPlane, Options, RealNodeAccess};
 pub use deploy_tools::{DeployTool, deploy_tool};
-pub use go_peer::{GoPeer, GoPeerSpec};
+pub use go_peer::{GoPeer, GoPeerSpec, go_legacy_build};
 pub use kubeconfig::Connection;
 pub use process::free_port;
 pub use provisioner::{DEFAULT_RUST_LOG, Provisioner, ProvisionerSpec};
