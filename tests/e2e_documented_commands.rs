@@ -617,6 +617,14 @@ impl Drop for OperatorProcess {
 #[tokio::test(flavor = "multi_thread")]
 async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     let docs = Docs::load();
+    // The kubevirt operator's own deploy files, from its source archive (no registry serves it).
+    let kubevirt = match kubevirt_operator_source() {
+        Ok(dir) => dir,
+        Err(error) => {
+            println!("SKIPPED: {error:#}");
+            return;
+        }
+    };
     // The garbage collector runs: the kubevirt operator's objects are owned by the resource.
     let mut shell = Shell::with_controllers(
         "coming_from_the_kubevirt_operator_and_going_back_run_as_written",
@@ -624,28 +632,25 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     )
     .await;
     let section = "Coming from the kubevirt operator";
-    shell.copy_in("kubevirt-operator.yaml");
-    shell.kubectl(&["create", "-f", "kubevirt-operator.yaml"]);
-    shell.kubectl(&[
-        "wait",
-        "--for",
-        "condition=Established",
-        "crd/hostpathprovisioners.hostpathprovisioner.kubevirt.io",
-    ]);
-    shell.kubectl(&["create", "-f", "deploy/operator/examples/legacy.yaml"]);
+    // Installed as its README says (its webhook aside: it needs cert-manager), with its
+    // example resource for `pathConfig`.
+    for file in ["namespace.yaml", "operator.yaml", "hostpathprovisioner_legacy_cr.yaml"] {
+        std::fs::copy(kubevirt.join("deploy").join(file), shell.dir().join(file)).expect("copy a kubevirt file");
+    }
+    shell.kubectl(&["create", "-f", "namespace.yaml"]);
+    shell.kubectl(&["create", "-f", "operator.yaml", "-n", "hostpath-provisioner"]);
+    let crd = "crd/hostpathprovisioners.hostpathprovisioner.kubevirt.io";
+    shell.kubectl(&["wait", "--for", "condition=Established", crd]);
+    shell.kubectl(&["create", "-f", "hostpathprovisioner_legacy_cr.yaml"]);
     let resource = ["hostpathprovisioner", "hostpath-provisioner"];
     let before = shell.must_get(&resource);
-    // What the kubevirt operator made for it: its finalizer, its DaemonSets and ServiceAccounts.
+    let operator_deployment = ["deployment", "hostpath-provisioner-operator", "-n", "hostpath-provisioner"];
+    let theirs = shell.must_get(&operator_deployment);
+    // What the kubevirt operator made for it (it does not run here: no kubelet): its finalizer,
+    // its DaemonSets and ServiceAccounts.
     let uid = before["metadata"]["uid"].as_str().expect("uid").to_owned();
-    shell.kubectl(&[
-        "patch",
-        "hostpathprovisioner",
-        "hostpath-provisioner",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"metadata":{"finalizers":["finalizer.delete.hostpath-provisioner"]}}"#,
-    ]);
+    let finalizer = r#"{"metadata":{"finalizers":["finalizer.delete.hostpath-provisioner"]}}"#;
+    shell.kubectl(&["patch", "hostpathprovisioner", "hostpath-provisioner", "--type", "merge", "-p", finalizer]);
     shell.copy_in("kubevirt-operator-objects.yaml");
     shell.edit("kubevirt-operator-objects.yaml", "RESOURCE_UID", &uid);
     shell.kubectl(&["create", "-f", "kubevirt-operator-objects.yaml"]);
@@ -657,7 +662,7 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     // Step 1: the image; step 2: the kubevirt operator's Deployment goes, the resource stays.
     shell.set_image_in_kustomization("deploy/operator/kustomization.yaml");
     shell.run(&docs.command("docs/operator.md", section, "kubectl -n hostpath-provisioner delete deployment"));
-    assert!(shell.get(&["deployment", "hostpath-provisioner-operator", "-n", "hostpath-provisioner"]).is_none());
+    assert!(shell.get(&operator_deployment).is_none());
     // Step 3: the CRD, whose schema another manager wrote, needs --force-conflicts.
     let unforced = shell.cp().run_kubectl(shell.dir(), &["apply", "--server-side", "-k", "deploy/operator"]);
     assert!(format!("{unforced:?}").contains("conflict"), "applied without --force-conflicts: {unforced:?}");
@@ -666,10 +671,10 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
         section,
         "kubectl apply --server-side --force-conflicts -k deploy/operator",
     ));
-    let crd = shell.must_get(&["crd", "hostpathprovisioners.hostpathprovisioner.kubevirt.io"]);
-    assert!(crd.to_string().contains("x-kubernetes-validations"), "the CRD has this project's schema");
+    let ours_crd = shell.must_get(&["crd", "hostpathprovisioners.hostpathprovisioner.kubevirt.io"]);
+    assert!(ours_crd.to_string().contains("x-kubernetes-validations"), "the CRD has this project's schema");
     assert_eq!(shell.must_get(&resource)["metadata"]["uid"], before["metadata"]["uid"], "the resource stayed");
-    let operator = shell.must_get(&["deployment", "hostpath-provisioner-operator", "-n", "hostpath-provisioner"]);
+    let operator = shell.must_get(&operator_deployment);
     assert_eq!(container(&operator)["image"], format!("{REGISTRY}/hostpath-provisioner:0.1.0"));
 
     // The operator deploys the node DaemonSet and takes the resource over: its finalizer in
@@ -692,12 +697,13 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     let events = shell.kubectl(&["get", "events", "-n", "default", "-o", "json"]);
     assert!(events.contains("TookOver") && events.contains("DaemonSet hostpath-provisioner-csi"), "{events}");
 
-    // Going back: the operator scaled to 0 (here: stopped), its DaemonSet deleted, the finalizer
-    // removed; the resource stays for the kubevirt operator.
+    // Going back: this operator stopped and its Deployment and DaemonSet deleted, its finalizer
+    // removed, the kubevirt operator's manifest applied over its install.
     drop(operator);
     let going_back = "Going back";
+    shell.run(&docs.command("docs/operator.md", going_back, "kubectl -n hostpath-provisioner delete deployment"));
     shell.run(&docs.command("docs/operator.md", going_back, "kubectl -n hostpath-provisioner delete daemonset"));
-    assert!(shell.get(&daemonset).is_none());
+    assert!(shell.get(&daemonset).is_none() && shell.get(&operator_deployment).is_none());
     let name = resource[1];
     shell.run_with(
         &docs.command("docs/operator.md", going_back, "kubectl patch hostpathprovisioner"),
@@ -705,6 +711,13 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     );
     let after = shell.must_get(&resource);
     assert!(after["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty), "{after}");
+    shell.run(&docs.command("docs/operator.md", going_back, "kubectl apply --server-side --force-conflicts -n"));
+    let back = shell.must_get(&operator_deployment);
+    assert_eq!(back["spec"]["selector"], theirs["spec"]["selector"], "the kubevirt operator's Deployment");
+    assert_eq!(container(&back)["image"], container(&theirs)["image"]);
+    let their_crd = shell.must_get(&["crd", "hostpathprovisioners.hostpathprovisioner.kubevirt.io"]);
+    assert!(!their_crd.to_string().contains("x-kubernetes-validations"), "this project's CEL rules are gone");
+    assert_eq!(shell.must_get(&resource)["spec"], before["spec"], "the resource kept its spec");
 
     // Nothing holds the resource any more: deleted, it goes, and the garbage collector (which
     // took the witness it still owned) leaves the CSI driver its volumes need.
@@ -716,6 +729,17 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     shell.run(&docs.command("docs/operator.md", kept, "kubectl -n hostpath-provisioner delete daemonset"));
     assert!(shell.get(&csi_daemonset).is_none());
     shell.finish();
+}
+
+/// The kubevirt hostpath-provisioner-operator's source tree (hack/kubevirt-operator-source.sh),
+/// or why it cannot be had here.
+fn kubevirt_operator_source() -> anyhow::Result<PathBuf> {
+    let out = Command::new("bash").arg(repo().join("hack/kubevirt-operator-source.sh")).output()?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(out.status.success(), "no kubevirt operator source (set HPP_KUBEVIRT_OPERATOR_ARCHIVE): {log}");
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().trim());
+    anyhow::ensure!(dir.join("deploy/operator.yaml").is_file(), "no deploy/operator.yaml in {}", dir.display());
+    Ok(dir)
 }
 
 #[tokio::test(flavor = "multi_thread")]
