@@ -80,6 +80,7 @@ test-oldest-k8s: deploy-tools
 	$(OLDEST_K8S) $(CARGO) test --test e2e_deploy -- --test-threads=$${E2E_THREADS:-4} deploy_manifests_render capacity_is_published provisioner_works_under
 	$(OLDEST_K8S) $(CARGO) test --test e2e_install -- --test-threads=$${E2E_THREADS:-4} every_rendered_variant the_chart_defaults_match helm_install install_yaml_and
 	$(OLDEST_K8S) $(CARGO) test --test e2e_operator -- --test-threads=$${E2E_THREADS:-4} crd_ the_operator_deploys the_one_file_install the_charts_crd the_chart_installs
+	$(OLDEST_K8S) $(CARGO) test --test e2e_documented_commands -- a_kubevirt_resource_breaking
 
 # A local control plane and the provisioner: a claim provisioned for a pod and deleted. As root
 # with containerd installed, a real pod on a real kubelet writes into the volume; otherwise two

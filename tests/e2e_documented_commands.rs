@@ -731,6 +731,77 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     shell.finish();
 }
 
+/// docs/operator.md, "Coming from the kubevirt operator": a resource the kubevirt operator's
+/// schema accepted but that breaks a rule of this CRD is not acted upon, and says which rule:
+/// in its status from Kubernetes 1.30 (validation ratcheting lets the operator write it), in an
+/// `InvalidResource` Event before (the API server refuses every write to it, the operator's
+/// finalizer included). Edited, it is served. (Kubernetes 1.25 runs this test too.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kubevirt_resource_breaking_this_crds_rules_is_reported_then_served_once_edited() {
+    let kubevirt = match kubevirt_operator_source() {
+        Ok(dir) => dir,
+        Err(error) => {
+            println!("SKIPPED: {error:#}");
+            return;
+        }
+    };
+    let shell =
+        Shell::with_cluster("a_kubevirt_resource_breaking_this_crds_rules_is_reported_then_served_once_edited").await;
+    for file in ["namespace.yaml", "operator.yaml", "hostpathprovisioner_legacy_cr.yaml"] {
+        std::fs::copy(kubevirt.join("deploy").join(file), shell.dir().join(file)).expect("copy a kubevirt file");
+    }
+    shell.kubectl(&["create", "-f", "namespace.yaml"]);
+    shell.kubectl(&["create", "-f", "operator.yaml", "-n", "hostpath-provisioner"]);
+    shell.kubectl(&[
+        "wait",
+        "--for",
+        "condition=Established",
+        "crd/hostpathprovisioners.hostpathprovisioner.kubevirt.io",
+    ]);
+    // A comma, which the kubevirt schema lets through and this CRD refuses.
+    shell.edit("hostpathprovisioner_legacy_cr.yaml", "\"/var/hpvolumes\"", "\"/var/hp,volumes\"");
+    shell.kubectl(&["create", "-f", "hostpathprovisioner_legacy_cr.yaml"]);
+    shell.kubectl(&["delete", "deployment", "hostpath-provisioner-operator", "-n", "hostpath-provisioner"]);
+    shell.set_image_in_kustomization("deploy/operator/kustomization.yaml");
+    shell.kubectl(&["apply", "--server-side", "--force-conflicts", "-k", "deploy/operator"]);
+    let version: Value = serde_json::from_str(&shell.kubectl(&["version", "-o", "json"])).expect("version");
+    let minor: u32 =
+        version["serverVersion"]["minor"].as_str().unwrap_or_default().trim_end_matches('+').parse().expect("minor");
+    let resource = ["hostpathprovisioner", "hostpath-provisioner"];
+    let daemonset = ["daemonset", "kubevirt-hostpath-provisioner", "-n", "hostpath-provisioner"];
+    let operator = OperatorProcess::start(&shell);
+    let comma = "spec.pathConfig.path must not contain a comma";
+    if minor >= 30 {
+        testbed::wait_for("Degraded InvalidSpec", WAIT, || async {
+            let status = shell.get(&resource).map(|r| r["status"].clone()).unwrap_or_default();
+            let degraded =
+                status["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Degraded").cloned();
+            anyhow::Ok(
+                degraded.filter(|c| {
+                    c["reason"] == "InvalidSpec" && c["message"].as_str().is_some_and(|m| m.contains(comma))
+                }),
+            )
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", shell.read("operator.log")));
+    } else {
+        testbed::wait_for("an InvalidResource Event", WAIT, || async {
+            let events = shell.kubectl(&["get", "events", "-n", "default", "-o", "json"]);
+            anyhow::Ok((events.contains("InvalidResource") && events.contains(comma)).then_some(()))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", shell.read("operator.log")));
+    }
+    assert!(shell.get(&daemonset).is_none(), "nothing is deployed for a resource that breaks a rule");
+    // Edited so that it passes, it is served.
+    let fixed = r#"{"spec":{"pathConfig":{"path":"/var/hpvolumes"}}}"#;
+    shell.kubectl(&["patch", "hostpathprovisioner", "hostpath-provisioner", "--type", "merge", "-p", fixed]);
+    testbed::wait_for("the node DaemonSet", WAIT, || async { anyhow::Ok(shell.get(&daemonset).map(|_| ())) })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", shell.read("operator.log")));
+    drop(operator);
+}
+
 /// The kubevirt hostpath-provisioner-operator's source tree (hack/kubevirt-operator-source.sh),
 /// or why it cannot be had here.
 fn kubevirt_operator_source() -> anyhow::Result<PathBuf> {

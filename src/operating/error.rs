@@ -13,6 +13,9 @@ pub mod reason {
     /// Normal: what the kubevirt operator left was taken over (deleted, kept without owner,
     /// its finalizer removed).
     pub const TOOK_OVER: &str = "TookOver";
+    /// Warning: the API server refuses the operator's writes to the resource (it breaks the
+    /// current CRD's rules, stored under an earlier schema, before Kubernetes 1.30).
+    pub const INVALID_RESOURCE: &str = "InvalidResource";
     /// Normal: every object of the resource applied.
     pub const APPLIED: &str = "Applied";
 }

@@ -41,6 +41,7 @@ pub struct Context {
 pub async fn reconcile(resource: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Result<Action, OperatorError> {
     let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
     let name = resource.name_any();
+    let resource_for_events = resource.clone();
     // Deleted while the kubevirt operator's finalizer is still on it (this operator may never
     // have applied it): take over first, so that the garbage collector leaves the CSI driver
     // and nothing waits for a finalizer nobody removes. The change wakes the next reconcile.
@@ -66,6 +67,20 @@ pub async fn reconcile(resource: Arc<HostPathProvisioner>, ctx: Arc<Context>) ->
         && status.code == 404
     {
         return Ok(Action::await_change());
+    }
+    // Before Kubernetes 1.30 an unchanged spec is validated again on every write: a resource
+    // stored under an earlier schema that breaks a rule of this CRD cannot take the finalizer.
+    if let Err(
+        kube::runtime::finalizer::Error::AddFinalizer(kube::Error::Api(status))
+        | kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(status)),
+    ) = &result
+        && status.code == 422
+    {
+        let note = format!(
+            "the API server refuses every change to this resource, the operator's finalizer included: it breaks a rule of the current CRD (it was stored under an earlier schema); edit the spec so that it passes: {}",
+            status.message
+        );
+        publish(&ctx, &resource_for_events, EventType::Warning, reason::INVALID_RESOURCE, &note).await;
     }
     result.map_err(|error| match error {
         kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,

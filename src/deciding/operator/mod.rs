@@ -8,5 +8,6 @@ pub mod pool_claims;
 pub mod pool_plan;
 pub mod render;
 pub mod resource;
+pub mod spec_rules;
 pub mod status;
 pub mod takeover;

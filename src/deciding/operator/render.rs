@@ -170,6 +170,20 @@ struct ServedPool {
 /// Renders `resource` for `environment`.
 pub fn render(resource: &HostPathProvisioner, environment: &Environment) -> Rendered {
     let mut rendered = Rendered { not_acted_upon: not_acted_upon(resource), ..Rendered::default() };
+    // A resource stored before the CRD's rules applied (the kubevirt operator's schema) may
+    // break them: told, and nothing rendered, as the API server would have refused it.
+    let broken = super::spec_rules::broken_rules(&resource.spec);
+    if !broken.is_empty() {
+        rendered.problems.push(Problem {
+            reason: "InvalidSpec",
+            message: format!(
+                "the resource breaks this operator's rules (it was stored before they applied); edit it, what runs is left as it was: {}",
+                broken.join("; ")
+            ),
+            pool: None,
+        });
+        return rendered;
+    }
     let placement = match Placement::parse(resource) {
         Ok(placement) => placement,
         Err(problem) => {
