@@ -705,6 +705,23 @@ async fn a_kubevirt_operators_pool_claim_is_adopted_and_held_by_its_csi_volumes(
     }))
     .expect("claim");
     let made = claims.create(&PostParams::default(), &theirs).await.expect("the kubevirt operator's claim");
+    // Its mounter on the first node, as it made it: its own selector, mounting at <path>/csi.
+    let mounters: Api<Deployment> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+    let their_mounter: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": format!("hpp-pool-shared-{}", nodes[0]), "labels": {
+            "kubevirt.io.hostpath-provisioner/storagePool": "shared-hpp", "hpp-pool": "shared-hpp",
+        }},
+        "spec": {
+            "selector": {"matchLabels": {"hpp-pool": "shared-hpp"}},
+            "template": {
+                "metadata": {"labels": {"hpp-pool": "shared-hpp"}},
+                "spec": {"containers": [{"name": "mounter", "image": "quay.io/kubevirt/hostpath-provisioner-operator",
+                    "command": ["/usr/bin/mounter", "--storagePoolPath", "/source", "--mountPath", "/mnt/shared/csi", "--hostPath", "/host"]}]},
+            },
+        },
+    }))
+    .expect("mounter");
+    let their_mounter = mounters.create(&PostParams::default(), &their_mounter).await.expect("the kubevirt mounter");
     let csi_pv = format!("{}-csi", env.group);
     let pv: PersistentVolume = serde_json::from_value(json!({
         "metadata": {"name": csi_pv},
@@ -730,15 +747,36 @@ async fn a_kubevirt_operators_pool_claim_is_adopted_and_held_by_its_csi_volumes(
     .await
     .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(adopted.metadata.uid, made.metadata.uid, "the same claim, not a new one");
+    let target =
+        adopted.metadata.annotations.as_ref().and_then(|a| a.get("hostpathprovisioner.kubevirt.io/mount-target"));
+    assert_eq!(target.map(String::as_str), Some("/mnt/shared/csi"), "the kubevirt mount point stays");
+    // The node DaemonSet serves the pool where the kubevirt operator mounted it, only while mounted.
+    wait_daemonset(env, "the kubevirt pool served at <path>/csi", |d| {
+        node_container(d).0.get("STORAGE_POOLS").map(String::as_str)
+            == Some("local=/var/hpvolumes,shared=/mnt/shared/csi,mountpoint")
+    })
+    .await;
     let of_pool =
         claims.list(&kube::api::ListParams::default().labels("hostpathprovisioner.kubevirt.io/pool=shared")).await;
     assert_eq!(of_pool.expect("list").items.len(), 1, "one shared claim");
-    let mounters: Api<Deployment> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+    // Each node's mounter is this operator's, the kubevirt one replaced (a new object: its
+    // selector could not change), mounting at the kubevirt mount point.
     for node in &nodes {
-        let mounter = wait_present(&mounters, &format!("hpp-pool-shared-{node}"), true).await;
+        let name = format!("hpp-pool-shared-{node}");
+        let mounter = testbed::wait_for(&format!("{name} of this operator"), WAIT, || async {
+            let found = mounters.get_opt(&name).await?;
+            Ok::<_, kube::Error>(found.filter(|d| {
+                d.metadata.labels.as_ref().is_some_and(|l| l.contains_key("hostpathprovisioner.kubevirt.io/pool"))
+                    && d.metadata.deletion_timestamp.is_none()
+            }))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_ne!(mounter.metadata.uid, their_mounter.metadata.uid);
         let pod = mounter.spec.and_then(|s| s.template.spec).expect("mounter pod");
         let volumes = serde_json::to_value(&pod.volumes).expect("volumes");
         assert_eq!(volumes[0]["persistentVolumeClaim"]["claimName"], "hpp-pool-shared-shared");
+        assert_eq!(volumes[1]["hostPath"]["path"], "/mnt/shared/csi");
     }
 
     // The pool removed: the CSI volume holds the claim and names itself; gone, it frees it.

@@ -194,6 +194,7 @@ fn shipped_pods(env: &TestEnv) -> Vec<ShippedPod> {
         openshift: true,
         prometheus: false,
         held_pools: Vec::new(),
+        pool_roots: Vec::new(),
         image_pull_secrets: vec!["regcred".into()],
     };
     let rendered = render(&example("pvc-template.yaml"), &environment);
@@ -222,6 +223,7 @@ fn shipped_pods(env: &TestEnv) -> Vec<ShippedPod> {
         image: &environment.image,
         pool: &pool.name,
         path: &pool.path,
+        mount_target: &pool.path,
         image_pull_secrets: &secrets,
     };
     pods.push(ShippedPod {

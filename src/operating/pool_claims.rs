@@ -10,7 +10,9 @@ use kube::{Client, ResourceExt};
 
 use super::error::OperatorError;
 use crate::deciding::kept_volume::KeptVolume;
-use crate::deciding::operator::pool_claims::{CsiVolume, NODE_ANNOTATION, PATH_ANNOTATION, POOL_LABEL, PoolObjects};
+use crate::deciding::operator::pool_claims::{
+    CsiVolume, KUBEVIRT_POOL_LABEL, MOUNT_TARGET_ANNOTATION, NODE_ANNOTATION, PATH_ANNOTATION, POOL_LABEL, PoolObjects,
+};
 use crate::deciding::operator::pool_plan::{self, Existing, Kind};
 use crate::deciding::operator::render::{NodePlacement, OWNER_LABEL, PoolOnClaim};
 use crate::deciding::operator::resource::ClaimStatus;
@@ -24,6 +26,8 @@ pub struct Outcome {
     pub held_back: Vec<String>,
     /// The first object that could not be applied or deleted.
     pub failure: Option<String>,
+    /// A kubevirt mounter was deleted; this operator's comes at a later pass.
+    pub replacing: bool,
 }
 
 /// Where the pool objects go and what they run.
@@ -46,6 +50,8 @@ pub struct Found {
     nodes: Vec<Node>,
     pvs: Vec<KeptVolume>,
     csi_pvs: Vec<CsiVolume>,
+    /// The kubevirt operator's claims and mounters (its label, not ours).
+    kubevirt: Vec<(Kind, String)>,
 }
 
 /// Reads the resource's pool claims and mounters, and when there are any (or `pools` is not
@@ -62,6 +68,26 @@ pub async fn read(target: &Target<'_>, any_pools: bool) -> Result<Found, Operato
     if !any_pools && claims.is_empty() && mounters.is_empty() {
         return Ok(Found::default());
     }
+    // The kubevirt operator's pool objects, by its label: a claim of the name this operator
+    // gives is adopted, a mounter of that name replaced. Never another object of the namespace.
+    let theirs = ListParams::default().labels(&format!("{KUBEVIRT_POOL_LABEL},!{OWNER_LABEL}"));
+    let mut kubevirt: Vec<(Kind, String)> = claims_api(target)
+        .list_metadata(&theirs)
+        .await
+        .map_err(|e| OperatorError::api("list the kubevirt operator's pool claims", e))?
+        .items
+        .into_iter()
+        .map(|c| (Kind::Claim, c.name_any()))
+        .collect();
+    kubevirt.extend(
+        mounters_api(target)
+            .list_metadata(&theirs)
+            .await
+            .map_err(|e| OperatorError::api("list the kubevirt operator's pool mounters", e))?
+            .items
+            .into_iter()
+            .map(|d| (Kind::Mounter, d.name_any())),
+    );
     let nodes = Api::<Node>::all(target.client.clone())
         .list(&ListParams::default())
         .await
@@ -81,7 +107,7 @@ pub async fn read(target: &Target<'_>, any_pools: bool) -> Result<Found, Operato
         .map(|pv| serde_json::to_value(pv).and_then(serde_json::from_value::<KeptVolume>))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| OperatorError::Config(format!("read a PersistentVolume that may hold a pool back: {e}")))?;
-    Ok(Found { claims, mounters, nodes, pvs, csi_pvs })
+    Ok(Found { claims, mounters, nodes, pvs, csi_pvs, kubevirt })
 }
 
 fn claims_api(target: &Target<'_>) -> Api<PersistentVolumeClaim> {
@@ -101,23 +127,36 @@ fn plan(target: &Target<'_>, found: &Found, pools: &[PoolOnClaim], placement: &N
         image: target.image,
         pool: "",
         path: "",
+        mount_target: "",
         image_pull_secrets: target.image_pull_secrets,
     };
-    pool_plan::plan(pools, placement, &found.nodes, &existing, &found.pvs, &found.csi_pvs, &objects)
+    let cluster = pool_plan::Cluster {
+        nodes: &found.nodes,
+        existing: &existing,
+        kubevirt: &found.kubevirt,
+        pvs: &found.pvs,
+        csi_pvs: &found.csi_pvs,
+    };
+    pool_plan::plan(pools, placement, &cluster, &objects)
 }
 
-/// The pools (name, path) held back against `pools`: the DaemonSet keeps serving them.
-pub fn held_pools(
+/// Pools by name, each with the root the node serves it at.
+pub type PoolRoots = Vec<(String, String)>;
+
+/// What the DaemonSet serves besides the spec's pools as written: the pools held back against
+/// `pools`, which it keeps serving, and the pools served at another root than their path (a
+/// claim of the kubevirt operator's layout).
+pub fn served_roots(
     target: &Target<'_>,
     found: &Found,
     pools: &[PoolOnClaim],
     placement: &NodePlacement,
-) -> Vec<(String, String)> {
-    let mut held: Vec<(String, String)> =
-        plan(target, found, pools, placement).held_back.into_iter().map(|h| (h.pool, h.path)).collect();
+) -> (PoolRoots, PoolRoots) {
+    let plan = plan(target, found, pools, placement);
+    let mut held: PoolRoots = plan.held_back.into_iter().map(|h| (h.pool, h.root)).collect();
     held.sort();
     held.dedup();
-    held
+    (held, plan.roots.into_iter().collect())
 }
 
 /// Brings the claims and mounters of `pools` (empty: the resource is being deleted) to what
@@ -136,6 +175,22 @@ pub async fn reconcile(
     let plan = plan(target, found, pools, placement);
 
     let mut outcome = Outcome { held_back: plan.held_back.iter().map(|h| h.message()).collect(), ..Outcome::default() };
+    // The kubevirt operator's mounters go first; this operator's take their names at a later
+    // pass, and adopt their mounts, which stay on the nodes.
+    for name in &plan.replace {
+        match mounters.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {
+                tracing::info!(resource = target.resource, %name, "removed the kubevirt operator's mounter: this operator's mounter adopts its mount")
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => {
+                let message = format!("delete the kubevirt operator's mounter Deployment {name}: {error}");
+                tracing::warn!(resource = target.resource, %message, "cannot replace a pool mounter");
+                outcome.failure.get_or_insert(message);
+            }
+        }
+    }
+    outcome.replacing = !plan.replace.is_empty();
     let params = PatchParams::apply(target.field_manager).force();
     for object in &plan.apply {
         let result = match object.kind {
@@ -214,11 +269,13 @@ fn kind_name(kind: Kind) -> &'static str {
 /// A pool object read back: its pool label and path annotation (without them, not ours).
 fn read_existing<K: kube::Resource>(kind: Kind, object: &K) -> Option<Existing> {
     let meta = object.meta();
+    let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key)).cloned();
     Some(Existing {
         kind,
         name: meta.name.clone()?,
         pool: meta.labels.as_ref()?.get(POOL_LABEL)?.clone(),
-        node: meta.annotations.as_ref().and_then(|a| a.get(NODE_ANNOTATION)).cloned(),
-        path: meta.annotations.as_ref()?.get(PATH_ANNOTATION)?.clone(),
+        node: annotation(NODE_ANNOTATION),
+        path: annotation(PATH_ANNOTATION)?,
+        mount_target: annotation(MOUNT_TARGET_ANNOTATION),
     })
 }

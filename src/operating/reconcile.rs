@@ -120,9 +120,9 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
         None
     };
     if let Some(found) = &pool_objects {
-        environment.held_pools =
-            super::pool_claims::held_pools(&target, found, &rendered.pools_on_claim, &rendered.placement);
-        if !environment.held_pools.is_empty() {
+        (environment.held_pools, environment.pool_roots) =
+            super::pool_claims::served_roots(&target, found, &rendered.pools_on_claim, &rendered.placement);
+        if !environment.held_pools.is_empty() || !environment.pool_roots.is_empty() {
             rendered = render(resource, &environment);
         }
     }
@@ -185,6 +185,7 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
     // Pools on a claim follow nodes, mounters and PVs, which do not wake the operator: look again soon.
     let settling = new_status.conditions.iter().any(|c| c.type_ == status::PROGRESSING && c.status == "True")
         || !pools.held_back.is_empty()
+        || pools.replacing
         || new_status.storage_pool_statuses.iter().any(|p| p.phase != status::READY);
     Ok(match (apply_failure, settling) {
         (Some(_), _) => Action::requeue(Duration::from_secs(30)),
@@ -263,6 +264,7 @@ async fn environment(ctx: &Context) -> Environment {
         openshift: serves("security.openshift.io/v1", &["securitycontextconstraints"]).await,
         prometheus: serves("monitoring.coreos.com/v1", &["servicemonitors", "prometheusrules"]).await,
         held_pools: Vec::new(),
+        pool_roots: Vec::new(),
         image_pull_secrets: ctx.image_pull_secrets.clone(),
     }
 }

@@ -197,6 +197,12 @@ pub const NODE_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/node";
 /// Annotation on a pool's claims and mounters: the pool path, for the hold-back rule after the
 /// pool was removed from the resource or moved.
 pub const PATH_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/pool-path";
+/// Annotation on a pool's claims and mounters whose claim is mounted elsewhere than at the pool
+/// path: a claim taken over from the kubevirt operator stays at `<path>/csi`, where its CSI
+/// driver finds its volumes, and the node DaemonSet serves the pool there.
+pub const MOUNT_TARGET_ANNOTATION: &str = "hostpathprovisioner.kubevirt.io/mount-target";
+/// Label the kubevirt operator puts on its pool claims and mounters.
+pub const KUBEVIRT_POOL_LABEL: &str = "kubevirt.io.hostpath-provisioner/storagePool";
 /// Where the image has the binary (the Dockerfile's entrypoint), for the mounter's probe.
 const BINARY: &str = "/hostpath-provisioner";
 /// Where the mounter's pod sees the claim.
@@ -210,6 +216,9 @@ pub struct PoolObjects<'a> {
     pub image: &'a str,
     pub pool: &'a str,
     pub path: &'a str,
+    /// Where the claim is mounted: the pool path, or `<path>/csi` for a pool of the kubevirt
+    /// operator's layout.
+    pub mount_target: &'a str,
     /// The mounter pods' pull secrets (names in `namespace`).
     pub image_pull_secrets: &'a [String],
 }
@@ -217,6 +226,9 @@ pub struct PoolObjects<'a> {
 impl PoolObjects<'_> {
     fn metadata(&self, name: &str, node: Option<&str>) -> serde_json::Value {
         let mut annotations = serde_json::json!({ PATH_ANNOTATION: self.path });
+        if self.mount_target != self.path {
+            annotations[MOUNT_TARGET_ANNOTATION] = serde_json::json!(self.mount_target);
+        }
         if let Some(node) = node {
             annotations[NODE_ANNOTATION] = serde_json::json!(node);
         }
@@ -255,7 +267,7 @@ impl PoolObjects<'_> {
         let selector = serde_json::json!({ "hostpathprovisioner.kubevirt.io/mounter": selector_value });
         let mut pod_labels = selector.clone();
         pod_labels[POOL_LABEL] = serde_json::json!(self.pool);
-        let mount_args = ["--source", CLAIM_MOUNT, "--target", self.path];
+        let mount_args = ["--source", CLAIM_MOUNT, "--target", self.mount_target];
         let mut probe = vec![BINARY, "pool-mount", "--check"];
         probe.extend(mount_args);
         let mut args = vec!["pool-mount"];
@@ -301,12 +313,12 @@ impl PoolObjects<'_> {
                             },
                             "volumeMounts": [
                                 {"name": "claim", "mountPath": CLAIM_MOUNT},
-                                {"name": "pool", "mountPath": self.path, "mountPropagation": "Bidirectional"},
+                                {"name": "pool", "mountPath": self.mount_target, "mountPropagation": "Bidirectional"},
                             ],
                         }],
                         "volumes": [
                             {"name": "claim", "persistentVolumeClaim": {"claimName": claim}},
-                            {"name": "pool", "hostPath": {"path": self.path, "type": "DirectoryOrCreate"}},
+                            {"name": "pool", "hostPath": {"path": self.mount_target, "type": "DirectoryOrCreate"}},
                         ],
                     },
                 },

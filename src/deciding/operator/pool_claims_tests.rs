@@ -152,6 +152,7 @@ fn objects() -> PoolObjects<'static> {
         image: "img:1",
         pool: "local",
         path: "/var/hpvolumes",
+        mount_target: "/var/hpvolumes",
         image_pull_secrets: &[],
     }
 }

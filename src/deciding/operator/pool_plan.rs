@@ -18,8 +18,9 @@ use crate::deciding::kept_volume::KeptVolume;
 pub const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
 
 /// The kinds of a pool's objects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
+    #[default]
     /// The PersistentVolumeClaim the pool lives on.
     Claim,
     /// The per-node Deployment that mounts the claim at the pool path.
@@ -27,7 +28,7 @@ pub enum Kind {
 }
 
 /// A claim or mounter of ours found in the cluster, read from its labels and annotations.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Existing {
     pub kind: Kind,
     pub name: String,
@@ -36,6 +37,24 @@ pub struct Existing {
     pub node: Option<String>,
     /// The pool path it was made for.
     pub path: String,
+    /// Where the claim is mounted, when not at the pool path: a claim taken over from the
+    /// kubevirt operator stays at its `<path>/csi` ([`super::pool_claims::MOUNT_TARGET_ANNOTATION`]).
+    pub mount_target: Option<String>,
+}
+
+/// What the cluster holds that decides about the pool objects.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cluster<'a> {
+    pub nodes: &'a [Node],
+    /// The claims and mounters of ours.
+    pub existing: &'a [Existing],
+    /// The kubevirt operator's claims and mounter Deployments in the namespace (kind, name):
+    /// a claim of the name this operator gives is adopted, a mounter replaced.
+    pub kubevirt: &'a [(Kind, String)],
+    pub pvs: &'a [KeptVolume],
+    /// The kubevirt CSI driver's PVs, which hold every claim of their pool (a claim taken
+    /// over from the kubevirt operator holds their data).
+    pub csi_pvs: &'a [CsiVolume],
 }
 
 /// One object to apply.
@@ -58,6 +77,9 @@ pub struct HeldBack {
     pub path: String,
     /// The PVs (names, sorted) that hold it.
     pub pvs: Vec<String>,
+    /// Where its claim is mounted (the pool path, or a kubevirt claim's `<path>/csi`): what the
+    /// DaemonSet keeps serving.
+    pub root: String,
 }
 
 impl HeldBack {
@@ -88,40 +110,44 @@ pub struct Plan {
     pub held_back: Vec<HeldBack>,
     /// Per pool on a claim: the nodes that get a mounter.
     pub nodes: BTreeMap<String, Vec<String>>,
+    /// The kubevirt operator's mounters to delete before this operator's take their names
+    /// (applied at a later pass, once they are gone).
+    pub replace: Vec<String>,
+    /// Pools served at another root than their path (name, root): claims of the kubevirt
+    /// operator's layout, mounted at `<path>/csi`.
+    pub roots: BTreeMap<String, String>,
 }
 
 /// Plans the claims and mounters of `pools` (empty when the resource is being deleted) for the
-/// nodes the placement selects, against what `existing` already holds. `csi_pvs`: the kubevirt
-/// CSI driver's PVs, which hold every claim of their pool (a claim taken over from the kubevirt
-/// operator holds their data).
-pub fn plan(
-    pools: &[PoolOnClaim],
-    placement: &NodePlacement,
-    nodes: &[Node],
-    existing: &[Existing],
-    pvs: &[KeptVolume],
-    csi_pvs: &[CsiVolume],
-    objects: &PoolObjects,
-) -> Plan {
+/// nodes the placement selects, against what `cluster` already holds.
+pub fn plan(pools: &[PoolOnClaim], placement: &NodePlacement, cluster: &Cluster, objects: &PoolObjects) -> Plan {
+    let Cluster { nodes, existing, kubevirt, pvs, csi_pvs } = *cluster;
     let mut tolerations = placement.tolerations.clone();
     tolerations.extend(daemonset_tolerations());
     let selected = selected_nodes(nodes, &placement.node_selector, placement.affinity.as_ref(), &tolerations);
     let mut plan = Plan::default();
     for pool in pools {
-        let objects = PoolObjects { pool: &pool.name, path: &pool.path, ..*objects };
         // An object of ours already made for this pool, node and path keeps its name: an
         // earlier release named the shared claim `hpp-pool-<pool>` and cut long names another
         // way, and a second claim or mounter would leave the first one's data aside.
-        let kept_name = |kind: Kind, node: Option<&str>| {
+        let kept = |kind: Kind, node: Option<&str>| {
             existing
                 .iter()
                 .find(|e| e.kind == kind && e.pool == pool.name && e.node.as_deref() == node && e.path == pool.path)
-                .map(|e| e.name.clone())
         };
         let claims: Vec<(String, Option<String>)> = pool_claims(&pool.name, &pool.template, &selected)
             .into_iter()
-            .map(|(name, node)| (kept_name(Kind::Claim, node.as_deref()).unwrap_or(name), node))
+            .map(|(name, node)| (kept(Kind::Claim, node.as_deref()).map_or(name, |e| e.name.clone()), node))
             .collect();
+        // The kubevirt operator mounts a pool's claims at `<path>/csi`, where its CSI driver
+        // finds its volumes: a pool with one of its claims keeps that layout on every node
+        // (the DaemonSet serves one root per pool), new claims included.
+        let kubevirt_layout = existing
+            .iter()
+            .any(|e| e.kind == Kind::Claim && e.pool == pool.name && e.path == pool.path && e.mount_target.is_some())
+            || claims.iter().any(|(name, _)| kubevirt.contains(&(Kind::Claim, name.clone())));
+        let target = if kubevirt_layout { kubevirt_mount_target(&pool.path) } else { pool.path.clone() };
+        let objects = PoolObjects { pool: &pool.name, path: &pool.path, mount_target: &target, ..*objects };
         for (name, node) in &claims {
             let body = objects.claim(name, node.as_deref(), &pool.template);
             plan.apply.push(ToApply {
@@ -137,7 +163,14 @@ pub fn plan(
                 .iter()
                 .find(|(_, serves)| serves.is_none() || serves.as_ref() == Some(node))
                 .map_or_else(|| claim_name(&pool.name, Some(node)), |(name, _)| name.clone());
-            let name = kept_name(Kind::Mounter, Some(node)).unwrap_or_else(|| claim_name(&pool.name, Some(node)));
+            let name =
+                kept(Kind::Mounter, Some(node)).map_or_else(|| claim_name(&pool.name, Some(node)), |e| e.name.clone());
+            // Its mount stays on the node when its pod goes (the kubevirt mounter never
+            // unmounts): this operator's mounter adopts it at the same place.
+            if kubevirt.contains(&(Kind::Mounter, name.clone())) {
+                plan.replace.push(name);
+                continue;
+            }
             plan.apply.push(ToApply {
                 kind: Kind::Mounter,
                 body: objects.mounter(&name, node, &claim, &tolerations),
@@ -145,6 +178,9 @@ pub fn plan(
                 pool: pool.name.clone(),
                 node: Some(node.clone()),
             });
+        }
+        if kubevirt_layout {
+            plan.roots.insert(pool.name.clone(), target);
         }
         plan.nodes.insert(pool.name.clone(), selected.clone());
     }
@@ -186,6 +222,7 @@ pub fn plan(
                     node: found.node.clone(),
                     path: found.path.clone(),
                     pvs: holding,
+                    root: found.mount_target.clone().unwrap_or_else(|| found.path.clone()),
                 });
             }
         }
@@ -193,6 +230,11 @@ pub fn plan(
     plan.apply.retain(|a| !keep_as_is.contains(&(a.kind, a.name.clone())));
     plan.delete.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     plan
+}
+
+/// Where the kubevirt operator mounts a pool's claim: `<path>/csi`.
+pub fn kubevirt_mount_target(path: &str) -> String {
+    format!("{}/csi", path.trim_end_matches('/'))
 }
 
 /// The tolerations the DaemonSet controller adds to every DaemonSet pod: a node with these

@@ -37,11 +37,26 @@ fn pv(name: &str, path: &str, node: &str) -> KeptVolume {
 }
 
 fn objects() -> PoolObjects<'static> {
-    PoolObjects { resource: "hpp", namespace: "ops", image: "img", pool: "", path: "", image_pull_secrets: &[] }
+    PoolObjects {
+        resource: "hpp",
+        namespace: "ops",
+        image: "img",
+        pool: "",
+        path: "",
+        mount_target: "",
+        image_pull_secrets: &[],
+    }
 }
 
 fn existing(kind: Kind, name: &str, node: Option<&str>, path: &str) -> Existing {
-    Existing { kind, name: name.into(), pool: "local".into(), node: node.map(Into::into), path: path.into() }
+    Existing {
+        kind,
+        name: name.into(),
+        pool: "local".into(),
+        node: node.map(Into::into),
+        path: path.into(),
+        mount_target: None,
+    }
 }
 
 fn names(plan: &Plan) -> Vec<(Kind, &str)> {
@@ -52,8 +67,12 @@ fn names(plan: &Plan) -> Vec<(Kind, &str)> {
 fn each_selected_node_gets_its_claim_and_mounter() {
     let mut nodes = linux_nodes();
     nodes.push(node("windows", json!({"kubernetes.io/os": "windows"})));
-    let plan =
-        plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &nodes, &[], &[], &[], &objects());
+    let plan = plan(
+        &[pool("local", "/mnt/local", &["ReadWriteOnce"])],
+        &placement(),
+        &Cluster { nodes: &nodes, ..Cluster::default() },
+        &objects(),
+    );
     assert_eq!(
         names(&plan),
         [
@@ -72,8 +91,12 @@ fn each_selected_node_gets_its_claim_and_mounter() {
 
 #[test]
 fn a_shared_claim_is_mounted_by_every_selected_node() {
-    let plan =
-        plan(&[pool("big", "/mnt/big", &["ReadWriteMany"])], &placement(), &linux_nodes(), &[], &[], &[], &objects());
+    let plan = plan(
+        &[pool("big", "/mnt/big", &["ReadWriteMany"])],
+        &placement(),
+        &Cluster { nodes: &linux_nodes(), ..Cluster::default() },
+        &objects(),
+    );
     assert_eq!(
         names(&plan),
         [(Kind::Claim, "hpp-pool-big-shared"), (Kind::Mounter, "hpp-pool-big-n1"), (Kind::Mounter, "hpp-pool-big-n2")]
@@ -93,8 +116,12 @@ fn a_node_not_ready_keeps_its_claim_as_the_daemonset_keeps_its_pod() {
         "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]},
     }))
     .expect("node");
-    let plan =
-        plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &[tainted], &[], &[], &[], &objects());
+    let plan = plan(
+        &[pool("local", "/mnt/local", &["ReadWriteOnce"])],
+        &placement(),
+        &Cluster { nodes: &[tainted], ..Cluster::default() },
+        &objects(),
+    );
     assert_eq!(plan.nodes["local"], ["n1"]);
 }
 
@@ -110,7 +137,7 @@ fn a_tainted_control_plane_node_gets_no_claim_or_mounter_unless_the_resource_tol
     let mut nodes = linux_nodes();
     nodes.push(control_plane);
     let pools = [pool("local", "/mnt/local", &["ReadWriteOnce"])];
-    let plain = plan(&pools, &placement(), &nodes, &[], &[], &[], &objects());
+    let plain = plan(&pools, &placement(), &Cluster { nodes: &nodes, ..Cluster::default() }, &objects());
     assert_eq!(plain.nodes["local"], ["n1", "n2"]);
     assert!(!names(&plain).iter().any(|(_, name)| name.ends_with("-cp")), "{:?}", names(&plain));
     for mounter in plain.apply.iter().filter(|a| a.kind == Kind::Mounter) {
@@ -126,7 +153,7 @@ fn a_tainted_control_plane_node_gets_no_claim_or_mounter_unless_the_resource_tol
         ],
         ..placement()
     };
-    let asked = plan(&pools, &tolerating, &nodes, &[], &[], &[], &objects());
+    let asked = plan(&pools, &tolerating, &Cluster { nodes: &nodes, ..Cluster::default() }, &objects());
     assert_eq!(asked.nodes["local"], ["n1", "n2", "cp"]);
     let on_cp = asked.apply.iter().find(|a| a.kind == Kind::Mounter && a.name.ends_with("-cp")).expect("mounter");
     assert!(on_cp.body["spec"]["template"]["spec"]["tolerations"].to_string().contains("control-plane"));
@@ -145,7 +172,12 @@ fn a_removed_pool_goes_unless_a_volume_of_ours_lives_there_and_the_pvs_are_named
         pv("pvc-a", "/mnt/local/pvc-a", "n1"),
         pv("elsewhere", "/other/pvc-c", "n2"),
     ];
-    let plan = plan(&[], &placement(), &linux_nodes(), &found, &pvs, &[], &objects());
+    let plan = plan(
+        &[],
+        &placement(),
+        &Cluster { nodes: &linux_nodes(), existing: &found, pvs: &pvs, ..Cluster::default() },
+        &objects(),
+    );
     assert!(plan.apply.is_empty());
     assert_eq!(
         plan.delete,
@@ -163,10 +195,15 @@ fn a_moved_pool_keeps_its_old_mount_while_held_and_is_replaced_once_free() {
     let found = [existing(Kind::Mounter, "hpp-pool-local-n1", Some("n1"), "/mnt/old")];
     let moved = [pool("local", "/mnt/new", &["ReadWriteOnce"])];
     let nodes = &linux_nodes()[..1];
-    let held = plan(&moved, &placement(), nodes, &found, &[pv("pvc-a", "/mnt/old/pvc-a", "n1")], &[], &objects());
+    let held = plan(
+        &moved,
+        &placement(),
+        &Cluster { nodes, existing: &found, pvs: &[pv("pvc-a", "/mnt/old/pvc-a", "n1")], ..Cluster::default() },
+        &objects(),
+    );
     assert_eq!(names(&held), [(Kind::Claim, "hpp-pool-local-n1")], "the old mounter is not replaced");
     assert_eq!(held.held_back[0].path, "/mnt/old");
-    let free = plan(&moved, &placement(), nodes, &found, &[], &[], &objects());
+    let free = plan(&moved, &placement(), &Cluster { nodes, existing: &found, ..Cluster::default() }, &objects());
     assert_eq!(names(&free), [(Kind::Claim, "hpp-pool-local-n1"), (Kind::Mounter, "hpp-pool-local-n1")]);
     assert!(free.delete.is_empty(), "replaced in place, not deleted");
 }
@@ -189,7 +226,12 @@ fn objects_made_under_an_earlier_name_keep_it() {
         // Same pool, another path: not the same object.
         existing(Kind::Mounter, "hpp-pool-big-n1-old", Some("n1"), "/mnt/elsewhere"),
     ];
-    let plan = plan(&[pool("big", "/mnt/big", &["ReadWriteMany"])], &placement(), &nodes, &found, &[], &[], &objects());
+    let plan = plan(
+        &[pool("big", "/mnt/big", &["ReadWriteMany"])],
+        &placement(),
+        &Cluster { nodes: &nodes, existing: &found, ..Cluster::default() },
+        &objects(),
+    );
     let applied: Vec<(Kind, &str)> = plan.apply.iter().map(|a| (a.kind, a.name.as_str())).collect();
     assert_eq!(
         applied,
@@ -224,11 +266,21 @@ fn the_kubevirt_csi_volumes_of_a_pool_hold_its_claims() {
         CsiVolume { name: "pvc-csi-a".into(), pool: "local".into() },
         CsiVolume { name: "pvc-csi-other".into(), pool: "other".into() },
     ];
-    let held = plan(&[], &placement(), &linux_nodes(), &found, &[], &csi, &objects());
+    let held = plan(
+        &[],
+        &placement(),
+        &Cluster { nodes: &linux_nodes(), existing: &found, csi_pvs: &csi, ..Cluster::default() },
+        &objects(),
+    );
     assert!(held.delete.is_empty(), "{:?}", held.delete);
     assert_eq!(held.held_back.len(), 2);
     assert!(held.held_back.iter().all(|h| h.pvs == ["pvc-csi-a"]), "{:?}", held.held_back);
-    let free = plan(&[], &placement(), &linux_nodes(), &found, &[], &csi[1..], &objects());
+    let free = plan(
+        &[],
+        &placement(),
+        &Cluster { nodes: &linux_nodes(), existing: &found, csi_pvs: &csi[1..], ..Cluster::default() },
+        &objects(),
+    );
     assert_eq!(free.delete.len(), 2, "another pool's CSI volume holds nothing");
 }
 
@@ -246,4 +298,55 @@ fn a_csi_volume_is_read_from_the_kubevirt_drivers_attributes() {
     );
     assert_eq!(CsiVolume::of(&pv("other.csi.example", json!({"storagePool": "local"}))), None);
     assert_eq!(CsiVolume::of(&pv("kubevirt.io.hostpath-provisioner", json!({}))), None);
+}
+
+/// A pool whose claim the kubevirt operator made (its name, its label, not ours): the claim is
+/// adopted and annotated with the kubevirt mount point `<path>/csi`, which every claim and
+/// mounter of the pool then uses (a new node's too) and the DaemonSet serves; the kubevirt
+/// mounter of that name is replaced, never applied over (its selector differs).
+#[test]
+fn a_kubevirt_pool_keeps_its_mount_point_and_its_mounters_are_replaced() {
+    let kubevirt = [(Kind::Claim, "hpp-pool-local-n1".to_owned()), (Kind::Mounter, "hpp-pool-local-n1".to_owned())];
+    let cluster = Cluster { nodes: &linux_nodes(), kubevirt: &kubevirt, ..Cluster::default() };
+    let first = plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &cluster, &objects());
+    assert_eq!(first.replace, ["hpp-pool-local-n1"]);
+    assert_eq!(
+        names(&first),
+        [(Kind::Claim, "hpp-pool-local-n1"), (Kind::Claim, "hpp-pool-local-n2"), (Kind::Mounter, "hpp-pool-local-n2")],
+        "n1's mounter once the kubevirt one is gone"
+    );
+    assert_eq!(first.roots.get("local").map(String::as_str), Some("/mnt/local/csi"));
+    for claim in first.apply.iter().filter(|a| a.kind == Kind::Claim) {
+        assert_eq!(
+            claim.body["metadata"]["annotations"][super::super::pool_claims::MOUNT_TARGET_ANNOTATION],
+            "/mnt/local/csi"
+        );
+    }
+    let mounter = &first.apply[2].body;
+    assert_eq!(mounter["spec"]["template"]["spec"]["containers"][0]["args"][4], "/mnt/local/csi");
+    assert_eq!(mounter["spec"]["template"]["spec"]["volumes"][1]["hostPath"]["path"], "/mnt/local/csi");
+    assert_eq!(mounter["metadata"]["annotations"][super::super::pool_claims::PATH_ANNOTATION], "/mnt/local");
+
+    // Adopted (ours now, annotated) and the kubevirt mounter gone: the layout stays.
+    let adopted = [Existing {
+        mount_target: Some("/mnt/local/csi".into()),
+        ..existing(Kind::Claim, "hpp-pool-local-n1", Some("n1"), "/mnt/local")
+    }];
+    let cluster = Cluster { nodes: &linux_nodes(), existing: &adopted, ..Cluster::default() };
+    let later = plan(&[pool("local", "/mnt/local", &["ReadWriteOnce"])], &placement(), &cluster, &objects());
+    assert!(later.replace.is_empty());
+    assert_eq!(later.roots.get("local").map(String::as_str), Some("/mnt/local/csi"));
+    assert_eq!(names(&later).len(), 4);
+
+    // A pool of this operator's own keeps its path as root.
+    let own = plan(
+        &[pool("local", "/mnt/local", &["ReadWriteOnce"])],
+        &placement(),
+        &Cluster { nodes: &linux_nodes(), ..Cluster::default() },
+        &objects(),
+    );
+    assert!(own.roots.is_empty());
+    assert!(
+        own.apply[0].body["metadata"]["annotations"].get(super::super::pool_claims::MOUNT_TARGET_ANNOTATION).is_none()
+    );
 }

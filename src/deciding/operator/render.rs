@@ -84,6 +84,9 @@ pub struct Environment {
     /// the DaemonSet keeps serving them (only while mounted), so that those volumes can still
     /// be used and released.
     pub held_pools: Vec<(String, String)>,
+    /// Pools on a claim served at another root than their path (name, root): a claim taken over
+    /// from the kubevirt operator stays mounted at `<path>/csi`, where its CSI volumes are.
+    pub pool_roots: Vec<(String, String)>,
     /// Pull secrets (names, in the operator's namespace) the node pods and the pool mounters
     /// get: the operator pod's own (docs/operator.md, "Private registries").
     pub image_pull_secrets: Vec<String>,
@@ -165,6 +168,8 @@ struct ServedPool {
     template: Option<PersistentVolumeClaimSpec>,
     /// Gone from the spec, served while PVs of ours hold its claim (also only while mounted).
     held: bool,
+    /// Where the node serves it when not at `path` (a kubevirt claim's `<path>/csi`).
+    root: Option<String>,
 }
 
 /// Renders `resource` for `environment`.
@@ -192,13 +197,24 @@ pub fn render(resource: &HostPathProvisioner, environment: &Environment) -> Rend
         }
     };
     let mut pools = served_pools(resource, &mut rendered.problems);
+    for pool in pools.iter_mut().filter(|p| p.template.is_some()) {
+        if let Some((_, root)) = environment.pool_roots.iter().find(|(name, _)| *name == pool.name) {
+            pool.root = Some(root.clone());
+        }
+    }
     if resource.spec.path_config.is_none() {
         for (name, path) in &environment.held_pools {
             let clashes = pools.iter().any(|p| {
                 p.name == *name || Path::new(&p.path).starts_with(path) || Path::new(path).starts_with(&p.path)
             });
             if !clashes {
-                pools.push(ServedPool { name: name.clone(), path: path.clone(), template: None, held: true });
+                pools.push(ServedPool {
+                    name: name.clone(),
+                    path: path.clone(),
+                    template: None,
+                    held: true,
+                    root: None,
+                });
             }
         }
     }
@@ -303,6 +319,7 @@ fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> 
             path: path_config.path.clone(),
             template: None,
             held: false,
+            root: None,
         }];
     }
     let mut served = Vec::new();
@@ -320,9 +337,13 @@ fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> 
         }
         match claim_template(index, pool) {
             Err(problem) => problems.push(problem),
-            Ok(template) => {
-                served.push(ServedPool { name: pool.name.clone(), path: pool.path.clone(), template, held: false })
-            }
+            Ok(template) => served.push(ServedPool {
+                name: pool.name.clone(),
+                path: pool.path.clone(),
+                template,
+                held: false,
+                root: None,
+            }),
         }
     }
     served
@@ -483,7 +504,7 @@ fn daemonset(
                 .iter()
                 .map(|p| {
                     let mountpoint = if p.template.is_some() || p.held { ",mountpoint" } else { "" };
-                    format!("{}={}{mountpoint}", p.name, p.path)
+                    format!("{}={}{mountpoint}", p.name, p.root.as_deref().unwrap_or(&p.path))
                 })
                 .collect();
             set_env(container, "STORAGE_POOLS", Some(&entries.join(",")));

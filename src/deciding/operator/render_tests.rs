@@ -13,6 +13,7 @@ fn environment() -> Environment {
         openshift: false,
         prometheus: false,
         held_pools: Vec::new(),
+        pool_roots: Vec::new(),
         image_pull_secrets: Vec::new(),
     }
 }
