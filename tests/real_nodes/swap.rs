@@ -99,11 +99,22 @@ async fn on_its_node(ctx: &Ctx, node: &str, ns: &str, claim: &str) -> Result<Pat
 /// naming the node; else the WaitForFirstConsumer class, placed by its pod's nodeSelector) and a
 /// pod on that node that writes its name into it and keeps running.
 async fn claim_with_writer(ctx: &Ctx, ns: &str, name: &str, node: &str, pinned: bool) -> Result<PersistentVolume> {
+    claim_of_class_with_writer(ctx, ns, name, node, pinned.then_some(GO_CLASS)).await
+}
+
+/// As [`claim_with_writer`]; `pinned_class`: pinned to the node with `kubevirt.io/provisionOnNode`
+/// in that class, else the WaitForFirstConsumer class.
+async fn claim_of_class_with_writer(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    node: &str,
+    pinned_class: Option<&str>,
+) -> Result<PersistentVolume> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
-    let claim = if pinned {
-        fixtures::claim(ns, name, GO_CLASS, "16Mi").provision_on_node(node).build()
-    } else {
-        fixtures::claim(ns, name, CLASS, "16Mi").build()
+    let claim = match pinned_class {
+        Some(class) => fixtures::claim(ns, name, class, "16Mi").provision_on_node(node).build(),
+        None => fixtures::claim(ns, name, CLASS, "16Mi").build(),
     };
     claims.create(&PostParams::default(), &claim).await?;
     let script = format!("echo {name} > /data/{name} && sleep 3600");
@@ -250,6 +261,20 @@ pub(super) async fn a_swap_from_the_go_build_to_this_one_and_back_loses_and_orph
             ensure!(made_by_us(&pv), "{name}: {:?} made by this build", pv.metadata.name);
         }
     }
+    // A local volume on each node (volumeType: local), which the Go build cannot serve.
+    let local_class = ctx.class(&ns, &[("volumeType", "local")]).await?;
+    let each = real_nodes(ctx).into_iter().zip(["-1", "-2"]).map(|(node, suffix)| {
+        let (ns, class) = (&ns, &local_class);
+        async move { claim_of_class_with_writer(ctx, ns, &format!("ours-local{suffix}"), &node, Some(class)).await }
+    });
+    let mut local_pvs = Vec::new();
+    for pv in futures::future::try_join_all(each).await? {
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        ensure!(pv.spec.as_ref().is_some_and(|s| s.local.is_some()), "{name}: a local PV");
+        let identity = annotation(&pv, "hostPathProvisionerIdentity");
+        ensure!(identity == Some(&format!("{PROVISIONER}/local")), "{name}: not the Go build's identity: {identity:?}");
+        local_pvs.push(name);
+    }
     // The Go-made volumes are reclaimed by this build on each node, prefixed or not.
     reclaim_on_each_node(ctx, &ns, "go-wffc").await?;
     reclaim_on_each_node(ctx, &ns, "go-prefixed").await?;
@@ -259,7 +284,39 @@ pub(super) async fn a_swap_from_the_go_build_to_this_one_and_back_loses_and_orph
     let back = Instant::now();
     roll_to_go(ctx, &go, false).await?;
     timings.push(("back to the Go build", back.elapsed()));
-    still_running_with_their_data(ctx, &ns, &["go-pinned", "ours-wffc", "ours-pinned"]).await?;
+    still_running_with_their_data(ctx, &ns, &["go-pinned", "ours-wffc", "ours-pinned", "ours-local"]).await?;
+    // The local volumes released under the Go build: it leaves them, Released with their data,
+    // and keeps running (it would crash on the plain identity, docs/migrating.md).
+    let mut local_dirs = Vec::new();
+    for (node, suffix) in real_nodes(ctx).iter().zip(["-1", "-2"]) {
+        let claim = format!("ours-local{suffix}");
+        local_dirs.push((dir_on(ctx, node, &ns, &claim).await?, claim.clone()));
+        ctx.lane.delete_pod(&ns, &claim).await?;
+        Api::<PersistentVolumeClaim>::namespaced(ctx.lane.client(), &ns)
+            .delete(&claim, &DeleteParams::default())
+            .await?;
+    }
+    testbed::wait_for("the Go build ignoring the released local volumes", LANE_TIMEOUT, || async {
+        let logs = ctx.provisioner_logs();
+        let ignored =
+            local_pvs.iter().all(|pv| logs.lines().any(|l| l.contains(pv.as_str()) && l.contains("deletion ignored")));
+        anyhow::Ok(ignored.then_some(()))
+    })
+    .await
+    .map_err(|e| e.context(ctx.provisioner_logs()))?;
+    let pvs_api: Api<PersistentVolume> = Api::all(ctx.lane.client());
+    for pv in &local_pvs {
+        let phase = pvs_api.get(pv).await?.status.and_then(|s| s.phase);
+        ensure!(phase.as_deref() == Some("Released"), "{pv} left Released, not {phase:?}");
+    }
+    for (dir, claim) in &local_dirs {
+        ensure!(std::fs::read_to_string(dir.join(claim))? == format!("{claim}\n"), "{claim}'s data kept");
+    }
+    for pod in ctx.provisioner_pods().await? {
+        let restarts: i32 =
+            pod.status.iter().flat_map(|s| s.container_statuses.iter().flatten()).map(|c| c.restart_count).sum();
+        ensure!(restarts == 0, "the Go build restarted {restarts} times on {:?}", pod.spec.and_then(|s| s.node_name));
+    }
     for pv in claims_with_writers(ctx, &ns, "go-again", true).await? {
         ensure!(!made_by_us(&pv), "go-again: {:?} made by the Go build", pv.metadata.name);
     }
@@ -267,6 +324,20 @@ pub(super) async fn a_swap_from_the_go_build_to_this_one_and_back_loses_and_orph
         reclaim_on_each_node(ctx, &ns, name).await?;
     }
 
+    // This build again, as the lane began.
+    ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
+    only_pods_of(ctx, &ours).await?;
+    // It reclaims the local volumes the Go build left.
+    for pv in &local_pvs {
+        testbed::wait_for(&format!("{pv} reclaimed"), LANE_TIMEOUT, || async {
+            anyhow::Ok(pvs_api.get_opt(pv).await?.is_none().then_some(()))
+        })
+        .await
+        .map_err(|e| e.context(ctx.provisioner_logs()))?;
+    }
+    for (dir, _) in &local_dirs {
+        ensure!(!dir.exists(), "{} removed with its PV", dir.display());
+    }
     // Nothing orphaned: no PV of the namespace is left, every directory went with its claim
     // (checked by each reclaim), each node's pool holds what it held before, and what this
     // build moved to each node's trash is purged.
@@ -290,9 +361,6 @@ pub(super) async fn a_swap_from_the_go_build_to_this_one_and_back_loses_and_orph
         .with_context(|| format!("left in {node}'s trash: {:?}", entries(&trash)))?;
     }
 
-    // This build again, as the lane began.
-    ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
-    only_pods_of(ctx, &ours).await?;
     for (step, took) in timings {
         println!("    {step}: rolled out in {:.1} s", took.as_secs_f64());
     }
