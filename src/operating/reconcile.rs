@@ -139,12 +139,8 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
                 }
             }
         }
-        // What the kubevirt operator left: its legacy DaemonSet goes once the node DaemonSet
-        // is applied, the rest stays for its CSI volumes, its finalizer goes.
-        if let Err(error) = take_over(resource, ctx, daemonset_applied && apply_failure.is_none()).await {
-            apply_failure.get_or_insert(error.to_string());
-        }
     }
+    let node_daemonset_applied = daemonset_applied && apply_failure.is_none();
     let mut pools = super::pool_claims::Outcome::default();
     if let Some(found) = &pool_objects {
         pools = super::pool_claims::reconcile(&target, found, &rendered.pools_on_claim, &rendered.placement).await;
@@ -153,6 +149,15 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
         }
     }
     let rollout = if superseded_by.is_none() { rollout(ctx, &rendered).await? } else { None };
+    if superseded_by.is_none() {
+        // What the kubevirt operator left: its legacy DaemonSet goes once the node DaemonSet
+        // runs on every selected node (never a node left without a provisioner), the rest stays
+        // for its CSI volumes, its finalizer goes.
+        let replace_legacy = node_daemonset_applied && rollout.as_ref().is_some_and(status::Rollout::complete);
+        if let Err(error) = take_over(resource, ctx, replace_legacy).await {
+            apply_failure.get_or_insert(error.to_string());
+        }
+    }
     let now = jiff::Timestamp::now().to_string();
     let new_status = status::status(&Observed {
         resource,

@@ -9,7 +9,8 @@
 //! - its legacy DaemonSet runs the Go provisioner under the provisioner name the node
 //!   DaemonSet of this operator serves: two provisioners would act on each claim.
 //!
-//! So the acting operator deletes the legacy DaemonSet once its own node DaemonSet is applied,
+//! So the acting operator deletes the legacy DaemonSet once its own node DaemonSet runs on every
+//! selected node (the two serve the same claims the same way meanwhile),
 //! keeps everything else that operator owned (drops the owner reference and says why in an
 //! annotation: the CSI driver and pool mounters go when the user removes them, after the last
 //! CSI volume), and then removes that finalizer. Pure: the operator reads the objects and
@@ -86,8 +87,8 @@ impl TakeOver {
 }
 
 /// Plans the take-over of a resource of `uid` with `finalizers`, given the objects of the
-/// namespace. `replace_legacy`: this operator's node DaemonSet is applied (or the resource is
-/// being deleted), so the kubevirt legacy DaemonSet may go.
+/// namespace. `replace_legacy`: this operator's node DaemonSet runs on every selected node (or
+/// the resource is being deleted), so the kubevirt legacy DaemonSet may go.
 pub fn plan(uid: &str, finalizers: &[String], found: &[Found], replace_legacy: bool) -> TakeOver {
     let mut plan = TakeOver::default();
     for object in found.iter().filter(|o| !o.ours) {
