@@ -42,6 +42,9 @@ pub struct Target<'a> {
     pub field_manager: &'a str,
 }
 
+/// PersistentVolumes read whole per list call (the operator's memory limit is 128Mi).
+const PV_PAGE: u32 = 500;
+
 /// The pool objects of a resource and what decides about them, read from the cluster.
 #[derive(Debug, Default)]
 pub struct Found {
@@ -93,20 +96,30 @@ pub async fn read(target: &Target<'_>, any_pools: bool) -> Result<Found, Operato
         .await
         .map_err(|e| OperatorError::api("list the nodes for the pool claims", e))?
         .items;
-    // Whole PVs: the kubevirt CSI driver's keep their pool in `spec.csi`, which the kept form
-    // of a volume leaves out. The operator holds them for this pass only.
-    let listed = Api::<PersistentVolume>::all(target.client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| OperatorError::api("list the PersistentVolumes that may hold a pool back", e))?
-        .items;
-    let csi_pvs = listed.iter().filter_map(CsiVolume::of).collect();
-    // A PV that cannot be read stops the pass: a claim is never released past a volume unseen.
-    let pvs = listed
-        .into_iter()
-        .map(|pv| serde_json::to_value(pv).and_then(serde_json::from_value::<KeptVolume>))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| OperatorError::Config(format!("read a PersistentVolume that may hold a pool back: {e}")))?;
+    // Whole PVs, a page at a time: the kubevirt CSI driver's keep their pool in `spec.csi`, which
+    // the kept form of a volume leaves out, and a page bounds how many the operator holds whole.
+    let api = Api::<PersistentVolume>::all(target.client.clone());
+    let (mut pvs, mut csi_pvs) = (Vec::new(), Vec::new());
+    let mut params = ListParams::default().limit(PV_PAGE);
+    loop {
+        let page = api
+            .list(&params)
+            .await
+            .map_err(|e| OperatorError::api("list the PersistentVolumes that may hold a pool back", e))?;
+        csi_pvs.extend(page.items.iter().filter_map(CsiVolume::of));
+        for pv in page.items {
+            // A PV that cannot be read stops the pass: a claim is never released past a volume
+            // unseen.
+            let kept = serde_json::to_value(pv).and_then(serde_json::from_value::<KeptVolume>).map_err(|e| {
+                OperatorError::Config(format!("read a PersistentVolume that may hold a pool back: {e}"))
+            })?;
+            pvs.push(kept);
+        }
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
     Ok(Found { claims, mounters, nodes, pvs, csi_pvs, kubevirt })
 }
 
