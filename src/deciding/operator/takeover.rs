@@ -210,6 +210,105 @@ mod tests {
         assert!(super::plan(UID, &finalizers, &pools_only, false).remove_finalizer.is_some());
     }
 
+    /// The take-over against a crash after any of its steps, a deletion of the resource at any
+    /// moment (whose finalizers then decide when the garbage collector takes what the resource
+    /// still owns), and the node DaemonSet's rollout ending at any pass: every interleaving of
+    /// up to three passes. Whatever happens, no kept object is ever collected, the legacy
+    /// DaemonSet is never removed before the rollout unless the resource is being deleted, and a
+    /// pass that runs to its end leaves nothing to do.
+    #[test]
+    fn no_crash_deletion_or_rollout_order_lets_the_garbage_collector_take_a_kept_object() {
+        #[derive(Clone)]
+        struct World {
+            objects: Vec<Found>,
+            finalizers: Vec<String>,
+            deleting: bool,
+            gone: bool,
+            collected: Vec<String>,
+            removed_before_rollout: bool,
+        }
+        impl World {
+            /// One operator pass carrying out the plan's first `steps` steps (a crash after).
+            fn pass(&mut self, steps: usize, rolled_out: bool) {
+                if self.gone {
+                    return;
+                }
+                let plan = plan(UID, &self.finalizers, &self.objects, rolled_out || self.deleting);
+                let mut budget = steps;
+                for (_, name) in &plan.delete {
+                    if budget == 0 {
+                        return;
+                    }
+                    budget -= 1;
+                    self.removed_before_rollout |= !rolled_out && !self.deleting;
+                    self.objects.retain(|o| &o.name != name);
+                }
+                for (_, name, _) in &plan.keep {
+                    if budget == 0 {
+                        return;
+                    }
+                    budget -= 1;
+                    let object = self.objects.iter_mut().find(|o| &o.name == name).expect("planned on what exists");
+                    object.owner_index = None;
+                }
+                if plan.remove_finalizer.is_some() && budget > 0 {
+                    self.finalizers.retain(|f| f != KUBEVIRT_FINALIZER);
+                }
+                self.collect();
+            }
+            /// The API server and the garbage collector: a deleted resource without finalizers
+            /// goes, and so does every object it still owns.
+            fn collect(&mut self) {
+                if self.deleting && self.finalizers.is_empty() && !self.gone {
+                    self.gone = true;
+                    let owned: Vec<String> =
+                        self.objects.iter().filter(|o| o.owner_index.is_some()).map(|o| o.name.clone()).collect();
+                    self.objects.retain(|o| o.owner_index.is_none());
+                    self.collected.extend(owned);
+                }
+            }
+        }
+        let start = World {
+            objects: kubevirt_install().into_iter().filter(|o| !o.ours && o.owner_index.is_some()).collect(),
+            finalizers: vec![KUBEVIRT_FINALIZER.to_owned()],
+            deleting: false,
+            gone: false,
+            collected: Vec::new(),
+            removed_before_rollout: false,
+        };
+        let most_steps = start.objects.len() + 1;
+        let mut runs = 0;
+        // A pass: (steps before a crash, rollout done, deletion requested before it).
+        let choices: Vec<(usize, bool, bool)> = (0..=most_steps)
+            .flat_map(|steps| [false, true].into_iter().flat_map(move |r| [false, true].map(move |d| (steps, r, d))))
+            .collect();
+        for first in &choices {
+            for second in &choices {
+                for third in &choices {
+                    let mut world = start.clone();
+                    let mut rolled_out = false;
+                    for &(steps, rollout, delete) in [first, second, third] {
+                        rolled_out |= rollout;
+                        world.deleting |= delete;
+                        world.collect();
+                        world.pass(steps, rolled_out);
+                    }
+                    // Then the operator runs a whole pass, after the rollout.
+                    world.pass(usize::MAX, true);
+                    runs += 1;
+                    let kept_taken: Vec<&String> =
+                        world.collected.iter().filter(|n| *n != KUBEVIRT_LEGACY_DAEMONSET).collect();
+                    assert!(kept_taken.is_empty(), "collected {kept_taken:?}");
+                    assert!(!world.removed_before_rollout, "the legacy DaemonSet went before the rollout");
+                    let left = plan(UID, &world.finalizers, &world.objects, true);
+                    assert!(world.gone || left.is_empty(), "left to do after a whole pass: {left:?}");
+                    assert!(world.objects.iter().all(|o| o.owner_index.is_none()), "still owned");
+                }
+            }
+        }
+        assert_eq!(runs, choices.len().pow(3));
+    }
+
     #[test]
     fn a_resource_taken_over_already_needs_nothing() {
         let done = vec![
