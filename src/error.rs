@@ -10,6 +10,8 @@ pub mod reason {
     pub const PROVISIONING: &str = "Provisioning";
     /// Normal: PV created.
     pub const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
+    /// A `pathPattern` directory made for a PV that is gone was taken over, data and all.
+    pub const DIRECTORY_REUSED: &str = "DirectoryReused";
     /// Warning: could not provision (with the reason).
     pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
     /// Warning: the directory of a failed provisioning could not be removed again.

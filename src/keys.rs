@@ -89,6 +89,11 @@ pub const CLONE_PROTECTION_FINALIZER: &str = "provisioner.storage.kubernetes.io/
 /// before the volume was put back (`deciding::deletion`).
 pub const VOLUME_KEPT_AT: &str = "hostpath-provisioner.kubevirt.io/volume-kept-at";
 
+/// PV annotation: the class's `pathPattern` named the volume's directory (the value is the
+/// pattern). Such a directory is deleted, resized or copied only when its marker names the PV
+/// (`deciding::path_pattern`).
+pub const PATH_PATTERN: &str = "hostpath-provisioner.kubevirt.io/path-pattern";
+
 /// The value of annotation `key`, if the object has it.
 pub fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,

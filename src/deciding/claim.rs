@@ -71,6 +71,9 @@ pub struct ProvisionPlan {
     pub pv_name: String,
     /// Directory name under the pool root.
     pub dir_name: String,
+    /// The class's `pathPattern`, when it named the directory (`deciding::path_pattern`): the
+    /// directory carries the provisioner's marker, and may be one made for an earlier claim.
+    pub path_pattern: Option<String>,
     /// Pool to provision in.
     pub pool: layout::PoolPath,
     /// Class name to record on the PV.
@@ -252,6 +255,22 @@ pub fn decide_claim(
     }
 }
 
+/// The directory a claim's volume gets under its pool root: from the class's `pathPattern`, or
+/// `pvc-<uid>` (`<claim>-pvc-<uid>` with the naming prefix).
+pub fn claim_dir_name(
+    claim: &PersistentVolumeClaim,
+    request: &ClassRequest,
+    config: &DecisionConfig,
+) -> Result<String, layout::NameError> {
+    let meta = &claim.metadata;
+    let uid = meta.uid.as_deref().unwrap_or_default();
+    let name = meta.name.as_deref().unwrap_or_default();
+    match &request.path_pattern {
+        Some(pattern) => pattern.resolve(meta.namespace.as_deref().unwrap_or_default(), name, uid),
+        None => layout::dir_name(name, uid, config.use_naming_prefix),
+    }
+}
+
 /// One node speaks for the cluster about a claim nobody can serve; the others stay silent.
 fn speak_for_cluster(uid: &str, me: &Identity, live: &[LiveNode], refusal: impl FnOnce() -> Refusal) -> Decision {
     match topology::spokesman(uid, &me.node, live) {
@@ -323,11 +342,11 @@ fn plan(
         .ok_or_else(|| Refusal::BadRequest("no resources.requests.storage".into()))?;
     let request_bytes = parse_bytes(&storage).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-    let name = claim.metadata.name.as_deref().unwrap_or_default();
-    let dir_name = layout::dir_name(name, uid, config.use_naming_prefix)?;
+    let dir_name = claim_dir_name(claim, request, config)?;
     Ok(ProvisionPlan {
         pv_name: layout::pv_name(uid),
         dir_name,
+        path_pattern: request.path_pattern.as_ref().map(|p| p.as_str().to_owned()),
         pool,
         class_name: class_name.to_owned(),
         reclaim_policy: class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::deciding::layout;
+use crate::deciding::path_pattern::{self, PathPattern};
 use crate::deciding::quota::{self, QuotaMode};
 use crate::deciding::refusal::Refusal;
 use crate::deciding::settings::DecisionConfig;
@@ -52,6 +53,7 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     OWNER_UID,
     OWNER_GID,
     DIR_MODE,
+    path_pattern::PARAMETER,
 ];
 
 /// Class parameter: which kind of PV is written (`hostPath`, the default, or `local`).
@@ -152,6 +154,8 @@ pub struct ClassRequest {
     pub node_local_sharing: bool,
     /// The `uid`, `gid` and `mode` parameters.
     pub ownership: Ownership,
+    /// The `pathPattern` parameter: directories named from the claim, and reused.
+    pub path_pattern: Option<PathPattern>,
 }
 
 impl ClassRequest {
@@ -262,6 +266,25 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
             .to_owned();
         return Err(bad(key, &value, accepted));
     }
+    let path_pattern = match params.get(path_pattern::PARAMETER) {
+        None => None,
+        Some(value) => Some(PathPattern::parse(value).map_err(|why| {
+            bad(
+                path_pattern::PARAMETER,
+                value,
+                format!(
+                    "a pattern of {{namespace}}, {{claim}}, {{uid}} and text, such as {{namespace}}_{{claim}} ({why})"
+                ),
+            )
+        })?),
+    };
+    if path_pattern.is_some() && topology == Topology::EveryNode {
+        let value = params.get(path_pattern::PARAMETER).cloned().unwrap_or_default();
+        let accepted = "no pathPattern for topology everyNode (each node keeps a copy of its own; a copy is never \
+                        taken over); use a node or shared class"
+            .to_owned();
+        return Err(bad(path_pattern::PARAMETER, &value, accepted));
+    }
     Ok(ClassRequest {
         topology,
         pool: pool.or_else(|| config.default_pool.clone()),
@@ -269,6 +292,7 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
         volume_type,
         node_local_sharing,
         ownership,
+        path_pattern,
     })
 }
 
@@ -290,6 +314,22 @@ mod tests {
         class.parameters =
             Some(params.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<BTreeMap<_, _>>());
         class_request(&class, "hpp", &config())
+    }
+
+    #[test]
+    fn a_path_pattern_is_read_and_a_bad_one_refused_saying_why() {
+        let request = with(&[("pathPattern", "{namespace}_{claim}")]).unwrap();
+        let pattern = request.path_pattern.expect("pattern");
+        assert_eq!(pattern.resolve("ns", "data", "0b5c7f8e-6a4d-4e1f-9c2b-3d4e5f607182").unwrap(), "ns_data");
+        assert_eq!(with(&[]).unwrap().path_pattern, None);
+        let refusal = with(&[("pathPattern", "{namespace}/{claim}")]).unwrap_err().to_string();
+        assert!(refusal.contains("pathPattern") && refusal.contains("contains '/'"), "{refusal}");
+        let refusal = with(&[("pathPattern", "{claim}")]).unwrap_err().to_string();
+        assert!(refusal.contains("{namespace}_{claim}"), "{refusal}");
+        let refusal =
+            with(&[("pathPattern", "{namespace}_{claim}"), ("topology", "everyNode")]).unwrap_err().to_string();
+        assert!(refusal.contains("everyNode"), "{refusal}");
+        assert!(with(&[("pathPattern", "{namespace}_{claim}"), ("topology", "shared"), ("storagePool", "x")]).is_ok());
     }
 
     #[test]

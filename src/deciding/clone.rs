@@ -104,6 +104,8 @@ pub enum SourceVerdict {
     Ready {
         /// The source's directory directly under the pool root.
         dir_name: String,
+        /// A `pathPattern` directory: copied only while its marker names this PV.
+        marked_for: Option<String>,
     },
     /// A node-local volume of another node: only that node can copy it.
     Elsewhere(String),
@@ -201,8 +203,9 @@ pub fn check_source(
         return SourceVerdict::Elsewhere(owner);
     }
     let path = volume::volume_path(pv).unwrap_or_default();
-    let dir_name = match layout::accept_delete_path(path, pv_name, pools) {
-        Ok(accepted) => accepted.dir_name,
+    let named_by_pattern = pv.annotations.contains_key(crate::keys::PATH_PATTERN);
+    let (dir_name, marked_for) = match layout::accept_volume_path(path, pv_name, pools, named_by_pattern) {
+        Ok(accepted) => (accepted.dir_name, accepted.marked.then(|| pv_name.to_owned())),
         Err(why) => {
             return SourceVerdict::Refuse(CloneRefusal::OtherPool {
                 pv: pv_name.to_owned(),
@@ -212,7 +215,7 @@ pub fn check_source(
             });
         }
     };
-    SourceVerdict::Ready { dir_name }
+    SourceVerdict::Ready { dir_name, marked_for }
 }
 
 /// Who copies, once the source is ready and the claim decision chose this node (or, for an

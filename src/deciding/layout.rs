@@ -109,6 +109,27 @@ pub enum NameError {
     /// The claim name is not a DNS-1123 subdomain.
     #[error("claim name {0:?} is not a valid DNS-1123 name")]
     BadClaimName(String),
+    /// The namespace is not a DNS-1123 label.
+    #[error("namespace {0:?} is not a valid DNS-1123 label")]
+    BadNamespace(String),
+    /// A `pathPattern` name longer than a directory name may be.
+    #[error(
+        "the class's pathPattern gives this claim a directory name of {name_bytes} bytes, over the 255 a directory name may have; shorten the claim's name or the pattern"
+    )]
+    PatternTooLong {
+        /// Its length.
+        name_bytes: usize,
+    },
+    /// A `pathPattern` name that reads as the `pvc-<uid>` directory of another volume.
+    #[error(
+        "the class's pathPattern gives this claim the directory name {name:?}, which reads as the directory of the volume of claim UID {uid}; rename the claim or change the pattern"
+    )]
+    PatternLooksLikeVolume {
+        /// The name.
+        name: String,
+        /// The UID it reads as.
+        uid: String,
+    },
 }
 
 /// The directory name for a claim: `pvc-<uid>`, or `<claim>-pvc-<uid>` with the naming prefix.
@@ -227,6 +248,10 @@ pub struct AcceptedPath {
     pub pool: String,
     /// Directory name directly under the pool root.
     pub dir_name: String,
+    /// The name alone does not tie the directory to the PV (a `pathPattern` name): the
+    /// provisioner's marker on the directory must name the PV, read before anything is done to
+    /// it and again once it is moved aside (`deciding::path_pattern`).
+    pub marked: bool,
 }
 
 /// Lexically normalises an absolute path: drops `.` and duplicate or trailing slashes. Refuses
@@ -260,6 +285,20 @@ pub fn pool_root(path: &str) -> Option<PathBuf> {
 /// A path in a pool but not directly under its root (the root itself, or deeper) is refused
 /// saying which pool, so that no one is told to serve it as a pool of its own.
 pub fn accept_delete_path(host_path: &str, pv_name: &str, pools: &[PoolPath]) -> Result<AcceptedPath, PathRefusal> {
+    accept_volume_path(host_path, pv_name, pools, false)
+}
+
+/// As [`accept_delete_path`], for a PV that says its directory was named by a `pathPattern`
+/// (`named_by_pattern`): a name of none of the `pvc-<uid>` layouts is then accepted when it
+/// could be a pattern's (letters, digits, `.`, `_`, `-`, not hidden), as [`AcceptedPath::marked`],
+/// to be checked against the directory's marker. A name of those layouts is still checked by
+/// name.
+pub fn accept_volume_path(
+    host_path: &str,
+    pv_name: &str,
+    pools: &[PoolPath],
+    named_by_pattern: bool,
+) -> Result<AcceptedPath, PathRefusal> {
     if uid_from_pv_name(pv_name).is_none() {
         return Err(PathRefusal::ForeignPvName(pv_name.to_owned()));
     }
@@ -284,15 +323,27 @@ pub fn accept_delete_path(host_path: &str, pv_name: &str, pools: &[PoolPath]) ->
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return Err(outside(host_path, pools));
     };
-    if !matches_layout(name, pv_name) {
+    let marked = if matches_layout(name, pv_name) {
+        false
+    } else if named_by_pattern && could_be_pattern_name(name) && uid_of_dir(name).is_none() {
+        true
+    } else {
         return Err(PathRefusal::UnknownLayout { name: name.to_owned(), pv: pv_name.to_owned() });
-    }
-    Ok(AcceptedPath { pool: pool.name.clone(), dir_name: name.to_owned() })
+    };
+    Ok(AcceptedPath { pool: pool.name.clone(), dir_name: name.to_owned(), marked })
 }
 
 fn outside(host_path: &str, pools: &[PoolPath]) -> PathRefusal {
     let roots = pools.iter().map(|p| p.root.display().to_string()).collect::<Vec<_>>().join(", ");
     PathRefusal::OutsidePools { path: host_path.to_owned(), roots }
+}
+
+/// A name a `pathPattern` can give: starts with a letter or digit, then letters, digits, `.`,
+/// `_`, `-` (never a hidden bookkeeping entry such as `.hpp-trash`).
+fn could_be_pattern_name(name: &str) -> bool {
+    name.len() <= MAX_DIR_NAME_BYTES
+        && name.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// `pvc-<uid>`, or `<prefix>-pvc-<uid>` where the prefix looks like a claim name, possibly
@@ -388,7 +439,7 @@ mod tests {
         for name in [pv.clone(), format!("data-{pv}"), format!("default-data-{pv}"), format!("ns.with.dots-claim-{pv}")]
         {
             let accepted = accept_delete_path(&format!("/var/hpvolumes/{name}"), &pv, &pools()).unwrap();
-            assert_eq!(accepted, AcceptedPath { pool: "legacy".into(), dir_name: name });
+            assert_eq!(accepted, AcceptedPath { pool: "legacy".into(), dir_name: name, marked: false });
         }
     }
 
@@ -474,6 +525,33 @@ mod tests {
         for name in ["data", "lost+found", &format!("-{pv}"), &format!("DATA-{pv}"), &format!("{pv}-x")] {
             let path = format!("/var/hpvolumes/{name}");
             assert!(accept_delete_path(&path, &pv, &pools()).is_err(), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_pattern_name_is_accepted_only_for_a_pv_named_by_a_pattern_and_only_to_be_checked_by_its_marker() {
+        let pv = pv_name(UID);
+        let path = "/var/hpvolumes/team-a_data";
+        assert!(matches!(accept_delete_path(path, &pv, &pools()), Err(PathRefusal::UnknownLayout { .. })));
+        let accepted = accept_volume_path(path, &pv, &pools(), true).unwrap();
+        assert_eq!(accepted, AcceptedPath { pool: "legacy".into(), dir_name: "team-a_data".into(), marked: true });
+        // Its own layout name needs no marker; another volume's, bookkeeping, or anything
+        // outside or deeper than directly under the root is refused as before.
+        let own = accept_volume_path(&format!("/var/hpvolumes/{pv}"), &pv, &pools(), true).unwrap();
+        assert!(!own.marked);
+        for refused in [
+            format!("/var/hpvolumes/pvc-{OTHER_UID}"),
+            format!("/var/hpvolumes/x-pvc-{OTHER_UID}"),
+            "/var/hpvolumes/.hpp-trash".to_owned(),
+            "/var/hpvolumes/.hpp-deleting".to_owned(),
+            "/var/hpvolumes/_x".to_owned(),
+            "/var/hpvolumes/a b".to_owned(),
+            "/var/hpvolumes".to_owned(),
+            "/var/hpvolumes/a/b".to_owned(),
+            "/var/hpvolumes/../etc".to_owned(),
+            "/etc".to_owned(),
+        ] {
+            assert!(accept_volume_path(&refused, &pv, &pools(), true).is_err(), "{refused}");
         }
     }
 

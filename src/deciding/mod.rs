@@ -14,6 +14,7 @@ pub mod liveness;
 pub mod mount_table;
 pub mod operator;
 pub mod os_disk;
+pub mod path_pattern;
 pub mod pool_promises;
 pub mod provision;
 pub mod published_capacity;

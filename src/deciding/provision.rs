@@ -16,6 +16,7 @@ use crate::deciding::clone::{self, CloneActor, CloneRequest, Placement, SourceVe
 use crate::deciding::identity::Identity;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
+use crate::deciding::path_pattern::{self, DirectoryFacts, Placing};
 use crate::deciding::quota::{self, QuotaFacts, QuotaMode, QuotaRefusal, VolumeQuota};
 use crate::deciding::refusal::Refusal;
 use crate::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy};
@@ -35,6 +36,10 @@ pub const NO_NODE_RECHECK: Duration = Duration::from_secs(60);
 /// How often a clone waiting for its source looks again (the source changing does not wake the
 /// clone's reconciler).
 pub const SOURCE_RECHECK: Duration = Duration::from_secs(10);
+
+/// How soon a claim whose `pathPattern` directory is held (by a PV being deleted, or kept
+/// under Retain until an admin deletes it) is looked at again: the claim itself does not change.
+pub const PATTERN_RECHECK: Duration = Duration::from_secs(60);
 
 /// How often an Immediate clone whose source's node runs no provisioner is looked at again.
 pub const SOURCE_NODE_RECHECK: Duration = Duration::from_secs(300);
@@ -59,6 +64,8 @@ pub struct FactsNeeded {
     pub quota_facts: bool,
     /// The requests of the pool's live volumes (a pool with `requests` capacity accounting).
     pub promised: bool,
+    /// What is at the claim's `pathPattern` directory: its marker, and which PVs hold it.
+    pub pattern_dir: bool,
     /// Counted through the pool's shared record of promises (`deciding::pool_promises`), not
     /// this node's caches and ledger: a `shared` pool, where other nodes make volumes at the
     /// same time.
@@ -79,12 +86,7 @@ pub fn facts_needed(
     let pool =
         request.as_ref().and_then(|r| r.pool.clone()).filter(|name| config.pools.iter().any(|p| p.name == *name));
     let meta = &claim.metadata;
-    let dir_name = layout::dir_name(
-        meta.name.as_deref().unwrap_or_default(),
-        meta.uid.as_deref().unwrap_or_default(),
-        config.use_naming_prefix,
-    )
-    .ok();
+    let dir_name = request.as_ref().and_then(|r| crate::deciding::claim::claim_dir_name(claim, r, config).ok());
     let clone_source = clone::claim_source(claim).ok().flatten();
     FactsNeeded {
         // A clone also reads them: its source's node may have no running provisioner to make it.
@@ -104,6 +106,7 @@ pub fn facts_needed(
                 .iter()
                 .any(|p| p.name == *name && p.shared && p.accounting == Some(CapacityAccounting::Requests))
         }),
+        pattern_dir: pool.is_some() && request.as_ref().is_some_and(|r| r.path_pattern.is_some()),
         pool,
         dir_name,
     }
@@ -122,6 +125,8 @@ pub struct PoolFacts {
     pub quota: Option<QuotaFacts>,
     /// The requests of the pool's live volumes, when [`FactsNeeded::promised`].
     pub promised_bytes: Option<u64>,
+    /// What is at the claim's `pathPattern` directory, when [`FactsNeeded::pattern_dir`].
+    pub pattern: Option<DirectoryFacts>,
 }
 
 /// The pool's state as gathered.
@@ -248,11 +253,24 @@ pub enum MakeVolume {
     Clone {
         /// The source's directory under the pool root.
         source_dir: String,
+        /// A `pathPattern` source: copied only while its marker names this PV.
+        source_marked_for: Option<String>,
         /// The source claim (whose cloning-protection finalizer guards the copy).
         source_claim: String,
         /// The clone's limit, for a quota class.
         limit_bytes: Option<u64>,
     },
+}
+
+impl MakeVolume {
+    /// The quota limit the volume gets, if any.
+    pub fn limit_bytes(&self) -> Option<u64> {
+        match self {
+            MakeVolume::Plain => None,
+            MakeVolume::BtrfsQuota { limit_bytes } | MakeVolume::ProjectQuota { limit_bytes } => Some(*limit_bytes),
+            MakeVolume::Clone { limit_bytes, .. } => *limit_bytes,
+        }
+    }
 }
 
 /// A volume to make, and its PV.
@@ -262,6 +280,9 @@ pub struct Provision {
     pub plan: ProvisionPlan,
     /// How the directory is made.
     pub make: MakeVolume,
+    /// For a `pathPattern` directory: made aside and placed, reused, or taken over (never
+    /// [`Placing::Refuse`]).
+    pub pattern: Option<Placing>,
     /// What the PV advertises as its capacity.
     pub capacity: String,
 }
@@ -347,6 +368,7 @@ pub fn plan_claim(facts: &ClaimFacts<'_>) -> ClaimPlan {
 /// The source to copy from, once the clone step chose this node.
 struct CopyFrom {
     dir: String,
+    marked_for: Option<String>,
     claim: String,
 }
 
@@ -450,8 +472,8 @@ fn placed_clone(
     let (dir, owner) = match clone::check_source(request, source.claim, source.pv, facts.me) {
         SourceVerdict::Wait(why) => return CloneStep::Done(ClaimPlan::WaitForSource(why)),
         SourceVerdict::Refuse(refusal) => return refuse(refusal),
-        SourceVerdict::Ready { dir_name } => (dir_name, None),
-        SourceVerdict::Elsewhere(node) => (String::new(), Some(node)),
+        SourceVerdict::Ready { dir_name, marked_for } => ((dir_name, marked_for), None),
+        SourceVerdict::Elsewhere(node) => ((String::new(), None), Some(node)),
     };
     match clone::clone_actor(owner.as_deref(), placement, facts.me) {
         CloneActor::Me => {
@@ -461,7 +483,8 @@ fn placed_clone(
             if let Err(refusal) = clone::check_quota_source(plan.quota, source.name, is_quota_volume) {
                 return refuse(refusal);
             }
-            let copy_from = CopyFrom { dir, claim: source.name.to_owned() };
+            let (dir, marked_for) = dir;
+            let copy_from = CopyFrom { dir, marked_for, claim: source.name.to_owned() };
             CloneStep::Go(Decision::Provision(Box::new(plan)), Some(copy_from))
         }
         CloneActor::Other(_) => CloneStep::Done(ClaimPlan::Idle(SkipReason::OtherNode)),
@@ -525,8 +548,26 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
         reserved,
         promised: pool.promised_bytes.filter(|_| plan.pool.accounting == Some(CapacityAccounting::Requests)),
     };
+    let pattern = match (&plan.path_pattern, &pool.pattern) {
+        (None, _) => None,
+        (Some(_), None) => return ClaimPlan::Fail(Failure::PoolUnusable),
+        (Some(_), Some(found)) => {
+            let path = plan.pool.root.join(&plan.dir_name).display().to_string();
+            match path_pattern::place(&plan.pv_name, &path, found) {
+                Placing::Refuse(occupied) => {
+                    return ClaimPlan::Refuse { refusal: occupied.into(), recheck: Some(PATTERN_RECHECK) };
+                }
+                Placing::Adopt { from } if copy_from.is_some() => {
+                    let refusal = path_pattern::Occupied::CloneIntoExisting { path, pv: from };
+                    return ClaimPlan::Refuse { refusal: refusal.into(), recheck: Some(PATTERN_RECHECK) };
+                }
+                placing => Some(placing),
+            }
+        }
+    };
+    let dir_exists = pool.dir_exists || matches!(pattern, Some(Placing::Reuse | Placing::Adopt { .. }));
     let available = room.room();
-    if plan.request_bytes > available && !pool.dir_exists {
+    if plan.request_bytes > available && !dir_exists {
         let short = ShortOfSpace {
             pool: plan.pool.name.clone(),
             node: facts.me.node.clone(),
@@ -550,16 +591,19 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
         }
         // A clone of a quota volume is a snapshot of its subvolume, which starts without a limit
         // of its own: it gets the clone's request before any pod can write to it.
-        (Some(source), quota) => {
-            MakeVolume::Clone { source_dir: source.dir, source_claim: source.claim, limit_bytes: quota.limit_bytes() }
-        }
+        (Some(source), quota) => MakeVolume::Clone {
+            source_dir: source.dir,
+            source_marked_for: source.marked_for,
+            source_claim: source.claim,
+            limit_bytes: quota.limit_bytes(),
+        },
     };
     let capacity = if pv_reports_filesystem_size(facts.config.pv_capacity, volume_quota) {
         format_binary_si(round_down_pretty(pool.total_bytes))
     } else {
         plan.request.clone()
     };
-    ClaimPlan::Provision(Box::new(Provision { plan, make, capacity }))
+    ClaimPlan::Provision(Box::new(Provision { plan, make, pattern, capacity }))
 }
 
 /// The uid of the claim a PV is bound to (empty when none).

@@ -109,6 +109,9 @@ pub enum Refusal {
     /// Name or UID that cannot form a directory name.
     #[error("{0}")]
     BadName(#[from] layout::NameError),
+    /// The class's `pathPattern` names a directory the claim cannot be given (yet).
+    #[error("{0}")]
+    DirectoryOccupied(#[from] crate::deciding::path_pattern::Occupied),
     /// The kubelet refuses to mount a hostPath PV that carries mount options, so pods using it
     /// would never start: refused up front instead.
     #[error(
@@ -138,6 +141,7 @@ impl Refusal {
             Self::NoNodeServesPool { .. } => "no_node_serves_pool",
             Self::BadRequest(_) => "request",
             Self::BadName(_) => "name",
+            Self::DirectoryOccupied(_) => "directory_occupied",
             Self::ProvisionOnNodeNotAllowed(_) => "provision_on_node_denied",
             Self::MountOptions(_) => "mount_options",
         }

@@ -388,7 +388,8 @@ fn accepted_path(pv: &KeptVolume, pools: &[PoolPath]) -> Result<AcceptedPath, De
         return Err(DeleteRefusal::NoHostPath);
     };
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
-    layout::accept_delete_path(path, pv_name, pools)
+    let named_by_pattern = pv.annotations.contains_key(keys::PATH_PATTERN);
+    layout::accept_volume_path(path, pv_name, pools, named_by_pattern)
         .map_err(|refusal| DeleteRefusal::UnsafePath { path: path.to_owned(), refusal })
 }
 
@@ -437,7 +438,7 @@ mod tests {
     fn released_delete_pv_of_ours_on_this_node_is_deleted_in_every_go_layout() {
         for dir in [pv_dir(), format!("data-{}", pv_dir()), format!("default-data-{}", pv_dir())] {
             let d = decide(&go_pv(&dir, Some(NODE), NODE));
-            assert_eq!(d, VolumeDecision::Delete(AcceptedPath { pool: "legacy".into(), dir_name: dir }));
+            assert_eq!(d, VolumeDecision::Delete(AcceptedPath { pool: "legacy".into(), dir_name: dir, marked: false }));
         }
     }
 
@@ -536,7 +537,7 @@ mod tests {
     #[test]
     fn every_node_keeps_its_copy_while_the_volume_lives() {
         let path = format!("/var/hpvolumes/{}", pv_dir());
-        let accepted = AcceptedPath { pool: "legacy".into(), dir_name: pv_dir() };
+        let accepted = AcceptedPath { pool: "legacy".into(), dir_name: pv_dir(), marked: false };
         let mut pv = unpinned_pv(&path, Some("everyNode"), "Bound");
         for node in ["a", "b"] {
             assert_eq!(

@@ -74,6 +74,11 @@ pub fn build_pv(
     if let Some(gid) = plan.ownership.gid {
         annotations.insert(keys::VOLUME_GID.to_owned(), gid.to_string());
     }
+    // Tells deletion, expansion and clones to check the directory's marker (its name alone does
+    // not tie it to this PV).
+    if let Some(pattern) = &plan.path_pattern {
+        annotations.insert(keys::PATH_PATTERN.to_owned(), pattern.clone());
+    }
     let mut finalizers = plan.protect.then(|| vec![keys::PROTECTION_FINALIZER.to_owned()]);
     let labels = match plan.topology {
         Topology::Node => {

@@ -53,7 +53,9 @@ pub fn volume_here(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[P
         return None;
     }
     let name = pv.metadata.name.as_deref()?;
-    let accepted = layout::accept_delete_path(crate::deciding::volume::volume_path(pv)?, name, pools).ok()?;
+    let named_by_pattern = pv.annotations.contains_key(keys::PATH_PATTERN);
+    let accepted =
+        layout::accept_volume_path(crate::deciding::volume::volume_path(pv)?, name, pools, named_by_pattern).ok()?;
     let mine = match volume_shape(pv, pools) {
         VolumeShape::Node => {
             let by_annotation = pv.annotations.contains_key(keys::PROVISION_ON_NODE);

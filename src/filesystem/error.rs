@@ -285,6 +285,37 @@ pub enum PoolError {
         /// Pool name.
         pool: String,
     },
+    /// The pool's filesystem keeps no user extended attributes, which carry the marker of a
+    /// `pathPattern` directory.
+    #[error(
+        "the filesystem of {} keeps no user extended attributes (user.*), where a pathPattern directory carries the provisioner's marker; use a class without pathPattern for this pool",
+        .path.display()
+    )]
+    MarkerUnsupported {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A `pathPattern` directory does not carry the marker of the PV acting on it.
+    #[error(
+        "{} does not carry the marker of PV {pv} ({}); nothing was removed or changed through it. It belongs to another volume or was not made by the provisioner: check the PV's path",
+        .path.display(),
+        .found.as_deref().map_or_else(|| "it has none".to_owned(), |other| format!("it names {other}"))
+    )]
+    NotMarkedFor {
+        /// The directory.
+        path: PathBuf,
+        /// The PV acting.
+        pv: String,
+        /// The PV the marker names, if any.
+        found: Option<String>,
+    },
+    /// Something appeared at a `pathPattern` directory's place while the volume was being made
+    /// aside: nothing was replaced.
+    #[error("{} appeared while the volume was being made; nothing was replaced (decided again on the next attempt)", .path.display())]
+    PatternPlaceTaken {
+        /// The place.
+        path: PathBuf,
+    },
     /// A directory mode outside 0..=0o7777 was requested.
     #[error("directory mode {mode:#o} is not a permission mode (at most 0o7777); fix the configured mode")]
     InvalidMode {
@@ -308,7 +339,9 @@ impl PoolError {
             | PoolError::ReadOnly { .. }
             | PoolError::RootRedirected { .. }
             // Whoever put something in its place may take it away: looked at again with backoff.
-            | PoolError::BookkeepingReplaced { .. } => true,
+            | PoolError::BookkeepingReplaced { .. }
+            // The next attempt looks at the place again and decides anew.
+            | PoolError::PatternPlaceTaken { .. } => true,
             PoolError::Io { source, .. } => errno_is_retryable(*source),
             PoolError::InvalidRootPath { .. }
             | PoolError::RootMissing { .. }
@@ -328,6 +361,8 @@ impl PoolError {
             | PoolError::InvalidName(_)
             | PoolError::DeviceInVolume { .. }
             | PoolError::MissingCapability { .. }
+            | PoolError::MarkerUnsupported { .. }
+            | PoolError::NotMarkedFor { .. }
             | PoolError::InvalidMode { .. } => false,
         }
     }
@@ -360,6 +395,9 @@ impl PoolError {
             PoolError::InvalidMode { .. } => "invalid_mode",
             PoolError::DeviceInVolume { .. } => "device_in_volume",
             PoolError::MissingCapability { .. } => "missing_capability",
+            PoolError::MarkerUnsupported { .. } => "marker_unsupported",
+            PoolError::NotMarkedFor { .. } => "not_marked_for_pv",
+            PoolError::PatternPlaceTaken { .. } => "pattern_place_taken",
         }
     }
 }

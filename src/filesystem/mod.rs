@@ -193,6 +193,7 @@ fn inode_of(fd: BorrowedFd<'_>) -> Result<Inode, Errno> {
 }
 
 mod error;
+mod marker;
 mod root;
 mod walker;
 
@@ -200,6 +201,7 @@ use walker::{MAX_ANCHORS, OPEN_DIR_WINDOW, Walker};
 
 pub use error::PoolError;
 use error::fs_error;
+pub use marker::{MAKING_PREFIX, MARKER_XATTR, Marker};
 use root::{DirOpen, Subvolumes};
 pub use root::{PoolRoot, RootOrigin};
 mod clone;

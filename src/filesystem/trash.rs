@@ -141,6 +141,13 @@ impl PoolRoot {
         }
     }
 
+    /// Refuses unless the staged volume carries the marker of its PV (a `pathPattern`
+    /// directory; `filesystem::marker`).
+    pub fn check_staged_marker(&self, staged: &StagedVolume) -> Result<(), PoolError> {
+        let pv_dir = self.open_staged_pv_dir(staged, false)?;
+        self.check_marker_beneath(pv_dir.as_fd(), staged.dir.as_str(), self.staged_path(staged), staged.pv.as_str())
+    }
+
     /// The PV of a staged volume is gone: the volume moves into the trash (its project quota
     /// limit cleared) and its data is purged in the background. Returns the trash entry, or None
     /// when nothing was staged there (already committed or restored).
@@ -240,11 +247,30 @@ impl PoolRoot {
             }
             for dir in dirs {
                 let Ok(dir) = VolumeDirName::new(&dir) else { continue };
-                if !layout::matches_layout(dir.as_str(), pv.as_str()) {
-                    tracing::warn!(pool = %self.name, entry = %pv_path.join(dir.as_str()).display(), "not a volume this provisioner staged; left alone");
-                    continue;
+                let volume = StagedVolume { node: node.clone(), pv: pv.clone(), dir };
+                if !layout::matches_layout(volume.dir.as_str(), pv.as_str()) {
+                    // A pathPattern directory: settled as its PV's only while its marker names
+                    // that PV. Taken over meanwhile (marked for another), it goes back to its
+                    // place, never to the trash.
+                    match self.check_marker_beneath(
+                        pv_dir.as_fd(),
+                        volume.dir.as_str(),
+                        self.staged_path(&volume),
+                        pv.as_str(),
+                    ) {
+                        Ok(()) => {}
+                        Err(PoolError::NotMarkedFor { found: Some(other), .. }) => {
+                            let back = self.restore_staged(&volume);
+                            tracing::warn!(pool = %self.name, entry = %self.staged_path(&volume).display(), marked_for = %other, result = ?back, "a staged pathPattern directory was taken over by another volume; put back");
+                            continue;
+                        }
+                        Err(_) => {
+                            tracing::warn!(pool = %self.name, entry = %pv_path.join(volume.dir.as_str()).display(), "not a volume this provisioner staged; left alone");
+                            continue;
+                        }
+                    }
                 }
-                staged.push(StagedVolume { node: node.clone(), pv: pv.clone(), dir });
+                staged.push(volume);
             }
         }
         if staged.is_empty() {

@@ -11,14 +11,15 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 
 use crate::deciding::kept_volume::KeptVolume;
-use crate::deciding::layout::pv_name;
+use crate::deciding::layout::{normalise, pv_name};
+use crate::deciding::path_pattern::{DirectoryFacts, Found};
 use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, SourceFacts};
 use crate::deciding::reservations::Reservations;
 use crate::deciding::static_binding::pre_bound_volume;
 use crate::deciding::topology::LiveNode;
-use crate::deciding::volume::promised_bytes;
+use crate::deciding::volume::{promised_bytes, volume_path};
 use crate::error::ClaimError;
-use crate::filesystem::{PoolError, PoolRoot, VolumeDirName};
+use crate::filesystem::{Marker, PoolError, PoolRoot, VolumeDirName};
 use crate::reconciling::context::Context;
 
 /// What was gathered for one claim.
@@ -72,7 +73,18 @@ pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsN
             Some(Ok(pool)) => {
                 // What the pool has promised is read later, under the planning lock
                 // (`promise_check`), so that it and the volumes being made are one snapshot.
-                match read_pool(&pool, needs) {
+                let read = match read_pool(&pool, needs) {
+                    Ok(mut facts) if needs.pattern_dir => match needs.dir_name.as_deref().map(VolumeDirName::new) {
+                        Some(Ok(dir)) => pattern_facts(ctx, &pool, &dir, &pv_name(uid)).await?.map(|pattern| {
+                            facts.pattern = Some(pattern);
+                            facts
+                        }),
+                        // A name that is no directory name is refused by the plan first.
+                        _ => Ok(facts),
+                    },
+                    read => read,
+                };
+                match read {
                     Ok(facts) => gathered.pool_facts = Some(facts),
                     Err(error) => gathered.pool_error = Some(error),
                 }
@@ -184,7 +196,36 @@ fn read_pool(pool: &PoolRoot, needs: &FactsNeeded) -> Result<PoolFacts, PoolErro
         dir_exists,
         quota,
         promised_bytes: None,
+        pattern: None,
     })
+}
+
+/// What is at a `pathPattern` directory: its marker (a disk error is a pool fact), whether the
+/// PV the marker names exists (asked of the API server: taking data over on a cache that is
+/// behind is not an option), and which other PV of the caches names the directory as its path.
+async fn pattern_facts(
+    ctx: &Context,
+    pool: &PoolRoot,
+    dir: &VolumeDirName,
+    own_pv: &str,
+) -> Result<Result<DirectoryFacts, PoolError>, ClaimError> {
+    let found = match pool.volume_marker(dir) {
+        Ok(Marker::Absent) => Found::Absent,
+        Ok(Marker::Unmarked) => Found::Unmarked,
+        Ok(Marker::MarkedFor(pv)) => Found::MarkedFor(pv),
+        Err(error) => return Ok(Err(error)),
+    };
+    let marked_pv_exists = match &found {
+        Found::MarkedFor(pv) if pv != own_pv => Api::<KeptVolume>::all(ctx.client.clone()).get_opt(pv).await?.is_some(),
+        _ => false,
+    };
+    let path = pool.path().join(dir.as_str());
+    let held_by = ctx.volumes.iter().flat_map(|store| store.state()).find_map(|pv| {
+        let name = pv.metadata.name.as_deref()?;
+        let names_path = volume_path(&pv).and_then(|p| normalise(p).ok()).is_some_and(|p| p == path);
+        (name != own_pv && names_path).then(|| name.to_owned())
+    });
+    Ok(Ok(DirectoryFacts { found, marked_pv_exists, held_by }))
 }
 
 /// The directory a source PV names, as a name under a pool root (the plan checks that it is one

@@ -92,6 +92,13 @@ pub async fn check_deleted_volume(ctx: &Context, pv: &KeptVolume) {
         return;
     };
     let Some(Ok(pool)) = ctx.pools.usable(&accepted.pool) else { return };
+    // A pathPattern directory taken over by a newer claim is that claim's, not an orphan.
+    if accepted.marked
+        && let Ok(dir) = crate::filesystem::VolumeDirName::new(&accepted.dir_name)
+        && pool.check_marked_for(&dir, pv.metadata.name.as_deref().unwrap_or_default()).is_err()
+    {
+        return;
+    }
     if pool.bytes_under(&accepted.dir_name).unwrap_or(0) > 0 {
         report_orphans(ctx, &pool, &[accepted.dir_name]).await;
     }

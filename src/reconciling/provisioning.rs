@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
 
 use crate::deciding::kept_volume::KeptVolume;
+use crate::deciding::path_pattern::Placing;
 use crate::deciding::provision::{MakeVolume, Provision, bound_claim_uid, may_undo_directory};
 use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, reason};
@@ -25,6 +26,41 @@ pub enum Provisioned {
     Now,
     /// Made by an earlier attempt.
     Before,
+}
+
+/// Makes the volume's directory under the name `dir` as planned, with the class's owner,
+/// group and mode.
+async fn make_volume(
+    ctx: &Arc<Context>,
+    claim: &PersistentVolumeClaim,
+    provision: &Provision,
+    pool: &Arc<PoolRoot>,
+    dir: &VolumeDirName,
+) -> Result<Created, ClaimError> {
+    let ownership = provision.plan.ownership;
+    let mode = ownership.mode.unwrap_or(ctx.config.dir_mode);
+    let created = match &provision.make {
+        MakeVolume::Plain => pool.create_volume_dir(dir, mode)?,
+        MakeVolume::BtrfsQuota { limit_bytes } => pool.create_quota_volume(dir, mode, *limit_bytes)?,
+        MakeVolume::ProjectQuota { limit_bytes } => pool.create_project_volume(dir, mode, *limit_bytes)?,
+        MakeVolume::Clone { source_dir, source_marked_for, source_claim, limit_bytes } => {
+            let source = VolumeDirName::new(source_dir).map_err(|e| ClaimError::Pool(e.into()))?;
+            if let Some(pv) = source_marked_for {
+                pool.check_marked_for(&source, pv)?;
+            }
+            let created = clones::copy(ctx, claim, source_claim, pool, &source, dir).await?;
+            if let Some(limit_bytes) = limit_bytes {
+                pool.set_quota_limit(dir, *limit_bytes)?;
+            }
+            created
+        }
+    };
+    // A class's owner, group or mode (a clone's root too: the copy keeps its files' owners, the
+    // directory gets the class's).
+    if ownership.is_set() {
+        pool.set_ownership(dir, ownership.uid, ownership.gid, mode)?;
+    }
+    Ok(created)
 }
 
 /// Makes the volume and its PV.
@@ -49,26 +85,34 @@ pub async fn provision(
         );
     }
     let node = ctx.node_facts().await?;
-    let ownership = plan.ownership;
-    let mode = ownership.mode.unwrap_or(ctx.config.dir_mode);
-    let created = match &provision.make {
-        MakeVolume::Plain => pool.create_volume_dir(&dir, mode)?,
-        MakeVolume::BtrfsQuota { limit_bytes } => pool.create_quota_volume(&dir, mode, *limit_bytes)?,
-        MakeVolume::ProjectQuota { limit_bytes } => pool.create_project_volume(&dir, mode, *limit_bytes)?,
-        MakeVolume::Clone { source_dir, source_claim, limit_bytes } => {
-            let source = VolumeDirName::new(source_dir).map_err(|e| ClaimError::Pool(e.into()))?;
-            let created = clones::copy(ctx, claim, source_claim, pool, &source, &dir).await?;
-            if let Some(limit_bytes) = limit_bytes {
-                pool.set_quota_limit(&dir, *limit_bytes)?;
-            }
-            created
+    let created = match &provision.pattern {
+        None => make_volume(ctx, claim, provision, pool, &dir).await?,
+        // Made aside, owned and marked there, then renamed into place only if the place is
+        // still free (filesystem::marker).
+        Some(Placing::Make) => {
+            let making = pool.clear_making_entry(&plan.pv_name)?;
+            make_volume(ctx, claim, provision, pool, &making).await?;
+            pool.place_marked(&making, &dir, &plan.pv_name)?;
+            Created::New
         }
+        Some(Placing::Reuse) => Created::Existing,
+        Some(Placing::Adopt { from }) => {
+            pool.take_over_marked(&dir, &plan.pv_name)?;
+            if let Some(limit_bytes) = provision.make.limit_bytes() {
+                pool.set_quota_limit(&dir, limit_bytes)?;
+            }
+            let path = pool.path().join(dir.as_str());
+            tracing::info!(claim = %claim_key(claim), pv = %plan.pv_name, %from, path = %path.display(), "took over a pathPattern directory, data and all");
+            let note = format!(
+                "Reusing directory {} with its data, made for PV {from}, which is gone (pathPattern {})",
+                path.display(),
+                plan.path_pattern.as_deref().unwrap_or_default()
+            );
+            ctx.normal(&regarding, reason::DIRECTORY_REUSED, "Provision", note).await;
+            Created::Existing
+        }
+        Some(Placing::Refuse(_)) => unreachable!("the plan never provisions a refused directory"),
     };
-    // A class's owner, group or mode (a clone's root too: the copy keeps its files' owners, the
-    // directory gets the class's).
-    if ownership.is_set() {
-        pool.set_ownership(&dir, ownership.uid, ownership.gid, mode)?;
-    }
     let pv = build_pv(plan, claim, &ctx.me, &node, Quantity(provision.capacity.clone()));
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let claim_uid = claim.metadata.uid.as_deref().unwrap_or_default();

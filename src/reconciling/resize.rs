@@ -186,7 +186,10 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVolume) ->
 async fn shared_acting_here(ctx: &Context, pv: &KeptVolume) -> bool {
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
     let path = crate::deciding::volume::volume_path(pv).unwrap_or_default();
-    let Ok(accepted) = layout::accept_delete_path(path, pv_name, &ctx.config.pools) else { return false };
+    let named_by_pattern = pv.annotations.contains_key(crate::keys::PATH_PATTERN);
+    let Ok(accepted) = layout::accept_volume_path(path, pv_name, &ctx.config.pools, named_by_pattern) else {
+        return false;
+    };
     let Some(pool) = ctx.config.pools.iter().find(|p| p.name == accepted.pool).map(|p| p.key()) else { return false };
     match ctx.live_nodes().await {
         Ok(live) => shared_actor_is_me(&topology::acting_node(pv_name, &pool, &ctx.me.node, &live)),
@@ -223,10 +226,15 @@ fn locate(
 ) -> Result<(std::sync::Arc<crate::filesystem::PoolRoot>, VolumeDirName), ResizeError> {
     let path = crate::deciding::volume::volume_path(pv).unwrap_or_default().to_owned();
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
-    let accepted =
-        layout::accept_delete_path(&path, pv_name, &ctx.config.pools).map_err(|_| ResizeError::Path(path.clone()))?;
+    let named_by_pattern = pv.annotations.contains_key(crate::keys::PATH_PATTERN);
+    let accepted = layout::accept_volume_path(&path, pv_name, &ctx.config.pools, named_by_pattern)
+        .map_err(|_| ResizeError::Path(path.clone()))?;
     let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| ResizeError::Path(path.clone()))??;
     let dir = VolumeDirName::new(&accepted.dir_name).map_err(crate::filesystem::PoolError::from)?;
+    // A pathPattern directory is grown only for the PV its marker names.
+    if accepted.marked {
+        pool.check_marked_for(&dir, pv_name)?;
+    }
     Ok((pool, dir))
 }
 

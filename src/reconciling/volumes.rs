@@ -141,7 +141,20 @@ async fn delete_volume(ctx: &Context, pv: &KeptVolume, accepted: &AcceptedPath) 
     pool.ensure_trash()?;
     let _in_flight = ctx.settling.hold(pool.name(), name);
     let path = pool.path().join(dir.as_str());
+    // A pathPattern directory is this PV's only while its marker says so: checked before it is
+    // moved, and again once moved aside, when a claim taking it over meanwhile has rewritten
+    // it; then it goes back (deciding::path_pattern, the model in its tests).
+    if accepted.marked {
+        pool.check_marked_for(&dir, name)?;
+    }
     let staged = match pool.stage_deletion(&node, &pv_name, &dir)? {
+        Staged::Moved(staged) if accepted.marked => {
+            if let Err(error) = pool.check_staged_marker(&staged) {
+                pool.restore_staged(&staged)?;
+                return Err(error.into());
+            }
+            Some(staged)
+        }
         Staged::Moved(staged) => Some(staged),
         Staged::Unlinked => {
             tracing::info!(pv = %name, path = %path.display(), "volume was not a directory; unlinked it");
@@ -305,6 +318,9 @@ async fn remove_copy(
 ) -> Result<(), VolumeError> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let (pool, dir) = pool_and_dir(ctx, accepted)?;
+    if accepted.marked {
+        pool.check_marked_for(&dir, name)?;
+    }
     match pool.move_to_trash(&dir)? {
         Trashed::Moved(_) => {
             tracing::info!(pv = %name, path = %pool.path().join(dir.as_str()).display(), "removed this node's copy of an every-node volume");

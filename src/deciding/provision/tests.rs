@@ -36,6 +36,7 @@ fn roomy() -> PoolFacts {
         dir_exists: false,
         quota: None,
         promised_bytes: None,
+        pattern: None,
     }
 }
 
@@ -351,7 +352,12 @@ fn a_clone_whose_source_lives_here_copies_its_directory() {
     let provision = provision(clone_plan(&claim, &wffc(), Some(&source), Some(&pv), None, &roomy()));
     assert_eq!(
         provision.make,
-        MakeVolume::Clone { source_dir: format!("pvc-{SOURCE_UID}"), source_claim: "src".into(), limit_bytes: None }
+        MakeVolume::Clone {
+            source_dir: format!("pvc-{SOURCE_UID}"),
+            source_marked_for: None,
+            source_claim: "src".into(),
+            limit_bytes: None
+        }
     );
 }
 
@@ -592,4 +598,71 @@ fn the_promises_of_a_shared_pool_with_requests_accounting_go_through_its_shared_
     cfg.pools[0].accounting = Some(CapacityAccounting::Requests);
     let needs = facts_needed(&claim, Some(&class), &me, &cfg);
     assert!(needs.promised && needs.shared_promises, "{needs:?}");
+}
+
+// ---- pathPattern directories ----
+
+fn patterned() -> StorageClass {
+    with_params(wffc(), &[("pathPattern", "{namespace}_{claim}")])
+}
+
+fn pool_with(pattern: DirectoryFacts) -> PoolFacts {
+    PoolFacts { pattern: Some(pattern), ..roomy() }
+}
+
+fn found(found: path_pattern::Found, marked_pv_exists: bool, held_by: Option<&str>) -> DirectoryFacts {
+    DirectoryFacts { found, marked_pv_exists, held_by: held_by.map(str::to_owned) }
+}
+
+#[test]
+fn a_pattern_class_names_the_directory_from_the_claim_and_reads_what_is_there() {
+    let claim = claim("hpp").selected(NODE).build();
+    let needs = facts_needed(&claim, Some(&patterned()), &me(), &config());
+    assert_eq!(needs.dir_name.as_deref(), Some("default_data"));
+    assert!(needs.pattern_dir);
+    assert!(!facts_needed(&claim, Some(&wffc()), &me(), &config()).pattern_dir);
+    let made = provision(plan(&claim, &patterned(), &pool_with(found(path_pattern::Found::Absent, false, None))));
+    assert_eq!(made.plan.dir_name, "default_data");
+    assert_eq!(made.plan.path_pattern.as_deref(), Some("{namespace}_{claim}"));
+    assert_eq!(made.pattern, Some(Placing::Make));
+    assert_eq!(provision(plan(&claim, &wffc(), &roomy())).pattern, None);
+}
+
+#[test]
+fn a_pattern_directory_of_a_gone_pv_is_taken_over_even_when_the_pool_is_short_of_room() {
+    let claim = claim("hpp").selected(NODE).build();
+    let gone = found(path_pattern::Found::MarkedFor("pvc-old".into()), false, None);
+    let full = PoolFacts { available_bytes: 0, ..pool_with(gone) };
+    let taken = provision(plan(&claim, &patterned(), &full));
+    assert_eq!(taken.pattern, Some(Placing::Adopt { from: "pvc-old".into() }));
+}
+
+#[test]
+fn a_held_or_foreign_pattern_directory_is_refused_and_looked_at_again() {
+    let claim = claim("hpp").selected(NODE).build();
+    for facts in [
+        found(path_pattern::Found::MarkedFor("pvc-old".into()), true, None),
+        found(path_pattern::Found::Absent, false, Some("pvc-old")),
+        found(path_pattern::Found::Unmarked, false, None),
+    ] {
+        match plan(&claim, &patterned(), &pool_with(facts.clone())) {
+            ClaimPlan::Refuse { refusal: Refusal::DirectoryOccupied(_), recheck: Some(PATTERN_RECHECK) } => {}
+            other => panic!("{facts:?}: expected a refusal, got {other:?}"),
+        }
+    }
+    // Without the facts (the pool could not say) nothing is made.
+    assert_eq!(plan(&claim, &patterned(), &roomy()), ClaimPlan::Fail(Failure::PoolUnusable));
+}
+
+#[test]
+fn a_clone_is_never_copied_into_a_directory_it_would_take_over() {
+    let claim = claim("hpp").data_source().selected(NODE).build();
+    let (source, pv) = (bound_source(), source_pv(NODE));
+    let gone = pool_with(found(path_pattern::Found::MarkedFor("pvc-old".into()), false, None));
+    match clone_plan(&claim, &patterned(), Some(&source), Some(&pv), None, &gone) {
+        ClaimPlan::Refuse { refusal: Refusal::DirectoryOccupied(why), .. } => {
+            assert!(why.to_string().contains("a clone is copied into a new directory only"), "{why}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
