@@ -141,6 +141,10 @@ pub struct Args {
     /// Off unless set: release the bound claims of a node whose Node object has been gone this long, e.g. 1h: its PVs are set to Retain (the data stays for the node's return), then the claims are deleted so that their workloads' new claims are provisioned on other nodes. Needs the delete verb on claims (docs/operating.md).
     #[arg(long, env = "RELEASE_CLAIMS_OF_REMOVED_NODES", default_value = "", value_name = "DURATION")]
     pub release_claims_of_removed_nodes: String,
+
+    /// Node label keys a StorageClass's nodeAffinityKey may name (comma-separated, e.g. example.com/disk-serial): volumes of such a class are pinned to the nodes carrying the label's value instead of to one node name. The Node's values are read at start.
+    #[arg(long = "node-affinity-keys", env = "NODE_AFFINITY_KEYS", default_value = "", value_name = "KEY[,KEY...]")]
+    pub node_affinity_keys: String,
 }
 
 // Settings that may come from env vars are read as plain strings and checked in
@@ -299,6 +303,8 @@ pub struct Config {
     /// How long a Node object must be gone before the claims bound to its volumes are released
     /// (off: `None`).
     pub release_claims_of_removed_nodes: Option<std::time::Duration>,
+    /// Node label keys a class's `nodeAffinityKey` may name.
+    pub node_affinity_keys: Vec<String>,
 }
 
 impl Args {
@@ -464,6 +470,7 @@ impl Args {
                 "RELEASE_CLAIMS_OF_REMOVED_NODES",
                 &self.release_claims_of_removed_nodes,
             )?,
+            node_affinity_keys: parse_affinity_keys(&self.node_affinity_keys)?,
         })
     }
 }
@@ -560,6 +567,24 @@ fn check_pools(pools: &[PoolPath]) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// `NODE_AFFINITY_KEYS`: comma-separated node label keys (blank entries ignored).
+fn parse_affinity_keys(value: &str) -> Result<Vec<String>, ConfigError> {
+    let mut keys = Vec::new();
+    for key in value.split(',').map(str::trim).filter(|key| !key.is_empty()) {
+        if !crate::deciding::node_affinity::is_label_key(key) {
+            return Err(invalid(
+                "NODE_AFFINITY_KEYS",
+                key,
+                "node label keys such as example.com/disk-serial, comma-separated",
+            ));
+        }
+        if !keys.iter().any(|k: &String| k == key) {
+            keys.push(key.to_owned());
+        }
+    }
+    Ok(keys)
 }
 
 fn invalid(setting: &'static str, value: &str, accepted: &str) -> ConfigError {

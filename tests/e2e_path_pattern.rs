@@ -90,6 +90,17 @@ async fn planted_directories_and_forged_pvs_reach_no_data_and_delete_removes_onl
     assert!(note.contains("does not carry the provisioner's marker"), "{note}");
     assert_eq!(std::fs::read(planted.join("theirs")).unwrap(), b"not a volume");
     assert_eq!(marker_of(&planted), None);
+    // A symlink planted at a claim's name, to a directory carrying a marker: never followed.
+    let outside = env.cp.temp_dir().join(format!("{}-outside", env.group));
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret"), b"outside").unwrap();
+    rustix::fs::setxattr(&outside, MARKER, b"pvc-gone", rustix::fs::XattrFlags::empty()).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join(format!("{}_linked", env.ns))).unwrap();
+    let claim = env.create_claim(fixtures::claim(&env.ns, "linked", &class, "1Mi").provision_on_node(&node)).await;
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(note.contains("does not carry the provisioner's marker"), "{note}");
+    assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"outside");
+    assert_eq!(marker_of(&outside).as_deref(), Some("pvc-gone"), "the target was not taken over");
 
     // A live volume, and a forged PV (a copy of another volume's, pointing at it) let go.
     env.create_claim(fixtures::claim(&env.ns, "live", &class, "1Mi").provision_on_node(&node)).await;

@@ -74,6 +74,9 @@ pub struct ProvisionPlan {
     /// The class's `pathPattern`, when it named the directory (`deciding::path_pattern`): the
     /// directory carries the provisioner's marker, and may be one made for an earlier claim.
     pub path_pattern: Option<String>,
+    /// The label the volume is pinned to (the class's `nodeAffinityKey` and this node's value),
+    /// instead of this node's name.
+    pub affinity: Option<crate::deciding::node_affinity::AffinityLabel>,
     /// Pool to provision in.
     pub pool: layout::PoolPath,
     /// Class name to record on the PV.
@@ -251,6 +254,8 @@ pub fn decide_claim(
     };
     match plan(claim, &spec, class_name, me, config, &request, pool, class, binding_mode, pinned_by_annotation) {
         Ok(plan) => Decision::Provision(Box::new(plan)),
+        // Another node may carry the label: let the scheduler try one.
+        Err(refusal @ Refusal::NoAffinityLabel { .. }) if placed_by_scheduler => Decision::HandBack(refusal),
         Err(refusal) => Decision::Refuse(refusal),
     }
 }
@@ -269,6 +274,28 @@ pub fn claim_dir_name(
         Some(pattern) => pattern.resolve(meta.namespace.as_deref().unwrap_or_default(), name, uid),
         None => layout::dir_name(name, uid, config.use_naming_prefix),
     }
+}
+
+/// This node's label for a class's `nodeAffinityKey`: refused when the node does not serve the
+/// key (`NODE_AFFINITY_KEYS`) or does not carry the label.
+fn affinity_label(
+    key: &str,
+    class_name: &str,
+    me: &Identity,
+    config: &DecisionConfig,
+) -> Result<crate::deciding::node_affinity::AffinityLabel, Refusal> {
+    if !config.affinity_keys.iter().any(|k| k == key) {
+        return Err(Refusal::AffinityKeyNotServed {
+            class: class_name.to_owned(),
+            key: key.to_owned(),
+            node: me.node.clone(),
+        });
+    }
+    me.affinity
+        .iter()
+        .find(|label| label.key == key)
+        .cloned()
+        .ok_or_else(|| Refusal::NoAffinityLabel { key: key.to_owned(), node: me.node.clone() })
 }
 
 /// One node speaks for the cluster about a claim nobody can serve; the others stay silent.
@@ -343,10 +370,15 @@ fn plan(
     let request_bytes = parse_bytes(&storage).map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     let dir_name = claim_dir_name(claim, request, config)?;
+    let affinity = match &request.node_affinity_key {
+        None => None,
+        Some(key) => Some(affinity_label(key, class_name, me, config)?),
+    };
     Ok(ProvisionPlan {
         pv_name: layout::pv_name(uid),
         dir_name,
         path_pattern: request.path_pattern.as_ref().map(|p| p.as_str().to_owned()),
+        affinity,
         pool,
         class_name: class_name.to_owned(),
         reclaim_policy: class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::deciding::layout;
+use crate::deciding::node_affinity;
 use crate::deciding::path_pattern::{self, PathPattern};
 use crate::deciding::quota::{self, QuotaMode};
 use crate::deciding::refusal::Refusal;
@@ -54,6 +55,7 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     OWNER_GID,
     DIR_MODE,
     path_pattern::PARAMETER,
+    node_affinity::PARAMETER,
 ];
 
 /// Class parameter: which kind of PV is written (`hostPath`, the default, or `local`).
@@ -156,6 +158,8 @@ pub struct ClassRequest {
     pub ownership: Ownership,
     /// The `pathPattern` parameter: directories named from the claim, and reused.
     pub path_pattern: Option<PathPattern>,
+    /// The `nodeAffinityKey` parameter: volumes pinned to the nodes carrying this label's value.
+    pub node_affinity_key: Option<String>,
 }
 
 impl ClassRequest {
@@ -285,6 +289,21 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
             .to_owned();
         return Err(bad(path_pattern::PARAMETER, &value, accepted));
     }
+    let node_affinity_key = match params.get(node_affinity::PARAMETER) {
+        None => None,
+        Some(key) if !node_affinity::is_label_key(key) => {
+            return Err(bad(
+                node_affinity::PARAMETER,
+                key,
+                "a node label key, such as example.com/disk-serial".to_owned(),
+            ));
+        }
+        Some(key) if topology != Topology::Node => {
+            let accepted = format!("no nodeAffinityKey for topology {topology} (its volumes are on no one node)");
+            return Err(bad(node_affinity::PARAMETER, key, accepted));
+        }
+        Some(key) => Some(key.clone()),
+    };
     Ok(ClassRequest {
         topology,
         pool: pool.or_else(|| config.default_pool.clone()),
@@ -293,6 +312,7 @@ pub fn class_request(class: &StorageClass, class_name: &str, config: &DecisionCo
         node_local_sharing,
         ownership,
         path_pattern,
+        node_affinity_key,
     })
 }
 

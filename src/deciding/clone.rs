@@ -194,6 +194,8 @@ pub fn check_source(
     }
     let pools = std::slice::from_ref(clone.pool);
     let owner = match volume::volume_shape(pv, pools) {
+        // Pinned to a label this node carries: this node's, whichever node made it.
+        VolumeShape::Node if crate::deciding::node_affinity::holds(pv, me) == Some(true) => Some(me.node.clone()),
         VolumeShape::Node => volume::owner_node(pv).map(str::to_owned),
         VolumeShape::Shared => None,
         VolumeShape::EveryNode => return SourceVerdict::Refuse(CloneRefusal::EveryNode(name.to_owned())),

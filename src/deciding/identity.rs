@@ -7,4 +7,7 @@ pub struct Identity {
     pub provisioner: String,
     /// Node object name (`NODE_NAME`).
     pub node: String,
+    /// The labels of this node that volumes can be pinned to (`NODE_AFFINITY_KEYS` and the
+    /// Node's values, read at start; `deciding::node_affinity`).
+    pub affinity: Vec<crate::deciding::node_affinity::AffinityLabel>,
 }

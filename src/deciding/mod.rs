@@ -12,6 +12,7 @@ pub mod kept_volume;
 pub mod layout;
 pub mod liveness;
 pub mod mount_table;
+pub mod node_affinity;
 pub mod operator;
 pub mod os_disk;
 pub mod path_pattern;

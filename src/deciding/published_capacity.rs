@@ -211,6 +211,7 @@ mod tests {
             provision_on_node: ProvisionOnNodePolicy::Allow,
             reserved_bytes: 0,
             pv_capacity: crate::deciding::settings::PvCapacity::Request,
+            affinity_keys: Vec::new(),
         }
     }
 

@@ -181,6 +181,12 @@ fn candidate<'a>(pv: &'a KeptVolume, provisioner: &str, graces: Graces) -> Optio
         return None;
     }
     pv.annotations.get(keys::PROVISION_ON_NODE)?;
+    // Pinned to a label (nodeAffinityKey): the node that made it is not its owner; a node of
+    // another name with the label (a reinstalled node, the same disk) takes it over. Its node
+    // being gone says nothing: left alone.
+    if crate::deciding::node_affinity::pinned_label(pv).is_some() {
+        return None;
+    }
     let spec = pv.spec.as_ref()?;
     let answer = match pv.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Released") if graces.reap.is_some() => {

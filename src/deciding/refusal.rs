@@ -109,6 +109,28 @@ pub enum Refusal {
     /// Name or UID that cannot form a directory name.
     #[error("{0}")]
     BadName(#[from] layout::NameError),
+    /// The class's `nodeAffinityKey` is not one this node serves.
+    #[error(
+        "StorageClass {class} pins its volumes to node label {key}, which node {node} does not serve; add {key} to the provisioner's NODE_AFFINITY_KEYS (every node's)"
+    )]
+    AffinityKeyNotServed {
+        /// Class name.
+        class: String,
+        /// The key.
+        key: String,
+        /// This node.
+        node: String,
+    },
+    /// This node does not carry the label the class pins volumes to.
+    #[error(
+        "node {node} has no label {key}, which the StorageClass pins its volumes to (nodeAffinityKey); label the node (kubectl label node {node} {key}=<value>) and restart its provisioner pod, or run the pod on a labelled node"
+    )]
+    NoAffinityLabel {
+        /// The key.
+        key: String,
+        /// This node.
+        node: String,
+    },
     /// The class's `pathPattern` names a directory the claim cannot be given (yet).
     #[error("{0}")]
     DirectoryOccupied(#[from] crate::deciding::path_pattern::Occupied),
@@ -142,6 +164,8 @@ impl Refusal {
             Self::BadRequest(_) => "request",
             Self::BadName(_) => "name",
             Self::DirectoryOccupied(_) => "directory_occupied",
+            Self::AffinityKeyNotServed { .. } => "parameters",
+            Self::NoAffinityLabel { .. } => "no_affinity_label",
             Self::ProvisionOnNodeNotAllowed(_) => "provision_on_node_denied",
             Self::MountOptions(_) => "mount_options",
         }

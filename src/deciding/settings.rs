@@ -52,4 +52,6 @@ pub struct DecisionConfig {
     pub reserved_bytes: u64,
     /// What a new PV advertises as its capacity.
     pub pv_capacity: PvCapacity,
+    /// `NODE_AFFINITY_KEYS`: the node label keys a class's `nodeAffinityKey` may name.
+    pub affinity_keys: Vec<String>,
 }

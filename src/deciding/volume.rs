@@ -213,19 +213,31 @@ pub fn decide_volume(
     }
 }
 
+/// Whether a node-shaped PV is this node's: pinned to a label this node carries
+/// (`nodeAffinityKey`, whichever node made it), else named by its owner annotation, or for PVs
+/// older than that annotation by the node's hostname label value.
+pub fn is_mine(pv: &KeptVolume, me: &Identity, my_hostname: &str) -> bool {
+    if let Some(held) = crate::deciding::node_affinity::holds(pv, me) {
+        return held;
+    }
+    owner_node(pv).is_some_and(|owner| owner == me.node || (!has_owner_annotation(pv) && owner == my_hostname))
+}
+
 fn decide_node_volume(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[PoolPath]) -> VolumeDecision {
-    let owned = |pv: &KeptVolume| {
-        owner_node(pv).is_some_and(|owner| owner == me.node || (!has_owner_annotation(pv) && owner == my_hostname))
-    };
-    if retained_but_protected(pv, me) && owned(pv) {
+    let mine = is_mine(pv, me, my_hostname);
+    if retained_but_protected(pv, me) && mine {
         return VolumeDecision::DropProtection;
     }
     if let Some(ignore) = not_to_delete(pv, me) {
         return VolumeDecision::Ignore(ignore);
     }
     match owner_node(pv) {
-        Some(owner) if owner == me.node || (!has_owner_annotation(pv) && owner == my_hostname) => {}
-        Some(owner) if has_owner_annotation(pv) && labelled_for(pv) == Some(layout::node_label_value(&me.node)) => {
+        _ if mine => {}
+        Some(owner)
+            if has_owner_annotation(pv)
+                && crate::deciding::node_affinity::pinned_label(pv).is_none()
+                && labelled_for(pv) == Some(layout::node_label_value(&me.node)) =>
+        {
             return VolumeDecision::Refuse(DeleteRefusal::OwnerMismatch {
                 annotation: owner.to_owned(),
                 label: me.node.clone(),

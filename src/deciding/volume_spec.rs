@@ -13,6 +13,7 @@ use crate::deciding::claim::ProvisionPlan;
 use crate::deciding::class::VolumeType;
 use crate::deciding::identity::Identity;
 use crate::deciding::layout;
+use crate::deciding::node_affinity;
 use crate::deciding::quota::VolumeQuota;
 use crate::deciding::settings::PvCapacity;
 use crate::deciding::topology::Topology;
@@ -43,7 +44,8 @@ pub fn identity_to_rewrite(pv: &crate::deciding::kept_volume::KeptVolume, me: &I
     let local = pv.spec.as_ref().is_some_and(|s| s.local.is_some());
     let ours = pv.annotations.get(keys::PROVISIONED_BY) == Some(me.provisioner.as_str());
     let plain = pv.annotations.get(keys::PROVISIONER_IDENTITY) == Some(me.provisioner.as_str());
-    let mine = crate::deciding::volume::owner_node(pv) == Some(me.node.as_str());
+    let mine = crate::deciding::node_affinity::holds(pv, me)
+        .unwrap_or_else(|| crate::deciding::volume::owner_node(pv) == Some(me.node.as_str()));
     (local && ours && plain && mine).then(|| identity_of(VolumeType::Local, &me.provisioner))
 }
 
@@ -81,9 +83,18 @@ pub fn build_pv(
     }
     let mut finalizers = plan.protect.then(|| vec![keys::PROTECTION_FINALIZER.to_owned()]);
     let labels = match plan.topology {
+        // The node that made it stays named (the Go build reads it); a volume pinned to a label
+        // is labelled with the label's token, so every node carrying the label watches it.
         Topology::Node => {
             annotations.insert(keys::PROVISION_ON_NODE.to_owned(), node.name.clone());
-            BTreeMap::from([(keys::NODE_LABEL.to_owned(), layout::node_label_value(&node.name))])
+            let node_label = match &plan.affinity {
+                Some(label) => {
+                    annotations.insert(node_affinity::ANNOTATION.to_owned(), label.annotation());
+                    label.token()
+                }
+                None => layout::node_label_value(&node.name),
+            };
+            BTreeMap::from([(keys::NODE_LABEL.to_owned(), node_label)])
         }
         Topology::Shared => BTreeMap::from([(keys::TOPOLOGY_LABEL.to_owned(), plan.topology.as_str().to_owned())]),
         Topology::EveryNode => {
@@ -96,10 +107,17 @@ pub fn build_pv(
     let node_affinity = (plan.topology == Topology::Node).then(|| VolumeNodeAffinity {
         required: Some(NodeSelector {
             node_selector_terms: vec![NodeSelectorTerm {
-                match_expressions: Some(vec![NodeSelectorRequirement {
-                    key: keys::HOSTNAME_LABEL.into(),
-                    operator: "In".into(),
-                    values: Some(vec![node.hostname.clone()]),
+                match_expressions: Some(vec![match &plan.affinity {
+                    Some(label) => NodeSelectorRequirement {
+                        key: label.key.clone(),
+                        operator: "In".into(),
+                        values: Some(vec![label.value.clone()]),
+                    },
+                    None => NodeSelectorRequirement {
+                        key: keys::HOSTNAME_LABEL.into(),
+                        operator: "In".into(),
+                        values: Some(vec![node.hostname.clone()]),
+                    },
                 }]),
                 match_fields: None,
             }],

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::deciding::identity::Identity;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{self, AcceptedPath, PoolPath};
-use crate::deciding::volume::{VolumeShape, owner_node, volume_shape};
+use crate::deciding::volume::{VolumeShape, volume_shape};
 use crate::doctor::report::{ApiCheck, Finding, PoolReport, Severity};
 use crate::keys;
 
@@ -57,10 +57,7 @@ pub fn volume_here(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[P
     let accepted =
         layout::accept_volume_path(crate::deciding::volume::volume_path(pv)?, name, pools, named_by_pattern).ok()?;
     let mine = match volume_shape(pv, pools) {
-        VolumeShape::Node => {
-            let by_annotation = pv.annotations.contains_key(keys::PROVISION_ON_NODE);
-            owner_node(pv).is_some_and(|owner| owner == me.node || (!by_annotation && owner == my_hostname))
-        }
+        VolumeShape::Node => crate::deciding::volume::is_mine(pv, me, my_hostname),
         VolumeShape::Shared => pools.iter().any(|p| p.name == accepted.pool && p.shared),
         VolumeShape::EveryNode => pools.iter().any(|p| p.name == accepted.pool && !p.shared),
     };

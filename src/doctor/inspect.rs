@@ -194,7 +194,8 @@ fn volumes_report(
     cluster: &ClusterFacts,
     entries: &[String],
 ) -> VolumesReport {
-    let me = Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone() };
+    let me =
+        Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone(), affinity: Vec::new() };
     let pv_names: HashSet<String> = cluster.pvs.iter().filter_map(|pv| pv.metadata.name.clone()).collect();
     let present: HashSet<&str> = entries.iter().map(String::as_str).collect();
     let mut report = VolumesReport::default();

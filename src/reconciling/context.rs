@@ -84,8 +84,9 @@ impl Context {
         volumes: Vec<Store<KeptVolume>>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
+        affinity: Vec<crate::deciding::node_affinity::AffinityLabel>,
     ) -> Self {
-        let me = Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone() };
+        let me = Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone(), affinity };
         let decision = DecisionConfig {
             use_naming_prefix: config.use_naming_prefix,
             pools: config.pools.clone(),
@@ -94,6 +95,7 @@ impl Context {
             provision_on_node: config.provision_on_node.clone(),
             reserved_bytes: config.reserved_bytes,
             pv_capacity: config.pv_capacity,
+            affinity_keys: config.node_affinity_keys.clone(),
         };
         let membership = Membership::new(
             client.clone(),
@@ -330,7 +332,11 @@ mod tests {
 
     #[test]
     fn an_unkept_event_is_the_recorders_first_occurrence() {
-        let me = Identity { provisioner: "kubevirt.io/hostpath-provisioner".into(), node: "node-a".into() };
+        let me = Identity {
+            provisioner: "kubevirt.io/hostpath-provisioner".into(),
+            node: "node-a".into(),
+            affinity: Vec::new(),
+        };
         let regarding = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("PersistentVolumeClaim".into()),

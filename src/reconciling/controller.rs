@@ -14,7 +14,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 
 use crate::config::Config;
 use crate::deciding::kept_volume::KeptVolume;
-use crate::deciding::layout;
+use crate::deciding::node_affinity;
 use crate::deciding::retention::{self, Retention};
 use crate::filesystem::pools::{OpenError, Pools};
 use crate::keys;
@@ -40,6 +40,35 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
+    /// With NODE_AFFINITY_KEYS, this node's Node object could not be read for its labels.
+    #[error("cannot read the labels of Node {node} for NODE_AFFINITY_KEYS: {source}")]
+    NodeLabels {
+        /// This node.
+        node: String,
+        /// Why.
+        source: kube::Error,
+    },
+}
+
+/// The labels of this node volumes can be pinned to (`deciding::node_affinity`): none without
+/// NODE_AFFINITY_KEYS; else read from the Node object, retried for about a minute (the API
+/// server may be restarting with the node).
+async fn affinity_labels(client: &Client, config: &Config) -> Result<Vec<node_affinity::AffinityLabel>, StartError> {
+    use backon::Retryable;
+    if config.node_affinity_keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+    let backoff =
+        backon::ExponentialBuilder::default().with_max_delay(std::time::Duration::from_secs(16)).with_max_times(6);
+    let node = (|| nodes.get(&config.node_name))
+        .retry(backoff)
+        .await
+        .map_err(|source| StartError::NodeLabels { node: config.node_name.clone(), source })?;
+    let labels = node.metadata.labels.unwrap_or_default();
+    let served = node_affinity::served_labels(&config.node_affinity_keys, &labels);
+    tracing::info!(node = %config.node_name, keys = ?config.node_affinity_keys, served = ?served.iter().map(|l| l.annotation()).collect::<Vec<_>>(), "node affinity labels");
+    Ok(served)
 }
 
 /// Runs until `shutdown` resolves, then lets in-flight reconciles finish.
@@ -61,6 +90,7 @@ pub async fn run(
     // on a store is woken, and the controller's own runner is one of them.
 
     let list = watches::initial_list_config(&client, &config.node_name).await;
+    let affinity = affinity_labels(&client, &config).await?;
     // StorageClasses: few, watched whole.
     let (classes, class_writer) = reflector::store::<StorageClass>();
     let class_events = watches::observe(
@@ -84,6 +114,7 @@ pub async fn run(
         vec![own_store.clone(), legacy_store.clone()],
         metrics.clone(),
         health.clone(),
+        affinity,
     ));
 
     // Claims: whole objects, so that deciding needs no GET, but only the few this node may act on
@@ -120,7 +151,8 @@ pub async fn run(
     // unlabelled PVs: the two are disjoint, so together they deliver less than one watch of all
     // PVs would.
     let pv_api = Api::<KeptVolume>::all(client.clone());
-    let own_selector = format!("{}={}", keys::NODE_LABEL, layout::node_label_value(&config.node_name));
+    // With NODE_AFFINITY_KEYS, also the PVs pinned to a label this node carries.
+    let own_selector = node_affinity::own_volumes_selector(&config.node_name, &ctx.me.affinity);
     let legacy_selector = format!("!{}", keys::NODE_LABEL);
     let (deleted_tx, mut deleted_rx) = tokio::sync::mpsc::unbounded_channel::<KeptVolume>();
     let own_events = watches::observe(
