@@ -404,6 +404,12 @@ fn values_the_binary_refuses_at_start_are_refused_at_render_time_naming_the_valu
         ("config: {releaseClaimsOfRemovedNodes: 0m}", "\"0m\"", &[("RELEASE_CLAIMS_OF_REMOVED_NODES", "0m")]),
         ("config: {releaseClaimsOfRemovedNodes: 1d}", "'1d'", &[("RELEASE_CLAIMS_OF_REMOVED_NODES", "1d")]),
         ("config: {dirMode: \"77777\"}", "'77777'", &[("DIR_MODE", "77777")]),
+        ("config: {nodeAffinityKeys: \"/disk\"}", "'/disk'", &[("NODE_AFFINITY_KEYS", "/disk")]),
+        (
+            "config: {nodeAffinityKeys: \"example.com/disk,Bad.Prefix/x\"}",
+            "'example.com/disk,Bad.Prefix/x'",
+            &[("NODE_AFFINITY_KEYS", "example.com/disk,Bad.Prefix/x")],
+        ),
         ("config: {provisionOnNode: Team_A}", "'Team_A'", &[("PROVISION_ON_NODE", "Team_A")]),
         ("config: {listenAddress: \"::\"}", "'::'", &[("METRICS_ADDR", ":::8080")]),
         ("config: {listenAddress: localhost}", "'localhost'", &[("HEALTH_ADDR", "localhost:8081")]),
@@ -488,6 +494,7 @@ fn every_environment_the_chart_renders_is_one_the_binary_starts_with() {
         "config: {logLevel: \"warn,hostpath_provisioner[reconcile{claim}]=TRACE,kube=0\"}",
         "config: {dirMode: \"0o7777\", provisionOnNode: \"team-a, team-b\"}",
         "config: {provisionOnNode: deny, reservedSpace: 15Ei}",
+        "config: {nodeAffinityKeys: \"example.com/disk-serial,rack_slot,topology.kubernetes.io/zone\"}",
         "pools: [{name: legacy, path: /var/hp-volumes}, {name: ssd, path: \"/mnt/my disk/x\", reserve: 0.5Gi}]",
     ] {
         cases.push(values.to_owned());
