@@ -66,6 +66,9 @@ use operator::the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_w
 #[path = "real_nodes/drain.rs"]
 mod drain;
 use drain::kubectl_drain_of_a_node_whose_pool_sits_on_a_claim_loses_nothing_and_the_pool_comes_back;
+#[path = "real_nodes/disk_label.rs"]
+mod disk_label;
+use disk_label::a_volume_pinned_to_a_disk_label_follows_the_disk_to_the_other_node_two_nodes;
 #[path = "real_nodes/removed_node.rs"]
 mod removed_node;
 use removed_node::a_statefulset_whose_node_is_removed_comes_back_on_the_other_node_with_a_new_volume_two_nodes;
@@ -124,6 +127,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes,
         an_every_node_volume_gives_each_nodes_pod_its_own_directory_two_nodes,
         a_daemonset_rollout_across_two_nodes_loses_nothing_two_nodes,
+        a_volume_pinned_to_a_disk_label_follows_the_disk_to_the_other_node_two_nodes,
         // It takes the second node out itself; the swap brings it back.
         a_statefulset_whose_node_is_removed_comes_back_on_the_other_node_with_a_new_volume_two_nodes,
         // Last: it replaces the DaemonSet twice, on both nodes.

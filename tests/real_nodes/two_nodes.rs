@@ -51,7 +51,7 @@ fn kubectl_exec(ctx: &Ctx, ns: &str, pod: &str, command: &[&str]) -> Result<Stri
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-fn node_of(pod: &Pod) -> &str {
+pub(super) fn node_of(pod: &Pod) -> &str {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default()
 }
 
