@@ -146,3 +146,57 @@ async fn planted_directories_and_forged_pvs_reach_no_data_and_delete_removes_onl
     assert!(live_dir.join("data").is_file());
     env.pvs().delete(&forged_name, &Default::default()).await.expect("clean up the forged PV");
 }
+
+/// On btrfs with `quota: enforce` (and a class owner): the volume is a subvolume made aside,
+/// owned and renamed into place, limited to its request; taken over by a claim made again, it
+/// keeps its data and gets the new claim's limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quota_volume_named_by_a_pattern_is_limited_and_taken_over_with_the_new_limit() {
+    use std::io::Write;
+    const MIB: u64 = 1 << 20;
+    let mut env = TestEnv::start("patternquota", 0).await;
+    let node = format!("{}-1", env.group);
+    let disk = LoopFs::mount_btrfs(&testbed::pool_root_for(env.cp, &node), 256);
+    let pool = hostpath_provisioner::filesystem::PoolRoot::open("check", &disk.dir).unwrap();
+    pool.enable_btrfs_quota().unwrap();
+    env.add_node(&node, &|spec| spec).await;
+    let class = env
+        .class("named", |c| {
+            c.immediate()
+                .reclaim_policy("Retain")
+                .parameter("quota", "enforce")
+                .parameter("pathPattern", PATTERN)
+                .parameter("uid", "1000")
+        })
+        .await;
+    let fill = |file: &Path, cap: u64| {
+        let mut out = std::fs::File::create(file).expect("create");
+        let chunk = vec![0x5a_u8; MIB as usize];
+        let mut written = 0;
+        while written < cap && out.write_all(&chunk).and_then(|()| out.sync_data()).is_ok() {
+            written += MIB;
+        }
+        written
+    };
+    env.create_claim(fixtures::claim(&env.ns, "db", &class, "8Mi").provision_on_node(&node)).await;
+    let first = env.wait_bound("db").await;
+    let dir = host_path(&first);
+    assert_eq!(dir, disk.dir.join(format!("{}_db", env.ns)));
+    // The class's owner on a subvolume (it once failed there as "a mount inside the volume").
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&dir).unwrap()), 1000);
+    assert!(fill(&dir.join("a"), 64 * MIB) <= 8 * MIB, "stopped at the 8Mi request");
+    assert_eq!(pool.subvolume_qgroups().unwrap().len(), 1, "one subvolume, renamed into place");
+
+    env.delete_claim("db").await;
+    let first_name = first.metadata.name.clone().unwrap();
+    env.wait_pv_phase(&first_name, "Released").await;
+    env.pvs().delete(&first_name, &Default::default()).await.expect("delete the Released PV");
+    env.wait_pv_gone(&first_name).await;
+    env.create_claim(fixtures::claim(&env.ns, "db", &class, "32Mi").provision_on_node(&node)).await;
+    let second = env.wait_bound("db").await;
+    assert_eq!(host_path(&second), dir);
+    assert!(dir.join("a").is_file(), "the data is still there");
+    let more = fill(&dir.join("b"), 64 * MIB);
+    assert!((8 * MIB..=32 * MIB).contains(&more), "the new claim's 32Mi limit holds: {more}");
+    drop(disk);
+}

@@ -81,7 +81,9 @@ impl PoolRoot {
             Err(e) => return Err(fs_error("open the volume directory", path, e)),
         };
         let inode = inode_of(fd.as_fd()).map_err(|e| fs_error("stat the volume directory", path.clone(), e))?;
-        if self.is_foreign_mount(&inode) {
+        // A quota volume on btrfs is a subvolume of the pool's own mount: another device
+        // number, not another mount.
+        if self.is_foreign_mount(&inode) && !self.is_on_own_mount_in_another_subvolume(&inode) {
             return Err(PoolError::MountInsideVolume { path });
         }
         let mut value = [0u8; MAX_MARKER_BYTES];

@@ -239,7 +239,9 @@ impl PoolRoot {
             return Err(PoolError::InvalidMode { mode });
         }
         let path = self.volume_path(name);
-        let fd = match self.open_dir_beneath(self.fd.as_fd(), name.as_str(), &|| path.clone(), Subvolumes::Refuse)? {
+        // A quota volume on btrfs is a subvolume of the pool's own mount (another device
+        // number): it is the volume itself, not something mounted in it.
+        let fd = match self.open_dir_beneath(self.fd.as_fd(), name.as_str(), &|| path.clone(), Subvolumes::Descend)? {
             DirOpen::Opened(fd, _) => fd,
             DirOpen::NotDirectory => return Err(PoolError::VolumeNotDirectory { path }),
             DirOpen::Gone => return Err(fs_error("open the volume directory", path, Errno::NOENT)),

@@ -97,10 +97,12 @@ pub async fn provision(
         }
         Some(Placing::Reuse) => Created::Existing,
         Some(Placing::Adopt { from }) => {
-            pool.take_over_marked(&dir, &plan.pv_name)?;
+            // The new claim's limit first: a volume at its old limit has no room for the new
+            // marker (btrfs counts it against the subvolume's quota).
             if let Some(limit_bytes) = provision.make.limit_bytes() {
                 pool.set_quota_limit(&dir, limit_bytes)?;
             }
+            pool.take_over_marked(&dir, &plan.pv_name)?;
             let path = pool.path().join(dir.as_str());
             tracing::info!(claim = %claim_key(claim), pv = %plan.pv_name, %from, path = %path.display(), "took over a pathPattern directory, data and all");
             let note = format!(
