@@ -4,8 +4,9 @@
 #
 # Build (BuildKit, the default builder of current Docker; podman/buildah work too):
 #   docker build --build-arg HPP_GIT_COMMIT="$(git rev-parse HEAD)" -t hostpath-provisioner:0.1.0 .
-# The image is built for the architecture of the machine that builds it (x86_64 or aarch64);
-# for another one use `docker buildx build --platform linux/arm64 ...` (emulated).
+# The image is built for the architecture of the machine that builds it; for others use
+# `docker buildx build --platform linux/amd64,linux/arm64,linux/ppc64le,linux/s390x ...` (the
+# foreign ones emulated with QEMU; the rust:*-bookworm base is published for all four).
 #
 # `make image` builds the same image without Docker: the same script (hack/build-static.sh), the
 # same files (it copies this build context, .dockerignore applied, and compiles from the copy, so
@@ -27,13 +28,14 @@ COPY . .
 ARG HPP_GIT_COMMIT=unknown
 
 # glibc linked in statically (+crt-static): the provisioner tunes glibc's malloc, and the memory
-# figures in the docs are measured on this build. The cache mounts keep downloaded crates and
-# compiled dependencies between builds; target/ lives in a cache mount, hence the copy of the
-# binary to /out within the same step.
+# figures in the docs are measured on this build. The target is the build stage's own: rustc's
+# host triple (`uname -m` would say ppc64le, whose Rust target is powerpc64le-unknown-linux-gnu).
+# The cache mounts keep downloaded crates and compiled dependencies between builds; target/ lives
+# in a cache mount, hence the copy of the binary to /out within the same step.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    binary="$(bash hack/build-static.sh "$(uname -m)-unknown-linux-gnu" release /src/target)" \
+    binary="$(bash hack/build-static.sh "$(rustc -vV | sed -n 's/^host: //p')" release /src/target)" \
     && install -D -m 0755 "$binary" /out/hostpath-provisioner
 
 # ---- Final stage ----

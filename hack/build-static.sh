@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the provisioner as one static executable, the way every image of it is built: the
-# Dockerfile's build stage and `make image` (tests/testbed, for linux/amd64 and linux/arm64) both
-# run this script, so the image users build and the image the tests run link the same libc.
+# Dockerfile's build stage and `make image` (tests/testbed, for linux/amd64, linux/arm64,
+# linux/ppc64le and linux/s390x) both run this script, so the image users build and the image the
+# tests run link the same libc.
 #
 # Usage: hack/build-static.sh TARGET PROFILE TARGET_DIR
 #   TARGET      a *-unknown-linux-gnu triple: glibc, linked in with +crt-static. The provisioner

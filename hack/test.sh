@@ -22,9 +22,10 @@ set -uo pipefail
 CARGO="${CARGO:-cargo}"
 IMAGE_PLATFORMS="${IMAGE_PLATFORMS:-linux/amd64,linux/arm64}"
 OLDEST_K8S_VERSION="${OLDEST_K8S_VERSION:-v1.25.4}"
-# The arm64 binary, cross-compiled, only runs under qemu in e2e_arm64: built unoptimized (`dev`),
-# it costs a cold run far less CPU (testbed::real_nodes::images::arm64_profile). The image tool
-# and that test read the same variable, so the test finds the binary the image chain built.
+# The arm64 binary, cross-compiled, only runs under qemu in e2e_foreign_arches: built unoptimized
+# (`dev`), it costs a cold run far less CPU (testbed::real_nodes::images::cross_profile). The image
+# tool and that test read the same variable, so the test finds the binary the image chain built.
+# linux/ppc64le and linux/s390x are not built here but by `make test-more-arches` (Makefile).
 export HPP_ARM64_PROFILE="${HPP_ARM64_PROFILE:-dev}"
 LOGS=target/make-test
 mkdir -p "$LOGS"

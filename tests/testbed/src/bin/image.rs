@@ -1,14 +1,16 @@
 //! `make image`: the provisioner's container image as an OCI archive, built without any
-//! registry. Usage: `image [--platform linux/amd64,linux/arm64] [--binary PATH]
-//! [--arm64-binary PATH] [--name IMAGE] [--out FILE]`.
+//! registry. Usage: `image [--platform linux/amd64,linux/arm64,linux/ppc64le,linux/s390x]
+//! [--binary PATH] [--arm64-binary PATH] [--ppc64le-binary PATH] [--s390x-binary PATH]
+//! [--name IMAGE] [--out FILE]`.
 //!
-//! By default it builds the static binary for both platforms (see `testbed::real_nodes::images::
-//! build_static_provisioner` and `build_arm64_provisioner`: the arm64 one is cross-compiled with
-//! Debian sid's Rust, `hack/fetch-cross-rust.sh`), names the image
+//! By default it builds the static binary for linux/amd64 and linux/arm64 (see
+//! `testbed::real_nodes::images::build_static_provisioner` and `build_cross_provisioner`: the
+//! foreign ones are cross-compiled with Debian sid's Rust, `hack/fetch-cross-rust.sh`);
+//! linux/ppc64le and linux/s390x when `--platform` names them. It names the image
 //! `hostpath-provisioner:<tag of deploy/legacy>`, and writes
 //! `target/image/hostpath-provisioner.oci.tar`: an OCI layout whose index names one image index
 //! with a manifest per platform. Load it with `ctr -n k8s.io images import` (the host's platform),
-//! `podman load` or `docker load`; `--platform linux/amd64` skips the arm64 build.
+//! `podman load` or `docker load`; `--platform linux/amd64` skips the cross builds.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,24 +29,32 @@ fn main() -> ExitCode {
     }
 }
 
-const USAGE: &str = "usage: image [--platform linux/amd64,linux/arm64] [--binary PATH] [--arm64-binary PATH] \
-                     [--name IMAGE] [--out FILE]";
+const USAGE: &str = "usage: image [--platform linux/amd64,linux/arm64,linux/ppc64le,linux/s390x] [--binary PATH] \
+                     [--arm64-binary PATH] [--ppc64le-binary PATH] [--s390x-binary PATH] [--name IMAGE] [--out FILE]";
 
 fn run() -> Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize()?;
-    let (mut binary, mut arm64_binary, mut name) = (None, None, None);
+    // A prebuilt binary per platform (`--binary` is amd64's), instead of building it.
+    let mut given: Vec<(Arch, PathBuf)> = Vec::new();
+    let mut name = None;
     let mut out = images::image_dir(&repo).join("hostpath-provisioner.oci.tar");
     let mut platforms = vec![Arch::Amd64, Arch::Arm64];
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--platform" => {
-                let list = args.next().context("--platform needs linux/amd64, linux/arm64 or both")?;
+                let list = args
+                    .next()
+                    .context("--platform needs a list of linux/amd64, linux/arm64, linux/ppc64le, linux/s390x")?;
                 platforms = list.split(',').map(Arch::parse_platform).collect::<Result<_>>()?;
                 platforms.dedup();
             }
-            "--binary" => binary = Some(PathBuf::from(args.next().context("--binary needs a path")?)),
-            "--arm64-binary" => arm64_binary = Some(PathBuf::from(args.next().context("--arm64-binary needs a path")?)),
+            "--binary" => given.push((Arch::Amd64, PathBuf::from(args.next().context("--binary needs a path")?))),
+            flag if flag.starts_with("--") && flag.ends_with("-binary") => {
+                let arch = Arch::parse_platform(&flag["--".len()..flag.len() - "-binary".len()])
+                    .with_context(|| format!("unknown argument {flag:?}; {USAGE}"))?;
+                given.push((arch, PathBuf::from(args.next().with_context(|| format!("{flag} needs a path"))?)));
+            }
             "--name" => name = Some(args.next().context("--name needs an image reference")?),
             "--out" => out = PathBuf::from(args.next().context("--out needs a file")?),
             other => bail!("unknown argument {other:?}; {USAGE}"),
@@ -57,12 +67,15 @@ fn run() -> Result<()> {
     let mut built = Vec::new();
     for arch in platforms {
         let started = Instant::now();
-        let binary = match (arch, &binary, &arm64_binary) {
-            (Arch::Amd64, Some(binary), _) | (Arch::Arm64, _, Some(binary)) => binary.clone(),
-            (Arch::Amd64, None, _) => images::build_static_provisioner(&repo)?,
-            (Arch::Arm64, _, None) => images::build_arm64_provisioner(&repo).with_context(
-                || "building the linux/arm64 binary (`make image IMAGE_PLATFORMS=linux/amd64` builds amd64 only)",
-            )?,
+        let binary = match given.iter().rev().find(|(given, _)| *given == arch) {
+            Some((_, binary)) => binary.clone(),
+            None if arch == Arch::Amd64 => images::build_static_provisioner(&repo)?,
+            None => images::build_cross_provisioner(&repo, arch).with_context(|| {
+                format!(
+                    "building the linux/{} binary (`make image IMAGE_PLATFORMS=linux/amd64` builds amd64 only)",
+                    arch.oci_name()
+                )
+            })?,
         };
         built.push((arch, binary, started.elapsed()));
     }
@@ -74,7 +87,7 @@ fn run() -> Result<()> {
     println!("  archive {} ({:.1} MiB)", out.display(), size as f64 / 1048576.0);
     for (arch, binary, took) in &built {
         println!(
-            "  linux/{:<5} {} (static; built or checked in {:.1} s)",
+            "  linux/{:<7} {} (static; built or checked in {:.1} s)",
             arch.oci_name(),
             binary.display(),
             took.as_secs_f64()

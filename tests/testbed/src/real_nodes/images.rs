@@ -56,24 +56,96 @@ pub struct OciImage {
 pub enum Arch {
     Amd64,
     Arm64,
+    Ppc64le,
+    S390x,
 }
 
 impl Arch {
-    /// `amd64` or `arm64`, as OCI image configs and platforms name them.
+    /// Every platform `make image` can build, in the order it builds them.
+    pub const ALL: [Arch; 4] = [Arch::Amd64, Arch::Arm64, Arch::Ppc64le, Arch::S390x];
+
+    /// `amd64`, `arm64`, `ppc64le` or `s390x`, as OCI image configs and platforms name them.
     pub fn oci_name(self) -> &'static str {
         match self {
             Arch::Amd64 => "amd64",
             Arch::Arm64 => "arm64",
+            Arch::Ppc64le => "ppc64le",
+            Arch::S390x => "s390x",
         }
     }
 
-    /// `linux/amd64` or `linux/arm64` (`--platform`).
+    /// `linux/amd64`, `linux/arm64`, `linux/ppc64le` or `linux/s390x` (`--platform`).
     pub fn parse_platform(platform: &str) -> Result<Arch> {
         match platform.trim().trim_start_matches("linux/") {
             "amd64" => Ok(Arch::Amd64),
             "arm64" | "arm64/v8" => Ok(Arch::Arm64),
-            other => bail!("unsupported platform {other:?}: linux/amd64 or linux/arm64"),
+            "ppc64le" => Ok(Arch::Ppc64le),
+            "s390x" => Ok(Arch::S390x),
+            other => bail!("unsupported platform {other:?}: linux/amd64, linux/arm64, linux/ppc64le or linux/s390x"),
         }
+    }
+
+    /// The Rust target: glibc, linked in statically (`hack/build-static.sh`). For the foreign
+    /// ones, the targets Debian ships a standard library for (`libstd-rust-dev:<debian_arch>`).
+    pub fn rust_target(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64-unknown-linux-gnu",
+            Arch::Arm64 => "aarch64-unknown-linux-gnu",
+            Arch::Ppc64le => "powerpc64le-unknown-linux-gnu",
+            Arch::S390x => "s390x-unknown-linux-gnu",
+        }
+    }
+
+    /// Debian's name of the architecture (`hack/fetch-cross-rust.sh ARCH`, `libc6-dev-<it>-cross`).
+    pub fn debian_arch(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+            Arch::Ppc64le => "ppc64el",
+            Arch::S390x => "s390x",
+        }
+    }
+
+    /// The GNU triple of Debian's cross tools: `<it>-gcc`, `<it>-ar`, `/usr/<it>/lib/libc.a`.
+    pub fn gnu_triple(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64-linux-gnu",
+            Arch::Arm64 => "aarch64-linux-gnu",
+            Arch::Ppc64le => "powerpc64le-linux-gnu",
+            Arch::S390x => "s390x-linux-gnu",
+        }
+    }
+
+    /// What `file` prints for an executable of this machine (file 5.44: `ELF 64-bit LSB
+    /// executable, 64-bit PowerPC or cisco 7500, OpenPOWER ELF V2 ABI`; `ELF 64-bit MSB
+    /// executable, IBM S/390`).
+    pub fn file_machine(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86-64",
+            Arch::Arm64 => "ARM aarch64",
+            Arch::Ppc64le => "64-bit PowerPC or cisco 7500",
+            Arch::S390x => "IBM S/390",
+        }
+    }
+
+    /// The qemu-user emulator (Debian's qemu-user-static) that runs this arch's binaries here.
+    pub fn qemu(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "qemu-x86_64-static",
+            Arch::Arm64 => "qemu-aarch64-static",
+            Arch::Ppc64le => "qemu-ppc64le-static",
+            Arch::S390x => "qemu-s390x-static",
+        }
+    }
+
+    /// What building and running this arch's provisioner on an amd64 host needs from apt.
+    pub fn apt_packages(self) -> String {
+        format!("gcc-{} libc6-dev-{}-cross qemu-user-static", self.gnu_triple(), self.debian_arch())
+    }
+
+    /// `HPP_ARM64_PROFILE`, `HPP_PPC64LE_PROFILE`, `HPP_S390X_PROFILE`: see [`cross_profile`].
+    pub fn profile_variable(self) -> String {
+        format!("HPP_{}_PROFILE", self.oci_name().to_uppercase())
     }
 }
 
@@ -366,7 +438,7 @@ pub fn build_static_provisioner(repo: &Path) -> Result<PathBuf> {
     let context = build_context(repo)?;
     let binary = static_build(repo, &context, "x86_64-unknown-linux-gnu", "image", &target_dir, |_| {})
         .context("building the static provisioner")?;
-    check_static(&binary, "x86-64")?;
+    check_static(&binary, Arch::Amd64.file_machine())?;
     Ok(binary)
 }
 
@@ -425,7 +497,7 @@ fn git_commit(repo: &Path) -> Option<String> {
     (output.status.success() && !commit.is_empty()).then_some(commit)
 }
 
-/// `file` says `binary` is a static executable for `machine` (`x86-64`, `ARM aarch64`).
+/// `file` says `binary` is a static executable for `machine` ([`Arch::file_machine`]).
 fn check_static(binary: &Path, machine: &str) -> Result<()> {
     let file = Command::new("file").arg(binary).output().context("running file")?;
     let description = String::from_utf8_lossy(&file.stdout);
@@ -438,25 +510,19 @@ fn check_static(binary: &Path, machine: &str) -> Result<()> {
     Ok(())
 }
 
-/// The Rust target of the linux/arm64 image: the only arm64 standard library Debian ships.
-pub const ARM64_TARGET: &str = "aarch64-unknown-linux-gnu";
-/// The cross C compiler and linker (Debian's gcc-aarch64-linux-gnu).
-pub const ARM64_GCC: &str = "aarch64-linux-gnu-gcc";
-/// Runs arm64 binaries on this host (Debian's qemu-user-static).
-pub const QEMU_ARM64: &str = "qemu-aarch64-static";
-/// What building and running the arm64 provisioner needs from apt.
-pub const ARM64_APT_PACKAGES: &str = "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static";
-
-/// Which of the arm64 build's host tools are missing (empty: none). The Rust toolchain itself
-/// comes from `hack/fetch-cross-rust.sh`, which needs curl, xz, gpgv and dpkg-deb.
-pub fn arm64_missing_tools() -> Vec<String> {
-    let mut missing: Vec<String> = [ARM64_GCC, QEMU_ARM64, "curl", "xz", "gpgv", "dpkg-deb", "file"]
+/// Which of the host tools a foreign arch's build and its qemu test need are missing (empty:
+/// none): the cross gcc and glibc, its qemu-user, `file`. The Rust toolchain itself comes from
+/// `hack/fetch-cross-rust.sh`, which needs curl, xz, gpgv and dpkg-deb.
+pub fn cross_missing_tools(arch: Arch) -> Vec<String> {
+    let gcc = format!("{}-gcc", arch.gnu_triple());
+    let mut missing: Vec<String> = [gcc.as_str(), arch.qemu(), "curl", "xz", "gpgv", "dpkg-deb", "file"]
         .into_iter()
         .filter(|tool| !on_path(tool))
         .map(str::to_string)
         .collect();
-    if !Path::new("/usr/aarch64-linux-gnu/lib/libc.a").exists() {
-        missing.push("/usr/aarch64-linux-gnu/lib/libc.a (libc6-dev-arm64-cross)".to_string());
+    let libc = format!("/usr/{}/lib/libc.a", arch.gnu_triple());
+    if !Path::new(&libc).exists() {
+        missing.push(format!("{libc} (libc6-dev-{}-cross)", arch.debian_arch()));
     }
     missing
 }
@@ -465,24 +531,34 @@ fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
 }
 
-/// Cross-compiles the provisioner for linux/arm64 as a static executable: Debian sid's rustc
-/// (fetched and cached by `hack/fetch-cross-rust.sh`: the only Rust >= 1.88 with an arm64 std
-/// reachable from here) driven by the installed cargo, `aarch64-unknown-linux-gnu` with
-/// `+crt-static` (glibc from libc6-dev-arm64-cross linked in), ring's C and the link by
-/// `aarch64-linux-gnu-gcc`. Its target dir is in the toolchain's cache; the Cargo profile is
-/// [`arm64_profile`].
-pub fn build_arm64_provisioner(repo: &Path) -> Result<PathBuf> {
-    let missing = arm64_missing_tools();
+/// Cross-compiles the provisioner for a foreign arch (linux/arm64, linux/ppc64le, linux/s390x)
+/// as a static executable: Debian sid's rustc with that arch's std (fetched and cached by
+/// `hack/fetch-cross-rust.sh <debian arch>`: the only Rust >= 1.88 with these standard libraries
+/// reachable from here) driven by the installed cargo, [`Arch::rust_target`] with `+crt-static`
+/// (glibc from `libc6-dev-<arch>-cross` linked in), ring's C and the link by `<gnu triple>-gcc`.
+/// Its target dir is in the toolchain's cache, one for every arch (the host side, build scripts
+/// and proc macros, is built once); the Cargo profile is [`cross_profile`].
+pub fn build_cross_provisioner(repo: &Path, arch: Arch) -> Result<PathBuf> {
+    if arch == Arch::Amd64 {
+        return build_static_provisioner(repo);
+    }
+    let missing = cross_missing_tools(arch);
     if !missing.is_empty() {
-        bail!("the arm64 build needs {} (apt-get install {ARM64_APT_PACKAGES})", missing.join(", "));
+        bail!(
+            "the linux/{} build needs {} (apt-get install {})",
+            arch.oci_name(),
+            missing.join(", "),
+            arch.apt_packages()
+        );
     }
     let fetched = Command::new("bash")
         .arg(repo.join("hack/fetch-cross-rust.sh"))
+        .arg(arch.debian_arch())
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("running hack/fetch-cross-rust.sh")?;
     if !fetched.status.success() {
-        bail!("hack/fetch-cross-rust.sh failed ({})", fetched.status);
+        bail!("hack/fetch-cross-rust.sh {} failed ({})", arch.debian_arch(), fetched.status);
     }
     let rustc = String::from_utf8_lossy(&fetched.stdout).trim().to_string();
     // Beside the cached toolchain, outside the checkout: the dependencies' cross build (the
@@ -493,29 +569,32 @@ pub fn build_arm64_provisioner(repo: &Path) -> Result<PathBuf> {
         .and_then(Path::parent)
         .map(|toolchain| toolchain.join("target"))
         .context("hack/fetch-cross-rust.sh printed no rustc path")?;
-    let env_target = ARM64_TARGET.replace('-', "_");
+    let target = arch.rust_target();
+    let env_target = target.replace('-', "_");
+    let (gcc, ar) = (format!("{}-gcc", arch.gnu_triple()), format!("{}-ar", arch.gnu_triple()));
     let context = build_context(repo)?;
-    let binary = static_build(repo, &context, ARM64_TARGET, &arm64_profile(), &target_dir, |build| {
+    let binary = static_build(repo, &context, target, &cross_profile(arch), &target_dir, |build| {
         // sccache would cache by the wrapper script, not by the compiler behind it.
         build
             .env_remove("RUSTC_WRAPPER")
             .env("RUSTC", &rustc)
-            .env(format!("CARGO_TARGET_{}_LINKER", env_target.to_uppercase()), ARM64_GCC)
-            .env(format!("CC_{env_target}"), ARM64_GCC)
-            .env(format!("AR_{env_target}"), "aarch64-linux-gnu-ar");
+            .env(format!("CARGO_TARGET_{}_LINKER", env_target.to_uppercase()), &gcc)
+            .env(format!("CC_{env_target}"), &gcc)
+            .env(format!("AR_{env_target}"), &ar);
     })
-    .context("cross-compiling the arm64 provisioner")?;
-    check_static(&binary, "ARM aarch64")?;
+    .with_context(|| format!("cross-compiling the linux/{} provisioner", arch.oci_name()))?;
+    check_static(&binary, arch.file_machine())?;
     Ok(binary)
 }
 
-/// The Cargo profile of the arm64 build: `HPP_ARM64_PROFILE`, else `image` (as amd64's).
-/// `make test` sets `dev`: on an amd64 machine the arm64 binary only runs under qemu in one test
-/// (e2e_arm64), which needs code that compiles and runs on arm64, not optimized code; unoptimized,
-/// the cross build costs a cold `make test` on 2 cores about half as much CPU. The images users
-/// run come from the Dockerfile, with the `release` profile.
-pub fn arm64_profile() -> String {
-    std::env::var("HPP_ARM64_PROFILE").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "image".to_string())
+/// The Cargo profile of a foreign arch's build: `HPP_<ARCH>_PROFILE` ([`Arch::profile_variable`]:
+/// `HPP_ARM64_PROFILE`, `HPP_PPC64LE_PROFILE`, `HPP_S390X_PROFILE`), else `image` (as amd64's).
+/// `make test` and `make test-more-arches` set `dev`: on an amd64 machine these binaries only run
+/// under qemu, in one test each of e2e_foreign_arches, which needs code that compiles and runs on
+/// that arch, not optimized code; unoptimized, the cross build costs a cold run on 2 cores about
+/// half as much CPU. The images users run come from the Dockerfile, with the `release` profile.
+pub fn cross_profile(arch: Arch) -> String {
+    std::env::var(arch.profile_variable()).ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "image".to_string())
 }
 
 /// The image the deploy manifests run, as `deploy/legacy` renders it: the DaemonSet's `image:`
@@ -633,7 +712,8 @@ mod tests {
             provisioner_image(&file, "hostpath-provisioner:1.2.3")
         };
         let out = dir.join("multi.tar");
-        let digest = write_multi_platform(&[(Arch::Amd64, image(b"x")), (Arch::Arm64, image(b"yy"))], &out).unwrap();
+        let images: Vec<_> = Arch::ALL.iter().zip(1..).map(|(arch, n)| (*arch, image(&b"x".repeat(n)))).collect();
+        let digest = write_multi_platform(&images, &out).unwrap();
         let mut blobs = std::collections::BTreeMap::new();
         for entry in tar::Archive::new(fs::File::open(&out).unwrap()).entries().unwrap() {
             let mut entry = entry.unwrap();
@@ -672,8 +752,21 @@ mod tests {
                 format!("{}/{}", m["platform"]["os"].as_str().unwrap(), m["platform"]["architecture"].as_str().unwrap())
             })
             .collect();
-        assert_eq!(platforms, ["linux/amd64", "linux/arm64"]);
+        assert_eq!(platforms, ["linux/amd64", "linux/arm64", "linux/ppc64le", "linux/s390x"]);
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn platforms_parse_as_docker_names_them() {
+        for arch in Arch::ALL {
+            assert_eq!(Arch::parse_platform(&format!("linux/{}", arch.oci_name())).unwrap(), arch);
+        }
+        assert_eq!(Arch::parse_platform("linux/arm64/v8").unwrap(), Arch::Arm64);
+        assert!(Arch::parse_platform("linux/ppc64el").is_err(), "Debian's name is not a platform");
+        assert_eq!(Arch::Ppc64le.apt_packages(), "gcc-powerpc64le-linux-gnu libc6-dev-ppc64el-cross qemu-user-static");
+        assert_eq!(Arch::S390x.apt_packages(), "gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user-static");
+        assert_eq!(Arch::Arm64.apt_packages(), "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static");
+        assert_eq!(Arch::Ppc64le.profile_variable(), "HPP_PPC64LE_PROFILE");
     }
 
     #[test]
