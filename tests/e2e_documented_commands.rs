@@ -675,6 +675,43 @@ async fn the_documented_volume_repairs_run_as_written() {
     shell.run(&docs.command("docs/sizes.md", "Expansion", "kubectl patch pvc data"));
     let raised = shell.must_get(&["pvc", "data", "-n", "default"]);
     assert_eq!(raised["spec"]["resources"]["requests"]["storage"], "20Gi");
+
+    // docs/volumes.md, "Pinned to a node label": the node labelled as written; its provisioner,
+    // with NODE_AFFINITY_KEYS as the docs set it, pins a class's volume to the disk's label.
+    shell.cp().add_node_labeled("worker-3", "worker-3", &[]).await.expect("Node worker-3");
+    shell.run(&docs.command("docs/volumes.md", "Pinned to a node label: `nodeAffinityKey`", "kubectl label node"));
+    let pool = testbed::pool_root_for(shell.cp(), "worker-3");
+    std::fs::create_dir_all(&pool).expect("pool root");
+    let spec = testbed::ProvisionerSpec::new(
+        env!("CARGO_BIN_EXE_hostpath-provisioner"),
+        "worker-3",
+        &pool,
+        shell.cp().kubeconfig_path(),
+    )
+    .env("NODE_AFFINITY_KEYS", "example.com/disk-serial");
+    let mut provisioner = testbed::Provisioner::spawn(spec, shell.cp().temp_dir()).expect("spawn provisioner");
+    provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("provisioner ready");
+    let class = serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "disk"},
+        "provisioner": "kubevirt.io/hostpath-provisioner", "parameters": {"nodeAffinityKey": "example.com/disk-serial"},
+    });
+    let claim = serde_json::json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "on-disk", "namespace": "default", "annotations": {"kubevirt.io/provisionOnNode": "worker-3"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "disk", "resources": {"requests": {"storage": "1Mi"}}},
+    });
+    std::fs::write(shell.dir().join("disk.json"), format!("{class}\n{claim}")).expect("write");
+    shell.kubectl(&["create", "-f", "disk.json"]);
+    let bound = testbed::wait_for("claim on-disk Bound", WAIT, || async {
+        anyhow::Ok(shell.get(&["pvc", "on-disk", "-n", "default"]).filter(|c| c["status"]["phase"] == "Bound"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", provisioner.log_tail(30)));
+    let pv = shell.must_get(&["pv", bound["spec"]["volumeName"].as_str().expect("volume name")]);
+    let expression = &pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0];
+    assert_eq!(expression["key"], "example.com/disk-serial", "{pv}");
+    assert_eq!(expression["values"][0], "WD-WX12345", "{pv}");
+    provisioner.terminate();
     shell.finish();
 }
 
