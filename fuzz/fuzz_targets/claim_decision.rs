@@ -50,7 +50,7 @@ fn check_plan(claim: &PersistentVolumeClaim, class: &StorageClass, config: &Deci
     // Whatever we write, we can delete.
     let path = plan.pool.root.join(&plan.dir_name);
     let accepted = layout::accept_delete_path(path.to_str().expect("UTF-8"), &plan.pv_name, &config.pools);
-    assert_eq!(accepted, Ok(AcceptedPath { pool: plan.pool.name.clone(), dir_name: plan.dir_name.clone() }));
+    assert_eq!(accepted, Ok(AcceptedPath { pool: plan.pool.name.clone(), dir_name: plan.dir_name.clone(), marked: false }));
 
     // The claim's shape is one we support.
     assert_ne!(spec.volume_mode.as_deref(), Some("Block"));

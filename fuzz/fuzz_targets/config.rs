@@ -59,5 +59,5 @@ fuzz_target!(|data: &[u8]| {
     // A volume created under the configured root is accepted for deletion there.
     let pv = layout::pv_name(UID);
     let accepted = layout::accept_delete_path(&format!("{root}/{pv}"), &pv, &config.pools);
-    assert_eq!(accepted, Ok(AcceptedPath { pool: LEGACY_POOL.into(), dir_name: pv }));
+    assert_eq!(accepted, Ok(AcceptedPath { pool: LEGACY_POOL.into(), dir_name: pv, marked: false }));
 });

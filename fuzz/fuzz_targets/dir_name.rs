@@ -24,6 +24,7 @@ fn check(name: &str, uid: &str, prefix: bool) {
             assert_eq!(n, name);
             return;
         }
+        Err(other) => panic!("dir_name never reads a namespace or a pattern: {other}"),
     };
     assert!(model_is_uid(uid), "accepted UID {uid:?}");
     assert!(!prefix || model_is_dns_subdomain(name), "accepted claim name {name:?}");
@@ -46,7 +47,7 @@ fn check(name: &str, uid: &str, prefix: bool) {
     }
     // Whatever we write, we can delete.
     let accepted = layout::accept_delete_path(&format!("{POOL_ROOT}/{dir}"), &pv, &default_pool());
-    assert_eq!(accepted, Ok(AcceptedPath { pool: "legacy".into(), dir_name: dir }));
+    assert_eq!(accepted, Ok(AcceptedPath { pool: "legacy".into(), dir_name: dir, marked: false }));
 }
 
 fuzz_target!(|data: &[u8]| {

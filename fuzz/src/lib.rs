@@ -39,7 +39,7 @@ pub const UID: &str = "0b5c7f8e-6a4d-4e1f-9c2b-3d4e5f607182";
 
 /// Who "we" are.
 pub fn me() -> Identity {
-    Identity { provisioner: PROVISIONER.into(), node: NODE.into() }
+    Identity { provisioner: PROVISIONER.into(), node: NODE.into(), affinity: Vec::new() }
 }
 
 /// The single default pool, as the `accept_delete_path` target uses it.
@@ -556,6 +556,7 @@ impl ClaimInput {
             },
             reserved_bytes: 0,
             pv_capacity: PvCapacity::Request,
+            affinity_keys: Vec::new(),
         }
     }
 }
@@ -774,11 +775,11 @@ pub fn model_owned_here(pv: &KeptVolume) -> bool {
         return false;
     }
     let Some(exprs) = terms[0].match_expressions.as_ref() else { return false };
-    if exprs.len() != 1 || exprs[0].key != keys::HOSTNAME_LABEL || exprs[0].operator != "In" {
+    if exprs.len() != 1 || &*exprs[0].key != keys::HOSTNAME_LABEL || &*exprs[0].operator != "In" {
         return false;
     }
     match exprs[0].values.as_deref() {
-        Some([value]) => value == NODE || value == HOSTNAME,
+        Some([value]) => &**value == NODE || &**value == HOSTNAME,
         _ => false,
     }
 }
