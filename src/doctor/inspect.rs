@@ -32,6 +32,8 @@ pub struct ClusterFacts {
     pub claim_uids: HashSet<String>,
     /// This node's `kubernetes.io/hostname` label (the node name when absent).
     pub hostname: String,
+    /// This node's labels of `NODE_AFFINITY_KEYS`: the volumes pinned to them are its own.
+    pub affinity: Vec<crate::deciding::node_affinity::AffinityLabel>,
 }
 
 /// The API check: `Ok(None)` when there is no API access to ask (no kubeconfig, not in a pod).
@@ -63,11 +65,11 @@ async fn list(config: &Config) -> Result<ClusterFacts, DoctorError> {
         .await
         .map_err(api("list PersistentVolumeClaims"))?;
     let node = Api::<Node>::all(client).get_opt(&config.node_name).await.map_err(api("get this node's Node"))?;
-    let hostname = node
-        .and_then(|n| n.metadata.labels?.get(crate::keys::HOSTNAME_LABEL).cloned())
-        .unwrap_or_else(|| config.node_name.clone());
+    let labels = node.and_then(|n| n.metadata.labels).unwrap_or_default();
+    let hostname = labels.get(crate::keys::HOSTNAME_LABEL).cloned().unwrap_or_else(|| config.node_name.clone());
+    let affinity = crate::deciding::node_affinity::served_labels(&config.node_affinity_keys, &labels);
     let claim_uids = claims.into_iter().filter_map(|c| c.metadata.uid).collect();
-    Ok(ClusterFacts { pvs, claim_uids, hostname })
+    Ok(ClusterFacts { pvs, claim_uids, hostname, affinity })
 }
 
 /// Lists every object in pages, so a large cluster is not one huge response.
@@ -194,8 +196,11 @@ fn volumes_report(
     cluster: &ClusterFacts,
     entries: &[String],
 ) -> VolumesReport {
-    let me =
-        Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone(), affinity: Vec::new() };
+    let me = Identity {
+        provisioner: config.provisioner_name.clone(),
+        node: config.node_name.clone(),
+        affinity: cluster.affinity.clone(),
+    };
     let pv_names: HashSet<String> = cluster.pvs.iter().filter_map(|pv| pv.metadata.name.clone()).collect();
     let present: HashSet<&str> = entries.iter().map(String::as_str).collect();
     let mut report = VolumesReport::default();

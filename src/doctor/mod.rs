@@ -75,7 +75,7 @@ pub struct DoctorArgs {
 
 /// The flags the doctor acts on, the only ones its help shows: the daemon's settings that go
 /// into the report, and its own.
-pub const DOCTOR_READS: [&str; 9] = [
+pub const DOCTOR_READS: [&str; 10] = [
     "--node-name",
     "--pv-dir",
     "--pool",
@@ -84,6 +84,7 @@ pub const DOCTOR_READS: [&str; 9] = [
     "--require-mountpoint",
     "--reserved-space",
     "--capacity-accounting",
+    "--node-affinity-keys",
     "--output",
 ];
 
