@@ -64,6 +64,18 @@ pub fn volume_here(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[P
     mine.then_some(accepted)
 }
 
+/// `pathPattern` directories (name, the PV their marker names) whose PV is gone: data kept under
+/// `Retain` after an admin deleted the PV, until a claim of that name takes it over again.
+pub fn orphan_pattern_directories<'a>(marked: &'a [(String, String)], pv_names: &HashSet<String>) -> Vec<&'a str> {
+    marked.iter().filter(|(_, pv)| !pv_names.contains(pv)).map(|(name, _)| name.as_str()).collect()
+}
+
+/// The entries of a pool root that may be `pathPattern` directories: no name of the `pvc-<uid>`
+/// layouts, and not hidden (the provisioner's own bookkeeping is).
+pub fn may_be_pattern_directory(entry: &str) -> bool {
+    layout::uid_of_dir(entry).is_none() && !entry.starts_with('.')
+}
+
 /// Directories of `entries` named in one of our layouts whose UID has neither a PV (`pvc-<uid>`)
 /// nor a claim: the daemon's own orphan rule. A claim without its PV is being provisioned right
 /// now (or lost its PV by hand, which the daemon reports itself), so it is not counted here.
@@ -320,6 +332,15 @@ mod tests {
         assert_eq!(here(&foreign), None);
         assert_eq!(here(&pv(&format!("/srv/pvc-{UID}"), Some(NODE))), None);
         assert_eq!(here(&pv(&format!("/var/hpvolumes/pvc-{OTHER_UID}"), Some(NODE))), None, "another PV's layout");
+    }
+
+    #[test]
+    fn a_pattern_directory_is_an_orphan_once_the_pv_its_marker_names_is_gone() {
+        let marked = vec![("ns_db".to_owned(), "pvc-1".to_owned()), ("ns_web".to_owned(), "pvc-2".to_owned())];
+        let pvs = HashSet::from(["pvc-2".to_owned()]);
+        assert_eq!(orphan_pattern_directories(&marked, &pvs), vec!["ns_db"]);
+        assert!(may_be_pattern_directory("ns_db") && may_be_pattern_directory("lost+found"));
+        assert!(!may_be_pattern_directory(".hpp-trash") && !may_be_pattern_directory(&format!("pvc-{UID}")));
     }
 
     #[test]

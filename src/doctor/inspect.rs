@@ -18,7 +18,7 @@ use crate::doctor::report::{
     FilesystemReport, MissingDirectory, OrphanDirectory, PoolReport, SelinuxReport, TrashReport, VolumesReport,
 };
 use crate::doctor::{DoctorError, assess};
-use crate::filesystem::PoolRoot;
+use crate::filesystem::{Marker, PoolRoot, VolumeDirName};
 
 /// How long the doctor waits for the API server before reporting it unreachable.
 const API_TIMEOUT: Duration = Duration::from_secs(30);
@@ -217,7 +217,19 @@ fn volumes_report(
             });
         }
     }
-    for name in assess::orphan_directories(entries, &pv_names, &cluster.claim_uids) {
+    // pathPattern directories say by their marker which PV they belong to.
+    let marked: Vec<(String, String)> = entries
+        .iter()
+        .filter(|entry| assess::may_be_pattern_directory(entry))
+        .filter_map(|entry| match root.volume_marker(&VolumeDirName::new(entry).ok()?) {
+            Ok(Marker::MarkedFor(pv)) => Some((entry.clone(), pv)),
+            _ => None,
+        })
+        .collect();
+    let orphans = assess::orphan_directories(entries, &pv_names, &cluster.claim_uids)
+        .into_iter()
+        .chain(assess::orphan_pattern_directories(&marked, &pv_names));
+    for name in orphans {
         report
             .orphan_directories
             .push(OrphanDirectory { name: name.to_owned(), bytes: root.bytes_under(name).unwrap_or(0) });
