@@ -336,7 +336,8 @@ impl Args {
         }
         let default_pool = match pools.iter().find(|p| p.name == LEGACY_POOL) {
             Some(legacy) => Some(legacy.name.clone()),
-            None if pools.len() == 1 => Some(pools[0].name.clone()),
+            // One pool, perhaps of several roots.
+            None if pools.iter().all(|p| p.name == pools[0].name) => pools.first().map(|p| p.name.clone()),
             None => None,
         };
         let namespace = match self.namespace.map(|n| n.trim().to_owned()).filter(|n| !n.is_empty()) {
@@ -549,13 +550,19 @@ pub fn parse_pool_specs(value: &str) -> Result<Vec<PoolPath>, ConfigError> {
     Ok(pools)
 }
 
-/// Pool names and roots are unique, and no root lies inside another (a volume of one pool would
-/// otherwise be a directory of the other, and its trash the other's entry).
+/// Roots are unique and none lies inside another (a volume of one pool would otherwise be a
+/// directory of the other, and its trash the other's entry). A name given for several roots is
+/// one pool over several disks (`deciding::pool_roots`); a shared pool is one filesystem, so it
+/// has one root.
 fn check_pools(pools: &[PoolPath]) -> Result<(), ConfigError> {
     for (i, a) in pools.iter().enumerate() {
         for b in &pools[i + 1..] {
-            if a.name == b.name {
-                return Err(invalid("STORAGE_POOLS", &a.name, "each pool name once (PV_DIR is the pool named legacy)"));
+            if a.name == b.name && (a.shared || b.shared) {
+                return Err(invalid(
+                    "STORAGE_POOLS",
+                    &a.name,
+                    "a shared pool with one root (a name given for several roots is a node-local pool over several disks)",
+                ));
             }
             if a.root.starts_with(&b.root) || b.root.starts_with(&a.root) {
                 return Err(invalid(

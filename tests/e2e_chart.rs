@@ -432,6 +432,11 @@ fn values_the_binary_refuses_at_start_are_refused_at_render_time_naming_the_valu
             &[("PUBLISH_CAPACITY", "true")],
         ),
         ("fullnameOverride: my.release", "'my.release'", &[("PEER_SERVICE", "my.release-peers")]),
+        (
+            "pools: [{name: legacy, path: /var/hpvolumes}, {name: nfs, path: /mnt/a, shared: true}, {name: nfs, path: /mnt/b}]",
+            "\"nfs\" is listed twice with shared",
+            &[("STORAGE_POOLS", "nfs=/mnt/a,shared,nfs=/mnt/b")],
+        ),
     ];
     for (values, value, binary_reads) in cases {
         let said = refusal(&format!("{values}\n"));
@@ -448,6 +453,48 @@ fn values_the_binary_refuses_at_start_are_refused_at_render_time_naming_the_valu
             "{values}: the binary names the variable: {said}"
         );
     }
+}
+
+/// A pool listed once per disk is one pool of several roots: one STORAGE_POOLS entry and one
+/// hostPath volume per root, each mounted at its path.
+#[test]
+fn a_pool_listed_once_per_disk_mounts_every_disk() {
+    let objects = render(
+        "pools: [{name: legacy, path: /var/hpvolumes}, {name: data, path: /mnt/disk1}, {name: data, path: /mnt/disk2, reserve: 1Gi}]",
+        &[],
+    );
+    let env = rendered_env(&objects);
+    assert!(
+        env.contains(&("STORAGE_POOLS".to_owned(), "data=/mnt/disk1,data=/mnt/disk2,reserve=1Gi".to_owned())),
+        "{env:?}"
+    );
+    let daemonset = of_kind(&objects, "DaemonSet")[0];
+    let pod = &daemonset["spec"]["template"]["spec"];
+    let volumes: BTreeMap<&str, &str> = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| Some((v["name"].as_str()?, v["hostPath"]["path"].as_str()?)))
+        .collect();
+    let disks: Vec<&str> = volumes.values().copied().filter(|path| path.starts_with("/mnt/disk")).collect();
+    assert_eq!(disks, ["/mnt/disk1", "/mnt/disk2"], "a volume per disk: {volumes:?}");
+    let mounts: Vec<(&str, &str)> = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .filter_map(|m| Some((m["name"].as_str()?, m["mountPath"].as_str()?)))
+        .collect();
+    for (volume, path) in &volumes {
+        assert!(mounts.contains(&(*volume, *path)), "{volume} mounted at {path}: {mounts:?}");
+    }
+    // legacy's first root is PV_DIR (the Go build's volume name); its others join STORAGE_POOLS.
+    let objects = render("pools: [{name: legacy, path: /var/hpvolumes}, {name: legacy, path: /mnt/disk2}]", &[]);
+    let env = rendered_env(&objects);
+    assert!(env.contains(&("PV_DIR".to_owned(), "/var/hpvolumes".to_owned())), "{env:?}");
+    assert!(env.contains(&("STORAGE_POOLS".to_owned(), "legacy=/mnt/disk2".to_owned())), "{env:?}");
+    let volumes = &of_kind(&objects, "DaemonSet")[0]["spec"]["template"]["spec"]["volumes"];
+    let pv_volume = volumes.as_array().expect("volumes").iter().find(|v| v["name"] == "pv-volume").expect("pv-volume");
+    assert_eq!(pv_volume["hostPath"]["path"], "/var/hpvolumes");
 }
 
 /// What the chart renders, the binary starts with: the shipped values files, and the accepted
@@ -496,6 +543,8 @@ fn every_environment_the_chart_renders_is_one_the_binary_starts_with() {
         "config: {provisionOnNode: deny, reservedSpace: 15Ei}",
         "config: {nodeAffinityKeys: \"example.com/disk-serial,rack_slot,topology.kubernetes.io/zone\"}",
         "pools: [{name: legacy, path: /var/hp-volumes}, {name: ssd, path: \"/mnt/my disk/x\", reserve: 0.5Gi}]",
+        "pools: [{name: data, path: /mnt/disk1}, {name: data, path: /mnt/disk2, reserve: 1Gi, requireMountpoint: true}]",
+        "pools: [{name: legacy, path: /var/hpvolumes}, {name: legacy, path: /mnt/disk2, requireMountpoint: true}]",
     ] {
         cases.push(values.to_owned());
     }

@@ -102,10 +102,12 @@ async fn a_pool_on_the_root_filesystem_is_reported_on_the_os_disk_and_one_on_its
     let plain_root = testbed::pool_root_for(env.cp, &plain);
     let on_root = std::fs::metadata(&plain_root).unwrap().dev() == std::fs::metadata(Path::new("/")).unwrap().dev();
     let expected = if on_root { 1.0 } else { 0.0 };
-    let gauge = r#"hostpath_provisioner_pool_shares_os_disk{pool="legacy"}"#;
-    let metrics = wait_sample(&env, 0, gauge, |v| v == expected).await;
+    // A series per pool root: a pool over several disks has one for each.
+    let gauge =
+        |root: &Path| format!(r#"hostpath_provisioner_pool_shares_os_disk{{pool="legacy",root="{}"}}"#, root.display());
+    let metrics = wait_sample(&env, 0, &gauge(&plain_root), |v| v == expected).await;
     assert_eq!(sample(&metrics, "kubevirt_hpp_pool_path_shared_with_os"), Some(expected), "{metrics}");
-    let metrics = wait_sample(&env, 1, gauge, |v| v == 0.0).await;
+    let metrics = wait_sample(&env, 1, &gauge(&testbed::pool_root_for(env.cp, &own)), |v| v == 0.0).await;
     assert_eq!(sample(&metrics, "kubevirt_hpp_pool_path_shared_with_os"), Some(0.0), "{metrics}");
     for node in &mut env.nodes {
         node.provisioner.terminate();

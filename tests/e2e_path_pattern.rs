@@ -27,24 +27,6 @@ fn marker_of(dir: &Path) -> Option<String> {
     Some(String::from_utf8_lossy(&buf[..len]).into_owned())
 }
 
-/// `doctor --output json` for the test's node `index`, with its settings.
-async fn doctor_report(env: &TestEnv, index: usize) -> serde_json::Value {
-    let node = &env.nodes[index];
-    let mut command = std::process::Command::new(binary());
-    command.args(["doctor", "--output", "json"]).env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default());
-    for (name, value) in [
-        ("NODE_NAME", node.name.clone()),
-        ("PV_DIR", node.pool_root.display().to_string()),
-        ("KUBECONFIG", env.cp.kubeconfig_path().display().to_string()),
-        ("PROVISIONER_NAME", env.provisioner.clone()),
-    ] {
-        command.env(name, value);
-    }
-    let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().expect("run the doctor");
-    serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)))
-}
-
 /// Makes the provisioner look at a claim now rather than at its next recheck (a minute).
 async fn nudge(env: &TestEnv, claim: &str) {
     let patch = serde_json::json!({"metadata": {"annotations": {"hpp-test/nudge": testbed::unique_name("n")}}});
@@ -82,7 +64,7 @@ async fn a_claim_made_again_gets_its_directory_and_data_back_once_the_old_pv_is_
     // directory as data without a PV, then the claim takes it over.
     env.pvs().delete(&first_name, &Default::default()).await.expect("delete the Released PV");
     env.wait_pv_gone(&first_name).await;
-    let report = doctor_report(&env, 0).await;
+    let report = doctor_report(&env, 0, &[]).await;
     let orphans = report["pools"][0]["volumes"]["orphan_directories"].as_array().cloned().unwrap_or_default();
     assert!(orphans.iter().any(|o| o["name"] == format!("{}_db", env.ns)), "the doctor's orphans: {orphans:?}");
     nudge(&env, "db").await;

@@ -108,7 +108,7 @@ proptest! {
             prop_assert_eq!(&dir, &pv);
         }
         let accepted = layout::accept_delete_path(&format!("{ROOT}/{dir}"), &pv, &pools());
-        prop_assert_eq!(accepted, Ok(AcceptedPath { pool: "legacy".into(), dir_name: dir, marked: false }));
+        prop_assert_eq!(accepted, Ok(AcceptedPath { pool: "legacy".into(), root: ROOT.into(), dir_name: dir, marked: false }));
     }
 
     /// Up to the 32-bit hash of shortened names: a name can be crafted to collide (the 214-byte

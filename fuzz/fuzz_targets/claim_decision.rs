@@ -6,8 +6,8 @@
 use hostpath_provisioner::deciding::capacity::parse_bytes;
 use hostpath_provisioner::deciding::claim::{self as claim_decision, Decision, Interest, ProvisionPlan};
 use hostpath_provisioner::deciding::class::{BindingMode, claim_class_name};
-use hostpath_provisioner::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy};
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath};
+use hostpath_provisioner::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy};
 use hostpath_provisioner::filesystem::VolumeDirName;
 use hostpath_provisioner::keys;
 use hostpath_provisioner_fuzz::{ClaimInput, NODE, PROVISIONER, me, model_is_dns_subdomain, model_is_uid};
@@ -50,7 +50,15 @@ fn check_plan(claim: &PersistentVolumeClaim, class: &StorageClass, config: &Deci
     // Whatever we write, we can delete.
     let path = plan.pool.root.join(&plan.dir_name);
     let accepted = layout::accept_delete_path(path.to_str().expect("UTF-8"), &plan.pv_name, &config.pools);
-    assert_eq!(accepted, Ok(AcceptedPath { pool: plan.pool.name.clone(), dir_name: plan.dir_name.clone(), marked: false }));
+    assert_eq!(
+        accepted,
+        Ok(AcceptedPath {
+            pool: plan.pool.name.clone(),
+            root: plan.pool.root.clone(),
+            dir_name: plan.dir_name.clone(),
+            marked: false
+        })
+    );
 
     // The claim's shape is one we support.
     assert_ne!(spec.volume_mode.as_deref(), Some("Block"));

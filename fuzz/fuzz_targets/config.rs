@@ -8,8 +8,8 @@
 use clap::Parser;
 use hostpath_provisioner::config::{Args, LEGACY_POOL};
 use hostpath_provisioner::deciding::capacity::parse_bytes;
-use hostpath_provisioner::deciding::settings::ProvisionOnNodePolicy;
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath};
+use hostpath_provisioner::deciding::settings::ProvisionOnNodePolicy;
 use hostpath_provisioner_fuzz::{UID, model_components, model_is_dns_subdomain};
 use libfuzzer_sys::fuzz_target;
 
@@ -59,5 +59,8 @@ fuzz_target!(|data: &[u8]| {
     // A volume created under the configured root is accepted for deletion there.
     let pv = layout::pv_name(UID);
     let accepted = layout::accept_delete_path(&format!("{root}/{pv}"), &pv, &config.pools);
-    assert_eq!(accepted, Ok(AcceptedPath { pool: LEGACY_POOL.into(), dir_name: pv, marked: false }));
+    assert_eq!(
+        accepted,
+        Ok(AcceptedPath { pool: LEGACY_POOL.into(), root: config.pools[0].root.clone(), dir_name: pv, marked: false })
+    );
 });

@@ -47,7 +47,10 @@ fn check(name: &str, uid: &str, prefix: bool) {
     }
     // Whatever we write, we can delete.
     let accepted = layout::accept_delete_path(&format!("{POOL_ROOT}/{dir}"), &pv, &default_pool());
-    assert_eq!(accepted, Ok(AcceptedPath { pool: "legacy".into(), dir_name: dir, marked: false }));
+    assert_eq!(
+        accepted,
+        Ok(AcceptedPath { pool: "legacy".into(), root: POOL_ROOT.into(), dir_name: dir, marked: false })
+    );
 }
 
 fuzz_target!(|data: &[u8]| {

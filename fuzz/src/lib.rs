@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
-use hostpath_provisioner::deciding::kept_volume::KeptVolume;
 use hostpath_provisioner::deciding::identity::Identity;
-use hostpath_provisioner::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy, PvCapacity};
+use hostpath_provisioner::deciding::kept_volume::KeptVolume;
 use hostpath_provisioner::deciding::layout::{self, AcceptedPath, PoolPath};
+use hostpath_provisioner::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy, PvCapacity};
 use hostpath_provisioner::filesystem::VolumeDirName;
 use hostpath_provisioner::keys;
 use k8s_openapi::api::core::v1::{

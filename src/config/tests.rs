@@ -151,6 +151,27 @@ fn pools_come_from_flags_env_style_lists_and_pv_dir() {
 }
 
 #[test]
+fn a_name_given_for_several_roots_is_one_pool_over_several_disks() {
+    let c = parse_on_node(&["--pool", "data=/mnt/disk1,reserve=1Gi", "--pool", "data=/mnt/disk2,mountpoint"]).unwrap();
+    assert_eq!(
+        c.pools,
+        vec![
+            counted(PoolPath { reserve: Some(1 << 30), ..PoolPath::local("data", "/mnt/disk1") }),
+            counted(PoolPath { require_mountpoint: true, ..PoolPath::local("data", "/mnt/disk2") }),
+        ],
+        "each root keeps its own options"
+    );
+    assert_eq!(c.default_pool.as_deref(), Some("data"), "one pool, so the default");
+    // PV_DIR is the first root of the legacy pool; more may be added.
+    let legacy = parse_on_node(&["--pv-dir", "/var/hpvolumes", "--pool", "legacy=/mnt/disk2"]).unwrap();
+    assert_eq!(legacy.pools.iter().filter(|p| p.name == "legacy").count(), 2);
+    assert_eq!(legacy.default_pool.as_deref(), Some("legacy"));
+    // A shared pool is one filesystem: one root.
+    let e = parse_on_node(&["--pool", "nfs=/mnt/a,shared", "--pool", "nfs=/mnt/b,shared"]).unwrap_err().to_string();
+    assert!(e.starts_with("STORAGE_POOLS") && e.contains("shared pool with one root"), "{e}");
+}
+
+#[test]
 fn a_pool_may_require_its_own_mount_point() {
     let c = parse_on_node(&["--pool", "claimed=/mnt/claimed,mountpoint,reserve=1Gi,plain=/mnt/plain"]).unwrap();
     assert_eq!(
@@ -184,9 +205,11 @@ fn bad_pools_are_refused_naming_the_setting() {
         "mountpoint",
         "ssd=/x,mountpoint=yes",
         "ssd=/x,reserve=lots",
-        "ssd=/x,ssd=/y",
+        "ssd=/x,shared,ssd=/y",
+        "ssd=/x,ssd=/y,shared",
+        "ssd=/x,ssd=/x",
         "a=/x,b=/x/y",
-        "legacy=/other",
+        "a=/x,a=/x/y",
     ] {
         let e = parse_on_node(&["--pv-dir", "/var/hpvolumes", "--pool", bad]).unwrap_err().to_string();
         assert!(e.starts_with("STORAGE_POOLS"), "{bad}: {e}");

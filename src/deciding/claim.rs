@@ -432,6 +432,16 @@ fn choose_pool(
             hint,
         });
     }
+    let roots = crate::deciding::pool_roots::roots_of(&config.pools, wanted);
+    if roots.len() > 1 && request.topology != Topology::Node {
+        return Err(Refusal::SeveralRoots {
+            class: class_name.to_owned(),
+            topology: request.topology,
+            pool: pool.name.clone(),
+            node: me.node.clone(),
+            roots: roots.iter().map(|p| p.root.display().to_string()).collect::<Vec<_>>().join(", "),
+        });
+    }
     Ok(pool)
 }
 

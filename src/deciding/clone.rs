@@ -102,7 +102,9 @@ pub enum SourceVerdict {
     /// Held by this node, or on a shared pool (where every node sees the same files): copy from
     /// `dir_name` in the clone's pool.
     Ready {
-        /// The source's directory directly under the pool root.
+        /// The pool root holding it (one of the clone's pool's roots): the copy is made there.
+        root: std::path::PathBuf,
+        /// The source's directory directly under that root.
         dir_name: String,
         /// A `pathPattern` directory: copied only while its marker names this PV.
         marked_for: Option<String>,
@@ -122,8 +124,8 @@ pub struct CloneRequest<'a> {
     pub request: &'a str,
     /// The clone's request in bytes.
     pub request_bytes: u64,
-    /// The pool the clone goes to.
-    pub pool: &'a PoolPath,
+    /// The roots of the pool the clone goes to (one, or one per disk of a pool of several).
+    pub pools: &'a [PoolPath],
 }
 
 fn storage_request(claim: &PersistentVolumeClaim) -> Option<&str> {
@@ -192,7 +194,7 @@ pub fn check_source(
     if bound_uid != source.metadata.uid.as_deref() {
         return SourceVerdict::Wait(format!("PV {pv_name:?} is not bound to source claim {name:?} (yet)"));
     }
-    let pools = std::slice::from_ref(clone.pool);
+    let pools = clone.pools;
     let owner = match volume::volume_shape(pv, pools) {
         // Pinned to a label this node carries: this node's, whichever node made it.
         VolumeShape::Node if crate::deciding::node_affinity::holds(pv, me) == Some(true) => Some(me.node.clone()),
@@ -206,18 +208,18 @@ pub fn check_source(
     }
     let path = volume::volume_path(pv).unwrap_or_default();
     let named_by_pattern = pv.annotations.contains_key(crate::keys::PATH_PATTERN);
-    let (dir_name, marked_for) = match layout::accept_volume_path(path, pv_name, pools, named_by_pattern) {
-        Ok(accepted) => (accepted.dir_name, accepted.marked.then(|| pv_name.to_owned())),
+    let (root, dir_name, marked_for) = match layout::accept_volume_path(path, pv_name, pools, named_by_pattern) {
+        Ok(accepted) => (accepted.root, accepted.dir_name, accepted.marked.then(|| pv_name.to_owned())),
         Err(why) => {
             return SourceVerdict::Refuse(CloneRefusal::OtherPool {
                 pv: pv_name.to_owned(),
                 path: path.to_owned(),
-                pool: clone.pool.name.clone(),
+                pool: pools.first().map(|p| p.name.clone()).unwrap_or_default(),
                 why: why.to_string(),
             });
         }
     };
-    SourceVerdict::Ready { dir_name, marked_for }
+    SourceVerdict::Ready { root, dir_name, marked_for }
 }
 
 /// Who copies, once the source is ready and the claim decision chose this node (or, for an

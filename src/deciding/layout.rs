@@ -246,6 +246,8 @@ pub enum PathRefusal {
 pub struct AcceptedPath {
     /// Pool name.
     pub pool: String,
+    /// The pool root holding it (a pool of several roots has one per disk).
+    pub root: PathBuf,
     /// Directory name directly under the pool root.
     pub dir_name: String,
     /// The name alone does not tie the directory to the PV (a `pathPattern` name): the
@@ -330,7 +332,7 @@ pub fn accept_volume_path(
     } else {
         return Err(PathRefusal::UnknownLayout { name: name.to_owned(), pv: pv_name.to_owned() });
     };
-    Ok(AcceptedPath { pool: pool.name.clone(), dir_name: name.to_owned(), marked })
+    Ok(AcceptedPath { pool: pool.name.clone(), root: pool.root.clone(), dir_name: name.to_owned(), marked })
 }
 
 fn outside(host_path: &str, pools: &[PoolPath]) -> PathRefusal {
@@ -439,7 +441,10 @@ mod tests {
         for name in [pv.clone(), format!("data-{pv}"), format!("default-data-{pv}"), format!("ns.with.dots-claim-{pv}")]
         {
             let accepted = accept_delete_path(&format!("/var/hpvolumes/{name}"), &pv, &pools()).unwrap();
-            assert_eq!(accepted, AcceptedPath { pool: "legacy".into(), dir_name: name, marked: false });
+            assert_eq!(
+                accepted,
+                AcceptedPath { pool: "legacy".into(), root: "/var/hpvolumes".into(), dir_name: name, marked: false }
+            );
         }
     }
 
@@ -534,7 +539,15 @@ mod tests {
         let path = "/var/hpvolumes/team-a_data";
         assert!(matches!(accept_delete_path(path, &pv, &pools()), Err(PathRefusal::UnknownLayout { .. })));
         let accepted = accept_volume_path(path, &pv, &pools(), true).unwrap();
-        assert_eq!(accepted, AcceptedPath { pool: "legacy".into(), dir_name: "team-a_data".into(), marked: true });
+        assert_eq!(
+            accepted,
+            AcceptedPath {
+                pool: "legacy".into(),
+                root: "/var/hpvolumes".into(),
+                dir_name: "team-a_data".into(),
+                marked: true
+            }
+        );
         // Its own layout name needs no marker; another volume's, bookkeeping, or anything
         // outside or deeper than directly under the root is refused as before.
         let own = accept_volume_path(&format!("/var/hpvolumes/{pv}"), &pv, &pools(), true).unwrap();

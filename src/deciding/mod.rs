@@ -17,6 +17,7 @@ pub mod operator;
 pub mod os_disk;
 pub mod path_pattern;
 pub mod pool_promises;
+pub mod pool_roots;
 pub mod provision;
 pub mod published_capacity;
 pub mod quota;

@@ -16,7 +16,8 @@ use crate::deciding::clone::{self, CloneActor, CloneRequest, Placement, SourceVe
 use crate::deciding::identity::Identity;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
-use crate::deciding::path_pattern::{self, DirectoryFacts, Placing};
+use crate::deciding::path_pattern::{self, DirectoryFacts, Found, Placing};
+use crate::deciding::pool_roots::{self, RootCandidate};
 use crate::deciding::quota::{self, QuotaFacts, QuotaMode, QuotaRefusal, VolumeQuota};
 use crate::deciding::refusal::Refusal;
 use crate::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy};
@@ -129,16 +130,26 @@ pub struct PoolFacts {
     pub pattern: Option<DirectoryFacts>,
 }
 
+/// What the disk says about one root of the pool a claim goes to (a pool has one root, or one
+/// per disk: `deciding::pool_roots`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootFacts {
+    /// The root.
+    pub root: std::path::PathBuf,
+    /// What was read there; `None` when it could not be read (not mounted under
+    /// `--require-mountpoint`, an I/O error: the reconciler holds the error).
+    pub read: Option<PoolFacts>,
+}
+
 /// The pool's state as gathered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolState<'a> {
     /// This node has no pool of that name (or the class names none).
     Missing,
-    /// The pool could not be read (not mounted under `--require-mountpoint`, an I/O error): the
-    /// reconciler holds the error.
+    /// No root of the pool could be read: the reconciler holds the error.
     Unusable,
-    /// Read.
-    Ready(&'a PoolFacts),
+    /// Each root of the pool in declared order, at least one of them read.
+    Ready(&'a [RootFacts]),
 }
 
 /// A clone's source as gathered.
@@ -367,6 +378,8 @@ pub fn plan_claim(facts: &ClaimFacts<'_>) -> ClaimPlan {
 
 /// The source to copy from, once the clone step chose this node.
 struct CopyFrom {
+    /// The pool root holding the source: the copy is made beside it.
+    root: std::path::PathBuf,
     dir: String,
     marked_for: Option<String>,
     claim: String,
@@ -444,8 +457,13 @@ fn unplaced_clone(facts: &ClaimFacts<'_>, source: SourceFacts<'_>) -> CloneStep 
 fn unplaced_source_wait(facts: &ClaimFacts<'_>, source: SourceFacts<'_>) -> String {
     let class_name = claim_class_name(facts.claim).unwrap_or_default();
     let pool = layout::PoolPath::local("", "/");
-    let request =
-        CloneRequest { source_name: source.name, class_name, request: "", request_bytes: u64::MAX, pool: &pool };
+    let request = CloneRequest {
+        source_name: source.name,
+        class_name,
+        request: "",
+        request_bytes: u64::MAX,
+        pools: std::slice::from_ref(&pool),
+    };
     match clone::check_source(request, source.claim, None, facts.me) {
         SourceVerdict::Wait(why) => why,
         SourceVerdict::Refuse(refusal) => refusal.to_string(),
@@ -461,19 +479,20 @@ fn placed_clone(
     plan: ProvisionPlan,
     placement: Placement,
 ) -> CloneStep {
+    let roots: Vec<_> = pool_roots::roots_of(&facts.config.pools, &plan.pool.name).into_iter().cloned().collect();
     let request = CloneRequest {
         source_name: source.name,
         class_name: &plan.class_name,
         request: &plan.request,
         request_bytes: plan.request_bytes,
-        pool: &plan.pool,
+        pools: &roots,
     };
     let refuse = |refusal| CloneStep::Go(Decision::Refuse(Refusal::DataSource(refusal)), None);
     let (dir, owner) = match clone::check_source(request, source.claim, source.pv, facts.me) {
         SourceVerdict::Wait(why) => return CloneStep::Done(ClaimPlan::WaitForSource(why)),
         SourceVerdict::Refuse(refusal) => return refuse(refusal),
-        SourceVerdict::Ready { dir_name, marked_for } => ((dir_name, marked_for), None),
-        SourceVerdict::Elsewhere(node) => ((String::new(), None), Some(node)),
+        SourceVerdict::Ready { root, dir_name, marked_for } => ((root, dir_name, marked_for), None),
+        SourceVerdict::Elsewhere(node) => ((Default::default(), String::new(), None), Some(node)),
     };
     match clone::clone_actor(owner.as_deref(), placement, facts.me) {
         CloneActor::Me => {
@@ -483,8 +502,8 @@ fn placed_clone(
             if let Err(refusal) = clone::check_quota_source(plan.quota, source.name, is_quota_volume) {
                 return refuse(refusal);
             }
-            let (dir, marked_for) = dir;
-            let copy_from = CopyFrom { dir, marked_for, claim: source.name.to_owned() };
+            let (root, dir, marked_for) = dir;
+            let copy_from = CopyFrom { root, dir, marked_for, claim: source.name.to_owned() };
             CloneStep::Go(Decision::Provision(Box::new(plan)), Some(copy_from))
         }
         CloneActor::Other(_) => CloneStep::Done(ClaimPlan::Idle(SkipReason::OtherNode)),
@@ -524,10 +543,18 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
             other => ClaimPlan::Fail(Failure::PvConflict { pv: plan.pv_name, other_uid: other.to_owned() }),
         };
     }
-    let pool = match facts.pool {
-        PoolState::Ready(pool) => pool,
+    let roots = match facts.pool {
+        PoolState::Ready(roots) => roots,
         PoolState::Missing => return ClaimPlan::Fail(Failure::UnknownPool(plan.pool.name)),
         PoolState::Unusable => return ClaimPlan::Fail(Failure::PoolUnusable),
+    };
+    let mut plan = plan;
+    let pool = match choose_root(facts, &plan, roots, copy_from.as_ref()) {
+        Some((root, pool)) => {
+            plan.pool = root;
+            pool
+        }
+        None => return ClaimPlan::Fail(Failure::PoolUnusable),
     };
     let volume_quota = match (plan.quota, &pool.quota) {
         (QuotaMode::None, _) => VolumeQuota::Unlimited,
@@ -541,13 +568,8 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
         // The reconciler gathers quota facts for every enforce class it can read the pool of.
         (_, None) => return ClaimPlan::Fail(Failure::PoolUnusable),
     };
-    let reserved = plan.pool.reserve.unwrap_or(facts.config.reserved_bytes);
-    let room = PoolRoom {
-        available: pool.available_bytes,
-        total: pool.total_bytes,
-        reserved,
-        promised: pool.promised_bytes.filter(|_| plan.pool.accounting == Some(CapacityAccounting::Requests)),
-    };
+    let room = root_room(facts.config, &plan.pool, pool);
+    let reserved = room.reserved;
     let pattern = match (&plan.path_pattern, &pool.pattern) {
         (None, _) => None,
         (Some(_), None) => return ClaimPlan::Fail(Failure::PoolUnusable),
@@ -604,6 +626,60 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
         plan.request.clone()
     };
     ClaimPlan::Provision(Box::new(Provision { plan, make, pattern, capacity }))
+}
+
+/// The root of the claim's pool the volume goes to, with what was read there: beside its
+/// source for a clone, else as `pool_roots::choose` says. `None` when that root could not be read.
+fn choose_root<'a>(
+    facts: &ClaimFacts<'_>,
+    plan: &ProvisionPlan,
+    roots: &'a [RootFacts],
+    copy_from: Option<&CopyFrom>,
+) -> Option<(layout::PoolPath, &'a PoolFacts)> {
+    let declared = |root: &std::path::Path| {
+        pool_roots::roots_of(&facts.config.pools, &plan.pool.name).into_iter().find(|p| p.root == root)
+    };
+    let chosen = match copy_from {
+        Some(source) => roots.iter().find(|r| r.root == source.root)?,
+        None => {
+            let candidates: Vec<_> = roots.iter().map(|r| root_candidate(facts, plan, declared(&r.root), r)).collect();
+            &roots[pool_roots::choose(&candidates)?]
+        }
+    };
+    Some((declared(&chosen.root)?.clone(), chosen.read.as_ref()?))
+}
+
+/// One root as `pool_roots::choose` weighs it.
+fn root_candidate(
+    facts: &ClaimFacts<'_>,
+    plan: &ProvisionPlan,
+    pool: Option<&layout::PoolPath>,
+    root: &RootFacts,
+) -> RootCandidate {
+    let (Some(pool), Some(read)) = (pool, &root.read) else {
+        return RootCandidate { usable: false, holds_claim: false, can_make: false, room: 0 };
+    };
+    let can_make = match (plan.quota, &read.quota) {
+        (QuotaMode::None, _) => true,
+        (mode, Some(quota_facts)) => {
+            let root = pool.root.display().to_string();
+            quota::decide(mode, plan.request_bytes, &pool.name, &root, quota_facts).is_ok()
+        }
+        (_, None) => false,
+    };
+    let holds_claim = read.dir_exists || read.pattern.as_ref().is_some_and(|found| found.found != Found::Absent);
+    RootCandidate { usable: true, holds_claim, can_make, room: root_room(facts.config, pool, read).room() }
+}
+
+/// The room of one pool root: its free space, its reserve, and what it promised when it counts
+/// requests.
+fn root_room(config: &DecisionConfig, pool: &layout::PoolPath, read: &PoolFacts) -> PoolRoom {
+    PoolRoom {
+        available: read.available_bytes,
+        total: read.total_bytes,
+        reserved: pool.reserve.unwrap_or(config.reserved_bytes),
+        promised: read.promised_bytes.filter(|_| pool.accounting == Some(CapacityAccounting::Requests)),
+    }
 }
 
 /// The uid of the claim a PV is bound to (empty when none).

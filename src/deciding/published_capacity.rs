@@ -15,9 +15,10 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use sha2::{Digest, Sha256};
 
 use crate::deciding::class::class_request;
+use crate::deciding::pool_roots::largest_single_fit;
 use crate::deciding::quota::QuotaMode;
 use crate::deciding::settings::DecisionConfig;
-use crate::deciding::topology::{self, Acting, LiveNode};
+use crate::deciding::topology::{self, Acting, LiveNode, Topology};
 
 /// Shortest time between two updates of one object's figures (creation and removal are not
 /// delayed): a busy pool costs at most one write per class per this interval.
@@ -29,7 +30,8 @@ pub const MIN_CHANGE_BYTES: u64 = 1 << 20;
 /// turns out too small is still handed back to the scheduler.
 const CHANGE_FRACTION_DIVISOR: u64 = 32;
 
-/// Free space of one of this node's pools, as the publisher measured it.
+/// Free space of one root of one of this node's pools, as the publisher measured it (a pool of
+/// several roots has one per root).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolSpace {
     /// Pool name.
@@ -93,11 +95,14 @@ pub fn wanted(
             if pool.shared != request.topology.needs_shared_pool() {
                 return None;
             }
-            let space = space.iter().find(|s| s.pool == pool.name)?;
-            if request.quota == QuotaMode::Enforce && !space.enforces_quota {
+            // A pool of several roots (one per disk) offers the largest volume one of its roots
+            // can take: a volume cannot span disks. Only node-shaped classes may use one.
+            let roots: Vec<_> = space.iter().filter(|s| s.pool == pool.name).collect();
+            if roots.len() > 1 && request.topology != Topology::Node {
                 return None;
             }
-            let bytes = space.usable_bytes?;
+            let able = roots.iter().filter(|s| request.quota != QuotaMode::Enforce || s.enforces_quota);
+            let bytes = largest_single_fit(able.map(|s| s.usable_bytes))?;
             Some(Wanted {
                 name: object_name(provisioner_hash, node, name),
                 class: name.to_owned(),
@@ -232,6 +237,28 @@ mod tests {
         let mut got = published_for(&classes, pools, &[able]);
         got.sort();
         assert_eq!(got, vec![("enforced".into(), "ssd".into(), 1 << 30), ("plain".into(), "ssd".into(), 1 << 30)]);
+    }
+
+    #[test]
+    fn a_pool_of_several_roots_offers_its_largest_single_fit_to_node_classes_only() {
+        let classes = [
+            class("spread", PROVISIONER, &[("storagePool", "data")]),
+            class("spread-enforced", PROVISIONER, &[("storagePool", "data"), ("quota", "enforce")]),
+            class("everywhere", PROVISIONER, &[("storagePool", "data"), ("topology", "everyNode")]),
+        ];
+        let pools = vec![PoolPath::local("data", "/mnt/disk1"), PoolPath::local("data", "/mnt/disk2")];
+        let disks = [
+            PoolSpace { enforces_quota: true, ..space("data", Some(2 << 30)) },
+            space("data", Some(5 << 30)),
+            space("data", None),
+        ];
+        let mut got = published_for(&classes, pools, &disks);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![("spread".into(), "data".into(), 5 << 30), ("spread-enforced".into(), "data".into(), 2 << 30)],
+            "the roomiest disk (not the sum); for quota, the roomiest disk that enforces it; no every-node object"
+        );
     }
 
     fn published_for(

@@ -79,6 +79,23 @@ pub enum Refusal {
         /// What to change.
         hint: &'static str,
     },
+    /// An every-node class on a pool of several roots: its volume is one path on every node,
+    /// and which root each node would choose cannot be agreed.
+    #[error(
+        "StorageClass {class} asks for topology {topology}, whose volume has the same path on every node, but pool {pool} has several roots on node {node} ({roots}); a pool of several roots serves topology node only: give this class a pool of one root"
+    )]
+    SeveralRoots {
+        /// Class name.
+        class: String,
+        /// Requested topology.
+        topology: Topology,
+        /// Pool name.
+        pool: String,
+        /// This node.
+        node: String,
+        /// The pool's roots on this node.
+        roots: String,
+    },
     /// No live node serves the pool of a shared or every-node class.
     #[error(
         "no node with a running provisioner serves pool {pool} at {root}; configure the pool (--pool {pool}={root}) on the nodes that should serve it"
@@ -158,7 +175,8 @@ impl Refusal {
             Self::UnknownParameter { .. }
             | Self::BadParameter { .. }
             | Self::NoDefaultPool { .. }
-            | Self::TopologyPoolMismatch { .. } => "parameters",
+            | Self::TopologyPoolMismatch { .. }
+            | Self::SeveralRoots { .. } => "parameters",
             Self::UnknownPool { .. } => "unknown_pool",
             Self::NoNodeServesPool { .. } => "no_node_serves_pool",
             Self::BadRequest(_) => "request",

@@ -8,6 +8,9 @@
 //! its PV (or the attempt fails). Pure bookkeeping over plain data: the caller passes the clock
 //! and which PV names the cache holds.
 //!
+//! Entries are kept by pool root (`pool` below is the root's path): each root of a pool of
+//! several (`deciding::pool_roots`) has its own space and its own promises.
+//!
 //! Nodes do not share this ledger, so it serves the pools one node decides alone; a `shared`
 //! pool's promises go through a record every node reads instead ([`crate::deciding::pool_promises`]).
 
@@ -191,6 +194,107 @@ mod tests {
             worst = worst.max(live.len() as u64 * REQUEST);
         }
         worst
+    }
+
+    /// A pool of two roots of 6 GiB each (`deciding::pool_roots`), three claims of 4 GiB: each
+    /// root takes one. Every interleaving, with the root chosen by the room each root has after
+    /// its own cached and in-flight promises (the ledger is kept by root): no root is ever
+    /// promised more than its room, and no claim is refused while a root had room for it.
+    /// Choosing by free space alone (promises ignored) refuses claims a root had room for.
+    #[test]
+    fn no_interleaving_overcommits_a_root_of_a_pool_of_several() {
+        let scripts: Vec<Vec<Step>> = vec![
+            vec![Step::PlanAndReserve, Step::Created, Step::Cached],
+            vec![Step::PlanAndReserve, Step::Created, Step::Cached],
+            vec![Step::PlanAndReserve, Step::Failed],
+        ];
+        let mut wrongly_refused_by_free_space = 0;
+        for weigh_promises in [true, false] {
+            for order in interleavings(&scripts.iter().map(Vec::len).collect::<Vec<_>>()) {
+                let (worst, wrongly_refused) = run_on_two_roots(&scripts, &order, weigh_promises);
+                assert!(worst <= ROOT_ROOM, "order {order:?} overcommits a root: {worst} of {ROOT_ROOM}");
+                if weigh_promises {
+                    assert_eq!(wrongly_refused, 0, "order {order:?} refused a claim a root had room for");
+                }
+                wrongly_refused_by_free_space += wrongly_refused;
+            }
+        }
+        assert!(wrongly_refused_by_free_space > 0, "the enumeration must see what ignoring promises does");
+    }
+
+    const ROOT_ROOM: u64 = 6 * GIB;
+
+    /// Runs one interleaving over two roots; returns the most ever promised on one root, and how
+    /// many claims were refused while a root had room for them.
+    fn run_on_two_roots(scripts: &[Vec<Step>], order: &[usize], weigh_promises: bool) -> (u64, usize) {
+        use crate::deciding::pool_roots::{RootCandidate, choose};
+        const ROOTS: [&str; 2] = ["/mnt/disk1", "/mnt/disk2"];
+        let now = Instant::now();
+        let mut ledger = Reservations::default();
+        let mut cached: HashSet<String> = HashSet::new();
+        let mut progress = vec![0usize; scripts.len()];
+        let mut placed: Vec<Option<usize>> = vec![None; scripts.len()];
+        let mut live: HashSet<usize> = HashSet::new();
+        let (mut worst, mut wrongly_refused) = (0, 0);
+        for &claim in order {
+            let step = scripts[claim][progress[claim]];
+            progress[claim] += 1;
+            let pv = format!("pvc-{claim}");
+            match step {
+                Step::PlanAndReserve => {
+                    let rooms: Vec<u64> = (0..ROOTS.len())
+                        .map(|root| {
+                            let on_root = |c: &usize| placed[*c] == Some(root);
+                            let from_cache = (0..scripts.len())
+                                .filter(|c| on_root(c) && cached.contains(&format!("pvc-{c}")))
+                                .count();
+                            let in_flight = ledger.outstanding(ROOTS[root], &pv, |name| cached.contains(name), now);
+                            PoolRoom {
+                                available: u64::MAX,
+                                total: ROOT_ROOM,
+                                reserved: 0,
+                                promised: Some(from_cache as u64 * REQUEST + in_flight),
+                            }
+                            .room()
+                        })
+                        .collect();
+                    let candidates: Vec<_> = rooms
+                        .iter()
+                        .map(|&room| RootCandidate {
+                            usable: true,
+                            holds_claim: false,
+                            can_make: true,
+                            room: if weigh_promises { room } else { ROOT_ROOM },
+                        })
+                        .collect();
+                    let root = choose(&candidates).expect("a usable root");
+                    if REQUEST <= rooms[root] {
+                        placed[claim] = Some(root);
+                        live.insert(claim);
+                        ledger.reserve(ROOTS[root], &pv, REQUEST, |name| cached.contains(name), now);
+                    } else if rooms.iter().any(|&room| REQUEST <= room) {
+                        wrongly_refused += 1;
+                    }
+                }
+                Step::Created => {}
+                Step::Cached => {
+                    if placed[claim].is_some() {
+                        cached.insert(pv);
+                    }
+                }
+                Step::Failed => {
+                    if live.remove(&claim) {
+                        ledger.release(&pv);
+                        placed[claim] = None;
+                    }
+                }
+            }
+            for root in 0..ROOTS.len() {
+                let promised = live.iter().filter(|c| placed[**c] == Some(root)).count() as u64 * REQUEST;
+                worst = worst.max(promised);
+            }
+        }
+        (worst, wrongly_refused)
     }
 
     /// All merges of sequences of the given lengths, as the index of the sequence each step takes.

@@ -108,7 +108,12 @@ mod tests {
     fn a_volume_of_a_served_pool_is_that_pools() {
         assert_eq!(
             place(&format!("/mnt/nfs/{PV}"), PV, &served()),
-            Placement::ServedVolume(AcceptedPath { pool: "nfs".into(), dir_name: PV.into(), marked: false })
+            Placement::ServedVolume(AcceptedPath {
+                pool: "nfs".into(),
+                root: "/mnt/nfs".into(),
+                dir_name: PV.into(),
+                marked: false
+            })
         );
     }
 

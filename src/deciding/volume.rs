@@ -263,7 +263,7 @@ fn decide_shared_volume(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], live
     }
     match accepted_path(pv, pools) {
         Ok(accepted) => {
-            let pool = pools.iter().find(|p| p.name == accepted.pool).map(PoolPath::key);
+            let pool = pools.iter().find(|p| p.root == accepted.root).map(PoolPath::key);
             match pool.map(|pool| topology::acting_node(key, &pool, &me.node, live)) {
                 Some(Acting::Other { node, recheck_after }) => {
                     VolumeDecision::Ignore(Ignore::ActedOnBy { node, recheck_after })
@@ -315,7 +315,7 @@ fn decide_every_node_volume(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], 
         }
         Err(refusal) => return speak(key, me, live, VolumeDecision::Refuse(refusal)),
     };
-    let Some(pool) = pools.iter().find(|p| p.name == accepted.pool && !p.shared) else {
+    let Some(pool) = pools.iter().find(|p| p.root == accepted.root && !p.shared) else {
         return VolumeDecision::Ignore(Ignore::NotMyPool);
     };
     let finalizer = layout::copy_finalizer(&me.node);
@@ -450,7 +450,15 @@ mod tests {
     fn released_delete_pv_of_ours_on_this_node_is_deleted_in_every_go_layout() {
         for dir in [pv_dir(), format!("data-{}", pv_dir()), format!("default-data-{}", pv_dir())] {
             let d = decide(&go_pv(&dir, Some(NODE), NODE));
-            assert_eq!(d, VolumeDecision::Delete(AcceptedPath { pool: "legacy".into(), dir_name: dir, marked: false }));
+            assert_eq!(
+                d,
+                VolumeDecision::Delete(AcceptedPath {
+                    pool: "legacy".into(),
+                    root: "/var/hpvolumes".into(),
+                    dir_name: dir,
+                    marked: false
+                })
+            );
         }
     }
 
@@ -549,7 +557,8 @@ mod tests {
     #[test]
     fn every_node_keeps_its_copy_while_the_volume_lives() {
         let path = format!("/var/hpvolumes/{}", pv_dir());
-        let accepted = AcceptedPath { pool: "legacy".into(), dir_name: pv_dir(), marked: false };
+        let accepted =
+            AcceptedPath { pool: "legacy".into(), root: "/var/hpvolumes".into(), dir_name: pv_dir(), marked: false };
         let mut pv = unpinned_pv(&path, Some("everyNode"), "Bound");
         for node in ["a", "b"] {
             assert_eq!(

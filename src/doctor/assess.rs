@@ -58,8 +58,8 @@ pub fn volume_here(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[P
         layout::accept_volume_path(crate::deciding::volume::volume_path(pv)?, name, pools, named_by_pattern).ok()?;
     let mine = match volume_shape(pv, pools) {
         VolumeShape::Node => crate::deciding::volume::is_mine(pv, me, my_hostname),
-        VolumeShape::Shared => pools.iter().any(|p| p.name == accepted.pool && p.shared),
-        VolumeShape::EveryNode => pools.iter().any(|p| p.name == accepted.pool && !p.shared),
+        VolumeShape::Shared => pools.iter().any(|p| p.root == accepted.root && p.shared),
+        VolumeShape::EveryNode => pools.iter().any(|p| p.root == accepted.root && !p.shared),
     };
     mine.then_some(accepted)
 }

@@ -206,7 +206,7 @@ fn volumes_report(
     let mut report = VolumesReport::default();
     for pv in &cluster.pvs {
         let Some(accepted) = assess::volume_here(pv, &me, &cluster.hostname, &config.pools) else { continue };
-        if accepted.pool != pool.name {
+        if accepted.root != pool.root {
             continue;
         }
         report.expected += 1;

@@ -9,7 +9,7 @@ use crate::deciding::layout::PoolPath;
 use crate::filesystem::{PoolError, PoolRoot, RootOrigin};
 
 struct Slot {
-    path: PathBuf,
+    name: String,
     root: RwLock<Arc<PoolRoot>>,
     /// Where the root was at startup: a re-opened root must be reached the same way.
     origin: RootOrigin,
@@ -18,9 +18,10 @@ struct Slot {
     require_mountpoint: bool,
 }
 
-/// Open pool roots by name.
+/// Open pool roots, by root directory: a pool of several roots (the same name declared for
+/// several directories, one per disk) has a slot for each.
 pub struct Pools {
-    slots: BTreeMap<String, Slot>,
+    slots: BTreeMap<PathBuf, Slot>,
 }
 
 /// A pool root that could not be opened at start-up.
@@ -53,30 +54,30 @@ impl Pools {
                 source: Box::new(source),
             })?;
             let slot = Slot {
-                path: pool.root.clone(),
+                name: pool.name.clone(),
                 root: RwLock::new(Arc::new(root)),
                 origin,
                 require_mountpoint: require_mountpoint || pool.require_mountpoint,
             };
-            slots.insert(pool.name.clone(), slot);
+            slots.insert(pool.root.clone(), slot);
         }
         Ok(Pools { slots })
     }
 
-    /// Names of the pools.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.slots.keys().map(String::as_str)
+    /// The pool roots, in path order.
+    pub fn roots(&self) -> impl Iterator<Item = &std::path::Path> {
+        self.slots.keys().map(PathBuf::as_path)
     }
 
-    /// The pool `name`, checked for use right now: its root still exists, is the directory we
+    /// The pool root at `root`, checked for use right now: it still exists, is the directory we
     /// hold (re-opened once if it was replaced, e.g. by a mount), and is a mount point when
-    /// required. `None` when no such pool is configured.
-    pub fn usable(&self, name: &str) -> Option<Result<Arc<PoolRoot>, PoolError>> {
-        let slot = self.slots.get(name)?;
+    /// required. `None` when no pool has that root.
+    pub fn usable(&self, root: &std::path::Path) -> Option<Result<Arc<PoolRoot>, PoolError>> {
+        let (path, slot) = self.slots.get_key_value(root)?;
         let current = slot.root.read().unwrap_or_else(|e| e.into_inner()).clone();
         Some(match current.check(slot.require_mountpoint) {
             Ok(()) => Ok(current),
-            Err(PoolError::RootChanged { .. }) => self.reopen(name, slot),
+            Err(PoolError::RootChanged { .. }) => self.reopen(path, slot),
             Err(error) => Err(error),
         })
     }
@@ -85,19 +86,20 @@ impl Pools {
     /// startup looks like. Only the root itself may have changed: a root now reached through
     /// other symlinks or from another parent directory is refused until it is reached as at
     /// startup again, or the process restarts.
-    fn reopen(&self, name: &str, slot: &Slot) -> Result<Arc<PoolRoot>, PoolError> {
-        let fresh = Arc::new(PoolRoot::open(name, &slot.path)?);
+    fn reopen(&self, path: &std::path::Path, slot: &Slot) -> Result<Arc<PoolRoot>, PoolError> {
+        let name = slot.name.as_str();
+        let fresh = Arc::new(PoolRoot::open(name, path)?);
         let origin = fresh.origin()?;
         if origin != slot.origin {
             return Err(PoolError::RootRedirected {
                 pool: name.to_owned(),
-                path: slot.path.clone(),
+                path: path.to_owned(),
                 now: origin.resolved,
                 was: slot.origin.resolved.clone(),
             });
         }
         fresh.check(slot.require_mountpoint)?;
-        tracing::info!(pool = name, path = %slot.path.display(), "pool root was replaced; re-opened it");
+        tracing::info!(pool = name, path = %path.display(), "pool root was replaced; re-opened it");
         *slot.root.write().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
         Ok(fresh)
     }
@@ -113,14 +115,14 @@ mod tests {
         let root = dir.path().join("pool");
         std::fs::create_dir(&root).unwrap();
         let pools = Pools::open(&[PoolPath::local("legacy", root.clone())], false).unwrap();
-        let first = pools.usable("legacy").unwrap().unwrap();
-        assert!(pools.usable("other").is_none());
+        let first = pools.usable(&root).unwrap().unwrap();
+        assert!(pools.usable(&dir.path().join("other")).is_none());
 
         // Replace the directory (what a mount on top of it looks like to a path lookup).
         std::fs::rename(&root, dir.path().join("old")).unwrap();
-        assert!(pools.usable("legacy").unwrap().is_err(), "missing root is an error");
+        assert!(pools.usable(&root).unwrap().is_err(), "missing root is an error");
         std::fs::create_dir(&root).unwrap();
-        let second = pools.usable("legacy").unwrap().unwrap();
+        let second = pools.usable(&root).unwrap().unwrap();
         assert!(!Arc::ptr_eq(&first, &second), "re-opened");
         second.create_volume_dir(&crate::filesystem::VolumeDirName::new("pvc-x").unwrap(), 0o777).unwrap();
         assert!(root.join("pvc-x").is_dir(), "operations go to the new directory");
@@ -134,27 +136,27 @@ mod tests {
         let root = var.join("pool");
         std::fs::create_dir_all(root.join("pvc-x")).unwrap();
         let pools = Pools::open(&[PoolPath::local("legacy", root.clone())], false).unwrap();
-        pools.usable("legacy").unwrap().unwrap();
+        pools.usable(&root).unwrap().unwrap();
 
         // The parent is moved away and a symlink to another tree put in its place.
         let other = dir.path().join("other");
         std::fs::create_dir_all(other.join("pool/pvc-x")).unwrap();
         std::fs::rename(&var, dir.path().join("var.moved")).unwrap();
         std::os::unix::fs::symlink(&other, &var).unwrap();
-        let err = pools.usable("legacy").unwrap().expect_err("redirected through a symlink");
+        let err = pools.usable(&root).unwrap().expect_err("redirected through a symlink");
         assert!(matches!(err, PoolError::RootRedirected { .. }), "{err}");
         assert!(err.to_string().contains("other"), "says where it leads now: {err}");
 
         // A real directory in its place: same path string, another parent: still refused.
         std::fs::remove_file(&var).unwrap();
         std::fs::create_dir_all(var.join("pool")).unwrap();
-        let err = pools.usable("legacy").unwrap().expect_err("another parent");
+        let err = pools.usable(&root).unwrap().expect_err("another parent");
         assert!(matches!(err, PoolError::RootRedirected { .. }), "{err}");
 
         // Restored: usable again, and the original volume is the one seen.
         std::fs::remove_dir_all(&var).unwrap();
         std::fs::rename(dir.path().join("var.moved"), &var).unwrap();
-        let pool = pools.usable("legacy").unwrap().expect("restored");
+        let pool = pools.usable(&root).unwrap().expect("restored");
         assert!(pool.volume_dir_exists(&crate::filesystem::VolumeDirName::new("pvc-x").unwrap()).unwrap());
     }
 
@@ -162,7 +164,7 @@ mod tests {
     fn a_required_mount_point_is_enforced() {
         let dir = tempfile::tempdir().unwrap();
         let pools = Pools::open(&[PoolPath::local("legacy", dir.path().to_owned())], true).unwrap();
-        assert!(matches!(pools.usable("legacy"), Some(Err(PoolError::RootNotMountpoint { .. }))));
+        assert!(matches!(pools.usable(dir.path()), Some(Err(PoolError::RootNotMountpoint { .. }))));
     }
 
     #[test]
@@ -173,8 +175,8 @@ mod tests {
         std::fs::create_dir(&claimed).unwrap();
         let on_claim = PoolPath { require_mountpoint: true, ..PoolPath::local("claimed", &claimed) };
         let pools = Pools::open(&[PoolPath::local("plain", &plain), on_claim], false).unwrap();
-        assert!(pools.usable("plain").unwrap().is_ok(), "the option of another pool does not apply");
-        let err = pools.usable("claimed").unwrap().expect_err("not a mount point yet");
+        assert!(pools.usable(&plain).unwrap().is_ok(), "the option of another pool does not apply");
+        let err = pools.usable(&claimed).unwrap().expect_err("not a mount point yet");
         assert!(matches!(err, PoolError::RootNotMountpoint { .. }), "{err}");
         assert!(err.to_string().contains("nothing is mounted"), "says why: {err}");
     }

@@ -13,7 +13,8 @@ use kube::api::Api;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{normalise, pv_name};
 use crate::deciding::path_pattern::{DirectoryFacts, Found};
-use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, SourceFacts};
+use crate::deciding::pool_roots::roots_of;
+use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, RootFacts, SourceFacts};
 use crate::deciding::reservations::Reservations;
 use crate::deciding::static_binding::pre_bound_volume;
 use crate::deciding::topology::LiveNode;
@@ -32,9 +33,12 @@ pub struct Gathered {
     source_is_quota_volume: Option<bool>,
     existing_pv: Option<KeptVolume>,
     pre_bound_pv: Option<String>,
-    pool: Option<Arc<PoolRoot>>,
-    pool_facts: Option<PoolFacts>,
-    pool_error: Option<PoolError>,
+    /// What was read on each root of the claim's pool, in declared order.
+    roots: Vec<RootFacts>,
+    /// The open root beside each of `roots` that could be read.
+    handles: Vec<Option<Arc<PoolRoot>>>,
+    /// Why roots could not be read, to be reported if the plan needed them.
+    errors: Vec<PoolError>,
 }
 
 /// Reads what `needs` names. API errors end the reconcile (retried with backoff); disk errors
@@ -67,35 +71,28 @@ pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsN
         gathered.pre_bound_pv = pre_bound_volume(claim, volumes.iter().map(|pv| pv.as_ref()));
     }
     if let Some(pool_name) = &needs.pool {
-        match ctx.pools.usable(pool_name) {
-            None => {}
-            Some(Err(error)) => gathered.pool_error = Some(error),
-            Some(Ok(pool)) => {
-                // What the pool has promised is read later, under the planning lock
-                // (`promise_check`), so that it and the volumes being made are one snapshot.
-                let read = match read_pool(&pool, needs) {
-                    Ok(mut facts) if needs.pattern_dir => match needs.dir_name.as_deref().map(VolumeDirName::new) {
-                        Some(Ok(dir)) => pattern_facts(ctx, &pool, &dir, &pv_name(uid)).await?.map(|pattern| {
-                            facts.pattern = Some(pattern);
-                            facts
-                        }),
-                        // A name that is no directory name is refused by the plan first.
-                        _ => Ok(facts),
-                    },
-                    read => read,
-                };
-                match read {
-                    Ok(facts) => gathered.pool_facts = Some(facts),
-                    Err(error) => gathered.pool_error = Some(error),
+        // Every root of the pool (one per disk of a pool of several): the plan chooses among them.
+        for pool_path in roots_of(&ctx.config.pools, pool_name) {
+            let Some(usable) = ctx.pools.usable(&pool_path.root) else { continue };
+            let read = match usable {
+                Err(error) => Err(error),
+                Ok(pool) => read_root(ctx, &pool, needs, uid).await?.map(|facts| (facts, pool)),
+            };
+            let (read, handle) = match read {
+                Ok((facts, pool)) => (Some(facts), Some(pool)),
+                Err(error) => {
+                    gathered.errors.push(error);
+                    (None, None)
                 }
-                gathered.pool = Some(pool);
-            }
+            };
+            gathered.roots.push(RootFacts { root: pool_path.root.clone(), read });
+            gathered.handles.push(handle);
         }
     }
     if let Some(source_name) = &needs.clone_source {
         let (source, pv) = fetch_source(ctx, claim, source_name).await?;
         if needs.quota_facts
-            && let Some(pool) = &gathered.pool
+            && let Some(pool) = source_root(pv.as_ref()).and_then(|root| gathered.handle(&root))
         {
             gathered.source_is_quota_volume = source_dir(pv.as_ref()).map(|dir| pool.is_quota_volume(&dir));
         }
@@ -111,34 +108,36 @@ impl Gathered {
     /// pool's volumes in the watch caches plus the volumes being made that the caches do not show
     /// yet. Call with the ledger locked and keep it locked until the plan's volume is reserved.
     pub fn count_promised(&mut self, ctx: &Context, claim_uid: &str, ledger: &Reservations, now: Instant) {
-        let (Some(pool), Some(facts)) = (&self.pool, &mut self.pool_facts) else { return };
         // The watch caches hold this node's PVs and every PV no node label names (shared,
         // every-node, the Go build's): every volume of a pool this node may provision in. The
         // claim's own PV is not a promise yet.
         let own = pv_name(claim_uid);
         let volumes: Vec<_> = ctx.volumes.iter().flat_map(|store| store.state()).collect();
-        let others =
-            volumes.iter().map(|pv| pv.as_ref()).filter(|pv| pv.metadata.name.as_deref() != Some(own.as_str()));
-        let cached = promised_bytes(others, pool.path());
         // "Counted from the cache" must mean this snapshot: a PV that reached the cache after the
         // snapshot was taken would otherwise be counted neither here nor as in flight (seen: a
         // burst on a busy machine promised one volume too many).
         let snapshot: std::collections::HashSet<&str> =
             volumes.iter().filter_map(|pv| pv.metadata.name.as_deref()).collect();
-        let in_flight = ledger.outstanding(pool.name(), &own, |name| snapshot.contains(name), now);
-        facts.promised_bytes = Some(cached.saturating_add(in_flight));
+        for root in &mut self.roots {
+            let Some(facts) = &mut root.read else { continue };
+            let others =
+                volumes.iter().map(|pv| pv.as_ref()).filter(|pv| pv.metadata.name.as_deref() != Some(own.as_str()));
+            let cached = promised_bytes(others, &root.root);
+            let in_flight = ledger.outstanding(&root.root.to_string_lossy(), &own, |name| snapshot.contains(name), now);
+            facts.promised_bytes = Some(cached.saturating_add(in_flight));
+        }
     }
 
     /// Sets what the claim's pool has promised, counted elsewhere (a shared pool's record).
     pub fn set_promised(&mut self, bytes: u64) {
-        if let Some(facts) = &mut self.pool_facts {
+        for facts in self.roots.iter_mut().filter_map(|root| root.read.as_mut()) {
             facts.promised_bytes = Some(bytes);
         }
     }
 
     /// The pool's name and root, as nodes advertise it, when the pool could be read.
     pub fn pool_key(&self) -> Option<crate::deciding::topology::PoolKey> {
-        let pool = self.pool.as_ref().filter(|_| self.pool_facts.is_some())?;
+        let pool = self.handles.iter().flatten().next()?;
         Some(crate::deciding::topology::PoolKey::new(pool.name(), &pool.path().to_string_lossy()))
     }
 
@@ -149,10 +148,12 @@ impl Gathered {
         class: Option<&'a StorageClass>,
         ctx: &'a Context,
     ) -> ClaimFacts<'a> {
-        let pool = match (&self.pool_facts, &self.pool_error) {
-            (Some(facts), _) => PoolState::Ready(facts),
-            (None, Some(_)) => PoolState::Unusable,
-            (None, None) => PoolState::Missing,
+        let pool = if self.roots.iter().any(|root| root.read.is_some()) {
+            PoolState::Ready(&self.roots)
+        } else if self.roots.is_empty() {
+            PoolState::Missing
+        } else {
+            PoolState::Unusable
         };
         ClaimFacts {
             claim,
@@ -172,15 +173,42 @@ impl Gathered {
         }
     }
 
-    /// The pool handle, for carrying out a provision.
-    pub fn take_pool(&mut self) -> Option<Arc<PoolRoot>> {
-        self.pool.take()
+    /// The open pool root at `root`, for carrying out a provision there.
+    pub fn handle(&self, root: &std::path::Path) -> Option<Arc<PoolRoot>> {
+        let index = self.roots.iter().position(|r| r.root == root)?;
+        self.handles.get(index)?.clone()
     }
 
-    /// The error the pool was read with, for reporting it.
+    /// The error a root of the pool was read with (the first), for reporting it.
     pub fn take_pool_error(&mut self) -> Option<PoolError> {
-        self.pool_error.take()
+        (!self.errors.is_empty()).then(|| self.errors.swap_remove(0))
     }
+}
+
+/// What one root of the claim's pool says: space, the claim's directory, quota and, for a
+/// `pathPattern` class, what is at the claim's directory. A disk error is a fact of that root.
+async fn read_root(
+    ctx: &Context,
+    pool: &PoolRoot,
+    needs: &FactsNeeded,
+    uid: &str,
+) -> Result<Result<PoolFacts, PoolError>, ClaimError> {
+    // What the pool has promised is read later, under the planning lock (`count_promised`),
+    // so that it and the volumes being made are one snapshot.
+    let mut facts = match read_pool(pool, needs) {
+        Ok(facts) => facts,
+        Err(error) => return Ok(Err(error)),
+    };
+    if needs.pattern_dir
+        && let Some(Ok(dir)) = needs.dir_name.as_deref().map(VolumeDirName::new)
+    {
+        // A name that is no directory name is refused by the plan first.
+        match pattern_facts(ctx, pool, &dir, &pv_name(uid)).await? {
+            Ok(pattern) => facts.pattern = Some(pattern),
+            Err(error) => return Ok(Err(error)),
+        }
+    }
+    Ok(Ok(facts))
 }
 
 fn read_pool(pool: &PoolRoot, needs: &FactsNeeded) -> Result<PoolFacts, PoolError> {
@@ -226,6 +254,12 @@ async fn pattern_facts(
         (name != own_pv && names_path).then(|| name.to_owned())
     });
     Ok(Ok(DirectoryFacts { found, marked_pv_exists, held_by }))
+}
+
+/// The directory holding a source PV's volume: the pool root it would be on.
+fn source_root(pv: Option<&KeptVolume>) -> Option<std::path::PathBuf> {
+    let path = normalise(volume_path(pv?)?).ok()?;
+    path.parent().map(std::path::Path::to_path_buf)
 }
 
 /// The directory a source PV names, as a name under a pool root (the plan checks that it is one

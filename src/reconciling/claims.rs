@@ -104,7 +104,9 @@ async fn candidate(ctx: &Arc<Context>, claim: &PersistentVolumeClaim) -> Result<
         if let ClaimPlan::Provision(provision) = &plan {
             let bytes = parse_bytes(&provision.capacity).unwrap_or(provision.plan.request_bytes);
             let cached = |name: &str| ctx.known_volume(name).is_some();
-            ledger.reserve(&provision.plan.pool.name, &provision.plan.pv_name, bytes, cached, now);
+            // By root: each root of a pool of several promises its own space.
+            let root = provision.plan.pool.root.to_string_lossy();
+            ledger.reserve(&root, &provision.plan.pv_name, bytes, cached, now);
         }
         plan
     };
@@ -213,7 +215,7 @@ async fn carry_out(
             return Err(gathered.error_for(failure));
         }
         ClaimPlan::Provision(provision) => {
-            let Some(pool) = gathered.take_pool() else {
+            let Some(pool) = gathered.handle(&provision.plan.pool.root) else {
                 ctx.reservations.lock().unwrap_or_else(|e| e.into_inner()).release(&provision.plan.pv_name);
                 return Err(ClaimError::UnknownPool(provision.plan.pool.name.clone()));
             };

@@ -204,7 +204,7 @@ pub async fn run(
         .for_each(log_controller_error);
 
     tokio::spawn(after_initial_lists(ctx.clone()));
-    let usable_now = config.pools.iter().filter(|p| matches!(ctx.pools.usable(&p.name), Some(Ok(_)))).map(|p| p.key());
+    let usable_now = config.pools.iter().filter(|p| matches!(ctx.pools.usable(&p.root), Some(Ok(_)))).map(|p| p.key());
     ctx.membership.set_pools(usable_now.collect());
     // Announce this node before acting, so that no other node's view of who is alive lacks it
     // while it already holds work (best effort: the renewal loop keeps trying).
@@ -285,8 +285,9 @@ async fn serve_http(config: &Config, health: &Arc<Health>, metrics: &Arc<Metrics
 /// clones themselves start afresh when their claims are reconciled.
 async fn sweep_clone_staging(ctx: &Arc<Context>) {
     let Ok(node) = crate::filesystem::VolumeDirName::new(&ctx.me.node) else { return };
-    for name in ctx.pools.names() {
-        let Some(Ok(pool)) = ctx.pools.usable(name) else { continue };
+    for pool_path in &ctx.config.pools {
+        let name = pool_path.name.as_str();
+        let Some(Ok(pool)) = ctx.pools.usable(&pool_path.root) else { continue };
         let node = node.clone();
         match tokio::task::spawn_blocking(move || pool.sweep_clone_staging(&node)).await {
             Ok(Ok(0)) => {}
@@ -301,7 +302,7 @@ async fn sweep_clone_staging(ctx: &Arc<Context>) {
 fn pool_problems(pools: &Pools, config: &Config) -> Vec<String> {
     let mut problems = Vec::new();
     for pool in &config.pools {
-        if let Some(Err(error)) = pools.usable(&pool.name) {
+        if let Some(Err(error)) = pools.usable(&pool.root) {
             tracing::warn!(pool = %pool.name, %error, "pool unusable; provisioning and deletion in it wait");
             problems.push(format!("pool {} at {}: {error}", pool.name, pool.root.display()));
         }

@@ -28,7 +28,7 @@ pub async fn remove_orphan_directories(ctx: &Context) {
     let pvs: Api<KeptVolume> = Api::all(ctx.client.clone());
     for pool_path in &ctx.config.pools {
         let pool_name = pool_path.name.as_str();
-        let Some(Ok(pool)) = ctx.pools.usable(pool_name) else { continue };
+        let Some(Ok(pool)) = ctx.pools.usable(&pool_path.root) else { continue };
         let entries = match pool.list_entries() {
             Ok(entries) => entries,
             Err(error) => {
@@ -91,7 +91,7 @@ pub async fn check_deleted_volume(ctx: &Context, pv: &KeptVolume) {
     let VolumeDecision::Delete(accepted) = decide_volume(&released, &ctx.me, &hostname, &ctx.config.pools, &[]) else {
         return;
     };
-    let Some(Ok(pool)) = ctx.pools.usable(&accepted.pool) else { return };
+    let Some(Ok(pool)) = ctx.pools.usable(&accepted.root) else { return };
     // A pathPattern directory taken over by a newer claim is that claim's, not an orphan.
     if accepted.marked
         && let Ok(dir) = crate::filesystem::VolumeDirName::new(&accepted.dir_name)
@@ -115,7 +115,7 @@ async fn report_orphans(ctx: &Context, pool: &PoolRoot, dirs: &[String]) {
         total += bytes;
         tracing::warn!(pool = %pool.name(), %dir, bytes, "directory holds data but has no PV (deleted by hand?); kept");
     }
-    let label = PoolLabel { pool: pool.name().to_owned() };
+    let label = PoolLabel::new(pool.name(), pool.path());
     ctx.metrics.orphaned_volume_bytes.get_or_create(&label).inc_by(total as i64);
     let shown: Vec<&str> = dirs.iter().take(10).map(String::as_str).collect();
     let note = format!(

@@ -311,7 +311,7 @@ fn measure(ctx: &Context) -> Vec<PoolSpace> {
             let reserve = pool.reserve.unwrap_or(ctx.config.reserved_bytes);
             let promised = (pool.accounting == Some(CapacityAccounting::Requests))
                 .then(|| promised_bytes(volumes.iter().map(|pv| pv.as_ref()), &pool.root));
-            let (usable_bytes, enforces_quota) = match ctx.pools.usable(&pool.name) {
+            let (usable_bytes, enforces_quota) = match ctx.pools.usable(&pool.root) {
                 Some(Ok(root)) => (
                     root.stats().ok().map(|s| {
                         PoolRoom { available: s.available_bytes, total: s.go_total_bytes, reserved: reserve, promised }

@@ -193,7 +193,7 @@ async fn shared_acting_here(ctx: &Context, pv: &KeptVolume) -> bool {
     let Ok(accepted) = layout::accept_volume_path(path, pv_name, &ctx.config.pools, named_by_pattern) else {
         return false;
     };
-    let Some(pool) = ctx.config.pools.iter().find(|p| p.name == accepted.pool).map(|p| p.key()) else { return false };
+    let Some(pool) = ctx.config.pools.iter().find(|p| p.root == accepted.root).map(|p| p.key()) else { return false };
     match ctx.live_nodes().await {
         Ok(live) => shared_actor_is_me(&topology::acting_node(pv_name, &pool, &ctx.me.node, &live)),
         Err(error) => {
@@ -216,7 +216,7 @@ fn room(ctx: &Context, pv: &KeptVolume) -> Option<PoolRoom> {
         .config
         .pools
         .iter()
-        .find(|p| p.name == pool.name())
+        .find(|p| p.root == pool.path())
         .and_then(|p| p.reserve)
         .unwrap_or(ctx.config.reserved_bytes);
     Some(PoolRoom { available: stats.available_bytes.saturating_sub(reserve), reserve })
@@ -232,7 +232,7 @@ fn locate(
     let named_by_pattern = pv.annotations.contains_key(crate::keys::PATH_PATTERN);
     let accepted = layout::accept_volume_path(&path, pv_name, &ctx.config.pools, named_by_pattern)
         .map_err(|_| ResizeError::Path(path.clone()))?;
-    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| ResizeError::Path(path.clone()))??;
+    let pool = ctx.pools.usable(&accepted.root).ok_or_else(|| ResizeError::Path(path.clone()))??;
     let dir = VolumeDirName::new(&accepted.dir_name).map_err(crate::filesystem::PoolError::from)?;
     // A pathPattern directory is grown only for the PV its marker names.
     if accepted.marked {

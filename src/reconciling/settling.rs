@@ -36,8 +36,9 @@ pub async fn keep_settling(ctx: Arc<Context>) {
 /// One pass over every pool's volumes this node holds staged.
 pub async fn settle(ctx: &Context) {
     let Ok(node) = VolumeDirName::new(&ctx.me.node) else { return };
-    for pool_name in ctx.pools.names() {
-        let Some(Ok(pool)) = ctx.pools.usable(pool_name) else { continue };
+    for pool_path in &ctx.config.pools {
+        let (pool_name, root) = (pool_path.name.as_str(), pool_path.root.as_path());
+        let Some(Ok(pool)) = ctx.pools.usable(root) else { continue };
         let staged = match pool.staged_deletions(&node) {
             Ok(staged) => staged,
             Err(error) => {
@@ -48,11 +49,11 @@ pub async fn settle(ctx: &Context) {
         let mut waiting = 0;
         let mut stranded_bytes = 0;
         for staged in staged {
-            if ctx.settling.is_in_flight(pool_name, staged.pv.as_str()) {
+            if ctx.settling.is_in_flight(root, staged.pv.as_str()) {
                 continue;
             }
             match settle_one(ctx, &pool, &staged).await {
-                Settled::Done => ctx.settling.forget(pool_name, staged.pv.as_str()),
+                Settled::Done => ctx.settling.forget(root, staged.pv.as_str()),
                 Settled::Waiting => waiting += 1,
                 Settled::Stranded(bytes) => {
                     waiting += 1;
@@ -60,7 +61,7 @@ pub async fn settle(ctx: &Context) {
                 }
             }
         }
-        let label = PoolLabel { pool: pool_name.to_owned() };
+        let label = PoolLabel::new(pool_name, root);
         ctx.metrics.staged_volumes.get_or_create(&label).set(waiting);
         ctx.metrics.stranded_volume_bytes.get_or_create(&label).set(i64::try_from(stranded_bytes).unwrap_or(i64::MAX));
     }
@@ -75,7 +76,7 @@ enum Settled {
 
 async fn settle_one(ctx: &Context, pool: &PoolRoot, staged: &StagedVolume) -> Settled {
     let pool_name = pool.name();
-    let fate = if ctx.settling.known_gone(pool_name, staged.pv.as_str()) {
+    let fate = if ctx.settling.known_gone(pool.path(), staged.pv.as_str()) {
         StagedFate::Commit
     } else {
         fate_after_confirm(confirm_pv(ctx, staged.pv.as_str()).await)
@@ -89,7 +90,7 @@ async fn settle_one(ctx: &Context, pool: &PoolRoot, staged: &StagedVolume) -> Se
                 Settled::Done
             }
             Err(error) => {
-                ctx.settling.pv_gone(pool_name, staged.pv.as_str());
+                ctx.settling.pv_gone(pool.path(), staged.pv.as_str());
                 let bytes = pool.staged_bytes(staged).unwrap_or(0);
                 report_stranded(ctx, pool, staged, bytes, &error).await;
                 Settled::Stranded(bytes)

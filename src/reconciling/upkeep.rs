@@ -21,12 +21,13 @@ const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// that cannot be removed (an immutable file, say) is reported where an admin looks: a Warning
 /// event on this node's Node object (the PV is already gone), and the bytes stuck by reason.
 pub async fn purge_trash(ctx: Arc<Context>) {
-    // The reason last reported per pool, to clear its gauge once the trash empties.
+    // The reason last reported per pool root, to clear its gauge once the trash empties.
     let mut stuck: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     loop {
-        for name in ctx.pools.names() {
-            let Some(Ok(pool)) = ctx.pools.usable(name) else { continue };
-            let label = PoolLabel { pool: name.to_owned() };
+        for pool_path in &ctx.config.pools {
+            let name = pool_path.name.as_str();
+            let Some(Ok(pool)) = ctx.pools.usable(&pool_path.root) else { continue };
+            let label = PoolLabel::new(name, &pool_path.root);
             if let Ok(pending) = pool.trash_pending() {
                 ctx.metrics.background_deletions_pending.get_or_create(&label).set(pending as i64);
             }
@@ -41,8 +42,8 @@ pub async fn purge_trash(ctx: Arc<Context>) {
                     if n > 0 {
                         tracing::info!(pool = name, volumes = n, elapsed = ?started.elapsed(), "removed trashed volume data");
                     }
-                    if let Some(reason) = stuck.remove(name) {
-                        let gauge = StuckLabel { pool: name.to_owned(), reason };
+                    if let Some(reason) = stuck.remove(&label.root) {
+                        let gauge = StuckLabel { pool: label.pool.clone(), root: label.root.clone(), reason };
                         ctx.metrics.trash_stuck_bytes.get_or_create(&gauge).set(0);
                         tracing::info!(pool = name, "the trash could be emptied again");
                     }
@@ -68,14 +69,16 @@ async fn report_stuck_trash(
     stuck: &mut std::collections::HashMap<String, String>,
 ) {
     let name = pool.name().to_owned();
+    let root = pool.path().display().to_string();
     let bytes = pool.trash_bytes().unwrap_or(0);
     let reason = error.label().to_owned();
-    if let Some(previous) = stuck.insert(name.clone(), reason.clone())
+    let label = |reason| StuckLabel { pool: name.clone(), root: root.clone(), reason };
+    if let Some(previous) = stuck.insert(root.clone(), reason.clone())
         && previous != reason
     {
-        ctx.metrics.trash_stuck_bytes.get_or_create(&StuckLabel { pool: name.clone(), reason: previous }).set(0);
+        ctx.metrics.trash_stuck_bytes.get_or_create(&label(previous)).set(0);
     }
-    ctx.metrics.trash_stuck_bytes.get_or_create(&StuckLabel { pool: name.clone(), reason }).set(bytes as i64);
+    ctx.metrics.trash_stuck_bytes.get_or_create(&label(reason)).set(bytes as i64);
     let trash = pool.path().join(crate::filesystem::TRASH_DIR);
     tracing::warn!(pool = %name, %error, bytes, trash = %trash.display(), "deleted volumes' data cannot be removed; retrying every minute");
     let note = format!(
@@ -106,8 +109,8 @@ pub async fn refresh_pools(ctx: Arc<Context>) {
         let mut problems = Vec::new();
         let mut usable = Vec::new();
         for pool in &ctx.config.pools {
-            let label = PoolLabel { pool: pool.name.clone() };
-            match ctx.pools.usable(&pool.name).map(|root| root.and_then(|root| root.stats())) {
+            let label = PoolLabel::new(&pool.name, &pool.root);
+            match ctx.pools.usable(&pool.root).map(|root| root.and_then(|root| root.stats())) {
                 Some(Ok(stats)) => {
                     ctx.metrics.pool_capacity_bytes.get_or_create(&label).set(stats.total_bytes as i64);
                     ctx.metrics.pool_free_bytes.get_or_create(&label).set(stats.available_bytes as i64);
@@ -153,7 +156,7 @@ fn refresh_cache_gauges(ctx: &Context) {
 }
 
 /// Sets the gauges of pools on the node's OS disk, and logs when a pool's answer changes
-/// (`last`: the previous answer per pool).
+/// (`last`: the previous answer per pool root).
 fn refresh_os_disk_gauges(ctx: &Context, last: &mut std::collections::HashMap<String, Option<bool>>) {
     let mut any_shared = false;
     for pool in &ctx.config.pools {
@@ -161,7 +164,7 @@ fn refresh_os_disk_gauges(ctx: &Context, last: &mut std::collections::HashMap<St
             tracing::debug!(pool = %pool.name, %error, "cannot tell whether the pool is on the OS disk");
             None
         });
-        let label = PoolLabel { pool: pool.name.clone() };
+        let label = PoolLabel::new(&pool.name, &pool.root);
         match shared {
             Some(shared) => {
                 ctx.metrics.pool_shares_os_disk.get_or_create(&label).set(i64::from(shared));
@@ -171,7 +174,7 @@ fn refresh_os_disk_gauges(ctx: &Context, last: &mut std::collections::HashMap<St
             }
         }
         any_shared |= shared == Some(true);
-        if last.insert(pool.name.clone(), shared) != Some(shared) {
+        if last.insert(pool.root.display().to_string(), shared) != Some(shared) {
             let root = pool.root.display();
             match shared {
                 Some(true) => {
@@ -200,7 +203,7 @@ fn refresh_quota(ctx: &Context, previous: &mut QuotaState) {
     let mut lines = Vec::new();
     let mut volumes = Vec::new();
     for pool in &ctx.config.pools {
-        let Some(Ok(root)) = ctx.pools.usable(&pool.name) else { continue };
+        let Some(Ok(root)) = ctx.pools.usable(&pool.root) else { continue };
         let Ok(facts) = root.quota_facts() else { continue };
         let capability = quota::capability(&facts);
         let line = match &capability {
@@ -210,7 +213,11 @@ fn refresh_quota(ctx: &Context, previous: &mut QuotaState) {
             able => format!("pool {} ({} at {}): quota {}", pool.name, facts.fs, pool.root.display(), able.label()),
         };
         for mechanism in QuotaCapability::LABELS {
-            let label = QuotaCapabilityLabel { pool: pool.name.clone(), mechanism: mechanism.to_owned() };
+            let label = QuotaCapabilityLabel {
+                pool: pool.name.clone(),
+                root: pool.root.display().to_string(),
+                mechanism: mechanism.to_owned(),
+            };
             ctx.metrics.pool_quota_capability.get_or_create(&label).set(i64::from(capability.label() == mechanism));
         }
         lines.push(line);

@@ -139,7 +139,7 @@ async fn delete_volume(ctx: &Context, pv: &KeptVolume, accepted: &AcceptedPath) 
     // Refused before anything is let go while the trash cannot take the volume (replaced by a
     // file, a symlink or a mount): the PV stays, with this error as its event.
     pool.ensure_trash()?;
-    let _in_flight = ctx.settling.hold(pool.name(), name);
+    let _in_flight = ctx.settling.hold(pool.path(), name);
     let path = pool.path().join(dir.as_str());
     // A pathPattern directory is this PV's only while its marker says so: checked before it is
     // moved, and again once moved aside, when a claim taking it over meanwhile has rewritten
@@ -204,7 +204,7 @@ async fn delete_volume(ctx: &Context, pv: &KeptVolume, accepted: &AcceptedPath) 
                 Err(error) => {
                     // Past the point of no return: the PV is gone. The data waits staged and is
                     // reported until the trash takes it.
-                    ctx.settling.pv_gone(pool.name(), name);
+                    ctx.settling.pv_gone(pool.path(), name);
                     let bytes = pool.staged_bytes(staged).unwrap_or(0);
                     settling::report_stranded(ctx, &pool, staged, bytes, &error).await;
                 }
@@ -266,7 +266,7 @@ async fn drop_protection_as_read(ctx: &Context, pv: &KeptVolume) -> Result<(), k
 
 /// The usable pool and the validated directory name of an accepted path.
 fn pool_and_dir(ctx: &Context, accepted: &AcceptedPath) -> Result<(Arc<PoolRoot>, VolumeDirName), VolumeError> {
-    let pool = ctx.pools.usable(&accepted.pool).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
+    let pool = ctx.pools.usable(&accepted.root).ok_or_else(|| VolumeError::UnknownPool(accepted.pool.clone()))??;
     let dir = VolumeDirName::new(&accepted.dir_name).map_err(|e| VolumeError::Pool(e.into()))?;
     Ok((pool, dir))
 }

@@ -31,6 +31,15 @@ pub struct Outcome {
 pub struct PoolLabel {
     /// Pool name.
     pub pool: String,
+    /// Pool root: a pool of several roots (one per disk) has a series for each.
+    pub root: String,
+}
+
+impl PoolLabel {
+    /// The labels of the pool `name`'s root `root`.
+    pub fn new(name: &str, root: &std::path::Path) -> PoolLabel {
+        PoolLabel { pool: name.to_owned(), root: root.display().to_string() }
+    }
 }
 
 /// Watch labels.
@@ -45,6 +54,8 @@ pub struct WatchLabel {
 pub struct StuckLabel {
     /// Pool name.
     pub pool: String,
+    /// Pool root.
+    pub root: String,
     /// Why the background removal fails (the error's label, e.g. `permission_denied`).
     pub reason: String,
 }
@@ -175,6 +186,8 @@ impl LibraryMetrics {
 pub struct QuotaCapabilityLabel {
     /// Pool name.
     pub pool: String,
+    /// Pool root.
+    pub root: String,
     /// `btrfs-qgroup`, `project` (XFS/ext4 project quota), or `none` when the pool cannot enforce.
     pub mechanism: String,
 }

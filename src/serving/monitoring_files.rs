@@ -104,7 +104,7 @@ fn skip_string(chars: &[char], start: usize) -> usize {
 fn metrics_with_every_family() -> Metrics {
     let metrics = Metrics::new();
     let outcome = Outcome { result: "success".into(), reason: "none".into() };
-    let pool = PoolLabel { pool: "legacy".into() };
+    let pool = PoolLabel { pool: "legacy".into(), root: "/var/hpvolumes".into() };
     metrics.provisions.get_or_create(&outcome).inc();
     metrics.deletions.get_or_create(&outcome).inc();
     for family in [
@@ -117,7 +117,10 @@ fn metrics_with_every_family() -> Metrics {
     ] {
         family.get_or_create(&pool).set(1);
     }
-    metrics.trash_stuck_bytes.get_or_create(&StuckLabel { pool: "legacy".into(), reason: "busy".into() }).set(1);
+    metrics
+        .trash_stuck_bytes
+        .get_or_create(&StuckLabel { pool: "legacy".into(), root: "/var/hpvolumes".into(), reason: "busy".into() })
+        .set(1);
     metrics.watch_restarts.get_or_create(&WatchLabel { watch: "claims".into() }).inc();
     metrics.waiting_claims.report("uid", "node", std::time::Duration::from_secs(60));
     let claim = ClaimClass { class: "hostpath".into(), source: String::new() };

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod capacity;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -295,6 +297,26 @@ pub async fn wait_trash_empty(pool: &Path) {
     })
     .await
     .expect("trash emptied");
+}
+
+/// `doctor --output json` for the test's node `index` with its settings (`PV_DIR` its pool
+/// root), and `extra` settings.
+pub async fn doctor_report(env: &TestEnv, index: usize, extra: &[(&str, &str)]) -> serde_json::Value {
+    let node = &env.nodes[index];
+    let mut command = std::process::Command::new(binary());
+    command.args(["doctor", "--output", "json"]).env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    for (name, value) in [
+        ("NODE_NAME", node.name.clone()),
+        ("PV_DIR", node.pool_root.display().to_string()),
+        ("KUBECONFIG", env.cp.kubeconfig_path().display().to_string()),
+        ("PROVISIONER_NAME", env.provisioner.clone()),
+    ] {
+        command.env(name, value);
+    }
+    command.envs(extra.iter().copied());
+    let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().expect("run the doctor");
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)))
 }
 
 /// The claim UID.

@@ -22,7 +22,7 @@ fn request<'a>(pool: &'a PoolPath, size: &'a str) -> CloneRequest<'a> {
         class_name: "hpp",
         request: size,
         request_bytes: parse_bytes(size).expect("size"),
-        pool,
+        pools: std::slice::from_ref(pool),
     }
 }
 
@@ -135,7 +135,10 @@ fn disagreeing_data_source_and_ref_are_refused() {
 fn a_bound_source_of_ours_is_ready_on_its_owning_node_only() {
     let pool = pool();
     let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&source_pv(NODE)), &me());
-    assert_eq!(verdict, SourceVerdict::Ready { dir_name: format!("pvc-{SOURCE_UID}"), marked_for: None });
+    assert_eq!(
+        verdict,
+        SourceVerdict::Ready { root: pool.root.clone(), dir_name: format!("pvc-{SOURCE_UID}"), marked_for: None }
+    );
     // Another node's source is that node's to check and copy (its pool root may differ).
     let mut elsewhere = source_pv(OTHER_NODE);
     elsewhere.spec.as_mut().expect("spec").host_path.as_mut().expect("hostPath").path =
@@ -201,7 +204,10 @@ fn a_shared_source_can_be_copied_by_any_node() {
     pv.annotations.remove(keys::PROVISION_ON_NODE);
     pv.labels = KeptMap::from([(keys::TOPOLOGY_LABEL, "shared")]);
     let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&pv), &me());
-    assert_eq!(verdict, SourceVerdict::Ready { dir_name: format!("pvc-{SOURCE_UID}"), marked_for: None });
+    assert_eq!(
+        verdict,
+        SourceVerdict::Ready { root: pool.root.clone(), dir_name: format!("pvc-{SOURCE_UID}"), marked_for: None }
+    );
     assert_eq!(clone_actor(None, Placement::Pinned, &me()), CloneActor::Me);
 }
 

@@ -51,6 +51,13 @@ fn btrfs_with_quota() -> QuotaFacts {
     }
 }
 
+/// The pool read as `pool` on each root the tests' configurations declare (a root the
+/// configuration in use does not declare is passed over, as an undeclared root would be).
+fn ready(pool: &PoolFacts) -> PoolState<'static> {
+    let roots = ["/var/hpvolumes", "/mnt/nfs"].map(|root| RootFacts { root: root.into(), read: Some(pool.clone()) });
+    PoolState::Ready(Box::leak(Box::new(roots)))
+}
+
 /// The facts of a claim placed here, its pool read as `pool`, nothing else known.
 fn facts<'a>(
     claim: &'a PersistentVolumeClaim,
@@ -63,7 +70,7 @@ fn facts<'a>(
 }
 
 fn plan(claim: &PersistentVolumeClaim, class: &StorageClass, pool: &PoolFacts) -> ClaimPlan {
-    plan_claim(&facts(claim, Some(class), &config(), &me(), PoolState::Ready(pool)))
+    plan_claim(&facts(claim, Some(class), &config(), &me(), ready(pool)))
 }
 
 fn provision(plan: ClaimPlan) -> Provision {
@@ -181,7 +188,7 @@ fn a_pv_pre_bound_to_a_scheduled_claim_is_left_to_the_pv_controller() {
     let pool = roomy();
     let (cfg, me) = (config(), me());
     let class = wffc();
-    let mut f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    let mut f = facts(&claim, Some(&class), &cfg, &me, ready(&pool));
     f.pre_bound_pv = Some("static-pv");
     assert_eq!(
         plan_claim(&f),
@@ -201,7 +208,7 @@ fn the_claims_own_pv_means_done_and_a_pv_of_its_name_bound_elsewhere_is_a_confli
     let mut mine = pv("/var/hpvolumes/pvc-x", "Bound").build();
     mine.spec.as_mut().expect("spec").claim_ref = Some(KeptClaimRef { uid: Some(UID.into()), ..Default::default() });
     let class = wffc();
-    let mut f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    let mut f = facts(&claim, Some(&class), &cfg, &me, ready(&pool));
     f.existing_pv = Some(&mine);
     assert_eq!(plan_claim(&f), ClaimPlan::AlreadyProvisioned);
     let mut theirs = mine.clone();
@@ -258,7 +265,7 @@ fn the_reserve_of_the_pool_wins_over_the_global_one() {
     let me = me();
     let mut cfg = DecisionConfig { reserved_bytes: 2 * GIB + 1, ..config() };
     let class = wffc();
-    let f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    let f = facts(&claim, Some(&class), &cfg, &me, ready(&pool));
     match plan_claim(&f) {
         ClaimPlan::Fail(Failure::ShortOfSpace(short)) => {
             assert_eq!((short.available, short.reserved), (GIB - 1, 2 * GIB + 1));
@@ -266,7 +273,7 @@ fn the_reserve_of_the_pool_wins_over_the_global_one() {
         other => panic!("expected ShortOfSpace, got {other:?}"),
     }
     cfg.pools[0].reserve = Some(GIB);
-    let f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    let f = facts(&claim, Some(&class), &cfg, &me, ready(&pool));
     assert!(matches!(plan_claim(&f), ClaimPlan::Provision(_)));
 }
 
@@ -292,11 +299,11 @@ fn only_a_plain_volume_advertises_the_filesystem_size_under_pv_capacity_filesyst
     let cfg = DecisionConfig { pv_capacity: PvCapacity::Filesystem, ..config() };
     let plain = roomy();
     let class = wffc();
-    let f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&plain));
+    let f = facts(&claim, Some(&class), &cfg, &me, ready(&plain));
     assert_eq!(provision(plan_claim(&f)).capacity, "200Gi");
     let enforce = with_params(wffc(), &[("quota", "enforce")]);
     let able = PoolFacts { quota: Some(btrfs_with_quota()), ..roomy() };
-    let f = facts(&claim, Some(&enforce), &cfg, &me, PoolState::Ready(&able));
+    let f = facts(&claim, Some(&enforce), &cfg, &me, ready(&able));
     assert_eq!(provision(plan_claim(&f)).capacity, "1Gi");
 }
 
@@ -340,7 +347,7 @@ fn clone_plan(
     pool: &PoolFacts,
 ) -> ClaimPlan {
     let (cfg, me) = (config(), me());
-    let mut f = facts(claim, Some(class), &cfg, &me, PoolState::Ready(pool));
+    let mut f = facts(claim, Some(class), &cfg, &me, ready(pool));
     f.source = Some(SourceFacts { name: "src", claim: source, pv, is_quota_volume });
     plan_claim(&f)
 }
@@ -457,7 +464,7 @@ fn an_immediate_clone_whose_source_node_runs_no_provisioner_is_explained_by_one_
         .iter()
         .map(|node| {
             let me = Identity { provisioner: PROVISIONER.into(), node: (*node).into(), affinity: Vec::new() };
-            let mut f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+            let mut f = facts(&claim, Some(&class), &cfg, &me, ready(&pool));
             f.live = &live;
             f.source = Some(SourceFacts { name: "src", claim: Some(&source), pv: Some(&there), is_quota_volume: None });
             plan_claim(&f)
@@ -477,7 +484,7 @@ fn an_immediate_clone_whose_source_node_runs_no_provisioner_is_explained_by_one_
         expires_in: std::time::Duration::from_secs(60),
     });
     let me = me();
-    let mut f = facts(&claim, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    let mut f = facts(&claim, Some(&class), &cfg, &me, ready(&pool));
     f.live = &with_owner;
     f.source = Some(SourceFacts { name: "src", claim: Some(&source), pv: Some(&there), is_quota_volume: None });
     assert_eq!(plan_claim(&f), ClaimPlan::Idle(SkipReason::OtherNode));
@@ -504,7 +511,7 @@ fn a_shared_immediate_claim_is_made_by_one_live_node_and_the_others_look_again()
         .iter()
         .map(|node| {
             let me = Identity { provisioner: PROVISIONER.into(), node: (*node).into(), affinity: Vec::new() };
-            let mut f = facts(&claim, Some(&shared), &cfg, &me, PoolState::Ready(&pool));
+            let mut f = facts(&claim, Some(&shared), &cfg, &me, ready(&pool));
             f.live = &live;
             plan_claim(&f)
         })
@@ -539,13 +546,13 @@ fn with_requests_accounting_a_claim_is_refused_when_the_promises_would_exceed_th
     let mut cfg = config();
     let class = wffc();
     // Counted by free space (the default), it fits; the promises are not even read.
-    let f = facts(&big, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    let f = facts(&big, Some(&class), &cfg, &me, ready(&pool));
     assert!(matches!(plan_claim(&f), ClaimPlan::Provision(_)));
     cfg.pools[0].accounting = Some(CapacityAccounting::Requests);
     let needs = facts_needed(&big, Some(&class), &me, &cfg);
     assert!(needs.promised, "the promises are gathered");
     assert!(!needs.shared_promises, "a node-local pool: this node's caches and ledger are the whole truth");
-    let f = facts(&big, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    let f = facts(&big, Some(&class), &cfg, &me, ready(&pool));
     match plan_claim(&f) {
         ClaimPlan::Fail(Failure::ShortOfSpace(short)) => {
             assert_eq!((short.available, short.promised), (50 * GIB, Some(150 * GIB)));
@@ -556,10 +563,10 @@ fn with_requests_accounting_a_claim_is_refused_when_the_promises_would_exceed_th
     }
     // 50 GiB still fits, and free space still counts: a full disk refuses whatever is promised.
     let fits = claim("hpp").on_node(NODE).request("50Gi").build();
-    let f = facts(&fits, Some(&class), &cfg, &me, PoolState::Ready(&pool));
+    let f = facts(&fits, Some(&class), &cfg, &me, ready(&pool));
     assert!(matches!(plan_claim(&f), ClaimPlan::Provision(_)));
     let full = PoolFacts { available_bytes: GIB, promised_bytes: Some(0), ..roomy() };
-    let f = facts(&fits, Some(&class), &cfg, &me, PoolState::Ready(&full));
+    let f = facts(&fits, Some(&class), &cfg, &me, ready(&full));
     assert!(matches!(plan_claim(&f), ClaimPlan::Fail(Failure::ShortOfSpace(_))));
 }
 
@@ -666,3 +673,5 @@ fn a_clone_is_never_copied_into_a_directory_it_would_take_over() {
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
+
+mod several_roots;

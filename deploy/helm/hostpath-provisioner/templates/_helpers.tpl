@@ -60,39 +60,52 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" (.Values.image.tag | default .Chart.AppVersion | toString | trunc 63) "" }}
 {{- end }}
 
-{{/* The volume of a pool: `pv-volume` for legacy (the Go build's name), pool-<name> for the
-     others. A volume name is a DNS label of at most 63 characters, and a pool name may have 63
-     itself (the binary, the classes' storagePool and the operator accept that): a name longer
-     than 58 keeps its first 49 characters and gets 8 of its SHA-256 instead, which keeps the
-     names of two pools apart. Nothing outside the pod spec refers to these names. */}}
+{{/* The volume of a pool root (of a dict: `pool`, and the group's `pools`): `pv-volume` for
+     legacy's first root (PV_DIR, the Go build's name), pool-<name> for the others. A volume name is a DNS label of at
+     most 63 characters, and a pool name may have 63 itself (the binary, the classes' storagePool
+     and the operator accept that): a name longer than 58 keeps its first 49 characters and gets
+     8 of its SHA-256 instead, which keeps the names of two pools apart. A pool of several roots
+     (its name listed once per disk) gets 8 of the SHA-256 of each root's path the same way.
+     Nothing outside the pod spec refers to these names. */}}
 {{- define "hpp.poolVolume" -}}
-{{- if eq .name "legacy" }}pv-volume
-{{- else if le (len .name) 58 }}pool-{{ .name }}
-{{- else }}pool-{{ .name | trunc 49 }}-{{ sha256sum .name | trunc 8 }}
+{{- $pool := .pool }}
+{{- $roots := 0 }}
+{{- range .pools }}{{ if eq .name $pool.name }}{{ $roots = add1 $roots }}{{ end }}{{ end }}
+{{- $first := dict }}
+{{- range .pools }}{{ if and (eq .name $pool.name) (not $first) }}{{ $first = . }}{{ end }}{{ end }}
+{{- if and (eq $pool.name "legacy") (eq $first.path $pool.path) }}pv-volume
+{{- else if gt $roots 1 }}pool-{{ $pool.name | trunc 49 }}-{{ sha256sum (toString $pool.path) | trunc 8 }}
+{{- else if le (len $pool.name) 58 }}pool-{{ $pool.name }}
+{{- else }}pool-{{ $pool.name | trunc 49 }}-{{ sha256sum $pool.name | trunc 8 }}
 {{- end }}
 {{- end }}
 
-{{/* STORAGE_POOLS (of a list of pools): every pool but legacy, as NAME=PATH[,shared][,reserve=SIZE][,accounting=MODE], comma-separated. */}}
+{{/* STORAGE_POOLS (of a list of pools): every pool root but the first legacy one (PV_DIR), as
+     NAME=PATH[,shared][,reserve=SIZE][,accounting=MODE][,mountpoint], comma-separated; a pool of
+     several roots (its name listed once per disk) has an entry per root. */}}
 {{- define "hpp.storagePools" -}}
 {{- $entries := list }}
+{{- $legacySeen := false }}
 {{- range . }}
-{{- if ne .name "legacy" }}
+{{- if and (eq .name "legacy") (not $legacySeen) }}
+{{- $legacySeen = true }}
+{{- if .requireMountpoint }}{{ fail "pools: the legacy pool takes config.requireMountpoint, not requireMountpoint" }}{{ end }}
+{{- else }}
 {{- $entry := printf "%s=%s" .name .path }}
 {{- if .shared }}{{ $entry = printf "%s,shared" $entry }}{{ end }}
 {{- if .reserve }}{{ $entry = printf "%s,reserve=%s" $entry (toString .reserve) }}{{ end }}
 {{- if .accounting }}{{ $entry = printf "%s,accounting=%s" $entry .accounting }}{{ end }}
 {{- if .requireMountpoint }}{{ $entry = printf "%s,mountpoint" $entry }}{{ end }}
 {{- $entries = append $entries $entry }}
-{{- else if .requireMountpoint }}
-{{- fail "pools: the legacy pool takes config.requireMountpoint, not requireMountpoint" }}
 {{- end }}
 {{- end }}
 {{- join "," $entries }}
 {{- end }}
 
-{{/* The legacy pool of a list of pools, or an empty dict. */}}
+{{/* The legacy pool of a list of pools (its first legacy root: PV_DIR), or an empty dict. */}}
 {{- define "hpp.legacyPool" -}}
-{{- range . }}{{ if eq .name "legacy" }}{{ toYaml . }}{{ end }}{{ end }}
+{{- $found := false }}
+{{- range . }}{{ if and (eq .name "legacy") (not $found) }}{{ $found = true }}{{ toYaml . }}{{ end }}{{ end }}
 {{- end }}
 
 {{/* The peers Service's name (templates/peers-service.yaml), within the 63 characters of a name. */}}

@@ -75,8 +75,11 @@
 {{- range $group.pools }}
 {{- $pool := . }}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" (toString .name)) }}{{ fail (printf "%s: name %q is not a DNS label" $where (toString .name)) }}{{ end }}
-{{- if hasKey $seen .name }}{{ fail (printf "%s: %q is listed twice" $where .name) }}{{ end }}
-{{- $_ := set $seen .name true }}
+{{- /* A name listed again is one pool over several disks (legacy: PV_DIR and more roots), node-local. */}}
+{{- if hasKey $seen .name }}
+{{- if or .shared (get $seen .name) }}{{ fail (printf "%s: %q is listed twice with shared: a shared pool is one network filesystem, one path" $where .name) }}{{ end }}
+{{- end }}
+{{- $_ := set $seen .name (or (get $seen .name) (.shared | default false)) }}
 {{- if has .name (list "reserve" "accounting") }}{{ fail (printf "%s: a pool cannot be named %q: in STORAGE_POOLS `%s=...` is an option of the pool before it" $where .name .name) }}{{ end }}
 {{- with include "hpp.pathProblem" .path }}{{ fail (printf "%s: %s: path %q: %s" $where $pool.name (toString $pool.path) .) }}{{ end }}
 {{- if and (eq .name "legacy") (or .shared .reserve .accounting) }}{{ fail (printf "%s: legacy is PV_DIR, a local pool with config.reservedSpace as its reserve and config.capacityAccounting as its accounting; give shared, reserved space or an accounting of its own to another pool" $where) }}{{ end }}
