@@ -48,6 +48,13 @@ pub mod reason {
     /// Warning, on a PV of a removed node: its claim could not be deleted (with the API
     /// server's answer; a 403 names the missing RBAC rule). The PV is Retain already.
     pub const REMOVED_NODE_CLAIM_NOT_RELEASED: &str = "RemovedNodeClaimNotReleased";
+    /// Normal, on a `HostPathSnapshot`: the copy is complete (with its method and size).
+    pub const SNAPSHOT_READY: &str = "SnapshotReady";
+    /// Warning, on a `HostPathSnapshot`: it cannot be taken now, or at all (with the reason).
+    pub const SNAPSHOT_FAILED: &str = "SnapshotFailed";
+    /// Warning, on a `HostPathSnapshot` being deleted: its copy stays while claims restore from
+    /// it, or could not be moved to the trash.
+    pub const SNAPSHOT_DELETE_WAITING: &str = "SnapshotDeleteWaiting";
 }
 
 /// Whether and how soon to try again.

@@ -28,6 +28,7 @@ const PLACEHOLDERS: &[(&str, &str)] = &[
     ("image.registry=...", "the registry the image was pushed to (docs/install.md, step 2)"),
     ("<name>", "the name of the object the step acts on"),
     ("NAME", "the same, in capitals"),
+    ("NAMESPACE", "the namespace of that object"),
 ];
 /// The registry the docs' examples push to.
 const REGISTRY: &str = "registry.example.com";
@@ -712,6 +713,33 @@ async fn the_documented_volume_repairs_run_as_written() {
     assert_eq!(expression["key"], "example.com/disk-serial", "{pv}");
     assert_eq!(expression["values"][0], "WD-WX12345", "{pv}");
     provisioner.terminate();
+
+    // docs/snapshots.md: the CRD applied as an upgraded Helm release needs it, then a snapshot
+    // whose node is gone, deleted and let go by removing its finalizer by hand.
+    shell.run(&docs.command("docs/snapshots.md", "The resource", "kubectl apply --server-side -f"));
+    shell.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/hostpathsnapshots.hostpath-provisioner.kubevirt.io",
+    ]);
+    let snapshot = serde_json::json!({
+        "apiVersion": "hostpath-provisioner.kubevirt.io/v1alpha1", "kind": "HostPathSnapshot",
+        "metadata": {"name": "on-gone-node", "namespace": "default", "finalizers": ["hostpath-provisioner.kubevirt.io/snapshot"]},
+        "spec": {"source": {"persistentVolumeClaimName": "on-disk"}},
+    });
+    std::fs::write(shell.dir().join("snapshot.json"), snapshot.to_string()).expect("write");
+    shell.kubectl(&["create", "-f", "snapshot.json"]);
+    shell.kubectl(&["delete", "hostpathsnapshot", "on-gone-node", "-n", "default", "--wait=false"]);
+    assert_eq!(
+        shell.must_get(&["hostpathsnapshot", "on-gone-node", "-n", "default"])["metadata"]["finalizers"][0],
+        "hostpath-provisioner.kubevirt.io/snapshot"
+    );
+    shell.run_with(
+        &docs.command("docs/snapshots.md", "Deleting", "kubectl patch hostpathsnapshot NAME"),
+        &[("NAMESPACE", "default"), ("NAME", "on-gone-node")],
+    );
+    shell.wait_gone(&["hostpathsnapshot", "on-gone-node", "-n", "default"]).await;
     shell.finish();
 }
 

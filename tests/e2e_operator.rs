@@ -630,13 +630,17 @@ fn helm(args: &[&str]) -> String {
     text(&output.stdout)
 }
 
-/// The chart's copy of the CRD is deploy/operator's.
+/// The chart's copies of the CRDs are deploy/operator's and deploy/snapshots'.
 #[test]
 fn the_charts_crd_is_deploy_operators() {
     let read = |path: &str| std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
     assert!(
         read("deploy/helm/hostpath-provisioner/crds/hostpathprovisioners.yaml") == read("deploy/operator/crd.yaml"),
         "copy deploy/operator/crd.yaml to deploy/helm/hostpath-provisioner/crds/hostpathprovisioners.yaml"
+    );
+    assert!(
+        read("deploy/helm/hostpath-provisioner/crds/hostpathsnapshots.yaml") == read("deploy/snapshots/crd.yaml"),
+        "copy deploy/snapshots/crd.yaml to deploy/helm/hostpath-provisioner/crds/hostpathsnapshots.yaml"
     );
 }
 

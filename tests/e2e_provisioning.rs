@@ -173,7 +173,7 @@ async fn refused_parameters_data_sources_and_sizes_are_each_explained_on_the_cla
                 "VolumeSnapshot",
                 "s",
             ),
-            "has no volume snapshots",
+            "have no CSI snapshots; name a HostPathSnapshot",
         ),
         (
             fixtures::claim(&env.ns, "populator", &class, "1Mi").data_source_ref("example.com", "Backup", "b"),

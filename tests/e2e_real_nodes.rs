@@ -72,6 +72,9 @@ use disk_label::a_volume_pinned_to_a_disk_label_follows_the_disk_to_the_other_no
 #[path = "real_nodes/removed_node.rs"]
 mod removed_node;
 use removed_node::a_statefulset_whose_node_is_removed_comes_back_on_the_other_node_with_a_new_volume_two_nodes;
+#[path = "real_nodes/snapshots.rs"]
+mod snapshots;
+use snapshots::a_snapshot_of_a_volume_a_pod_wrote_restores_the_files_as_they_were_for_another_pod;
 #[path = "real_nodes/swap.rs"]
 mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes;
@@ -115,6 +118,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_pod_that_plants_symlinks_out_of_its_volume_changes_nothing_outside_it_when_the_claim_goes,
         a_pod_stops_at_its_quota_and_writes_past_it_after_an_online_expansion_without_restarting,
         a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
+        a_snapshot_of_a_volume_a_pod_wrote_restores_the_files_as_they_were_for_another_pod,
         a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
         a_pod_of_another_user_writes_into_a_class_owned_volume_through_its_group,

@@ -37,13 +37,15 @@ pub fn requested_source(spec: &PersistentVolumeClaimSpec, namespace: &str) -> Re
     if kind == "VolumeSnapshot" {
         return Err(CloneRefusal::Snapshot { kind, name });
     }
-    if kind != CLAIM_KIND || !group.is_empty() {
+    let restore = kind == crate::deciding::snapshot::KIND && group == crate::deciding::snapshot::GROUP;
+    if !restore && (kind != CLAIM_KIND || !group.is_empty()) {
         return Err(CloneRefusal::Populator { kind, group, name });
     }
     if let Some(ns) = ns.filter(|ns| ns != namespace) {
         return Err(CloneRefusal::OtherNamespace { namespace: ns, name, own: namespace.to_owned() });
     }
-    Ok(Some(name))
+    // A restore is no clone: `deciding::snapshot` reads it.
+    Ok((!restore).then_some(name))
 }
 
 /// The same, straight from a claim.
@@ -126,6 +128,11 @@ pub struct CloneRequest<'a> {
     pub request_bytes: u64,
     /// The roots of the pool the clone goes to (one, or one per disk of a pool of several).
     pub pools: &'a [PoolPath],
+}
+
+/// A claim's storage request in bytes.
+pub fn request_bytes(claim: &PersistentVolumeClaim) -> Option<u64> {
+    storage_request(claim).and_then(|q| parse_bytes(q).ok())
 }
 
 fn storage_request(claim: &PersistentVolumeClaim) -> Option<&str> {

@@ -27,6 +27,7 @@ pub mod reservations;
 pub mod resize;
 pub mod retention;
 pub mod settings;
+pub mod snapshot;
 pub mod static_binding;
 pub mod topology;
 pub mod unserved;

@@ -67,6 +67,8 @@ pub struct FactsNeeded {
     pub promised: bool,
     /// What is at the claim's `pathPattern` directory: its marker, and which PVs hold it.
     pub pattern_dir: bool,
+    /// The `HostPathSnapshot` the claim restores (`deciding::snapshot`).
+    pub snapshot: Option<String>,
     /// Counted through the pool's shared record of promises (`deciding::pool_promises`), not
     /// this node's caches and ledger: a `shared` pool, where other nodes make volumes at the
     /// same time.
@@ -108,6 +110,7 @@ pub fn facts_needed(
                 .any(|p| p.name == *name && p.shared && p.accounting == Some(CapacityAccounting::Requests))
         }),
         pattern_dir: pool.is_some() && request.as_ref().is_some_and(|r| r.path_pattern.is_some()),
+        snapshot: crate::deciding::snapshot::requested_snapshot(claim).map(str::to_owned),
         pool,
         dir_name,
     }
@@ -128,6 +131,8 @@ pub struct PoolFacts {
     pub promised_bytes: Option<u64>,
     /// What is at the claim's `pathPattern` directory, when [`FactsNeeded::pattern_dir`].
     pub pattern: Option<DirectoryFacts>,
+    /// This root holds the copy of the snapshot the claim restores ([`FactsNeeded::snapshot`]).
+    pub snapshot_here: bool,
 }
 
 /// What the disk says about one root of the pool a claim goes to (a pool has one root, or one
@@ -187,6 +192,17 @@ pub struct ClaimFacts<'a> {
     pub pre_bound_pv: Option<&'a str>,
     /// The pool the class names.
     pub pool: PoolState<'a>,
+    /// The snapshot a restore names (when the claim names one).
+    pub restore: Option<RestoreFacts<'a>>,
+}
+
+/// A restore's snapshot as gathered.
+#[derive(Clone, Copy, Debug)]
+pub struct RestoreFacts<'a> {
+    /// The snapshot's name.
+    pub name: &'a str,
+    /// The snapshot, if it exists.
+    pub snapshot: Option<&'a crate::deciding::snapshot::HostPathSnapshot>,
 }
 
 /// Why a claim is looked at again later without anything being done now.
@@ -271,6 +287,15 @@ pub enum MakeVolume {
         /// The clone's limit, for a quota class.
         limit_bytes: Option<u64>,
     },
+    /// A copy of a `HostPathSnapshot` (on this root), limited if the class says so.
+    Restore {
+        /// The snapshot's directory in the root's snapshots directory.
+        snapshot_dir: String,
+        /// The snapshot's name.
+        snapshot: String,
+        /// The volume's limit, for a quota class.
+        limit_bytes: Option<u64>,
+    },
 }
 
 impl MakeVolume {
@@ -279,8 +304,13 @@ impl MakeVolume {
         match self {
             MakeVolume::Plain => None,
             MakeVolume::BtrfsQuota { limit_bytes } | MakeVolume::ProjectQuota { limit_bytes } => Some(*limit_bytes),
-            MakeVolume::Clone { limit_bytes, .. } => *limit_bytes,
+            MakeVolume::Clone { limit_bytes, .. } | MakeVolume::Restore { limit_bytes, .. } => *limit_bytes,
         }
+    }
+
+    /// The volume is a copy (of a claim's volume, or of a snapshot).
+    pub fn is_copy(&self) -> bool {
+        matches!(self, MakeVolume::Clone { .. } | MakeVolume::Restore { .. })
     }
 }
 
@@ -345,12 +375,14 @@ pub enum ClaimPlan {
 /// Decides what to do about a candidate claim from its gathered facts.
 pub fn plan_claim(facts: &ClaimFacts<'_>) -> ClaimPlan {
     let decision = decide_claim(facts.claim, facts.class, facts.me, facts.config, facts.live);
-    let (decision, copy_from) = match facts.source {
-        None => (decision, None),
-        Some(source) => match clone_step(facts, source, decision) {
-            CloneStep::Go(decision, copy_from) => (decision, copy_from),
-            CloneStep::Done(plan) => return plan,
-        },
+    let step = match (facts.source, facts.restore) {
+        (Some(source), _) => clone_step(facts, source, decision),
+        (None, Some(restore)) => restore::restore_step(facts, restore, decision),
+        (None, None) => CloneStep::Go(decision, None),
+    };
+    let (decision, copy_from) = match step {
+        CloneStep::Go(decision, copy_from) => (decision, copy_from),
+        CloneStep::Done(plan) => return plan,
     };
     match decision {
         Decision::Skip(SkipReason::ClassNotFound(class)) => {
@@ -376,13 +408,24 @@ pub fn plan_claim(facts: &ClaimFacts<'_>) -> ClaimPlan {
     }
 }
 
-/// The source to copy from, once the clone step chose this node.
-struct CopyFrom {
-    /// The pool root holding the source: the copy is made beside it.
-    root: std::path::PathBuf,
-    dir: String,
-    marked_for: Option<String>,
-    claim: String,
+/// The source to copy from, once the clone or restore step chose this node.
+enum CopyFrom {
+    /// Another claim's volume (a clone).
+    Volume {
+        /// The pool root holding the source: the copy is made beside it.
+        root: std::path::PathBuf,
+        dir: String,
+        marked_for: Option<String>,
+        claim: String,
+    },
+    /// A `HostPathSnapshot`'s copy (a restore): made on the root of the claim's pool that
+    /// holds it.
+    Snapshot {
+        /// The snapshot's directory (its UID).
+        dir: String,
+        /// The snapshot's name.
+        name: String,
+    },
 }
 
 enum CloneStep {
@@ -503,7 +546,7 @@ fn placed_clone(
                 return refuse(refusal);
             }
             let (root, dir, marked_for) = dir;
-            let copy_from = CopyFrom { root, dir, marked_for, claim: source.name.to_owned() };
+            let copy_from = CopyFrom::Volume { root, dir, marked_for, claim: source.name.to_owned() };
             CloneStep::Go(Decision::Provision(Box::new(plan)), Some(copy_from))
         }
         CloneActor::Other(_) => CloneStep::Done(ClaimPlan::Idle(SkipReason::OtherNode)),
@@ -613,12 +656,15 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
         }
         // A clone of a quota volume is a snapshot of its subvolume, which starts without a limit
         // of its own: it gets the clone's request before any pod can write to it.
-        (Some(source), quota) => MakeVolume::Clone {
-            source_dir: source.dir,
-            source_marked_for: source.marked_for,
-            source_claim: source.claim,
+        (Some(CopyFrom::Volume { dir, marked_for, claim, .. }), quota) => MakeVolume::Clone {
+            source_dir: dir,
+            source_marked_for: marked_for,
+            source_claim: claim,
             limit_bytes: quota.limit_bytes(),
         },
+        (Some(CopyFrom::Snapshot { dir, name }), quota) => {
+            MakeVolume::Restore { snapshot_dir: dir, snapshot: name, limit_bytes: quota.limit_bytes() }
+        }
     };
     let capacity = if pv_reports_filesystem_size(facts.config.pv_capacity, volume_quota) {
         format_binary_si(round_down_pretty(pool.total_bytes))
@@ -640,7 +686,8 @@ fn choose_root<'a>(
         pool_roots::roots_of(&facts.config.pools, &plan.pool.name).into_iter().find(|p| p.root == root)
     };
     let chosen = match copy_from {
-        Some(source) => roots.iter().find(|r| r.root == source.root)?,
+        Some(CopyFrom::Volume { root, .. }) => roots.iter().find(|r| r.root == *root)?,
+        Some(CopyFrom::Snapshot { .. }) => roots.iter().find(|r| r.read.as_ref().is_some_and(|f| f.snapshot_here))?,
         None => {
             let candidates: Vec<_> = roots.iter().map(|r| root_candidate(facts, plan, declared(&r.root), r)).collect();
             &roots[pool_roots::choose(&candidates)?]
@@ -696,6 +743,8 @@ pub fn bound_claim_uid(pv: &KeptVolume) -> &str {
 pub fn may_undo_directory(made_now: bool, api_refused_create: bool, topology: Topology) -> bool {
     made_now && api_refused_create && topology != Topology::Shared
 }
+
+mod restore;
 
 #[cfg(test)]
 mod tests;

@@ -193,9 +193,9 @@ impl Refusal {
 /// Why a claim's data source cannot be filled (the note of the claim's `ProvisioningFailed` event).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CloneRefusal {
-    /// A snapshot: hostPath volumes have none.
+    /// A CSI snapshot (`snapshot.storage.k8s.io`): hostPath volumes have none.
     #[error(
-        "dataSource {kind} {name:?} cannot be restored: this provisioner has no volume snapshots; only a PersistentVolumeClaim in the same namespace can be cloned"
+        "dataSource {kind} {name:?} cannot be restored: this provisioner's volumes have no CSI snapshots; name a HostPathSnapshot (apiGroup hostpath-provisioner.kubevirt.io) in dataSourceRef, or a PersistentVolumeClaim of the same namespace to clone"
     )]
     Snapshot {
         /// The kind named.
@@ -299,6 +299,10 @@ pub enum CloneRefusal {
         "source claim {0:?} is a plain directory, not a quota volume (made before its class enforced quota, or by the Go provisioner), so its copy cannot be limited to the clone's request; clone it with a class without quota: enforce, or copy the data into a new quota volume yourself"
     )]
     SourceWithoutQuota(String),
+    /// A restore from a `HostPathSnapshot` that cannot be made as asked (the reason says what
+    /// to change).
+    #[error("{0}")]
+    Restore(String),
 }
 
 impl CloneRefusal {
@@ -315,6 +319,7 @@ impl CloneRefusal {
             | Self::EveryNode(_)
             | Self::PinnedElsewhere { .. }
             | Self::SourceWithoutQuota(_) => "clone_source",
+            Self::Restore(_) => "restore_source",
         }
     }
 }

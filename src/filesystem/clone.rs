@@ -82,8 +82,22 @@ impl PoolRoot {
         target: &VolumeDirName,
         node: &VolumeDirName,
     ) -> Result<CloneReport, PoolError> {
+        self.copy_in(self, source, target, node)
+    }
+
+    /// Copies directory `source` of `from` (this root, or a bookkeeping directory of its pool
+    /// such as the snapshots) into a new directory `target` of this root, as
+    /// [`PoolRoot::clone_volume`] does. `from` must be on this root's filesystem: a snapshot or
+    /// reflink cannot cross filesystems, and a mount met on the way stops the copy.
+    pub(super) fn copy_in(
+        &self,
+        from: &PoolRoot,
+        source: &VolumeDirName,
+        target: &VolumeDirName,
+        node: &VolumeDirName,
+    ) -> Result<CloneReport, PoolError> {
         let target_path = self.volume_path(target);
-        let source_path = self.volume_path(source);
+        let source_path = from.volume_path(source);
         match rustix::fs::statat(&self.fd, target.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
                 let kind = filesystem_kind(self.fd.as_fd());
@@ -96,7 +110,7 @@ impl PoolRoot {
             Err(Errno::NOENT) => {}
             Err(e) => return Err(fs_error("stat the clone's directory", target_path, e)),
         }
-        let src = match self.open_beneath(self.fd.as_fd(), source.as_str(), OFlags::RDONLY) {
+        let src = match from.open_beneath(from.fd.as_fd(), source.as_str(), OFlags::RDONLY) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => return Err(fs_error("open the source volume", source_path, Errno::NOENT)),
             Err(Errno::LOOP | Errno::NOTDIR) => return Err(PoolError::VolumeNotDirectory { path: source_path }),
@@ -107,7 +121,10 @@ impl PoolRoot {
             rustix::fs::fstat(&src).map_err(|e| fs_error("stat the source volume", source_path.clone(), e))?;
         let kind = filesystem_kind(src.as_fd());
         let is_subvolume = kind == FilesystemKind::Btrfs && src_stat.st_ino == BTRFS_SUBVOLUME_ROOT_INO;
-        self.check_source_root(src.as_fd(), is_subvolume, &source_path)?;
+        from.check_source_root(src.as_fd(), is_subvolume, &source_path)?;
+        if from.mnt_id != self.mnt_id || (!is_subvolume && from.dev != self.dev) {
+            return Err(PoolError::MountInsideVolume { path: source_path });
+        }
         let method = copy_method(kind, is_subvolume);
         if method == CopyMethod::Snapshot {
             // A snapshot appears complete or not at all: it needs no staging.
@@ -244,7 +261,7 @@ impl PoolRoot {
 }
 
 /// The filesystem of an open descriptor.
-fn filesystem_kind(fd: BorrowedFd<'_>) -> FilesystemKind {
+pub(super) fn filesystem_kind(fd: BorrowedFd<'_>) -> FilesystemKind {
     // `f_type` is i64 here and narrower on some targets.
     #[allow(clippy::useless_conversion)]
     let magic = rustix::fs::fstatfs(fd).map(|st| i64::from(st.f_type));

@@ -209,9 +209,11 @@ pub mod mount_table;
 pub mod os_disk;
 pub mod pools;
 pub mod quota;
+mod snapshots;
 mod trash;
 
 pub use clone::{CLONE_STAGING_DIR, CloneReport};
+pub use snapshots::SNAPSHOTS_DIR;
 pub use trash::{STAGING_DIR, Staged, StagedVolume, TRASH_DIR, Trashed};
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ impl PoolRoot {
     /// Whether volume `name` can leave its place by a rename: `None` when it can; otherwise
     /// what was done instead (nothing there, or a non-directory unlinked). Refuses when a
     /// filesystem is mounted on or inside the volume.
-    fn check_movable(&self, name: &VolumeDirName) -> Result<Option<Trashed>, PoolError> {
+    pub(super) fn check_movable(&self, name: &VolumeDirName) -> Result<Option<Trashed>, PoolError> {
         let path = self.volume_path(name);
         match inode_at(self.fd.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
             Err(Errno::NOENT) => return Ok(Some(Trashed::AlreadyGone)),
@@ -102,7 +102,11 @@ impl PoolRoot {
     }
 
     /// Renames `name` under `from` into the trash under a fresh entry name, and returns it.
-    fn rename_into_trash(&self, from: std::os::fd::BorrowedFd<'_>, name: &VolumeDirName) -> Result<String, PoolError> {
+    pub(super) fn rename_into_trash(
+        &self,
+        from: std::os::fd::BorrowedFd<'_>,
+        name: &VolumeDirName,
+    ) -> Result<String, PoolError> {
         let trash = self.open_trash(true)?;
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let entry = format!("{nanos}-{}", SEQUENCE.fetch_add(1, Ordering::Relaxed));

@@ -14,8 +14,9 @@ use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{normalise, pv_name};
 use crate::deciding::path_pattern::{DirectoryFacts, Found};
 use crate::deciding::pool_roots::roots_of;
-use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, RootFacts, SourceFacts};
+use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, RestoreFacts, RootFacts, SourceFacts};
 use crate::deciding::reservations::Reservations;
+use crate::deciding::snapshot::HostPathSnapshot;
 use crate::deciding::static_binding::pre_bound_volume;
 use crate::deciding::topology::LiveNode;
 use crate::deciding::volume::{promised_bytes, volume_path};
@@ -39,6 +40,8 @@ pub struct Gathered {
     handles: Vec<Option<Arc<PoolRoot>>>,
     /// Why roots could not be read, to be reported if the plan needed them.
     errors: Vec<PoolError>,
+    /// The `HostPathSnapshot` a restore names, when it exists.
+    snapshot: Option<HostPathSnapshot>,
 }
 
 /// Reads what `needs` names. API errors end the reconcile (retried with backoff); disk errors
@@ -70,13 +73,18 @@ pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsN
             .collect();
         gathered.pre_bound_pv = pre_bound_volume(claim, volumes.iter().map(|pv| pv.as_ref()));
     }
+    if let Some(name) = &needs.snapshot {
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        gathered.snapshot = Api::<HostPathSnapshot>::namespaced(ctx.client.clone(), namespace).get_opt(name).await?;
+    }
+    let snapshot_dir = gathered.snapshot.as_ref().and_then(|s| VolumeDirName::new(s.dir_name()?).ok());
     if let Some(pool_name) = &needs.pool {
         // Every root of the pool (one per disk of a pool of several): the plan chooses among them.
         for pool_path in roots_of(&ctx.config.pools, pool_name) {
             let Some(usable) = ctx.pools.usable(&pool_path.root) else { continue };
             let read = match usable {
                 Err(error) => Err(error),
-                Ok(pool) => read_root(ctx, &pool, needs, uid).await?.map(|facts| (facts, pool)),
+                Ok(pool) => read_root(ctx, &pool, needs, uid, snapshot_dir.as_ref()).await?.map(|facts| (facts, pool)),
             };
             let (read, handle) = match read {
                 Ok((facts, pool)) => (Some(facts), Some(pool)),
@@ -148,6 +156,7 @@ impl Gathered {
         class: Option<&'a StorageClass>,
         ctx: &'a Context,
     ) -> ClaimFacts<'a> {
+        let needs_restore = crate::deciding::snapshot::requested_snapshot(claim);
         let pool = if self.roots.iter().any(|root| root.read.is_some()) {
             PoolState::Ready(&self.roots)
         } else if self.roots.is_empty() {
@@ -170,6 +179,7 @@ impl Gathered {
             existing_pv: self.existing_pv.as_ref(),
             pre_bound_pv: self.pre_bound_pv.as_deref(),
             pool,
+            restore: needs_restore.map(|name| RestoreFacts { name, snapshot: self.snapshot.as_ref() }),
         }
     }
 
@@ -192,6 +202,7 @@ async fn read_root(
     pool: &PoolRoot,
     needs: &FactsNeeded,
     uid: &str,
+    snapshot: Option<&VolumeDirName>,
 ) -> Result<Result<PoolFacts, PoolError>, ClaimError> {
     // What the pool has promised is read later, under the planning lock (`count_promised`),
     // so that it and the volumes being made are one snapshot.
@@ -199,6 +210,12 @@ async fn read_root(
         Ok(facts) => facts,
         Err(error) => return Ok(Err(error)),
     };
+    if let Some(snapshot) = snapshot {
+        match pool.has_snapshot(snapshot) {
+            Ok(here) => facts.snapshot_here = here,
+            Err(error) => return Ok(Err(error)),
+        }
+    }
     if needs.pattern_dir
         && let Some(Ok(dir)) = needs.dir_name.as_deref().map(VolumeDirName::new)
     {
@@ -225,6 +242,7 @@ fn read_pool(pool: &PoolRoot, needs: &FactsNeeded) -> Result<PoolFacts, PoolErro
         quota,
         promised_bytes: None,
         pattern: None,
+        snapshot_here: false,
     })
 }
 

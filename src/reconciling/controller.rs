@@ -21,7 +21,7 @@ use crate::keys;
 use crate::reconciling::claim_actions::object_key;
 use crate::reconciling::context::Context;
 use crate::reconciling::published_capacity::{self, Publisher};
-use crate::reconciling::{claims, orphans, reaping, settling, stranded, upkeep, volumes, watches};
+use crate::reconciling::{claims, orphans, reaping, settling, snapshots, stranded, upkeep, volumes, watches};
 use crate::serving::health::{self, Health, Watch};
 use crate::serving::heap;
 use crate::serving::metrics::Metrics;
@@ -240,7 +240,8 @@ pub async fn run(
     tokio::spawn(stranded::watch_for_no_provisioner(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");
-    futures::join!(claim_controller, own_volumes, legacy_volumes);
+    let snapshot_controller = snapshots::run(ctx.clone(), shutdown.clone());
+    futures::join!(claim_controller, own_volumes, legacy_volumes, snapshot_controller);
     // The scheduler stops offering this node before other nodes take over its work.
     if let Some(publisher) = &publisher {
         published_capacity::withdraw(&ctx, publisher).await;
@@ -289,7 +290,12 @@ async fn sweep_clone_staging(ctx: &Arc<Context>) {
         let name = pool_path.name.as_str();
         let Some(Ok(pool)) = ctx.pools.usable(&pool_path.root) else { continue };
         let node = node.clone();
-        match tokio::task::spawn_blocking(move || pool.sweep_clone_staging(&node)).await {
+        let swept = move || {
+            Ok::<_, crate::filesystem::PoolError>(
+                pool.sweep_clone_staging(&node)? + pool.sweep_snapshot_staging(&node)?,
+            )
+        };
+        match tokio::task::spawn_blocking(swept).await {
             Ok(Ok(0)) => {}
             Ok(Ok(removed)) => tracing::info!(pool = name, removed, "removed unfinished clone copies"),
             Ok(Err(error)) => tracing::warn!(pool = name, %error, "cannot remove unfinished clone copies"),

@@ -13,7 +13,9 @@ use crate::deciding::path_pattern::Placing;
 use crate::deciding::provision::{MakeVolume, Provision, bound_claim_uid, may_undo_directory};
 use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, reason};
+use crate::filesystem::PoolError;
 use crate::filesystem::{Created, PoolRoot, VolumeDirName};
+use crate::reconciling::claim_actions::object_key;
 use crate::reconciling::claim_actions::{claim_key, claim_ref};
 use crate::reconciling::clones;
 use crate::reconciling::context::Context;
@@ -54,6 +56,23 @@ async fn make_volume(
             }
             created
         }
+        MakeVolume::Restore { snapshot_dir, snapshot, limit_bytes } => {
+            let source = VolumeDirName::new(snapshot_dir).map_err(|e| ClaimError::Pool(e.into()))?;
+            let node = VolumeDirName::new(&ctx.me.node).map_err(|e| ClaimError::Pool(e.into()))?;
+            let (copier, target) = (pool.clone(), dir.clone());
+            let report = tokio::task::spawn_blocking(move || copier.restore_snapshot(&source, &target, &node))
+                .await
+                .map_err(|_| PoolError::Io {
+                op: "restore a snapshot",
+                path: pool.volume_path(dir),
+                source: rustix::io::Errno::IO,
+            })??;
+            tracing::info!(claim = %object_key(&claim.metadata), %snapshot, method = report.method.as_str(), bytes = report.bytes, "restored from snapshot");
+            if let Some(limit_bytes) = limit_bytes {
+                pool.set_quota_limit(dir, *limit_bytes)?;
+            }
+            report.created
+        }
     };
     // A class's owner, group or mode (a clone's root too: the copy keeps its files' owners, the
     // directory gets the class's).
@@ -73,7 +92,7 @@ pub async fn provision(
     let plan = &provision.plan;
     let dir = VolumeDirName::new(&plan.dir_name).map_err(|e| ClaimError::Pool(e.into()))?;
     let regarding = claim_ref(claim);
-    let cloning = matches!(provision.make, MakeVolume::Clone { .. });
+    let cloning = provision.make.is_copy();
     // A plain volume is made in milliseconds, and its ProvisioningSucceeded says all a user needs:
     // one event per volume. A copy can take minutes, so a clone announces itself first. The
     // event must not delay the copy: it goes out on its own task.

@@ -37,6 +37,7 @@ fn roomy() -> PoolFacts {
         quota: None,
         promised_bytes: None,
         pattern: None,
+        snapshot_here: false,
     }
 }
 
@@ -66,7 +67,18 @@ fn facts<'a>(
     me: &'a Identity,
     pool: PoolState<'a>,
 ) -> ClaimFacts<'a> {
-    ClaimFacts { claim, class, me, config, live: &[], source: None, existing_pv: None, pre_bound_pv: None, pool }
+    ClaimFacts {
+        claim,
+        class,
+        me,
+        config,
+        live: &[],
+        source: None,
+        existing_pv: None,
+        pre_bound_pv: None,
+        pool,
+        restore: None,
+    }
 }
 
 fn plan(claim: &PersistentVolumeClaim, class: &StorageClass, pool: &PoolFacts) -> ClaimPlan {
@@ -674,4 +686,5 @@ fn a_clone_is_never_copied_into_a_directory_it_would_take_over() {
     }
 }
 
+mod restores;
 mod several_roots;

@@ -486,3 +486,4 @@ fn very_deep_paths_in_messages_keep_head_and_tail() {
 mod bookkeeping;
 mod marker;
 mod removal;
+mod snapshots;

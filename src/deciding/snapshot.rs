@@ -1,0 +1,328 @@
+//! Snapshots: a `HostPathSnapshot` (this project's own resource: the snapshot controller of
+//! `snapshot.storage.k8s.io` serves CSI drivers only) is a point-in-time copy of a claim's
+//! volume, kept on the node and pool root of the volume, under
+//! `<root>/.hpp-snapshots/<snapshot uid>`: a btrfs snapshot of a quota subvolume, a reflink copy
+//! on XFS and btrfs, a byte copy elsewhere. A claim whose `dataSourceRef` names it is restored
+//! from it. Pure decisions: the resource, who takes a snapshot, whether a restore may start,
+//! and when a snapshot may go.
+//!
+//! The directory is named by the snapshot's UID alone, never by a path or name from the
+//! object: nothing a user writes into a `HostPathSnapshot` can point the provisioner at
+//! another directory.
+
+use std::borrow::Cow;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+use crate::deciding::identity::Identity;
+use crate::deciding::kept_volume::KeptVolume;
+use crate::deciding::layout::{self, PoolPath};
+use crate::deciding::volume::{self, VolumeShape};
+use crate::keys;
+
+/// The resource's API group.
+pub const GROUP: &str = "hostpath-provisioner.kubevirt.io";
+/// Its version.
+pub const VERSION: &str = "v1alpha1";
+/// Its kind.
+pub const KIND: &str = "HostPathSnapshot";
+/// Its plural.
+pub const PLURAL: &str = "hostpathsnapshots";
+/// Held by a snapshot whose directory exists, until the node holding it has moved it to the
+/// trash.
+pub const FINALIZER: &str = "hostpath-provisioner.kubevirt.io/snapshot";
+
+/// A point-in-time copy of a claim's volume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPathSnapshot {
+    /// `hostpath-provisioner.kubevirt.io/v1alpha1`.
+    #[serde(default = "api_version")]
+    pub api_version: String,
+    /// `HostPathSnapshot`.
+    #[serde(default = "kind")]
+    pub kind: String,
+    /// Standard metadata.
+    pub metadata: ObjectMeta,
+    /// What to copy.
+    pub spec: SnapshotSpec,
+    /// What the provisioner made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<SnapshotStatus>,
+}
+
+/// What to copy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotSpec {
+    /// The claim whose volume is copied.
+    pub source: SnapshotSource,
+}
+
+/// The source of a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotSource {
+    /// A claim of the snapshot's namespace.
+    pub persistent_volume_claim_name: String,
+}
+
+/// What the provisioner made.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// The copy is complete and may be restored.
+    #[serde(default)]
+    pub ready_to_use: bool,
+    /// The node that holds the copy (a restore is made there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The source's capacity: the least a restoring claim must request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_size: Option<String>,
+    /// How it was copied: `snapshot` (btrfs), `reflink` or `bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// Bytes of file data in the copy (apparent sizes; shared extents count in full).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// When the copy was made (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_time: Option<String>,
+    /// Why it is not ready, while it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+fn api_version() -> String {
+    format!("{GROUP}/{VERSION}")
+}
+
+fn kind() -> String {
+    KIND.to_owned()
+}
+
+impl Default for HostPathSnapshot {
+    fn default() -> Self {
+        HostPathSnapshot {
+            api_version: api_version(),
+            kind: kind(),
+            metadata: ObjectMeta::default(),
+            spec: SnapshotSpec::default(),
+            status: None,
+        }
+    }
+}
+
+impl kube::Resource for HostPathSnapshot {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(KIND)
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(GROUP)
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(VERSION)
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(PLURAL)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl HostPathSnapshot {
+    /// A snapshot named `name` of claim `source` (of the namespace it is created in).
+    pub fn new(name: &str, source: &str) -> HostPathSnapshot {
+        HostPathSnapshot {
+            metadata: ObjectMeta { name: Some(name.to_owned()), ..Default::default() },
+            spec: SnapshotSpec { source: SnapshotSource { persistent_volume_claim_name: source.to_owned() } },
+            ..Default::default()
+        }
+    }
+
+    /// The directory name of its copy: its UID, checked again (the API is not trusted).
+    pub fn dir_name(&self) -> Option<&str> {
+        self.metadata.uid.as_deref().filter(|uid| layout::is_uid(uid))
+    }
+
+    /// Ready, on `node`.
+    pub fn ready_on(&self) -> Option<&str> {
+        let status = self.status.as_ref().filter(|s| s.ready_to_use)?;
+        status.node.as_deref()
+    }
+}
+
+/// Whether this node keeps a snapshot in its watch cache (and trims what it keeps): one that no
+/// node holds yet (this node may have to take it, or speak for it), or one this node holds (its
+/// deletion is this node's work). A snapshot held by another node never becomes this node's, so
+/// a cluster's snapshots cost each node only its own and the pending ones.
+pub fn keep(snapshot: &mut HostPathSnapshot, node: &str) -> bool {
+    snapshot.metadata.managed_fields = None;
+    snapshot.status.as_ref().and_then(|s| s.node.as_deref()).is_none_or(|holder| holder == node)
+}
+
+/// What the source claim and its PV allow a snapshot to do now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceState {
+    /// Not yet (missing, not bound): say why, look again.
+    Wait(String),
+    /// Never as it is: say why.
+    Refuse(String),
+    /// A volume of another node: that node takes it.
+    Elsewhere(String),
+    /// This node's volume: copy `dir_name` of the pool root `root`.
+    Here {
+        /// The pool root holding the volume.
+        root: std::path::PathBuf,
+        /// Its directory.
+        dir_name: String,
+        /// A `pathPattern` directory: copied only while its marker names this PV.
+        marked_for: Option<String>,
+        /// The source's capacity, as its PV states it.
+        restore_size: String,
+    },
+}
+
+/// Where the source of a snapshot stands: `claim` is the source claim (if it exists) and `pv`
+/// the PV it is bound to (if any); `pools` this node's pools.
+pub fn source_state(
+    claim_name: &str,
+    claim: Option<&PersistentVolumeClaim>,
+    pv: Option<&KeptVolume>,
+    me: &Identity,
+    my_hostname: &str,
+    pools: &[PoolPath],
+) -> SourceState {
+    let Some(claim) = claim else {
+        return SourceState::Wait(format!("source claim {claim_name:?} does not exist (yet)"));
+    };
+    if claim.metadata.deletion_timestamp.is_some() {
+        return SourceState::Refuse(format!("source claim {claim_name:?} is being deleted"));
+    }
+    let Some(pv) = pv else {
+        return SourceState::Wait(format!("source claim {claim_name:?} has no volume yet"));
+    };
+    let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+    if pv.annotations.get(keys::PROVISIONED_BY) != Some(me.provisioner.as_str()) {
+        return SourceState::Refuse(format!(
+            "the volume of claim {claim_name:?} (PV {pv_name}) was not made by {}: only its volumes can be snapshotted",
+            me.provisioner
+        ));
+    }
+    let bound_uid = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.as_deref());
+    if bound_uid != claim.metadata.uid.as_deref() {
+        return SourceState::Wait(format!("PV {pv_name} is not bound to claim {claim_name:?} (yet)"));
+    }
+    match volume::volume_shape(pv, pools) {
+        VolumeShape::Node if volume::is_mine(pv, me, my_hostname) => {}
+        VolumeShape::Node => match volume::owner_node(pv) {
+            Some(owner) => return SourceState::Elsewhere(owner.to_owned()),
+            None => return SourceState::Refuse(format!("PV {pv_name} names no node")),
+        },
+        VolumeShape::Shared | VolumeShape::EveryNode => {
+            return SourceState::Refuse(format!(
+                "the volume of claim {claim_name:?} is a shared or every-node volume: only node volumes can be snapshotted"
+            ));
+        }
+    }
+    let path = volume::volume_path(pv).unwrap_or_default();
+    let named_by_pattern = pv.annotations.contains_key(keys::PATH_PATTERN);
+    let accepted = match layout::accept_volume_path(path, pv_name, pools, named_by_pattern) {
+        Ok(accepted) => accepted,
+        Err(why) => return SourceState::Refuse(format!("PV {pv_name} at {path}: {why}")),
+    };
+    let restore_size = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .map_or_else(|| "0".to_owned(), |q| q.0.clone());
+    SourceState::Here {
+        root: accepted.root,
+        dir_name: accepted.dir_name,
+        marked_for: accepted.marked.then(|| pv_name.to_owned()),
+        restore_size,
+    }
+}
+
+/// What a claim asks to be restored from: the name of a `HostPathSnapshot` of its namespace,
+/// named by `dataSourceRef` (or `dataSource`, which takes any API group too).
+pub fn requested_snapshot(claim: &PersistentVolumeClaim) -> Option<&str> {
+    let spec = claim.spec.as_ref()?;
+    let from_ref = spec.data_source_ref.as_ref().filter(|r| {
+        r.kind == KIND
+            && r.api_group.as_deref() == Some(GROUP)
+            && r.namespace.as_deref().is_none_or(|ns| Some(ns) == claim.metadata.namespace.as_deref())
+    });
+    if let Some(reference) = from_ref {
+        return Some(&reference.name);
+    }
+    let source = spec.data_source.as_ref()?;
+    (source.kind == KIND && source.api_group.as_deref() == Some(GROUP)).then_some(source.name.as_str())
+}
+
+/// Whether `claim` waits for a restore of snapshot `name`: it names it, is not being deleted
+/// and has no volume yet.
+pub fn awaits_restore_of(claim: &PersistentVolumeClaim, name: &str) -> bool {
+    let has_volume = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_some_and(|n| !n.is_empty());
+    requested_snapshot(claim) == Some(name) && claim.metadata.deletion_timestamp.is_none() && !has_volume
+}
+
+/// Whether a restore from `snapshot` may start now for a claim requesting `request_bytes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestoreVerdict {
+    /// Not yet (missing, not ready): say why, look again.
+    Wait(String),
+    /// Never as it is: say what to change.
+    Refuse(String),
+    /// Ready on `node`.
+    Ready {
+        /// The node holding the copy.
+        node: String,
+        /// The snapshot's directory name.
+        dir_name: String,
+        /// How it was copied (`snapshot`: a btrfs subvolume, which a quota limit can hold).
+        method: Option<String>,
+    },
+}
+
+/// Checks a restore's snapshot (`None`: it does not exist).
+pub fn restore_verdict(name: &str, snapshot: Option<&HostPathSnapshot>, request_bytes: u64) -> RestoreVerdict {
+    let Some(snapshot) = snapshot else {
+        return RestoreVerdict::Wait(format!("{KIND} {name:?} does not exist (yet)"));
+    };
+    if snapshot.metadata.deletion_timestamp.is_some() {
+        return RestoreVerdict::Refuse(format!("{KIND} {name:?} is being deleted"));
+    }
+    let (Some(node), Some(dir_name)) = (snapshot.ready_on(), snapshot.dir_name()) else {
+        let why = snapshot.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_else(|| "not taken yet".into());
+        return RestoreVerdict::Wait(format!("{KIND} {name:?} is not ready: {why}"));
+    };
+    let status = snapshot.status.as_ref();
+    let size = status.and_then(|s| s.restore_size.as_deref()).unwrap_or("0");
+    if let Ok(size_bytes) = crate::deciding::capacity::parse_bytes(size)
+        && request_bytes < size_bytes
+    {
+        return RestoreVerdict::Refuse(format!(
+            "{KIND} {name:?} holds a volume of {size}; request at least that much storage"
+        ));
+    }
+    RestoreVerdict::Ready {
+        node: node.to_owned(),
+        dir_name: dir_name.to_owned(),
+        method: status.and_then(|s| s.method.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,89 @@
+//! Snapshots of volumes (`deciding::snapshot`), kept beside the volumes they copy, under
+//! `<pool root>/.hpp-snapshots/<snapshot uid>`, on the same filesystem: a snapshot is taken and
+//! restored with the clone's copy (a btrfs snapshot of a subvolume, reflinks where the
+//! filesystem shares extents, bytes elsewhere), staged and renamed into place only once
+//! complete. A snapshot leaves by the pool's trash, as a volume does.
+//!
+//! The snapshots directory is a bookkeeping directory: opened beneath the root without
+//! following a symlink, refused when something else (a symlink, a file, a mount) stands in its
+//! place. Its entries are named by snapshot UIDs only.
+
+use std::os::fd::AsFd;
+
+use super::{CloneReport, PoolError, PoolRoot, Trashed, VolumeDirName};
+
+/// Directory directly under a pool root that holds the snapshots (dot-prefixed, so it never
+/// matches a volume layout and the orphan cleanup leaves it alone).
+pub const SNAPSHOTS_DIR: &str = ".hpp-snapshots";
+
+impl PoolRoot {
+    /// The snapshots directory as a root of its own; `None` when it does not exist and
+    /// `create` is false.
+    fn snapshots_root(&self, create: bool) -> Result<Option<PoolRoot>, PoolError> {
+        let path = self.path.join(SNAPSHOTS_DIR);
+        let Some(fd) = self.open_own_dir(self.fd.as_fd(), SNAPSHOTS_DIR, &path, create)? else { return Ok(None) };
+        self.sub_root(fd, "snapshots", path).map(Some)
+    }
+
+    /// Copies volume `source` into snapshot `snapshot`, staged under `node`'s name. A snapshot
+    /// complete before (a retry after a crash) is found as it is.
+    pub fn take_snapshot(
+        &self,
+        source: &VolumeDirName,
+        snapshot: &VolumeDirName,
+        node: &VolumeDirName,
+    ) -> Result<CloneReport, PoolError> {
+        let snapshots = self.snapshots_root(true)?.ok_or_else(|| missing(self))?;
+        snapshots.copy_in(self, source, snapshot, node)
+    }
+
+    /// Copies snapshot `snapshot` into a new volume `target` of this root.
+    pub fn restore_snapshot(
+        &self,
+        snapshot: &VolumeDirName,
+        target: &VolumeDirName,
+        node: &VolumeDirName,
+    ) -> Result<CloneReport, PoolError> {
+        let snapshots = self.snapshots_root(false)?.ok_or_else(|| missing(self))?;
+        self.copy_in(&snapshots, snapshot, target, node)
+    }
+
+    /// Whether copies on this root share their data with the source (btrfs, XFS: a snapshot
+    /// or reflinks), rather than taking as much room again (a byte copy).
+    pub fn shares_extents(&self) -> bool {
+        super::clone::filesystem_kind(self.fd.as_fd()) != crate::deciding::clone::FilesystemKind::Other
+    }
+
+    /// Whether this root holds snapshot `snapshot`.
+    pub fn has_snapshot(&self, snapshot: &VolumeDirName) -> Result<bool, PoolError> {
+        match self.snapshots_root(false)? {
+            Some(snapshots) => snapshots.volume_dir_exists(snapshot),
+            None => Ok(false),
+        }
+    }
+
+    /// Moves snapshot `snapshot` into the pool's trash (its data is removed in the background),
+    /// with the checks a volume's move gets: never following a symlink, refused when a
+    /// filesystem is mounted on or inside it.
+    pub fn trash_snapshot(&self, snapshot: &VolumeDirName) -> Result<Trashed, PoolError> {
+        let Some(snapshots) = self.snapshots_root(false)? else { return Ok(Trashed::AlreadyGone) };
+        if let Some(nothing_to_move) = snapshots.check_movable(snapshot)? {
+            return Ok(nothing_to_move);
+        }
+        let entry = self.rename_into_trash(snapshots.fd.as_fd(), snapshot)?;
+        Ok(Trashed::Moved(entry))
+    }
+
+    /// Removes the snapshot copies this node left unfinished (a crash mid-copy); returns how
+    /// many.
+    pub fn sweep_snapshot_staging(&self, node: &VolumeDirName) -> Result<u64, PoolError> {
+        match self.snapshots_root(false)? {
+            Some(snapshots) => snapshots.sweep_clone_staging(node),
+            None => Ok(0),
+        }
+    }
+}
+
+fn missing(pool: &PoolRoot) -> PoolError {
+    super::fs_error("open the snapshots directory", pool.path.join(SNAPSHOTS_DIR), rustix::io::Errno::NOENT)
+}

@@ -1,0 +1,274 @@
+//! Takes and removes `HostPathSnapshot` copies (`deciding::snapshot`): the node holding the
+//! source volume copies it into its pool root's snapshots directory and says so in the
+//! snapshot's status; once the snapshot is deleted, that node moves the copy to the trash when
+//! no claim still restores from it, then lets the object go.
+//!
+//! The resource is optional: without its CustomResourceDefinition (an install that predates
+//! it), the watch fails, this says so once and keeps trying; nothing else waits for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Resource, ResourceExt};
+
+use crate::deciding::kept_volume::KeptVolume;
+use crate::deciding::snapshot::{self, FINALIZER, HostPathSnapshot, SourceState};
+use crate::deciding::topology::{self, Acting};
+use crate::error::reason;
+use crate::filesystem::{PoolError, Trashed, VolumeDirName};
+use crate::reconciling::context::Context;
+use crate::reconciling::watches;
+
+/// How soon a snapshot waiting for its source, or a deletion waiting for restores, looks again
+/// (neither the source nor the restoring claims wake the snapshot's reconciler).
+const RECHECK: Duration = Duration::from_secs(15);
+
+/// A snapshot could not be taken or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// An API call failed.
+    #[error("Kubernetes API error: {0}")]
+    Api(#[from] kube::Error),
+    /// The pool refused or failed.
+    #[error("{0}")]
+    Pool(#[from] PoolError),
+    /// The source's pool root is not open on this node.
+    #[error("no pool of this node has the root {}", .0.display())]
+    UnknownRoot(std::path::PathBuf),
+    /// The copy's task ended abnormally.
+    #[error("the copy task failed: {0}")]
+    Task(String),
+}
+
+/// Runs the snapshot controller until `shutdown`.
+pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let api = Api::<HostPathSnapshot>::all(ctx.client.clone());
+    let reported = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Only the snapshots this node may act on stay in memory (`deciding::snapshot::keep`).
+    let (store, writer) = reflector::store::<HostPathSnapshot>();
+    let node = ctx.me.node.clone();
+    let events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let keep = |snapshot: &mut HostPathSnapshot| snapshot::keep(snapshot, &node);
+            futures::future::ready(watches::retain(event, keep, |_| {}))
+        })
+        .reflect(writer)
+        .applied_objects();
+    Controller::for_stream(events, store)
+        .with_config(controller::Config::default().concurrency(ctx.config.max_concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(move |result| {
+            let reported = reported.clone();
+            async move {
+                match result {
+                    Err(controller::Error::ObjectNotFound(_)) | Ok(_) => {}
+                    Err(error) if !reported.swap(true, std::sync::atomic::Ordering::Relaxed) => {
+                        tracing::warn!(%error, "cannot watch HostPathSnapshots (is their CustomResourceDefinition installed?); snapshots are off until it is");
+                    }
+                    Err(error) => tracing::debug!(%error, "snapshot controller"),
+                }
+            }
+        })
+        .await;
+}
+
+async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Action, SnapshotError> {
+    let Some(dir_name) = snap.dir_name().map(str::to_owned) else { return Ok(Action::await_change()) };
+    if snap.metadata.deletion_timestamp.is_some() {
+        return remove(&ctx, &snap, &dir_name).await;
+    }
+    if snap.status.as_ref().is_some_and(|s| s.ready_to_use) {
+        return Ok(Action::await_change());
+    }
+    let namespace = snap.namespace().unwrap_or_default();
+    let source_name = snap.spec.source.persistent_volume_claim_name.clone();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let claim = claims.get_opt(&source_name).await?;
+    let pv_name = claim.as_ref().and_then(|c| c.spec.as_ref()?.volume_name.clone()).filter(|n| !n.is_empty());
+    let pv = match pv_name {
+        Some(name) => Api::<KeptVolume>::all(ctx.client.clone()).get_opt(&name).await?,
+        None => None,
+    };
+    let hostname = ctx.my_hostname().await;
+    match snapshot::source_state(&source_name, claim.as_ref(), pv.as_ref(), &ctx.me, &hostname, &ctx.config.pools) {
+        SourceState::Elsewhere(_) => Ok(Action::await_change()),
+        SourceState::Wait(why) => {
+            say_not_ready(&ctx, &snap, why).await?;
+            Ok(Action::requeue(RECHECK))
+        }
+        SourceState::Refuse(why) => {
+            say_not_ready(&ctx, &snap, why).await?;
+            Ok(Action::requeue(RECHECK * 4))
+        }
+        SourceState::Here { root, dir_name: source_dir, marked_for, restore_size } => {
+            let pool = ctx.pools.usable(&root).ok_or_else(|| SnapshotError::UnknownRoot(root.clone()))??;
+            let source = VolumeDirName::new(&source_dir).map_err(PoolError::from)?;
+            let target = VolumeDirName::new(&dir_name).map_err(PoolError::from)?;
+            let node = VolumeDirName::new(&ctx.me.node).map_err(PoolError::from)?;
+            if let Some(pv) = &marked_for {
+                pool.check_marked_for(&source, pv)?;
+            }
+            // A byte copy takes as much room again: it must fit beside the pool's reserve.
+            if !pool.shares_extents() && !pool.has_snapshot(&target)? {
+                let needed = pool.bytes_under(&source_dir)?;
+                let reserve = ctx.config.pools.iter().find(|p| p.root == root).and_then(|p| p.reserve);
+                let room = pool.stats()?.available_bytes.saturating_sub(reserve.unwrap_or(ctx.config.reserved_bytes));
+                if needed > room {
+                    let why = format!(
+                        "a copy of claim {source_name:?} needs {} and pool {} at {} has {} free beyond its reserve",
+                        crate::deciding::capacity::format_size(needed),
+                        pool.name(),
+                        root.display(),
+                        crate::deciding::capacity::format_size(room)
+                    );
+                    say_not_ready(&ctx, &snap, why).await?;
+                    return Ok(Action::requeue(RECHECK * 4));
+                }
+            }
+            // The finalizer and this node's name first: a deletion from now on finds the node
+            // that may hold a copy, even one cut short.
+            hold(&ctx, &snap).await?;
+            let report = tokio::task::spawn_blocking(move || pool.take_snapshot(&source, &target, &node))
+                .await
+                .map_err(|e| SnapshotError::Task(e.to_string()))??;
+            let status = serde_json::json!({ "status": {
+                "readyToUse": true,
+                "node": ctx.me.node,
+                "restoreSize": restore_size,
+                "method": report.method.as_str(),
+                "sizeBytes": report.bytes,
+                "creationTime": now_rfc3339(),
+                "message": null,
+            }});
+            api_of(&ctx, &snap).patch_status(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
+            let note = format!(
+                "copy of claim {source_name:?} taken on node {} ({}, {} of data)",
+                ctx.me.node,
+                report.method.as_str(),
+                crate::deciding::capacity::format_size(report.bytes)
+            );
+            tracing::info!(snapshot = %key(&snap), %note, "snapshot ready");
+            ctx.normal(&snap.object_ref(&()), reason::SNAPSHOT_READY, "Snapshot", note).await;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// Names this node in the status (not ready yet), then adds the finalizer: a finalizer is never
+/// there without the node that removes it, and the copy starts only after both.
+async fn hold(ctx: &Context, snap: &HostPathSnapshot) -> Result<(), SnapshotError> {
+    let api = api_of(ctx, snap);
+    let name = snap.name_any();
+    let status =
+        serde_json::json!({ "status": { "readyToUse": false, "node": ctx.me.node, "message": "being copied" } });
+    let now = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    if !now.finalizers().iter().any(|f| f == FINALIZER) {
+        let mut wanted = now.finalizers().to_vec();
+        wanted.push(FINALIZER.to_owned());
+        // Test-and-set on the list read: a concurrent change of the finalizers is a conflict,
+        // retried, not lost. The API server refuses a new finalizer on an object being deleted.
+        let patch =
+            serde_json::json!({ "metadata": { "finalizers": wanted, "resourceVersion": now.resource_version() } });
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    Ok(())
+}
+
+/// Says why the snapshot is not ready, in its status and an event: the node holding the source
+/// when there is one, else one node for the cluster.
+async fn say_not_ready(ctx: &Context, snap: &HostPathSnapshot, why: String) -> Result<(), SnapshotError> {
+    let uid = snap.metadata.uid.as_deref().unwrap_or_default();
+    let live = ctx.live_nodes().await?;
+    if matches!(topology::spokesman(uid, &ctx.me.node, &live), Acting::Other { .. }) {
+        return Ok(());
+    }
+    if snap.status.as_ref().and_then(|s| s.message.as_deref()) == Some(why.as_str()) {
+        return Ok(());
+    }
+    tracing::info!(snapshot = %key(snap), %why, "snapshot not taken");
+    let status = serde_json::json!({ "status": { "readyToUse": false, "message": why } });
+    api_of(ctx, snap).patch_status(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
+    ctx.warn(&snap.object_ref(&()), reason::SNAPSHOT_FAILED, "Snapshot", why).await;
+    Ok(())
+}
+
+/// A deleted snapshot: the node named in its status moves the copy to the trash once no claim
+/// restores from it, then removes the finalizer.
+async fn remove(ctx: &Context, snap: &HostPathSnapshot, dir_name: &str) -> Result<Action, SnapshotError> {
+    if !snap.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    if snap.status.as_ref().and_then(|s| s.node.as_deref()) != Some(ctx.me.node.as_str()) {
+        return Ok(Action::await_change());
+    }
+    let name = snap.name_any();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &snap.namespace().unwrap_or_default());
+    let restoring: Vec<String> = claims
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter(|claim| snapshot::awaits_restore_of(claim, &name))
+        .map(|claim| claim.name_any())
+        .collect();
+    if !restoring.is_empty() {
+        let note = format!("the copy stays until these claims are restored from it: {}", restoring.join(", "));
+        ctx.warn(&snap.object_ref(&()), reason::SNAPSHOT_DELETE_WAITING, "Delete", note).await;
+        return Ok(Action::requeue(RECHECK));
+    }
+    let target = VolumeDirName::new(dir_name).map_err(PoolError::from)?;
+    for pool_path in &ctx.config.pools {
+        let Some(pool) = ctx.pools.usable(&pool_path.root) else { continue };
+        let pool = pool?;
+        if let Trashed::Moved(entry) = pool.trash_snapshot(&target)? {
+            tracing::info!(snapshot = %key(snap), pool = %pool_path.name, root = %pool_path.root.display(), %entry, "snapshot moved to the trash");
+            ctx.purge.notify_one();
+        }
+    }
+    let wanted: Vec<&String> = snap.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+    let patch = serde_json::json!({ "metadata": { "finalizers": wanted, "resourceVersion": snap.resource_version() } });
+    match api_of(ctx, snap).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(Action::await_change()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Action::await_change()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+fn error_policy(snap: Arc<HostPathSnapshot>, error: &SnapshotError, ctx: Arc<Context>) -> Action {
+    let key = key(&snap);
+    // A write on a copy of the object older than the server's (another writer, or this node's
+    // own status write not in the cache yet): look again at once, nothing to report.
+    if let SnapshotError::Api(kube::Error::Api(status)) = error
+        && status.code == 409
+    {
+        tracing::debug!(snapshot = %key, "conflict; looking again");
+        return Action::requeue(Duration::from_secs(1));
+    }
+    let delay = ctx.next_retry(&key);
+    tracing::warn!(snapshot = %key, %error, retry_in = ?delay, "snapshot failed");
+    let regarding = snap.object_ref(&());
+    let deleting = snap.metadata.deletion_timestamp.is_some();
+    let note = format!("{}: {error}", if deleting { "cannot remove the copy" } else { "cannot take the copy" });
+    let reason = if deleting { reason::SNAPSHOT_DELETE_WAITING } else { reason::SNAPSHOT_FAILED };
+    tokio::spawn(async move { ctx.warn(&regarding, reason, "Snapshot", note).await });
+    Action::requeue(delay)
+}
+
+fn api_of(ctx: &Context, snap: &HostPathSnapshot) -> Api<HostPathSnapshot> {
+    Api::namespaced(ctx.client.clone(), &snap.namespace().unwrap_or_default())
+}
+
+fn key(snap: &HostPathSnapshot) -> String {
+    format!("{}/{}", snap.namespace().unwrap_or_default(), snap.name_any())
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}

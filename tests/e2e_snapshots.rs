@@ -1,0 +1,217 @@
+//! End-to-end: `HostPathSnapshot` (docs/snapshots.md) against a real control plane, on btrfs,
+//! XFS and ext4 pools (loop-mounted): a snapshot of a volume is taken on its node (a reflink
+//! copy on btrfs and XFS, bytes on ext4; a btrfs snapshot of a quota volume), a claim naming it
+//! in `dataSourceRef` gets the files as they were, with their owners and modes; a restore too
+//! small, of a snapshot that does not exist, or of a claim that does not exist, says why; a
+//! deleted snapshot waits for the claims restoring from it, then its copy goes to the trash.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use common::*;
+use hostpath_provisioner::deciding::snapshot::{GROUP, HostPathSnapshot, KIND};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, DeleteParams, PostParams};
+use testbed::fixtures;
+
+const CRD: &str = "hostpathsnapshots.hostpath-provisioner.kubevirt.io";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Installs the CRD as the manifests do (idempotent: the tests of this binary share the control
+/// plane).
+fn install_crd(env: &TestEnv) {
+    let run = |args: &[&str]| env.cp.run_kubectl(&repo(), args).unwrap_or_else(|e| panic!("{e:#}"));
+    run(&["apply", "--server-side", "-f", "deploy/snapshots/crd.yaml"]);
+    run(&["wait", "--for=condition=Established", "--timeout=60s", &format!("crd/{CRD}")]);
+}
+
+fn host_path(pv: &PersistentVolume) -> PathBuf {
+    PathBuf::from(pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.clone()).expect("hostPath"))
+}
+
+fn snapshots(env: &TestEnv) -> Api<HostPathSnapshot> {
+    Api::namespaced(env.client.clone(), &env.ns)
+}
+
+async fn take(env: &TestEnv, name: &str, source: &str) -> HostPathSnapshot {
+    snapshots(env).create(&PostParams::default(), &HostPathSnapshot::new(name, source)).await.expect("create snapshot")
+}
+
+async fn wait_ready(env: &TestEnv, name: &str) -> HostPathSnapshot {
+    testbed::wait_for(&format!("snapshot {name} ready"), TIMEOUT, || async {
+        let snapshot = snapshots(env).get(name).await?;
+        anyhow::Ok(snapshot.status.as_ref().is_some_and(|s| s.ready_to_use).then_some(snapshot))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()))
+}
+
+fn restoring(env: &TestEnv, name: &str, class: &str, size: &str, snapshot: &str, node: &str) -> fixtures::ClaimBuilder {
+    fixtures::claim(&env.ns, name, class, size).provision_on_node(node).data_source_ref(GROUP, KIND, snapshot)
+}
+
+/// What a volume holds, for comparing a restore with its source: each entry's path, type,
+/// owner, mode and content (or link target).
+fn listing(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        entries.sort();
+        for path in entries {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let what = if meta.file_type().is_symlink() {
+                format!("-> {}", std::fs::read_link(&path).unwrap().display())
+            } else if meta.is_dir() {
+                stack.push(path.clone());
+                "dir".into()
+            } else {
+                String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned()
+            };
+            let relative = path.strip_prefix(root).unwrap().display();
+            out.push(format!("{relative} {}:{} {:o} {what}", meta.uid(), meta.gid(), meta.mode() & 0o7777));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Files with owners, modes, a subdirectory and a symlink.
+fn fill(dir: &Path) {
+    std::fs::write(dir.join("data"), b"before").unwrap();
+    std::fs::create_dir(dir.join("private")).unwrap();
+    std::fs::write(dir.join("private/key"), b"secret").unwrap();
+    std::os::unix::fs::chown(dir.join("private"), Some(1234), Some(5678)).unwrap();
+    std::os::unix::fs::chown(dir.join("private/key"), Some(1234), Some(5678)).unwrap();
+    std::fs::set_permissions(dir.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(dir.join("private/key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink("private/key", dir.join("link")).unwrap();
+}
+
+/// One filesystem: snapshot, change the source, restore, compare; then the refusals and the
+/// deletion. `mount` makes the pool's filesystem; `method` is what the copy must be.
+async fn snapshot_and_restore_on(fs: &str, mount: impl Fn(&Path) -> LoopFs, method: &str) {
+    let mut env = TestEnv::start(&format!("snap-{fs}"), 0).await;
+    install_crd(&env);
+    let node = format!("{}-n", env.group);
+    let disk = mount(&testbed::pool_root_for(env.cp, &node));
+    env.add_node(&node, &|spec| spec).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+
+    env.create_claim(fixtures::claim(&env.ns, "data", &class, "8Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("data").await);
+    fill(&source);
+    let before = listing(&source);
+
+    take(&env, "before-upgrade", "data").await;
+    let snapshot = wait_ready(&env, "before-upgrade").await;
+    let status = snapshot.status.clone().unwrap();
+    assert_eq!(status.node.as_deref(), Some(node.as_str()));
+    assert_eq!(status.method.as_deref(), Some(method), "{fs}");
+    assert_eq!(status.restore_size.as_deref(), Some("8Mi"));
+    let snapshot_uid = snapshot.metadata.uid.clone().unwrap();
+    let copy = disk.dir.join(".hpp-snapshots").join(&snapshot_uid);
+    assert!(copy.is_dir(), "the copy sits in the pool's snapshots directory");
+    // The source changes after the snapshot: the restore has it as it was.
+    std::fs::write(source.join("data"), b"after").unwrap();
+
+    env.create_claim(restoring(&env, "restored", &class, "8Mi", "before-upgrade", &node)).await;
+    let restored = host_path(&env.wait_bound("restored").await);
+    assert_eq!(listing(&restored), before, "{fs}: the files, owners and modes of the snapshot");
+
+    // Refusals, each with what to change.
+    let small = env.create_claim(restoring(&env, "small", &class, "1Mi", "before-upgrade", &node)).await;
+    let note = env.wait_event(&env.ns, &uid(&small), "ProvisioningFailed").await;
+    assert!(note.contains("at least"), "{note}");
+    let missing = env.create_claim(restoring(&env, "missing", &class, "8Mi", "no-such-snapshot", &node)).await;
+    let note = env.wait_event(&env.ns, &uid(&missing), "CloneSourceNotReady").await;
+    assert!(note.contains("does not exist"), "{note}");
+    let orphan = take(&env, "of-nothing", "no-such-claim").await;
+    let note = env.wait_event(&env.ns, orphan.metadata.uid.as_deref().unwrap(), "SnapshotFailed").await;
+    assert!(note.contains("no-such-claim"), "{note}");
+
+    // Deleted while a claim waits to be restored from it: the copy stays for it (a pending
+    // claim naming it counts, whatever keeps it pending: the event names them).
+    env.delete_claim("small").await;
+    env.create_claim(restoring(&env, "later", &class, "8Mi", "before-upgrade", "no-such-node")).await;
+    snapshots(&env).delete("before-upgrade", &DeleteParams::default()).await.expect("delete snapshot");
+    let note = env.wait_event(&env.ns, &snapshot_uid, "SnapshotDeleteWaiting").await;
+    assert!(note.contains("later") && !note.contains("small"), "{note}");
+    assert!(copy.is_dir());
+    env.delete_claim("later").await;
+    testbed::wait_for("snapshot gone", TIMEOUT, || async {
+        anyhow::Ok(snapshots(&env).get_opt("before-upgrade").await?.is_none().then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    assert!(!copy.exists(), "the copy left for the trash");
+    assert_eq!(listing(&restored), before, "the restored volume is its own");
+    for node in &mut env.nodes {
+        node.provisioner.terminate();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_btrfs_a_snapshot_is_a_reflink_copy_and_restores_as_it_was() {
+    snapshot_and_restore_on("btrfs", |dir| LoopFs::mount_btrfs(dir, 160), "reflink").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_xfs_a_snapshot_is_a_reflink_copy_and_restores_as_it_was() {
+    snapshot_and_restore_on("xfs", LoopFs::mount_xfs, "reflink").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_ext4_a_snapshot_is_a_byte_copy_and_restores_as_it_was() {
+    snapshot_and_restore_on("ext4", |dir| LoopFs::mount(dir, 64, None), "bytes").await;
+}
+
+/// On btrfs with quota, a `quota: enforce` volume is a subvolume: its snapshot is a btrfs
+/// snapshot, and a claim of the same class restored from it is limited to its own request.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_btrfs_with_quota_a_snapshot_is_a_subvolume_snapshot_and_its_restore_is_limited() {
+    let mut env = TestEnv::start("snap-qgroup", 0).await;
+    install_crd(&env);
+    let node = format!("{}-n", env.group);
+    let disk = LoopFs::mount_btrfs(&testbed::pool_root_for(env.cp, &node), 256);
+    hostpath_provisioner::filesystem::PoolRoot::open("legacy", &disk.dir)
+        .expect("open pool")
+        .enable_btrfs_quota()
+        .expect("enable quota");
+    env.add_node(&node, &|spec| spec).await;
+    let class = env.class("enforced", |c| c.immediate().parameter("quota", "enforce")).await;
+    env.create_claim(fixtures::claim(&env.ns, "data", &class, "8Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("data").await);
+    fill(&source);
+    let before = listing(&source);
+
+    take(&env, "snap", "data").await;
+    let status = wait_ready(&env, "snap").await.status.unwrap();
+    assert_eq!(status.method.as_deref(), Some("snapshot"));
+
+    env.create_claim(restoring(&env, "restored", &class, "16Mi", "snap", &node)).await;
+    let restored = host_path(&env.wait_bound("restored").await);
+    assert_eq!(listing(&restored), before);
+    // Limited to its request: writing 64 MiB stops near 16 MiB.
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut written = 0u64;
+    {
+        use std::io::Write;
+        let mut file = std::fs::File::create(restored.join("fill")).unwrap();
+        while written < 64 << 20 {
+            if file.write_all(&chunk).and_then(|()| file.sync_data()).is_err() {
+                break;
+            }
+            written += 1 << 20;
+        }
+    }
+    assert!(written < 20 << 20, "the restore's limit holds: {written} bytes written");
+    for node in &mut env.nodes {
+        node.provisioner.terminate();
+    }
+}
