@@ -326,18 +326,20 @@ async fn a_burst_on_a_shared_pool_planned_by_three_nodes_at_once_never_promises_
         "the burst must reach the limit: {} bound, {refused} refused",
         bound.len()
     );
-    // More than one node made volumes: the burst was planned across nodes, not by one.
+    // More than one node planned: the burst was planned across nodes, not by one. Which nodes
+    // won the room is a race (one node may make every volume that fits), so a node's refusal
+    // counts as well as its volume.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), &env.ns);
-    let makers: std::collections::BTreeSet<String> = events
+    let planners: std::collections::BTreeSet<String> = events
         .list(&ListParams::default())
         .await
         .unwrap()
         .items
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("ProvisioningSucceeded"))
+        .filter(|e| matches!(e.reason.as_deref(), Some("ProvisioningSucceeded" | "ProvisioningFailed")))
         .filter_map(|e| e.reporting_instance)
         .collect();
-    assert!(makers.len() > 1, "volumes made by {makers:?} only");
+    assert!(planners.len() > 1, "claims planned by {planners:?} only");
     // Every promise was settled once its volume was made or refused: the record is empty.
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(env.client.clone(), "default");
     let pool_key = hostpath_provisioner::deciding::topology::PoolKey::new("nfs", &disk.dir.to_string_lossy());

@@ -151,8 +151,10 @@ async fn snapshot_and_restore_on(fs: &str, mount: impl Fn(&Path) -> LoopFs, meth
     .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
     assert!(!copy.exists(), "the copy left for the trash");
     assert_eq!(listing(&restored), before, "the restored volume is its own");
+    // A clean shutdown with the snapshot watch running ends in time (SIGKILL would show here).
     for node in &mut env.nodes {
-        node.provisioner.terminate();
+        let status = node.provisioner.terminate();
+        assert!(status.is_some_and(|s| s.success()), "{status:?}");
     }
 }
 
@@ -211,7 +213,9 @@ async fn on_btrfs_with_quota_a_snapshot_is_a_subvolume_snapshot_and_its_restore_
         }
     }
     assert!(written < 20 << 20, "the restore's limit holds: {written} bytes written");
+    // A clean shutdown with the snapshot watch running ends in time (SIGKILL would show here).
     for node in &mut env.nodes {
-        node.provisioner.terminate();
+        let status = node.provisioner.terminate();
+        assert!(status.is_some_and(|s| s.success()), "{status:?}");
     }
 }

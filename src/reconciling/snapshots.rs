@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
@@ -46,7 +46,7 @@ pub enum SnapshotError {
 }
 
 /// Runs the snapshot controller until `shutdown`.
-pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Clone + Send + Sync + 'static) {
     let api = Api::<HostPathSnapshot>::all(ctx.client.clone());
     let reported = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Only the snapshots this node may act on stay in memory (`deciding::snapshot::keep`).
@@ -60,9 +60,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         })
         .reflect(writer)
         .applied_objects();
-    Controller::for_stream(events, store)
+    let listed = store.clone();
+    let controller = Controller::for_stream(events, store)
         .with_config(controller::Config::default().concurrency(ctx.config.max_concurrency))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, ctx)
         .for_each(move |result| {
             let reported = reported.clone();
@@ -75,8 +76,19 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                     Err(error) => tracing::debug!(%error, "snapshot controller"),
                 }
             }
-        })
-        .await;
+        });
+    tokio::pin!(controller);
+    tokio::select! {
+        () = &mut controller => {}
+        () = shutdown => {
+            // Reconciles start only once the store holds the first list. Without it (no CRD)
+            // none is in flight, and the controller would wait for that list for ever instead
+            // of ending; with it, the copies in flight finish first.
+            if listed.wait_until_ready().now_or_never().is_some() {
+                controller.await;
+            }
+        }
+    }
 }
 
 async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Action, SnapshotError> {
