@@ -3,8 +3,10 @@
 //! snapshot's status; once the snapshot is deleted, that node moves the copy to the trash when
 //! no claim still restores from it, then lets the object go.
 //!
-//! The resource is optional: without its CustomResourceDefinition (an install that predates
-//! it), the watch fails, this says so once and keeps trying; nothing else waits for it.
+//! The resource is optional: without its CustomResourceDefinition when the provisioner starts
+//! (an install that predates it), snapshots stay off until the next start, and it says so once.
+//! Looking again would cost requests at rest, for ever, on every node of a cluster that does
+//! not want snapshots.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,8 +47,36 @@ pub enum SnapshotError {
     Task(String),
 }
 
+/// Whether the API server serves `HostPathSnapshot`s: asked once at start (discovery, which
+/// every authenticated client may read), retried on errors for about a minute.
+async fn served(ctx: &Context) -> bool {
+    use backon::Retryable;
+    let version = format!("{}/{}", snapshot::GROUP, snapshot::VERSION);
+    let backoff = backon::ExponentialBuilder::default().with_max_delay(Duration::from_secs(16)).with_max_times(6);
+    let asked = (|| ctx.client.list_api_group_resources(&version))
+        .retry(backoff)
+        .when(|error| !matches!(error, kube::Error::Api(status) if status.code == 404))
+        .await;
+    match asked {
+        Ok(list) if list.resources.iter().any(|r| r.name == snapshot::PLURAL) => true,
+        Ok(_) | Err(kube::Error::Api(_)) => {
+            tracing::info!(
+                "the HostPathSnapshot CustomResourceDefinition is not installed: snapshots are off until the provisioner restarts with it (docs/snapshots.md)"
+            );
+            false
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot tell whether HostPathSnapshots are installed: snapshots are off until the provisioner restarts");
+            false
+        }
+    }
+}
+
 /// Runs the snapshot controller until `shutdown`.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Clone + Send + Sync + 'static) {
+    if !served(&ctx).await {
+        return;
+    }
     let api = Api::<HostPathSnapshot>::all(ctx.client.clone());
     let reported = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Only the snapshots this node may act on stay in memory (`deciding::snapshot::keep`).
