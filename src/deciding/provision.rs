@@ -483,6 +483,16 @@ fn unplaced_clone(facts: &ClaimFacts<'_>, source: SourceFacts<'_>) -> CloneStep 
             });
         }
     }
+    match decide_pinned_here(facts) {
+        Decision::Provision(plan) => placed_clone(facts, source, *plan, Placement::Unplaced),
+        other => CloneStep::Go(other, None),
+    }
+}
+
+/// The claim decision for an Immediate claim as if it were pinned to this node: a copy (a clone,
+/// a restore) is made where its source is, so this is no placement by the user and the
+/// provisionOnNode policy does not apply.
+fn decide_pinned_here(facts: &ClaimFacts<'_>) -> Decision {
     let mut pinned = facts.claim.clone();
     pinned
         .metadata
@@ -490,10 +500,7 @@ fn unplaced_clone(facts: &ClaimFacts<'_>, source: SourceFacts<'_>) -> CloneStep 
         .get_or_insert_with(Default::default)
         .insert(keys::PROVISION_ON_NODE.into(), facts.me.node.clone());
     let config = DecisionConfig { provision_on_node: ProvisionOnNodePolicy::Allow, ..facts.config.clone() };
-    match decide_claim(&pinned, facts.class, facts.me, &config, facts.live) {
-        Decision::Provision(plan) => placed_clone(facts, source, *plan, Placement::Unplaced),
-        other => CloneStep::Go(other, None),
-    }
+    decide_claim(&pinned, facts.class, facts.me, &config, facts.live)
 }
 
 /// Why an Immediate clone without a source PV waits.

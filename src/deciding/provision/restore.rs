@@ -34,19 +34,10 @@ pub(super) fn restore_step(facts: &ClaimFacts<'_>, restore: RestoreFacts<'_>, de
         Decision::Provision(plan) => *plan,
         // Immediate and unplaced: the snapshot's node makes it, as if the claim were pinned
         // there (the copy cannot be anywhere else; no placement by the user).
-        Decision::ExplainImmediate if node == facts.me.node => {
-            let mut pinned = facts.claim.clone();
-            pinned
-                .metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(keys::PROVISION_ON_NODE.into(), facts.me.node.clone());
-            let config = DecisionConfig { provision_on_node: ProvisionOnNodePolicy::Allow, ..facts.config.clone() };
-            match decide_claim(&pinned, facts.class, facts.me, &config, facts.live) {
-                Decision::Provision(plan) => return restore_here(facts, restore, *plan, dir_name, method.as_deref()),
-                other => return CloneStep::Go(other, None),
-            }
-        }
+        Decision::ExplainImmediate if node == facts.me.node => match decide_pinned_here(facts) {
+            Decision::Provision(plan) => return restore_here(facts, restore, *plan, dir_name, method.as_deref()),
+            other => return CloneStep::Go(other, None),
+        },
         Decision::ExplainImmediate => return CloneStep::Done(ClaimPlan::Idle(SkipReason::OtherNode)),
         other => return CloneStep::Go(other, None),
     };

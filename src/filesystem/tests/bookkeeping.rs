@@ -12,15 +12,15 @@ fn pv() -> String {
     format!("pvc-{UID}")
 }
 
-/// `outside/precious` with a file in it: what an attack would like removed.
-fn precious(f: &Fixture) -> PathBuf {
+/// `outside/precious` with a file in it: what an attack would like removed (or copied).
+pub(super) fn precious(f: &Fixture) -> PathBuf {
     let dir = f.outside().join("precious");
     fs::create_dir_all(dir.join("sub")).expect("mkdir precious");
     fs::write(dir.join("sub/file"), b"keep").expect("write precious");
     dir
 }
 
-fn intact(dir: &Path) -> bool {
+pub(super) fn intact(dir: &Path) -> bool {
     fs::read(dir.join("sub/file")).is_ok_and(|d| d == b"keep")
 }
 

@@ -3,21 +3,10 @@
 //! snapshots directory or of a copy moves, removes or copies nothing outside.
 
 use super::*;
+use crate::filesystem::tests::bookkeeping::{intact, precious};
 use crate::filesystem::{SNAPSHOTS_DIR, TRASH_DIR, Trashed};
 
 const SNAPSHOT: &str = "5a5a5a5a-1111-2222-3333-444444444444";
-
-/// `outside/precious` with a file in it: what an attack would like copied or removed.
-fn precious(f: &Fixture) -> PathBuf {
-    let dir = f.outside().join("precious");
-    fs::create_dir_all(dir.join("sub")).expect("mkdir precious");
-    fs::write(dir.join("sub/file"), b"keep").expect("write precious");
-    dir
-}
-
-fn intact(dir: &Path) -> bool {
-    fs::read(dir.join("sub/file")).is_ok_and(|d| d == b"keep")
-}
 
 /// A volume `pvc-src` holding a file.
 fn source(f: &Fixture) {
