@@ -13,6 +13,9 @@
 #                                           (Dockerfile.controller: /hostpath-provisioner)
 #   csi-provisioner                         external-provisioner from the Go module proxy
 #   csi-node-driver-registrar, livenessprobe  only when their source archives are given (below)
+#   kubevirt-sidecars                       stand-ins for those two when they are not given,
+#                                           from tests/kubevirt-sidecars (Go modules from the
+#                                           proxy), in sidecar-standins/<hash of its source>/
 #
 # and images.tsv beside bin/: each binary's source, its path in the upstream image, how the
 # operator starts it, and the operator Deployment's env var that names its image.
@@ -33,7 +36,8 @@
 # from their vendor/, only from source archives with the pinned sha256 below, each the upstream
 # tag as `git archive --format=tar.gz --prefix=NAME/ TAG` (git 2.39) makes it: the versions the
 # operator names (NODE_DRIVER_REG_IMAGE v2.2.0, LIVENESS_PROBE_IMAGE v2.3.0). Without them the
-# rest is built and a warning says what is missing; a later run with them adds them. The
+# rest is built, with the stand-ins of tests/kubevirt-sidecars in their place (the real-node
+# lane's images copy that one program under both names); a later run with them adds them. The
 # snapshotter (CSI_SNAPSHOT_IMAGE) runs only under the CR's Snapshotting feature gate: not built.
 #
 # Everything is cached outside the repository under a key made of the pinned hashes and
@@ -59,6 +63,11 @@ KEY="$(printf '%s\n' "recipe $RECIPE" "operator $OPERATOR_SHA256" "legacy $LEGAC
   "node-driver-registrar $REGISTRAR_VERSION $REGISTRAR_SHA256" \
   "livenessprobe $LIVENESS_VERSION $LIVENESS_SHA256" | sha256sum | cut -c1-16)"
 OUT="$CACHE_ROOT/kubevirt-csi/$KEY"
+# The stand-ins change with their own source only, so they sit in a directory of their own:
+# changing them never rebuilds the rest.
+STANDIN_SRC="$HACK/../tests/kubevirt-sidecars"
+STANDIN_KEY="$(cat "$STANDIN_SRC/go.mod" "$STANDIN_SRC/go.sum" "$STANDIN_SRC/main.go" | sha256sum | cut -c1-16)"
+STANDIN="$OUT/sidecar-standins/$STANDIN_KEY/kubevirt-sidecars"
 
 log() { printf '[kubevirt-csi] %s\n' "$*" >&2; }
 die() { printf '[kubevirt-csi] error: %s\n' "$*" >&2; exit 1; }
@@ -75,7 +84,7 @@ missing() { # the wanted binaries not yet in $OUT/bin
   for name in "${wanted[@]}"; do [ -x "$OUT/bin/$name" ] || printf '%s\n' "$name"; done
 }
 
-if [ -f "$OUT/images.tsv" ] && [ -z "$(missing)" ]; then
+if [ -f "$OUT/images.tsv" ] && [ -z "$(missing)" ] && [ -x "$STANDIN" ]; then
   log "kubevirt operator and CSI binaries (key $KEY) cached"
   echo "$OUT"
   exit 0
@@ -174,6 +183,17 @@ if [ -n "$liveness_archive" ] && need livenessprobe; then
   build_sidecar livenessprobe HPP_LIVENESSPROBE_ARCHIVE "$liveness_archive" "$LIVENESS_SHA256" "$LIVENESS_VERSION"
 fi
 
+# The stand-ins (see tests/kubevirt-sidecars/main.go), built whatever archives are given: the
+# lane uses them for what is missing.
+if [ ! -x "$STANDIN" ]; then
+  log "compiling the sidecar stand-ins of tests/kubevirt-sidecars (their modules come from the proxy)"
+  mkdir -p "$(dirname "$STANDIN")"
+  (cd "$STANDIN_SRC" && GOFLAGS="-mod=readonly -buildvcs=false" go build -o "$work/bin/kubevirt-sidecars" . >&2) \
+    || die "go build of tests/kubevirt-sidecars failed"
+  mv "$work/bin/kubevirt-sidecars" "$STANDIN"
+  log "kubevirt-sidecars: $(du -h "$STANDIN" | cut -f1)"
+fi
+
 # What each binary is, where its upstream image puts it, how the operator starts it, and which
 # env var of the operator's Deployment (deploy/operator.yaml) names its image.
 {
@@ -200,16 +220,16 @@ fi
     "CSI_SIG_STORAGE_PROVISIONER_IMAGE (registry.k8s.io/sig-storage/csi-provisioner:v3.4.1)"
   row csi-node-driver-registrar "node-driver-registrar@$REGISTRAR_VERSION ./cmd/csi-node-driver-registrar" /csi-node-driver-registrar \
     "ENTRYPOINT /csi-node-driver-registrar; args --v=N --csi-address=/csi/csi.sock --kubelet-registration-path=/var/lib/kubelet/plugins/csi-hostpath/csi.sock" \
-    "NODE_DRIVER_REG_IMAGE (registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.2.0)" "set HPP_NODE_DRIVER_REGISTRAR_ARCHIVE"
+    "NODE_DRIVER_REG_IMAGE (registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.2.0)" "set HPP_NODE_DRIVER_REGISTRAR_ARCHIVE (the stand-in in sidecar-standins/ is used)"
   row livenessprobe "livenessprobe@$LIVENESS_VERSION ./cmd/livenessprobe" /livenessprobe \
     "ENTRYPOINT /livenessprobe; args --csi-address=/csi/csi.sock --health-port=9898" \
-    "LIVENESS_PROBE_IMAGE (registry.k8s.io/sig-storage/livenessprobe:v2.3.0)" "set HPP_LIVENESSPROBE_ARCHIVE"
+    "LIVENESS_PROBE_IMAGE (registry.k8s.io/sig-storage/livenessprobe:v2.3.0)" "set HPP_LIVENESSPROBE_ARCHIVE (the stand-in in sidecar-standins/ is used)"
 } >"$work/images.tsv"
 mv "$work/images.tsv" "$OUT/images.tsv"
 rm -rf "$work"
 
 for name in csi-node-driver-registrar livenessprobe; do
-  [ -x "$OUT/bin/$name" ] || log "warning: $name not built (the module proxy serves it in no version): give its source archive, see this script's header"
+  [ -x "$OUT/bin/$name" ] || log "$name not built (the module proxy serves it in no version): its stand-in will be used; give its source archive for the real one (this script's header)"
 done
 log "done in $((SECONDS - start)) s"
 echo "$OUT"

@@ -620,6 +620,7 @@ fn old_controller_name(name: &str) -> &str {
         "persistentvolumeclaim-protection-controller" => "pvc-protection",
         "root-ca-certificate-publisher-controller" => "root-ca-cert-publisher",
         "garbage-collector-controller" => "garbagecollector",
+        "endpoints-controller" => "endpoint",
         other => other.strip_suffix("-controller").unwrap_or(other),
     }
 }
@@ -720,6 +721,11 @@ impl Layout<'_> {
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
         ];
+        if real_nodes {
+            // No kube-proxy runs here: an admission webhook's Service (the kubevirt operator's)
+            // is reached at its pod's address, which the host routes to, not its cluster IP.
+            args.push("--enable-aggregator-routing=true".into());
+        }
         args.extend(self.options.extra_apiserver_args.iter().cloned());
         self.spec("kube-apiserver", args)
     }
@@ -752,6 +758,8 @@ impl Layout<'_> {
             // A StatefulSet that comes back on another node when its node leaves, with a new
             // claim the controller makes for its pending pod.
             controllers.push("statefulset-controller");
+            // The Endpoints of a webhook's Service, which the API server dials (below).
+            controllers.push("endpoints-controller");
         }
         let controllers: Vec<&str> = if self.minor >= 28 {
             controllers

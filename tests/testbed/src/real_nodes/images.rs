@@ -49,6 +49,8 @@ pub struct OciImage {
     pub name: String,
     pub entrypoint: Vec<String>,
     pub entries: Vec<Entry>,
+    /// The image's `USER` (`None`: root), for images whose pods say `runAsNonRoot`.
+    pub user: Option<String>,
 }
 
 /// A platform of the provisioner's image: Linux on this CPU architecture (OCI names).
@@ -191,7 +193,7 @@ impl OciImage {
     fn platform_manifest(&self, arch: Arch) -> Result<PlatformManifest> {
         let layer = self.layer()?;
         let layer_digest = sha256(&layer);
-        let config = serde_json::to_vec(&json!({
+        let mut config = json!({
             "architecture": arch.oci_name(),
             "os": "linux",
             "config": {
@@ -199,7 +201,11 @@ impl OciImage {
                 "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
             },
             "rootfs": { "type": "layers", "diff_ids": [layer_digest] },
-        }))?;
+        });
+        if let Some(user) = &self.user {
+            config["config"]["User"] = json!(user);
+        }
+        let config = serde_json::to_vec(&config)?;
         let config_digest = sha256(&config);
         let manifest = serde_json::to_vec(&json!({
             "schemaVersion": 2,
@@ -379,6 +385,7 @@ int main(void) {
         name: PAUSE_IMAGE.to_string(),
         entrypoint: vec!["/pause".to_string()],
         entries: vec![Entry::File { path: "/pause".into(), source: binary, mode: 0o755 }],
+        user: None,
     })
 }
 
@@ -408,7 +415,7 @@ pub fn busybox_image() -> Result<OciImage> {
     for (dir, mode) in [("/tmp", 0o1777), ("/etc", 0o755), ("/proc", 0o755), ("/sys", 0o755), ("/dev", 0o755)] {
         entries.push(Entry::Dir { path: dir.into(), mode });
     }
-    Ok(OciImage { name: BUSYBOX_IMAGE.to_string(), entrypoint: vec!["/bin/sh".into()], entries })
+    Ok(OciImage { name: BUSYBOX_IMAGE.to_string(), entrypoint: vec!["/bin/sh".into()], entries, user: None })
 }
 
 /// The provisioner's image: its static binary as `/hostpath-provisioner`, nothing else (it
@@ -419,6 +426,7 @@ pub fn provisioner_image(binary: &Path, name: &str) -> OciImage {
         name: normalize_reference(name),
         entrypoint: vec!["/hostpath-provisioner".into()],
         entries: vec![Entry::File { path: "/hostpath-provisioner".into(), source: binary.to_path_buf(), mode: 0o755 }],
+        user: None,
     }
 }
 
@@ -779,6 +787,7 @@ mod tests {
             name: "localhost/t:1".into(),
             entrypoint: vec!["/f".into()],
             entries: vec![Entry::File { path: "/f".into(), source: file, mode: 0o755 }],
+            user: None,
         };
         let a = image.write(&dir.join("a.tar")).unwrap();
         let b = image.write(&dir.join("b.tar")).unwrap();

@@ -26,6 +26,7 @@
 
 pub mod host;
 pub mod images;
+pub mod kubevirt;
 mod node;
 pub mod second_node;
 mod workloads;

@@ -76,8 +76,16 @@ impl NodeLayout {
     pub fn pod_logs(&self) -> PathBuf {
         self.dir.join("pod-logs")
     }
+    /// The kubelet's `--root-dir`. A node in namespaces of its own (the second node) has a
+    /// private `/var/lib/kubelet` and uses it, as kubelets do by default: CSI drivers deployed
+    /// from their upstream manifests (the kubevirt one) find the kubelet's sockets and pod
+    /// directories only there. The host node keeps a directory of the lane's own, so the lane
+    /// never writes into the host's `/var/lib/kubelet`.
     pub fn kubelet_root(&self) -> PathBuf {
-        self.dir.join("kubelet")
+        match self.namespaces {
+            Some(_) => PathBuf::from("/var/lib/kubelet"),
+            None => self.dir.join("kubelet"),
+        }
     }
     pub fn containerd_log(&self) -> PathBuf {
         self.dir.join("containerd.log")

@@ -99,6 +99,10 @@ pub fn create(
         fs::create_dir_all(path).with_context(|| format!("creating {path}"))?;
         script.push_str(&format!("mount --bind {} {}\n", quote(&own), quote(Path::new(path))));
     }
+    // The kubelet's root (see `NodeLayout::kubelet_root`) shared, as on a real node: a CSI
+    // driver's containers mount the pods' directory Bidirectional, which containerd refuses
+    // on a private mount.
+    script.push_str("mount --make-shared /var/lib/kubelet\n");
     for pool in local_pools {
         let own = own_pool_dir(lane_dir, pool);
         fs::create_dir_all(&own)?;
