@@ -6,7 +6,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build release control-plane promtool deploy-tools manifests image test test-more-arches test-oldest-k8s lint unit e2e demo demo-operator bench bench-vs-go fmt clean-cache
+.PHONY: all build release control-plane promtool deploy-tools manifests image test test-more-arches test-kubevirt-migration test-oldest-k8s lint unit e2e demo demo-operator bench bench-vs-go fmt clean-cache
 
 all: build
 
@@ -82,6 +82,15 @@ MORE_ARCHES_ENV := HPP_MORE_ARCHES=1 HPP_ARM64_PROFILE=$${HPP_ARM64_PROFILE:-dev
 test-more-arches: control-plane
 	$(MORE_ARCHES_ENV) $(CARGO) run -q -p testbed --bin image -- --platform $(MORE_ARCHES_PLATFORMS) --out target/image/hostpath-provisioner-all-platforms.oci.tar
 	$(MORE_ARCHES_ENV) $(CARGO) test --test e2e_foreign_arches -- ppc64le_ s390x_
+
+# A kubevirt hostpath-provisioner-operator cluster moved to this operator and back on the
+# real-node lane (tests/real_nodes/kubevirt_migration.rs), apart from `make test` like the
+# arches above: building the kubevirt operator, its CSI driver and the CSI sidecars from source
+# (hack/build-kubevirt-csi.sh, cached) costs about 13 minutes on 2 cores cold. Needs the kubevirt
+# source archives (HPP_KUBEVIRT_OPERATOR_ARCHIVE, HPP_GO_LEGACY_ARCHIVE; .ci/run finds them) and
+# the Go module proxy for csi-provisioner and the sidecar stand-ins.
+test-kubevirt-migration: control-plane
+	HPP_KUBEVIRT_MIGRATION=1 $(CARGO) test --test e2e_real_nodes -- kubevirt_operator_cluster
 
 # The oldest Kubernetes the project supports (Chart.yaml's kubeVersion, README "Install"): the
 # end-to-end tests whose APIs differ by version also run against its control plane, built on

@@ -78,6 +78,9 @@ use snapshots::a_snapshot_of_a_volume_a_pod_wrote_restores_the_files_as_they_wer
 #[path = "real_nodes/swap.rs"]
 mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes;
+#[path = "real_nodes/kubevirt_migration.rs"]
+mod kubevirt_migration;
+use kubevirt_migration::a_kubevirt_operator_cluster_moves_to_this_operator_and_back_with_its_volumes_two_nodes;
 
 /// Set to 1 by `make test`, which runs this lane at the same time as the rest of the suite, in
 /// a `cargo test` of its own: the suite's run of this binary then does nothing.
@@ -136,6 +139,9 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_statefulset_whose_node_is_removed_comes_back_on_the_other_node_with_a_new_volume_two_nodes,
         // Last: it replaces the DaemonSet twice, on both nodes.
         a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes,
+        // `make test-kubevirt-migration` only (it says so here): the kubevirt install replaces
+        // the DaemonSet on the second node.
+        a_kubevirt_operator_cluster_moves_to_this_operator_and_back_with_its_volumes_two_nodes,
     ];
     let selected: Vec<_> =
         scenarios.iter().filter(|(name, _)| filter.as_deref().is_none_or(|f| name.contains(f))).collect();

@@ -96,12 +96,27 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     assert!(shell.get(&daemonset).is_none() && shell.get(&operator_deployment).is_none());
     let name = resource[1];
     shell.run_with(
-        &docs.command("docs/operator.md", going_back, "kubectl patch hostpathprovisioner"),
+        &docs.command("docs/operator.md", going_back, "kubectl patch hostpathprovisioner <name> --type"),
         &[("<name>", name)],
     );
     let after = shell.must_get(&resource);
     assert!(after["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty), "{after}");
-    shell.run(&docs.command("docs/operator.md", going_back, "kubectl apply --server-side --force-conflicts -n"));
+    // The versions this operator wrote go too: the kubevirt operator would refuse a resource
+    // whose observedVersion is above its own.
+    assert!(after["status"]["operatorVersion"].is_string(), "this operator wrote its version: {after}");
+    shell.run_with(
+        &docs.command("docs/operator.md", going_back, "kubectl patch hostpathprovisioner <name> --subresource"),
+        &[("<name>", name)],
+    );
+    let after = shell.must_get(&resource);
+    for field in ["observedVersion", "operatorVersion", "targetVersion"] {
+        assert!(after["status"].get(field).is_none(), "{field} removed: {after}");
+    }
+    shell.run(&docs.command(
+        "docs/operator.md",
+        going_back,
+        "kubectl apply --server-side --force-conflicts -n hostpath-provisioner -f operator.yaml",
+    ));
     let back = shell.must_get(&operator_deployment);
     assert_eq!(back["spec"]["selector"], theirs["spec"]["selector"], "the kubevirt operator's Deployment");
     assert_eq!(container(&back)["image"], container(&theirs)["image"]);

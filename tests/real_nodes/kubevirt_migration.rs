@@ -1,0 +1,441 @@
+//! A cluster of the kubevirt hostpath-provisioner-operator, as most KubeVirt clusters run it,
+//! moved to this project's operator by the steps of docs/operator.md ("Coming from the kubevirt
+//! operator"), read from the doc and run as written, then back by its "Going back" steps.
+//!
+//! The kubevirt install runs for real on the second node (`testbed::real_nodes::kubevirt` says
+//! how it is built and what the lane changes in it): its operator in a pod, with its webhook;
+//! its legacy provisioner and its CSI driver with the CSI sidecars as DaemonSets, on the storage
+//! node the resource selects. Pods write into a legacy volume and a CSI volume; then, through
+//! the move and back: every pod keeps running with its data, a CSI volume still mounts when its
+//! pod is made again, each class a user had gets new volumes, each side reclaims the other's
+//! legacy volumes, and the resource can be deleted at the end.
+//!
+//! Run by `make test-kubevirt-migration` (`HPP_KUBEVIRT_MIGRATION=1`): building the kubevirt
+//! programs costs about 13 minutes of CPU cold, which would take a cold `make test` past the hour.
+
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::DynamicObject;
+use serde_json::json;
+use testbed::real_nodes::NODE2_NAME;
+use testbed::real_nodes::kubevirt::{
+    self, CSI_DAEMONSET, CSI_DRIVER, LEGACY_DAEMONSET, NAMESPACE, OPERATOR_DEPLOYMENT,
+};
+
+use super::*;
+
+/// Set to 1 to run this scenario (`make test-kubevirt-migration`).
+pub(super) const MIGRATION_ENV: &str = "HPP_KUBEVIRT_MIGRATION";
+/// The resource, as the operator's legacy example names it.
+const RESOURCE: &str = "hostpath-provisioner";
+/// The CSI class of a `pathConfig` resource (its `deploy/storageclass-wffc-legacy-csi.yaml`).
+const CSI_CLASS: &str = "hostpath-csi";
+/// This operator's node DaemonSet.
+const OUR_DAEMONSET: &str = "kubevirt-hostpath-provisioner";
+/// The label this project puts on its PVs and the Go build does not.
+const OUR_LABEL: &str = "hostpath-provisioner.kubevirt.io/node";
+const SECTION: &str = "Coming from the kubevirt operator";
+const GOING_BACK: &str = "Going back";
+
+pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_with_its_volumes_two_nodes(
+    ctx: &Ctx,
+) -> Result<()> {
+    if std::env::var(MIGRATION_ENV).as_deref() != Ok("1") {
+        println!("    SKIPPED: run by `make test-kubevirt-migration` ({MIGRATION_ENV}=1; its build is long)");
+        return Ok(());
+    }
+    let started = Instant::now();
+    let build = kubevirt::build(&ctx.repo).context("building the kubevirt operator, CSI driver and sidecars")?;
+    println!("    kubevirt programs ready in {:.1} s", started.elapsed().as_secs_f64());
+    let our_image = super::two_nodes::two_nodes(ctx).await?;
+    let dir = ctx.lane.dir().join("kubevirt-migration");
+    std::fs::create_dir_all(&dir)?;
+    let images = build.images()?;
+    for image in &images {
+        let archive = dir.join(format!("{}.oci.tar", image.env));
+        image.image.write(&archive)?;
+        ctx.lane.import_image(&archive)?;
+    }
+    // deploy/legacy's DaemonSet aside: one provisioner of the name per node.
+    kubectl(ctx, &dir, &["delete", "daemonset", "-n", DEPLOY_NAMESPACE, DEPLOY_DAEMONSET, "--wait"])?;
+
+    // The kubevirt install, as its README says (cert-manager's part done by the lane).
+    std::fs::write(dir.join("namespace.yaml"), build.read("namespace.yaml")?)?;
+    std::fs::write(dir.join("webhook.yaml"), build.webhook_manifest()?)?;
+    std::fs::write(dir.join("operator.yaml"), build.operator_manifest(&images)?)?;
+    kubectl(ctx, &dir, &["create", "-f", "namespace.yaml"])?;
+    kubectl(ctx, &dir, &["create", "-f", "webhook.yaml", "-n", NAMESPACE])?;
+    kubectl(ctx, &dir, &["create", "-f", "operator.yaml", "-n", NAMESPACE])?;
+    let theirs = wait_operator_available(ctx, "the kubevirt operator").await?;
+    // Its `pathConfig` example, on the second node only (the storage node: the kubelet's
+    // default root, which the kubevirt DaemonSets hard-code, is there).
+    let resource = build.resource("hostpathprovisioner_legacy_cr.yaml", ctx.lane.pool_root())?;
+    let resource = resource.replace("kubernetes.io/os: linux", &format!("kubernetes.io/hostname: {NODE2_NAME}"));
+    ensure!(resource.contains(NODE2_NAME), "the example resource has no nodeSelector to point at the storage node");
+    std::fs::write(dir.join("resource.yaml"), resource)?;
+    kubectl(ctx, &dir, &["create", "-f", "resource.yaml"])
+        .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)))?;
+    // Its webhook answers: a resource with both a pathConfig and pools is refused by it (the
+    // kubevirt CRD's schema lets it through).
+    let both = json!({
+        "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1", "kind": "HostPathProvisioner",
+        "metadata": {"name": "both"},
+        "spec": {"pathConfig": {"path": "/x"}, "storagePools": [{"name": "a", "path": "/y"}]},
+    });
+    std::fs::write(dir.join("both.json"), both.to_string())?;
+    let refused = kubectl(ctx, &dir, &["create", "-f", "both.json"]);
+    ensure!(
+        format!("{refused:?}").contains("pathConfig and storage pools cannot be both set"),
+        "the kubevirt webhook refuses a resource with both: {refused:?}"
+    );
+    for daemonset in [LEGACY_DAEMONSET, CSI_DAEMONSET] {
+        wait_rolled_out(ctx, NAMESPACE, daemonset).await?;
+    }
+    wait_driver_registered(ctx).await?;
+    kubectl(
+        ctx,
+        &dir,
+        &["create", "-f", &build.source.join("deploy/storageclass-wffc-legacy-csi.yaml").display().to_string()],
+    )?;
+    println!(
+        "    kubevirt operator, legacy provisioner and CSI driver running in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // A user's volumes: a legacy one and a CSI one, each with a pod writing into it.
+    let ns = ctx.namespace("kubevirt").await?;
+    let legacy = claim_with_writer(ctx, &ns, "legacy-theirs", CLASS).await?;
+    ensure!(!made_by_us(&legacy), "legacy-theirs made by the kubevirt legacy provisioner");
+    let csi = claim_with_writer(ctx, &ns, "csi-theirs", CSI_CLASS).await?;
+    ensure!(csi_driver_of(&csi) == Some(CSI_DRIVER), "csi-theirs is a CSI volume: {:?}", csi.spec);
+
+    // The move, as docs/operator.md says: the image set in deploy/operator (step 1), the kubevirt
+    // operator and its webhook stopped (step 2), this operator applied (step 3).
+    let docs = testbed::documented_commands::documented_commands(&ctx.repo)?;
+    let work = dir.join("ours");
+    copy_deploy(&ctx.repo, &work, &our_image)?;
+    run_documented(ctx, &work, &docs, SECTION, "kubectl -n hostpath-provisioner delete deployment", &[])?;
+    run_documented(ctx, &work, &docs, SECTION, "kubectl delete validatingwebhookconfiguration", &[])?;
+    run_documented(
+        ctx,
+        &work,
+        &docs,
+        SECTION,
+        "kubectl apply --server-side --force-conflicts -k deploy/operator",
+        &[],
+    )?;
+    // Step 4: Available, and the take-over said what it did.
+    wait_operator_available(ctx, "this operator").await?;
+    wait_condition(ctx, "Available", "True").await?;
+    wait_gone::<DaemonSet>(ctx, LEGACY_DAEMONSET).await?;
+    wait_rolled_out(ctx, NAMESPACE, OUR_DAEMONSET).await?;
+    let events: Api<Event> = Api::namespaced(ctx.lane.client(), "default");
+    let took_over =
+        events.list(&ListParams::default()).await?.items.into_iter().any(|e| e.reason.as_deref() == Some("TookOver"));
+    ensure!(took_over, "a TookOver Event on the resource");
+    let csi_daemonset = Api::<DaemonSet>::namespaced(ctx.lane.client(), NAMESPACE).get(CSI_DAEMONSET).await?;
+    ensure!(csi_daemonset.metadata.owner_references.is_none(), "the CSI DaemonSet kept without owner");
+    let finalizers = resources(ctx).get(RESOURCE).await?.metadata.finalizers.unwrap_or_default();
+    ensure!(
+        finalizers == ["hostpathprovisioner.kubevirt.io/cleanup"],
+        "the kubevirt finalizer replaced: {finalizers:?}"
+    );
+
+    // Every pod kept running with its data; the CSI volume mounts again for a new pod.
+    still_running_with_their_data(ctx, &ns, &["legacy-theirs", "csi-theirs"]).await?;
+    mounts_again(ctx, &ns, "csi-theirs").await?;
+    // New volumes of both classes: the legacy class from this provisioner, the CSI class from
+    // the driver that was kept.
+    let ours = claim_with_writer(ctx, &ns, "legacy-ours", CLASS).await?;
+    ensure!(made_by_us(&ours), "legacy-ours made by this provisioner");
+    let csi_after = claim_with_writer(ctx, &ns, "csi-after", CSI_CLASS).await?;
+    ensure!(csi_driver_of(&csi_after) == Some(CSI_DRIVER), "csi-after made by the kept CSI driver");
+    // The kubevirt legacy provisioner's volume is reclaimed by this one.
+    reclaim(ctx, &ns, "legacy-theirs").await?;
+    println!("    moved to this operator in {:.1} s", started.elapsed().as_secs_f64());
+
+    // Going back, as docs/operator.md says; the kubevirt operator's files are the ones it was
+    // installed from.
+    run_documented(ctx, &work, &docs, GOING_BACK, "kubectl -n hostpath-provisioner delete deployment", &[])?;
+    run_documented(ctx, &work, &docs, GOING_BACK, "kubectl -n hostpath-provisioner delete daemonset", &[])?;
+    let name = [("<name>", RESOURCE)];
+    run_documented(ctx, &work, &docs, GOING_BACK, "kubectl patch hostpathprovisioner <name> --type", &name)?;
+    run_documented(ctx, &work, &docs, GOING_BACK, "kubectl patch hostpathprovisioner <name> --subresource", &name)?;
+    for file in ["operator.yaml", "webhook.yaml"] {
+        std::fs::copy(dir.join(file), work.join(file))?;
+    }
+    run_documented(
+        ctx,
+        &work,
+        &docs,
+        GOING_BACK,
+        "kubectl apply --server-side --force-conflicts -n hostpath-provisioner -f operator.yaml",
+        &[],
+    )?;
+    run_documented(
+        ctx,
+        &work,
+        &docs,
+        GOING_BACK,
+        "kubectl apply --server-side --force-conflicts -n hostpath-provisioner -f webhook.yaml",
+        &[],
+    )?;
+    let back = wait_operator_available(ctx, "the kubevirt operator, back").await?;
+    ensure!(
+        back.spec.as_ref().map(|s| &s.selector) == theirs.spec.as_ref().map(|s| &s.selector),
+        "its own Deployment again"
+    );
+    wait_rolled_out(ctx, NAMESPACE, LEGACY_DAEMONSET).await?;
+    wait_rolled_out(ctx, NAMESPACE, CSI_DAEMONSET).await?;
+    still_running_with_their_data(ctx, &ns, &["csi-theirs", "legacy-ours", "csi-after"]).await?;
+    mounts_again(ctx, &ns, "csi-after").await?;
+    let go_again = claim_with_writer(ctx, &ns, "legacy-back", CLASS).await?;
+    ensure!(!made_by_us(&go_again), "legacy-back made by the kubevirt legacy provisioner");
+    // This provisioner's volume is reclaimed by the kubevirt one (same layout).
+    reclaim(ctx, &ns, "legacy-ours").await?;
+
+    // The resource deletes: the kubevirt operator removes its finalizer and its DaemonSets.
+    for claim in ["csi-theirs", "csi-after", "legacy-back"] {
+        reclaim(ctx, &ns, claim).await?;
+    }
+    kubectl(ctx, &dir, &["delete", "hostpathprovisioner", RESOURCE, "--timeout=120s"])?;
+    wait_gone::<DaemonSet>(ctx, LEGACY_DAEMONSET).await?;
+    println!("    back to the kubevirt operator and deleted in {:.1} s", started.elapsed().as_secs_f64());
+
+    // As the lane was: the kubevirt install out, deploy/legacy back.
+    kubectl(ctx, &dir, &["delete", "-f", "operator.yaml", "-n", NAMESPACE, "--ignore-not-found", "--wait"])?;
+    kubectl(ctx, &dir, &["delete", "-f", "webhook.yaml", "-n", NAMESPACE, "--ignore-not-found"])?;
+    ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
+    Ok(())
+}
+
+fn kubectl(ctx: &Ctx, dir: &Path, args: &[&str]) -> Result<String> {
+    ctx.lane.cp().run_kubectl(dir, args)
+}
+
+/// The documented command of `section` that starts with `start`, run in bash in `dir` as the
+/// doc writes it (placeholders replaced), with the lane's kubectl and kubeconfig.
+fn run_documented(
+    ctx: &Ctx,
+    dir: &Path,
+    docs: &[testbed::documented_commands::DocumentedCommand],
+    section: &str,
+    start: &str,
+    placeholders: &[(&str, &str)],
+) -> Result<String> {
+    let found: Vec<_> = docs
+        .iter()
+        .filter(|c| c.file == "docs/operator.md" && c.section == section && c.text.starts_with(start))
+        .collect();
+    ensure!(found.len() == 1, "docs/operator.md, {section:?}: one command starting with {start:?}, found {found:?}");
+    let mut text = found[0].text.clone();
+    for (placeholder, value) in placeholders {
+        text = text.replace(placeholder, value);
+    }
+    let cp = ctx.lane.cp();
+    let path = format!(
+        "{}:{}",
+        cp.kubectl().parent().context("kubectl's directory")?.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = Command::new("bash")
+        .args(["-c", &text])
+        .current_dir(dir)
+        .env("PATH", path)
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .output()?;
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    ensure!(output.status.success(), "`{text}` ({}) failed:\n{stdout}\n{stderr}", found[0].location());
+    println!("    ran `{text}` ({})", found[0].location());
+    Ok(stdout.into_owned())
+}
+
+/// The repository's `deploy/` copied to `work`, with deploy/operator's image set to the lane's
+/// (docs/operator.md's step 1: "set it in deploy/operator/kustomization.yaml").
+fn copy_deploy(repo: &Path, work: &Path, image: &str) -> Result<()> {
+    let _ = std::fs::remove_dir_all(work);
+    std::fs::create_dir_all(work)?;
+    let status = Command::new("cp").arg("-r").arg(repo.join("deploy")).arg(work).status()?;
+    ensure!(status.success(), "copying deploy/");
+    let kustomization = work.join("deploy/operator/kustomization.yaml");
+    let text = std::fs::read_to_string(&kustomization)?;
+    let (name, tag) = image.rsplit_once(':').context("a tag in the lane's image")?;
+    let placeholder = "newName: your-registry.invalid/hostpath-provisioner\n    newTag: \"0.1.0\"";
+    ensure!(text.contains(placeholder), "deploy/operator/kustomization.yaml names no placeholder image");
+    std::fs::write(&kustomization, text.replace(placeholder, &format!("newName: {name}\n    newTag: \"{tag}\"")))?;
+    Ok(())
+}
+
+async fn wait_operator_available(ctx: &Ctx, what: &str) -> Result<Deployment> {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+    testbed::wait_until(
+        &format!("{what} available"),
+        Duration::from_secs(240),
+        || deployments.get(OPERATOR_DEPLOYMENT),
+        |d| d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0) >= 1,
+    )
+    .await
+    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)).context(ctx.lane.log_tails(30)))
+}
+
+async fn wait_rolled_out(ctx: &Ctx, ns: &str, name: &str) -> Result<DaemonSet> {
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.lane.client(), ns);
+    testbed::wait_until(
+        &format!("DaemonSet {ns}/{name} running on {NODE2_NAME}"),
+        Duration::from_secs(240),
+        || async { Ok::<_, kube::Error>(daemonsets.get_opt(name).await?.unwrap_or_default()) },
+        |d| {
+            d.status.as_ref().is_some_and(|s| {
+                s.desired_number_scheduled == 1
+                    && s.number_ready == 1
+                    && s.updated_number_scheduled == Some(1)
+                    && s.observed_generation == d.metadata.generation
+            })
+        },
+    )
+    .await
+    .map_err(|e| e.context(pod_logs(ctx, ns, name)).context(ctx.lane.log_tails(30)))
+}
+
+async fn wait_gone<K>(ctx: &Ctx, name: &str) -> Result<()>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+    testbed::wait_for(&format!("{name} gone"), LANE_TIMEOUT, || async {
+        anyhow::Ok(api.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await
+}
+
+/// The kubelet of the storage node lists the CSI driver in its CSINode (the registrar did its
+/// part).
+async fn wait_driver_registered(ctx: &Ctx) -> Result<()> {
+    let nodes: Api<k8s_openapi::api::storage::v1::CSINode> = Api::all(ctx.lane.client());
+    testbed::wait_for(&format!("{CSI_DRIVER} registered on {NODE2_NAME}"), LANE_TIMEOUT, || async {
+        let node = nodes.get_opt(NODE2_NAME).await?;
+        let drivers = node.map(|n| n.spec.drivers).unwrap_or_default();
+        anyhow::Ok(drivers.iter().any(|d| d.name == CSI_DRIVER).then_some(()))
+    })
+    .await
+    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, CSI_DAEMONSET)))
+}
+
+async fn wait_condition(ctx: &Ctx, kind: &str, status: &str) -> Result<()> {
+    let api = resources(ctx);
+    testbed::wait_for(&format!("the resource {kind} {status}"), Duration::from_secs(240), || async {
+        let found: DynamicObject = api.get(RESOURCE).await?;
+        let conditions = found.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        anyhow::Ok(conditions.iter().any(|c| c["type"] == kind && c["status"] == status).then_some(()))
+    })
+    .await
+    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)))
+}
+
+/// The logs of the pods of `ns` whose names start with `prefix`, for failure messages.
+fn pod_logs(ctx: &Ctx, ns: &str, prefix: &str) -> String {
+    let dir = ctx.lane.dir().join("node2").join("pod-logs");
+    let mut out = format!("logs of {ns}/{prefix}* on {NODE2_NAME}:\n");
+    for entry in std::fs::read_dir(&dir).map(|rd| rd.flatten().collect::<Vec<_>>()).unwrap_or_default() {
+        if entry.file_name().to_string_lossy().starts_with(&format!("{ns}_{prefix}")) {
+            for file in walk(&entry.path()) {
+                let text = std::fs::read_to_string(&file).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                out.push_str(&format!("--- {}\n", file.display()));
+                out.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
+            }
+        }
+    }
+    out
+}
+
+fn made_by_us(pv: &PersistentVolume) -> bool {
+    pv.metadata.labels.as_ref().is_some_and(|l| l.contains_key(OUR_LABEL))
+}
+
+fn csi_driver_of(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec.as_ref()?.csi.as_ref().map(|c| c.driver.as_str())
+}
+
+/// Where `claim`'s data is on the storage node's disk, as the host sees it: a hostPath PV's
+/// path, or a CSI volume's directory (`<pool>/csi/<volume handle>`).
+async fn data_dir(ctx: &Ctx, ns: &str, claim: &str) -> Result<PathBuf> {
+    let pv = ctx.pv_of(ns, claim).await?;
+    let spec = pv.spec.clone().unwrap_or_default();
+    let path = match (spec.host_path, spec.csi) {
+        (Some(host_path), _) => PathBuf::from(host_path.path),
+        (None, Some(csi)) => ctx.lane.pool_root().join("csi").join(csi.volume_handle),
+        _ => anyhow::bail!("{claim}'s PV is neither hostPath nor CSI"),
+    };
+    Ok(ctx.lane.host_path_on(NODE2_NAME, &path))
+}
+
+/// A claim of `class` with a pod on the storage node that writes its name into it and keeps
+/// running; returns the PV.
+async fn claim_with_writer(ctx: &Ctx, ns: &str, name: &str, class: &str) -> Result<PersistentVolume> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
+    claims.create(&PostParams::default(), &fixtures::claim(ns, name, class, "16Mi").build()).await?;
+    let writer = PodRun::new(ns, name, &format!("echo {name} > /data/{name} && sleep 3600"))
+        .claim(name)
+        .on_node(NODE2_NAME)
+        .keep_running();
+    ctx.lane.run_pod(&writer).await.map_err(|e| e.context(pod_logs(ctx, NAMESPACE, "")))?;
+    let dir = data_dir(ctx, ns, name).await?;
+    testbed::wait_for(&format!("{name} written in {}", dir.display()), LANE_TIMEOUT, || async {
+        anyhow::Ok((std::fs::read_to_string(dir.join(name)).ok() == Some(format!("{name}\n"))).then_some(()))
+    })
+    .await?;
+    ctx.pv_of(ns, name).await
+}
+
+/// The pods still run, never restarted, and their data is where it was.
+async fn still_running_with_their_data(ctx: &Ctx, ns: &str, names: &[&str]) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), ns);
+    for name in names {
+        let status = pods.get(name).await?.status.context("status")?;
+        ensure!(status.phase.as_deref() == Some("Running"), "{name} still running");
+        let restarts: i32 = status.container_statuses.iter().flatten().map(|c| c.restart_count).sum();
+        ensure!(restarts == 0, "{name} restarted {restarts} times");
+        let dir = data_dir(ctx, ns, name).await?;
+        ensure!(std::fs::read_to_string(dir.join(name))? == format!("{name}\n"), "{name}'s data kept");
+    }
+    Ok(())
+}
+
+/// The claim's pod made again: the volume mounts (through the CSI driver for a CSI volume) and
+/// the new pod reads what the first one wrote.
+async fn mounts_again(ctx: &Ctx, ns: &str, claim: &str) -> Result<()> {
+    ctx.lane.delete_pod(ns, claim).await?;
+    let reader = PodRun::new(ns, claim, &format!("grep -qx {claim} /data/{claim} && sleep 3600"))
+        .claim(claim)
+        .on_node(NODE2_NAME)
+        .keep_running();
+    let outcome = ctx.lane.run_pod(&reader).await.map_err(|e| e.context(pod_logs(ctx, NAMESPACE, CSI_DAEMONSET)))?;
+    // A pod that did not find the file ends (Failed) instead of running on.
+    let phase = outcome.pod.status.as_ref().and_then(|s| s.phase.clone());
+    ensure!(
+        phase.as_deref() == Some("Running"),
+        "{claim} mounted again with its data: pod {phase:?}, {}",
+        outcome.logs
+    );
+    Ok(())
+}
+
+/// Stops the claim's pod, deletes the claim and waits until its PV and data are gone.
+async fn reclaim(ctx: &Ctx, ns: &str, claim: &str) -> Result<()> {
+    ctx.lane.delete_pod(ns, claim).await?;
+    let dir = data_dir(ctx, ns, claim).await?;
+    let pv = ctx.pv_of(ns, claim).await?.metadata.name.unwrap_or_default();
+    Api::<PersistentVolumeClaim>::namespaced(ctx.lane.client(), ns).delete(claim, &DeleteParams::default()).await?;
+    let pvs: Api<PersistentVolume> = Api::all(ctx.lane.client());
+    testbed::wait_for(&format!("PV {pv} and {} gone", dir.display()), LANE_TIMEOUT, || async {
+        anyhow::Ok((pvs.get_opt(&pv).await?.is_none() && !dir.exists()).then_some(()))
+    })
+    .await
+    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, "")))
+}
