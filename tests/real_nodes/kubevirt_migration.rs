@@ -24,6 +24,7 @@ use testbed::real_nodes::kubevirt::{
     self, CSI_DAEMONSET, CSI_DRIVER, LEGACY_DAEMONSET, NAMESPACE, OPERATOR_DEPLOYMENT,
 };
 
+use super::swap::made_by_us;
 use super::*;
 
 /// Set to 1 to run this scenario (`make test-kubevirt-migration`).
@@ -34,8 +35,6 @@ const RESOURCE: &str = "hostpath-provisioner";
 const CSI_CLASS: &str = "hostpath-csi";
 /// This operator's node DaemonSet.
 const OUR_DAEMONSET: &str = "kubevirt-hostpath-provisioner";
-/// The label this project puts on its PVs and the Go build does not.
-const OUR_LABEL: &str = "hostpath-provisioner.kubevirt.io/node";
 const SECTION: &str = "Coming from the kubevirt operator";
 const GOING_BACK: &str = "Going back";
 
@@ -352,10 +351,6 @@ fn pod_logs(ctx: &Ctx, ns: &str, prefix: &str) -> String {
         }
     }
     out
-}
-
-fn made_by_us(pv: &PersistentVolume) -> bool {
-    pv.metadata.labels.as_ref().is_some_and(|l| l.contains_key(OUR_LABEL))
 }
 
 fn csi_driver_of(pv: &PersistentVolume) -> Option<&str> {

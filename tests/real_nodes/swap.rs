@@ -131,7 +131,7 @@ async fn claim_of_class_with_writer(
     Ok(pv)
 }
 
-fn made_by_us(pv: &PersistentVolume) -> bool {
+pub(super) fn made_by_us(pv: &PersistentVolume) -> bool {
     pv.metadata.labels.as_ref().is_some_and(|l| l.contains_key(OUR_LABEL))
 }
 
