@@ -91,9 +91,15 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     // removed, the kubevirt operator's manifest applied over its install.
     drop(operator);
     let going_back = "Going back";
-    shell.run(&docs.command("docs/operator.md", going_back, "kubectl -n hostpath-provisioner delete deployment"));
+    shell.run(&docs.command(
+        "docs/operator.md",
+        going_back,
+        "kubectl -n hostpath-provisioner delete deployment hostpath-provisioner-operator",
+    ));
     shell.run(&docs.command("docs/operator.md", going_back, "kubectl -n hostpath-provisioner delete daemonset"));
     assert!(shell.get(&daemonset).is_none() && shell.get(&operator_deployment).is_none());
+    // Its pool mounters too (this resource has no pool on a claim: the real-node scenario has).
+    shell.run(&docs.command("docs/operator.md", going_back, "kubectl -n hostpath-provisioner delete deployment -l"));
     let name = resource[1];
     shell.run_with(
         &docs.command("docs/operator.md", going_back, "kubectl patch hostpathprovisioner <name> --type"),

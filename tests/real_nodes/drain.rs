@@ -71,16 +71,16 @@ fn documented_kubectl(repo: &Path, verb: &str, node: &str) -> Result<Vec<String>
 
 /// A block device with ext4 on it (a loop device over a file in the lane directory, which the
 /// lane's cleanup detaches if the scenario does not get to it).
-struct LoopDisk {
-    device: PathBuf,
+pub(super) struct LoopDisk {
+    pub(super) device: PathBuf,
     /// `major:minor` as /proc/self/mountinfo shows the filesystem's mounts.
-    id: String,
+    pub(super) id: String,
     /// `st_dev` of the files on it.
-    dev: u64,
+    pub(super) dev: u64,
 }
 
 impl LoopDisk {
-    fn create(image: &Path) -> Result<LoopDisk> {
+    pub(super) fn create(image: &Path) -> Result<LoopDisk> {
         std::fs::File::create(image)?.set_len(64 << 20)?;
         run(std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).arg(image))?;
         let device = run(std::process::Command::new("losetup").args(["--find", "--show"]).arg(image))?;
@@ -88,6 +88,12 @@ impl LoopDisk {
         let dev = std::fs::metadata(&device)?.rdev();
         let id = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
         Ok(LoopDisk { device, id, dev })
+    }
+
+    /// The loop device detached (once nothing mounts it).
+    pub(super) fn detach(&self) -> Result<()> {
+        run(std::process::Command::new("losetup").arg("-d").arg(&self.device))?;
+        Ok(())
     }
 
     /// Mount points of its filesystem on the host.
@@ -749,7 +755,7 @@ async fn clean_up(ctx: &Ctx, setup: &Setup) -> Result<()> {
     })?;
     let left: Vec<_> = std::fs::read_dir(pool)?.flatten().map(|e| e.file_name()).collect();
     ensure!(left.iter().all(|n| n.to_string_lossy().starts_with('.')), "no volume left under the pool path: {left:?}");
-    run(std::process::Command::new("losetup").arg("-d").arg(&disk.device))?;
+    disk.detach()?;
     Api::<PersistentVolume>::all(ctx.lane.client()).delete(disk_class, &DeleteParams::default()).await?;
     let classes: Api<StorageClass> = Api::all(ctx.lane.client());
     for name in [class, disk_class] {

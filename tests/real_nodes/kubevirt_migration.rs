@@ -5,14 +5,23 @@
 //! The kubevirt install runs for real on the second node (`testbed::real_nodes::kubevirt` says
 //! how it is built and what the lane changes in it): its operator in a pod, with its webhook;
 //! its legacy provisioner and its CSI driver with the CSI sidecars as DaemonSets, on the storage
-//! node the resource selects. Pods write into a legacy volume and a CSI volume; then, through
-//! the move and back: every pod keeps running with its data, a CSI volume still mounts when its
-//! pod is made again, each class a user had gets new volumes, each side reclaims the other's
-//! legacy volumes, and the resource can be deleted at the end.
+//! node the resource selects. Two resources, one per scenario, as the kubevirt operator takes
+//! either a `pathConfig` or pools:
+//!
+//! - its `pathConfig` example: pods write into a legacy volume and a CSI volume; then, through
+//!   the move and back, every pod keeps running with its data, a CSI volume still mounts when
+//!   its pod is made again, each class a user had gets new volumes, each side reclaims the
+//!   other's legacy volumes, and the resource can be deleted at the end;
+//! - its `pvcTemplate` example, on a disk of the node (a local PV on a loop device): its mounter
+//!   mounts the pool's claim at `<pool path>/csi` and a pod writes into a CSI volume there; this
+//!   operator adopts the claim and that mount (same claim, same mount, the mounter Deployment
+//!   replaced), its new volumes land on the claim's disk beside the CSI volume, and back again
+//!   the kubevirt mounter keeps the mount.
 //!
 //! Run by `make test-kubevirt-migration` (`HPP_KUBEVIRT_MIGRATION=1`): building the kubevirt
 //! programs costs about 13 minutes of CPU cold, which would take a cold `make test` past the hour.
 
+use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -24,6 +33,7 @@ use testbed::real_nodes::kubevirt::{
     self, CSI_DAEMONSET, CSI_DRIVER, LEGACY_DAEMONSET, NAMESPACE, OPERATOR_DEPLOYMENT,
 };
 
+use super::drain::LoopDisk;
 use super::swap::made_by_us;
 use super::*;
 
@@ -37,45 +47,22 @@ const CSI_CLASS: &str = "hostpath-csi";
 const OUR_DAEMONSET: &str = "kubevirt-hostpath-provisioner";
 const SECTION: &str = "Coming from the kubevirt operator";
 const GOING_BACK: &str = "Going back";
+/// The pool of the kubevirt operator's `pvcTemplate` example.
+const POOL: &str = "local";
+/// The class (and the local PV) of the storage node's disk the pool's claim gets.
+const DISK_CLASS: &str = "kubevirt-pool-disk";
+/// What this operator writes on a pool claim it adopted from the kubevirt operator.
+const MOUNT_TARGET: &str = "hostpathprovisioner.kubevirt.io/mount-target";
 
 pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_with_its_volumes_two_nodes(
     ctx: &Ctx,
 ) -> Result<()> {
-    if std::env::var(MIGRATION_ENV).as_deref() != Ok("1") {
-        println!("    SKIPPED: run by `make test-kubevirt-migration` ({MIGRATION_ENV}=1; its build is long)");
-        return Ok(());
-    }
-    let started = Instant::now();
-    let build = kubevirt::build(&ctx.repo).context("building the kubevirt operator, CSI driver and sidecars")?;
-    println!("    kubevirt programs ready in {:.1} s", started.elapsed().as_secs_f64());
-    let our_image = super::two_nodes::two_nodes(ctx).await?;
-    let dir = ctx.lane.dir().join("kubevirt-migration");
-    std::fs::create_dir_all(&dir)?;
-    let images = build.images()?;
-    for image in &images {
-        let archive = dir.join(format!("{}.oci.tar", image.env));
-        image.image.write(&archive)?;
-        ctx.lane.import_image(&archive)?;
-    }
-    // deploy/legacy's DaemonSet aside: one provisioner of the name per node.
-    kubectl(ctx, &dir, &["delete", "daemonset", "-n", DEPLOY_NAMESPACE, DEPLOY_DAEMONSET, "--wait"])?;
-
-    // The kubevirt install, as its README says (cert-manager's part done by the lane).
-    std::fs::write(dir.join("namespace.yaml"), build.read("namespace.yaml")?)?;
-    std::fs::write(dir.join("webhook.yaml"), build.webhook_manifest()?)?;
-    std::fs::write(dir.join("operator.yaml"), build.operator_manifest(&images)?)?;
-    kubectl(ctx, &dir, &["create", "-f", "namespace.yaml"])?;
-    kubectl(ctx, &dir, &["create", "-f", "webhook.yaml", "-n", NAMESPACE])?;
-    kubectl(ctx, &dir, &["create", "-f", "operator.yaml", "-n", NAMESPACE])?;
-    let theirs = wait_operator_available(ctx, "the kubevirt operator").await?;
+    let Some(install) = install_kubevirt(ctx).await? else { return Ok(()) };
+    let Install { build, dir, our_image, theirs, started } = &install;
     // Its `pathConfig` example, on the second node only (the storage node: the kubelet's
     // default root, which the kubevirt DaemonSets hard-code, is there).
     let resource = build.resource("hostpathprovisioner_legacy_cr.yaml", ctx.lane.pool_root())?;
-    let resource = resource.replace("kubernetes.io/os: linux", &format!("kubernetes.io/hostname: {NODE2_NAME}"));
-    ensure!(resource.contains(NODE2_NAME), "the example resource has no nodeSelector to point at the storage node");
-    std::fs::write(dir.join("resource.yaml"), resource)?;
-    kubectl(ctx, &dir, &["create", "-f", "resource.yaml"])
-        .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)))?;
+    create_resource(ctx, dir, resource)?;
     // Its webhook answers: a resource with both a pathConfig and pools is refused by it (the
     // kubevirt CRD's schema lets it through).
     let both = json!({
@@ -84,7 +71,7 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
         "spec": {"pathConfig": {"path": "/x"}, "storagePools": [{"name": "a", "path": "/y"}]},
     });
     std::fs::write(dir.join("both.json"), both.to_string())?;
-    let refused = kubectl(ctx, &dir, &["create", "-f", "both.json"]);
+    let refused = kubectl(ctx, dir, &["create", "-f", "both.json"]);
     ensure!(
         format!("{refused:?}").contains("pathConfig and storage pools cannot be both set"),
         "the kubevirt webhook refuses a resource with both: {refused:?}"
@@ -93,28 +80,262 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
         wait_rolled_out(ctx, NAMESPACE, daemonset).await?;
     }
     wait_driver_registered(ctx).await?;
-    kubectl(
-        ctx,
-        &dir,
-        &["create", "-f", &build.source.join("deploy/storageclass-wffc-legacy-csi.yaml").display().to_string()],
-    )?;
+    create_csi_class(ctx, dir, &build.source.join("deploy/storageclass-wffc-legacy-csi.yaml"))?;
     println!(
         "    kubevirt operator, legacy provisioner and CSI driver running in {:.1} s",
         started.elapsed().as_secs_f64()
     );
 
     // A user's volumes: a legacy one and a CSI one, each with a pod writing into it.
-    let ns = ctx.namespace("kubevirt").await?;
-    let legacy = claim_with_writer(ctx, &ns, "legacy-theirs", CLASS).await?;
+    let volumes = Volumes { ctx, ns: ctx.namespace("kubevirt").await?, csi_root: ctx.lane.pool_root().join("csi") };
+    let legacy = volumes.claim_with_writer("legacy-theirs", CLASS).await?;
     ensure!(!made_by_us(&legacy), "legacy-theirs made by the kubevirt legacy provisioner");
-    let csi = claim_with_writer(ctx, &ns, "csi-theirs", CSI_CLASS).await?;
+    let csi = volumes.claim_with_writer("csi-theirs", CSI_CLASS).await?;
     ensure!(csi_driver_of(&csi) == Some(CSI_DRIVER), "csi-theirs is a CSI volume: {:?}", csi.spec);
 
-    // The move, as docs/operator.md says: the image set in deploy/operator (step 1), the kubevirt
-    // operator and its webhook stopped (step 2), this operator applied (step 3).
+    let (docs, work) = move_to_this_operator(ctx, dir, our_image).await?;
+    wait_gone::<DaemonSet>(ctx, LEGACY_DAEMONSET).await?;
+    // Every pod kept running with its data; the CSI volume mounts again for a new pod.
+    volumes.still_running_with_their_data(&["legacy-theirs", "csi-theirs"]).await?;
+    volumes.mounts_again("csi-theirs").await?;
+    // New volumes of both classes: the legacy class from this provisioner, the CSI class from
+    // the driver that was kept.
+    let ours = volumes.claim_with_writer("legacy-ours", CLASS).await?;
+    ensure!(made_by_us(&ours), "legacy-ours made by this provisioner");
+    let csi_after = volumes.claim_with_writer("csi-after", CSI_CLASS).await?;
+    ensure!(csi_driver_of(&csi_after) == Some(CSI_DRIVER), "csi-after made by the kept CSI driver");
+    // The kubevirt legacy provisioner's volume is reclaimed by this one.
+    volumes.reclaim("legacy-theirs").await?;
+    println!("    moved to this operator in {:.1} s", started.elapsed().as_secs_f64());
+
+    go_back(ctx, dir, &work, &docs, theirs).await?;
+    wait_rolled_out(ctx, NAMESPACE, LEGACY_DAEMONSET).await?;
+    volumes.still_running_with_their_data(&["csi-theirs", "legacy-ours", "csi-after"]).await?;
+    volumes.mounts_again("csi-after").await?;
+    let go_again = volumes.claim_with_writer("legacy-back", CLASS).await?;
+    ensure!(!made_by_us(&go_again), "legacy-back made by the kubevirt legacy provisioner");
+    // This provisioner's volume is reclaimed by the kubevirt one (same layout).
+    volumes.reclaim("legacy-ours").await?;
+
+    // The resource deletes: the kubevirt operator removes its finalizer and its DaemonSets.
+    for claim in ["csi-theirs", "csi-after", "legacy-back"] {
+        volumes.reclaim(claim).await?;
+    }
+    kubectl(ctx, dir, &["delete", "hostpathprovisioner", RESOURCE, "--timeout=120s"])?;
+    wait_gone::<DaemonSet>(ctx, LEGACY_DAEMONSET).await?;
+    println!("    back to the kubevirt operator and deleted in {:.1} s", started.elapsed().as_secs_f64());
+    uninstall_kubevirt(ctx, dir).await
+}
+
+pub(super) async fn a_kubevirt_operator_cluster_with_a_pool_on_a_claim_moves_and_back_with_its_mount_two_nodes(
+    ctx: &Ctx,
+) -> Result<()> {
+    let Some(install) = install_kubevirt(ctx).await? else { return Ok(()) };
+    let Install { build, dir, our_image, theirs, started } = &install;
+    // The node's disk: a local PV of a no-provisioner class on a loop device, which the
+    // node's kubelet mounts for the pool's claim (the kubevirt mounter finds the claim by
+    // that mount: it must be a filesystem of its own).
+    let disk = super::drain::LoopDisk::create(&dir.join("pool-disk.img"))?;
+    let disk_pv = json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": DISK_CLASS},
+        "spec": {
+            "capacity": {"storage": "64Mi"}, "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+            "persistentVolumeReclaimPolicy": "Retain", "storageClassName": DISK_CLASS,
+            "local": {"path": disk.device, "fsType": "ext4"},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE2_NAME]}
+            ]}]}},
+        },
+    });
+    let disk_class = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": DISK_CLASS},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    });
+    std::fs::write(dir.join("disk.json"), format!("{disk_class}\n{disk_pv}"))?;
+    kubectl(ctx, dir, &["create", "-f", "disk.json"])?;
+
+    // Its `pvcTemplate` example, the template given the disk's class and a size that fits.
+    let pool = dir.join("claim-pool");
+    std::fs::create_dir_all(&pool)?;
+    let target = pool.join("csi");
+    let resource = build.resource("hostpathprovisioner_pvctemplate_cr.yaml", &pool)?;
+    let resource = edit(
+        resource,
+        &[
+            ("        resources:", &format!("        storageClassName: {DISK_CLASS}\n        resources:")),
+            ("storage: 5Gi", "storage: 32Mi"),
+        ],
+    )?;
+    create_resource(ctx, dir, resource)?;
+    wait_rolled_out(ctx, NAMESPACE, CSI_DAEMONSET).await?;
+    wait_driver_registered(ctx).await?;
+    let mounter = wait_mounter_available(ctx, "the kubevirt pool mounter").await?;
+    wait_mounted(ctx, &disk, &target).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+    let pool_claim = claims.get(&pool_claim_name()).await?;
+    create_csi_class(ctx, dir, &build.source.join("deploy/storageclass-wffc-csi.yaml"))?;
+    println!("    kubevirt operator, CSI driver and pool mounter running in {:.1} s", started.elapsed().as_secs_f64());
+
+    // A CSI volume of the pool, written by a pod: on the claim's disk.
+    let volumes = Volumes { ctx, ns: ctx.namespace("kubevirt-claim").await?, csi_root: target.clone() };
+    let csi = volumes.claim_with_writer("csi-theirs", CSI_CLASS).await?;
+    ensure!(csi_driver_of(&csi) == Some(CSI_DRIVER), "csi-theirs is a CSI volume: {:?}", csi.spec);
+    volumes.on_the_disk(&disk, "csi-theirs").await?;
+
+    let (docs, work) = move_to_this_operator(ctx, dir, our_image).await?;
+    // The same claim, adopted where it is mounted; this operator's mounter in place of the
+    // kubevirt one, on the same mount.
+    let adopted = claims.get(&pool_claim_name()).await?;
+    ensure!(adopted.metadata.uid == pool_claim.metadata.uid, "the pool's claim kept (same uid)");
+    let mount_target = adopted.metadata.annotations.unwrap_or_default().get(MOUNT_TARGET).cloned();
+    ensure!(
+        mount_target.as_deref() == Some(&*target.display().to_string()),
+        "the adopted claim marked as mounted at {}: {mount_target:?}",
+        target.display()
+    );
+    let ours = wait_mounter_available(ctx, "this operator's pool mounter").await?;
+    ensure!(
+        ours.spec.as_ref().map(|s| &s.selector) != mounter.spec.as_ref().map(|s| &s.selector),
+        "the kubevirt mounter Deployment replaced by this operator's"
+    );
+    wait_mounted(ctx, &disk, &target).await?;
+    volumes.still_running_with_their_data(&["csi-theirs"]).await?;
+    volumes.mounts_again("csi-theirs").await?;
+    // New volumes: the documented class of this provisioner on the pool, and the CSI class.
+    let doc_class = documented_class(&ctx.repo)?;
+    std::fs::write(work.join("class.yaml"), &doc_class.0)?;
+    kubectl(ctx, &work, &["create", "-f", "class.yaml"])?;
+    let pool_volume = volumes.claim_with_writer("ours-on-the-claim", &doc_class.1).await?;
+    ensure!(made_by_us(&pool_volume), "ours-on-the-claim made by this provisioner");
+    volumes.on_the_disk(&disk, "ours-on-the-claim").await?;
+    let csi_after = volumes.claim_with_writer("csi-after", CSI_CLASS).await?;
+    ensure!(csi_driver_of(&csi_after) == Some(CSI_DRIVER), "csi-after made by the kept CSI driver");
+    volumes.on_the_disk(&disk, "csi-after").await?;
+    // "Going back" keeps this provisioner's volumes of a pool but nothing would delete them:
+    // released here first.
+    volumes.reclaim("ours-on-the-claim").await?;
+    println!("    moved to this operator in {:.1} s", started.elapsed().as_secs_f64());
+
+    go_back(ctx, dir, &work, &docs, theirs).await?;
+    let back = wait_mounter_available(ctx, "the kubevirt pool mounter, back").await?;
+    ensure!(
+        back.spec.as_ref().map(|s| &s.selector) == mounter.spec.as_ref().map(|s| &s.selector),
+        "the kubevirt mounter Deployment again"
+    );
+    wait_mounted(ctx, &disk, &target).await?;
+    let kept = claims.get(&pool_claim_name()).await?;
+    ensure!(kept.metadata.uid == pool_claim.metadata.uid, "the pool's claim kept going back (same uid)");
+    volumes.still_running_with_their_data(&["csi-theirs", "csi-after"]).await?;
+    volumes.mounts_again("csi-after").await?;
+    let csi_back = volumes.claim_with_writer("csi-back", CSI_CLASS).await?;
+    ensure!(csi_driver_of(&csi_back) == Some(CSI_DRIVER), "csi-back made by the CSI driver");
+    volumes.on_the_disk(&disk, "csi-back").await?;
+
+    // The resource deletes with its pool once the volumes are gone.
+    for claim in ["csi-theirs", "csi-after", "csi-back"] {
+        volumes.reclaim(claim).await?;
+    }
+    kubectl(ctx, dir, &["delete", "hostpathprovisioner", RESOURCE, "--timeout=180s"])
+        .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, "")))?;
+    // Its cleanup Job unmounted the pool; the claim stays, as the kubevirt operator leaves
+    // its pool claims (it never deletes one).
+    wait_gone::<Deployment>(ctx, &pool_claim_name()).await?;
+    ensure!(!mounted_in_node2(ctx, &disk, &target)?, "the kubevirt cleanup Job unmounted {}", target.display());
+    let left = claims.get(&pool_claim_name()).await?;
+    ensure!(left.metadata.uid == pool_claim.metadata.uid, "the pool's claim left in place by the kubevirt operator");
+    println!("    back to the kubevirt operator and deleted in {:.1} s", started.elapsed().as_secs_f64());
+
+    // As the lane was: the claim, the disk and its PV, the kubevirt install.
+    kubectl(ctx, dir, &["delete", "pvc", "-n", NAMESPACE, &pool_claim_name(), "--wait"])?;
+    kubectl(ctx, dir, &["delete", "-f", "disk.json", "--wait"])?;
+    testbed::wait_for("the disk's mounts on the node gone", LANE_TIMEOUT, || async {
+        anyhow::Ok(node2_mounts_of(ctx, &disk)?.is_empty().then_some(()))
+    })
+    .await?;
+    disk.detach()?;
+    uninstall_kubevirt(ctx, dir).await
+}
+
+/// The kubevirt install, running, and what a scenario needs of it.
+struct Install {
+    build: kubevirt::KubevirtBuild,
+    /// The scenario's files (the kubevirt manifests as applied).
+    dir: PathBuf,
+    /// This project's image in the lane.
+    our_image: String,
+    /// The kubevirt operator's Deployment.
+    theirs: Deployment,
+    started: Instant,
+}
+
+/// Builds the kubevirt programs (cached), brings the lane's second node, imports the images,
+/// sets deploy/legacy aside and installs the kubevirt operator as its README says (cert-manager's
+/// part done by the lane); `None` (with SKIPPED said) unless [`MIGRATION_ENV`] is 1.
+async fn install_kubevirt(ctx: &Ctx) -> Result<Option<Install>> {
+    if std::env::var(MIGRATION_ENV).as_deref() != Ok("1") {
+        println!("    SKIPPED: run by `make test-kubevirt-migration` ({MIGRATION_ENV}=1; its build is long)");
+        return Ok(None);
+    }
+    let started = Instant::now();
+    let build = kubevirt::build(&ctx.repo).context("building the kubevirt operator, CSI driver and sidecars")?;
+    println!("    kubevirt programs ready in {:.1} s", started.elapsed().as_secs_f64());
+    let our_image = super::two_nodes::two_nodes(ctx).await?;
+    let dir = ctx.lane.dir().join("kubevirt-migration");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let images = build.images()?;
+    for image in &images {
+        let archive = dir.join(format!("{}.oci.tar", image.env));
+        image.image.write(&archive)?;
+        ctx.lane.import_image(&archive)?;
+    }
+    // deploy/legacy's DaemonSet aside: one provisioner of the name per node.
+    kubectl(
+        ctx,
+        &dir,
+        &["delete", "daemonset", "-n", DEPLOY_NAMESPACE, DEPLOY_DAEMONSET, "--ignore-not-found", "--wait"],
+    )?;
+    // The CSI class name is the same in both examples, with other parameters.
+    kubectl(ctx, &dir, &["delete", "storageclass", CSI_CLASS, "--ignore-not-found"])?;
+    std::fs::write(dir.join("namespace.yaml"), build.read("namespace.yaml")?)?;
+    std::fs::write(dir.join("webhook.yaml"), build.webhook_manifest()?)?;
+    std::fs::write(dir.join("operator.yaml"), build.operator_manifest(&images)?)?;
+    kubectl(ctx, &dir, &["apply", "-f", "namespace.yaml"])?;
+    kubectl(ctx, &dir, &["create", "-f", "webhook.yaml", "-n", NAMESPACE])?;
+    kubectl(ctx, &dir, &["create", "-f", "operator.yaml", "-n", NAMESPACE])?;
+    let theirs = wait_operator_available(ctx, "the kubevirt operator").await?;
+    Ok(Some(Install { build, dir, our_image, theirs, started }))
+}
+
+/// `resource` (an example of the kubevirt operator) pointed at the storage node and created.
+fn create_resource(ctx: &Ctx, dir: &Path, resource: String) -> Result<()> {
+    let resource = edit(resource, &[("kubernetes.io/os: linux", &format!("kubernetes.io/hostname: {NODE2_NAME}"))])?;
+    std::fs::write(dir.join("resource.yaml"), resource)?;
+    kubectl(ctx, dir, &["create", "-f", "resource.yaml"])
+        .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)))?;
+    Ok(())
+}
+
+fn create_csi_class(ctx: &Ctx, dir: &Path, file: &Path) -> Result<()> {
+    kubectl(ctx, dir, &["create", "-f", &file.display().to_string()])?;
+    Ok(())
+}
+
+/// The move, as docs/operator.md says: the image set in deploy/operator (step 1), the kubevirt
+/// operator and its webhook stopped (step 2), this operator applied (step 3), Available with a
+/// `TookOver` Event (step 4); the CSI DaemonSet kept, the finalizer replaced. Returns the
+/// documented commands and the directory the steps ran in.
+async fn move_to_this_operator(
+    ctx: &Ctx,
+    dir: &Path,
+    our_image: &str,
+) -> Result<(Vec<testbed::documented_commands::DocumentedCommand>, PathBuf)> {
     let docs = testbed::documented_commands::documented_commands(&ctx.repo)?;
     let work = dir.join("ours");
-    copy_deploy(&ctx.repo, &work, &our_image)?;
+    copy_deploy(&ctx.repo, &work, our_image)?;
     run_documented(ctx, &work, &docs, SECTION, "kubectl -n hostpath-provisioner delete deployment", &[])?;
     run_documented(ctx, &work, &docs, SECTION, "kubectl delete validatingwebhookconfiguration", &[])?;
     run_documented(
@@ -125,10 +346,8 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
         "kubectl apply --server-side --force-conflicts -k deploy/operator",
         &[],
     )?;
-    // Step 4: Available, and the take-over said what it did.
     wait_operator_available(ctx, "this operator").await?;
     wait_condition(ctx, "Available", "True").await?;
-    wait_gone::<DaemonSet>(ctx, LEGACY_DAEMONSET).await?;
     wait_rolled_out(ctx, NAMESPACE, OUR_DAEMONSET).await?;
     let events: Api<Event> = Api::namespaced(ctx.lane.client(), "default");
     let took_over =
@@ -141,42 +360,46 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
         finalizers == ["hostpathprovisioner.kubevirt.io/cleanup"],
         "the kubevirt finalizer replaced: {finalizers:?}"
     );
+    Ok((docs, work))
+}
 
-    // Every pod kept running with its data; the CSI volume mounts again for a new pod.
-    still_running_with_their_data(ctx, &ns, &["legacy-theirs", "csi-theirs"]).await?;
-    mounts_again(ctx, &ns, "csi-theirs").await?;
-    // New volumes of both classes: the legacy class from this provisioner, the CSI class from
-    // the driver that was kept.
-    let ours = claim_with_writer(ctx, &ns, "legacy-ours", CLASS).await?;
-    ensure!(made_by_us(&ours), "legacy-ours made by this provisioner");
-    let csi_after = claim_with_writer(ctx, &ns, "csi-after", CSI_CLASS).await?;
-    ensure!(csi_driver_of(&csi_after) == Some(CSI_DRIVER), "csi-after made by the kept CSI driver");
-    // The kubevirt legacy provisioner's volume is reclaimed by this one.
-    reclaim(ctx, &ns, "legacy-theirs").await?;
-    println!("    moved to this operator in {:.1} s", started.elapsed().as_secs_f64());
-
-    // Going back, as docs/operator.md says; the kubevirt operator's files are the ones it was
-    // installed from.
-    run_documented(ctx, &work, &docs, GOING_BACK, "kubectl -n hostpath-provisioner delete deployment", &[])?;
-    run_documented(ctx, &work, &docs, GOING_BACK, "kubectl -n hostpath-provisioner delete daemonset", &[])?;
+/// Going back, as docs/operator.md says, with the kubevirt operator's files it was installed
+/// from; its own Deployment and CSI DaemonSet running again.
+async fn go_back(
+    ctx: &Ctx,
+    dir: &Path,
+    work: &Path,
+    docs: &[testbed::documented_commands::DocumentedCommand],
+    theirs: &Deployment,
+) -> Result<()> {
+    run_documented(
+        ctx,
+        work,
+        docs,
+        GOING_BACK,
+        "kubectl -n hostpath-provisioner delete deployment hostpath-provisioner-operator",
+        &[],
+    )?;
+    run_documented(ctx, work, docs, GOING_BACK, "kubectl -n hostpath-provisioner delete daemonset", &[])?;
+    run_documented(ctx, work, docs, GOING_BACK, "kubectl -n hostpath-provisioner delete deployment -l", &[])?;
     let name = [("<name>", RESOURCE)];
-    run_documented(ctx, &work, &docs, GOING_BACK, "kubectl patch hostpathprovisioner <name> --type", &name)?;
-    run_documented(ctx, &work, &docs, GOING_BACK, "kubectl patch hostpathprovisioner <name> --subresource", &name)?;
+    run_documented(ctx, work, docs, GOING_BACK, "kubectl patch hostpathprovisioner <name> --type", &name)?;
+    run_documented(ctx, work, docs, GOING_BACK, "kubectl patch hostpathprovisioner <name> --subresource", &name)?;
     for file in ["operator.yaml", "webhook.yaml"] {
         std::fs::copy(dir.join(file), work.join(file))?;
     }
     run_documented(
         ctx,
-        &work,
-        &docs,
+        work,
+        docs,
         GOING_BACK,
         "kubectl apply --server-side --force-conflicts -n hostpath-provisioner -f operator.yaml",
         &[],
     )?;
     run_documented(
         ctx,
-        &work,
-        &docs,
+        work,
+        docs,
         GOING_BACK,
         "kubectl apply --server-side --force-conflicts -n hostpath-provisioner -f webhook.yaml",
         &[],
@@ -186,26 +409,15 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
         back.spec.as_ref().map(|s| &s.selector) == theirs.spec.as_ref().map(|s| &s.selector),
         "its own Deployment again"
     );
-    wait_rolled_out(ctx, NAMESPACE, LEGACY_DAEMONSET).await?;
     wait_rolled_out(ctx, NAMESPACE, CSI_DAEMONSET).await?;
-    still_running_with_their_data(ctx, &ns, &["csi-theirs", "legacy-ours", "csi-after"]).await?;
-    mounts_again(ctx, &ns, "csi-after").await?;
-    let go_again = claim_with_writer(ctx, &ns, "legacy-back", CLASS).await?;
-    ensure!(!made_by_us(&go_again), "legacy-back made by the kubevirt legacy provisioner");
-    // This provisioner's volume is reclaimed by the kubevirt one (same layout).
-    reclaim(ctx, &ns, "legacy-ours").await?;
+    Ok(())
+}
 
-    // The resource deletes: the kubevirt operator removes its finalizer and its DaemonSets.
-    for claim in ["csi-theirs", "csi-after", "legacy-back"] {
-        reclaim(ctx, &ns, claim).await?;
-    }
-    kubectl(ctx, &dir, &["delete", "hostpathprovisioner", RESOURCE, "--timeout=120s"])?;
-    wait_gone::<DaemonSet>(ctx, LEGACY_DAEMONSET).await?;
-    println!("    back to the kubevirt operator and deleted in {:.1} s", started.elapsed().as_secs_f64());
-
-    // As the lane was: the kubevirt install out, deploy/legacy back.
-    kubectl(ctx, &dir, &["delete", "-f", "operator.yaml", "-n", NAMESPACE, "--ignore-not-found", "--wait"])?;
-    kubectl(ctx, &dir, &["delete", "-f", "webhook.yaml", "-n", NAMESPACE, "--ignore-not-found"])?;
+/// As the lane was: the kubevirt install out, the CSI class gone, deploy/legacy back.
+async fn uninstall_kubevirt(ctx: &Ctx, dir: &Path) -> Result<()> {
+    kubectl(ctx, dir, &["delete", "-f", "operator.yaml", "-n", NAMESPACE, "--ignore-not-found", "--wait"])?;
+    kubectl(ctx, dir, &["delete", "-f", "webhook.yaml", "-n", NAMESPACE, "--ignore-not-found"])?;
+    kubectl(ctx, dir, &["delete", "storageclass", CSI_CLASS, "--ignore-not-found"])?;
     ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
     Ok(())
 }
@@ -357,80 +569,177 @@ fn csi_driver_of(pv: &PersistentVolume) -> Option<&str> {
     pv.spec.as_ref()?.csi.as_ref().map(|c| c.driver.as_str())
 }
 
-/// Where `claim`'s data is on the storage node's disk, as the host sees it: a hostPath PV's
-/// path, or a CSI volume's directory (`<pool>/csi/<volume handle>`).
-async fn data_dir(ctx: &Ctx, ns: &str, claim: &str) -> Result<PathBuf> {
-    let pv = ctx.pv_of(ns, claim).await?;
-    let spec = pv.spec.clone().unwrap_or_default();
-    let path = match (spec.host_path, spec.csi) {
-        (Some(host_path), _) => PathBuf::from(host_path.path),
-        (None, Some(csi)) => ctx.lane.pool_root().join("csi").join(csi.volume_handle),
-        _ => anyhow::bail!("{claim}'s PV is neither hostPath nor CSI"),
-    };
-    Ok(ctx.lane.host_path_on(NODE2_NAME, &path))
+/// A user's volumes in namespace `ns`, on the storage node.
+struct Volumes<'a> {
+    ctx: &'a Ctx,
+    ns: String,
+    /// Where the CSI driver keeps its volumes on the node: `<pool path>/csi`.
+    csi_root: PathBuf,
 }
 
-/// A claim of `class` with a pod on the storage node that writes its name into it and keeps
-/// running; returns the PV.
-async fn claim_with_writer(ctx: &Ctx, ns: &str, name: &str, class: &str) -> Result<PersistentVolume> {
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
-    claims.create(&PostParams::default(), &fixtures::claim(ns, name, class, "16Mi").build()).await?;
-    let writer = PodRun::new(ns, name, &format!("echo {name} > /data/{name} && sleep 3600"))
-        .claim(name)
-        .on_node(NODE2_NAME)
-        .keep_running();
-    ctx.lane.run_pod(&writer).await.map_err(|e| e.context(pod_logs(ctx, NAMESPACE, "")))?;
-    let dir = data_dir(ctx, ns, name).await?;
-    testbed::wait_for(&format!("{name} written in {}", dir.display()), LANE_TIMEOUT, || async {
-        anyhow::Ok((std::fs::read_to_string(dir.join(name)).ok() == Some(format!("{name}\n"))).then_some(()))
-    })
-    .await?;
-    ctx.pv_of(ns, name).await
-}
-
-/// The pods still run, never restarted, and their data is where it was.
-async fn still_running_with_their_data(ctx: &Ctx, ns: &str, names: &[&str]) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), ns);
-    for name in names {
-        let status = pods.get(name).await?.status.context("status")?;
-        ensure!(status.phase.as_deref() == Some("Running"), "{name} still running");
-        let restarts: i32 = status.container_statuses.iter().flatten().map(|c| c.restart_count).sum();
-        ensure!(restarts == 0, "{name} restarted {restarts} times");
-        let dir = data_dir(ctx, ns, name).await?;
-        ensure!(std::fs::read_to_string(dir.join(name))? == format!("{name}\n"), "{name}'s data kept");
+impl Volumes<'_> {
+    /// Where `claim`'s data is, as the storage node sees it (its mounts included): a hostPath
+    /// PV's path, or a CSI volume's directory (`<pool path>/csi/<volume handle>`).
+    async fn data_dir(&self, claim: &str) -> Result<PathBuf> {
+        let pv = self.ctx.pv_of(&self.ns, claim).await?;
+        let spec = pv.spec.clone().unwrap_or_default();
+        let path = match (spec.host_path, spec.csi) {
+            (Some(host_path), _) => PathBuf::from(host_path.path),
+            (None, Some(csi)) => self.csi_root.join(csi.volume_handle),
+            _ => anyhow::bail!("{claim}'s PV is neither hostPath nor CSI"),
+        };
+        self.ctx.lane.path_in_second_node(&path)
     }
-    Ok(())
+
+    /// A claim of `class` with a pod on the storage node that writes its name into it and
+    /// keeps running; returns the PV.
+    async fn claim_with_writer(&self, name: &str, class: &str) -> Result<PersistentVolume> {
+        let (ctx, ns) = (self.ctx, self.ns.as_str());
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
+        claims.create(&PostParams::default(), &fixtures::claim(ns, name, class, "16Mi").build()).await?;
+        let writer = PodRun::new(ns, name, &format!("echo {name} > /data/{name} && sleep 3600"))
+            .claim(name)
+            .on_node(NODE2_NAME)
+            .keep_running();
+        ctx.lane.run_pod(&writer).await.map_err(|e| e.context(pod_logs(ctx, NAMESPACE, "")))?;
+        let dir = self.data_dir(name).await?;
+        testbed::wait_for(&format!("{name} written in {}", dir.display()), LANE_TIMEOUT, || async {
+            anyhow::Ok((std::fs::read_to_string(dir.join(name)).ok() == Some(format!("{name}\n"))).then_some(()))
+        })
+        .await?;
+        ctx.pv_of(ns, name).await
+    }
+
+    /// `claim`'s data is on `disk`'s filesystem (the pool's claim), not on the node's root.
+    async fn on_the_disk(&self, disk: &LoopDisk, claim: &str) -> Result<()> {
+        let file = self.data_dir(claim).await?.join(claim);
+        let dev = std::fs::metadata(&file).with_context(|| format!("{}", file.display()))?.dev();
+        ensure!(dev == disk.dev, "{claim}'s data on the pool's disk (device {dev:#x}, the disk's {:#x})", disk.dev);
+        Ok(())
+    }
+
+    /// The pods still run, never restarted, and their data is where it was.
+    async fn still_running_with_their_data(&self, names: &[&str]) -> Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.ctx.lane.client(), &self.ns);
+        for name in names {
+            let status = pods.get(name).await?.status.context("status")?;
+            ensure!(status.phase.as_deref() == Some("Running"), "{name} still running");
+            let restarts: i32 = status.container_statuses.iter().flatten().map(|c| c.restart_count).sum();
+            ensure!(restarts == 0, "{name} restarted {restarts} times");
+            let dir = self.data_dir(name).await?;
+            ensure!(std::fs::read_to_string(dir.join(name))? == format!("{name}\n"), "{name}'s data kept");
+        }
+        Ok(())
+    }
+
+    /// The claim's pod made again: the volume mounts (through the CSI driver for a CSI
+    /// volume) and the new pod reads what the first one wrote.
+    async fn mounts_again(&self, claim: &str) -> Result<()> {
+        let (ctx, ns) = (self.ctx, self.ns.as_str());
+        ctx.lane.delete_pod(ns, claim).await?;
+        let reader = PodRun::new(ns, claim, &format!("grep -qx {claim} /data/{claim} && sleep 3600"))
+            .claim(claim)
+            .on_node(NODE2_NAME)
+            .keep_running();
+        let outcome =
+            ctx.lane.run_pod(&reader).await.map_err(|e| e.context(pod_logs(ctx, NAMESPACE, CSI_DAEMONSET)))?;
+        // A pod that did not find the file ends (Failed) instead of running on.
+        let phase = outcome.pod.status.as_ref().and_then(|s| s.phase.clone());
+        ensure!(
+            phase.as_deref() == Some("Running"),
+            "{claim} mounted again with its data: pod {phase:?}, {}",
+            outcome.logs
+        );
+        Ok(())
+    }
+
+    /// Stops the claim's pod, deletes the claim and waits until its PV and data are gone.
+    async fn reclaim(&self, claim: &str) -> Result<()> {
+        let (ctx, ns) = (self.ctx, self.ns.as_str());
+        ctx.lane.delete_pod(ns, claim).await?;
+        let dir = self.data_dir(claim).await?;
+        let pv = ctx.pv_of(ns, claim).await?.metadata.name.unwrap_or_default();
+        Api::<PersistentVolumeClaim>::namespaced(ctx.lane.client(), ns).delete(claim, &DeleteParams::default()).await?;
+        let pvs: Api<PersistentVolume> = Api::all(ctx.lane.client());
+        testbed::wait_for(&format!("PV {pv} and {} gone", dir.display()), LANE_TIMEOUT, || async {
+            anyhow::Ok((pvs.get_opt(&pv).await?.is_none() && !dir.exists()).then_some(()))
+        })
+        .await
+        .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, "")))
+    }
 }
 
-/// The claim's pod made again: the volume mounts (through the CSI driver for a CSI volume) and
-/// the new pod reads what the first one wrote.
-async fn mounts_again(ctx: &Ctx, ns: &str, claim: &str) -> Result<()> {
-    ctx.lane.delete_pod(ns, claim).await?;
-    let reader = PodRun::new(ns, claim, &format!("grep -qx {claim} /data/{claim} && sleep 3600"))
-        .claim(claim)
-        .on_node(NODE2_NAME)
-        .keep_running();
-    let outcome = ctx.lane.run_pod(&reader).await.map_err(|e| e.context(pod_logs(ctx, NAMESPACE, CSI_DAEMONSET)))?;
-    // A pod that did not find the file ends (Failed) instead of running on.
-    let phase = outcome.pod.status.as_ref().and_then(|s| s.phase.clone());
-    ensure!(
-        phase.as_deref() == Some("Running"),
-        "{claim} mounted again with its data: pod {phase:?}, {}",
-        outcome.logs
-    );
-    Ok(())
+/// The per-node claim of the `pvcTemplate` example's pool on the storage node, as both
+/// operators name it.
+fn pool_claim_name() -> String {
+    format!("hpp-pool-{POOL}-{NODE2_NAME}")
 }
 
-/// Stops the claim's pod, deletes the claim and waits until its PV and data are gone.
-async fn reclaim(ctx: &Ctx, ns: &str, claim: &str) -> Result<()> {
-    ctx.lane.delete_pod(ns, claim).await?;
-    let dir = data_dir(ctx, ns, claim).await?;
-    let pv = ctx.pv_of(ns, claim).await?.metadata.name.unwrap_or_default();
-    Api::<PersistentVolumeClaim>::namespaced(ctx.lane.client(), ns).delete(claim, &DeleteParams::default()).await?;
-    let pvs: Api<PersistentVolume> = Api::all(ctx.lane.client());
-    testbed::wait_for(&format!("PV {pv} and {} gone", dir.display()), LANE_TIMEOUT, || async {
-        anyhow::Ok((pvs.get_opt(&pv).await?.is_none() && !dir.exists()).then_some(()))
+/// The pool's mounter Deployment (same name under both operators) available.
+async fn wait_mounter_available(ctx: &Ctx, what: &str) -> Result<Deployment> {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+    let name = pool_claim_name();
+    testbed::wait_until(
+        &format!("{what} available"),
+        Duration::from_secs(240),
+        || async { Ok::<_, kube::Error>(deployments.get_opt(&name).await?.unwrap_or_default()) },
+        |d| d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0) >= 1,
+    )
+    .await
+    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, &name)).context(ctx.lane.log_tails(30)))
+}
+
+/// Mount points of `disk`'s filesystem on the storage node, from the node's own mount table.
+fn node2_mounts_of(ctx: &Ctx, disk: &LoopDisk) -> Result<Vec<String>> {
+    let table = ctx.lane.path_in_second_node(Path::new("/proc/1/mountinfo"))?;
+    let text = std::fs::read_to_string(&table).with_context(|| format!("reading {}", table.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            (fields.get(2) == Some(&disk.id.as_str())).then(|| fields.get(4).map(|m| m.to_string()))?
+        })
+        .collect())
+}
+
+fn mounted_in_node2(ctx: &Ctx, disk: &LoopDisk, target: &Path) -> Result<bool> {
+    let target = target.display().to_string();
+    Ok(node2_mounts_of(ctx, disk)?.contains(&target))
+}
+
+/// The claim's disk mounted at `target` on the storage node.
+async fn wait_mounted(ctx: &Ctx, disk: &LoopDisk, target: &Path) -> Result<()> {
+    testbed::wait_for(&format!("the pool's disk mounted at {}", target.display()), LANE_TIMEOUT, || async {
+        anyhow::Ok(mounted_in_node2(ctx, disk, target)?.then_some(()))
     })
     .await
-    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, "")))
+    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, "hpp-pool")))
+}
+
+/// The StorageClass docs/operator.md gives for new volumes of a storage pool ("Coming from the
+/// kubevirt operator", its first `yaml` block), and its name.
+fn documented_class(repo: &Path) -> Result<(String, String)> {
+    let doc = std::fs::read_to_string(repo.join("docs/operator.md"))?;
+    let section = doc.split(&format!("## {SECTION}\n")).nth(1).context("docs/operator.md has no such section")?;
+    let block = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .context("no yaml block in the section")?;
+    ensure!(block.contains(&format!("storagePool: {POOL}")), "the documented class names the pool {POOL}: {block}");
+    let name = block
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("name:"))
+        .map(|n| n.trim().to_owned())
+        .context("the documented class has a name")?;
+    Ok((block.to_owned(), name))
+}
+
+/// Replaces each `from` (which must occur) by its `to`.
+fn edit(mut text: String, edits: &[(&str, &str)]) -> Result<String> {
+    for (from, to) in edits {
+        ensure!(text.contains(from), "the upstream file no longer has {from:?}");
+        text = text.replace(from, to);
+    }
+    Ok(text)
 }

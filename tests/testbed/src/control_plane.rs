@@ -760,6 +760,9 @@ impl Layout<'_> {
             controllers.push("statefulset-controller");
             // The Endpoints of a webhook's Service, which the API server dials (below).
             controllers.push("endpoints-controller");
+            // The kubevirt operator's cleanup Jobs, which it waits for before it lets a
+            // resource with a pool on a claim go.
+            controllers.push("job-controller");
         }
         let controllers: Vec<&str> = if self.minor >= 28 {
             controllers

@@ -424,6 +424,27 @@ impl Lane {
         path.to_path_buf()
     }
 
+    /// `path` as the second node sees it, mounts included, from the host: through the root of
+    /// a process in the node's mount namespace ([`second_node::init_stand_in_pid`]). Valid
+    /// while the node runs.
+    pub fn path_in_second_node(&self, path: &Path) -> Result<PathBuf> {
+        let pid = second_node::init_stand_in_pid(&host::lane_dir()).context("the second node does not run")?;
+        Ok(PathBuf::from(format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path)))
+    }
+
+    /// Runs `command` in the second node's mount namespace, as an admin would on that machine
+    /// (`mount`, `umount`); fails with its stderr.
+    pub fn run_on_second_node(&self, command: &[&str]) -> Result<()> {
+        let layout = self.second.lock().expect("second node lock").as_ref().map(|n| n.layout.clone());
+        let ns = layout.and_then(|l| l.namespaces).context("the second node does not run")?;
+        host::run(
+            std::process::Command::new("nsenter")
+                .arg(format!("--mount={}", ns.mount.display()))
+                .arg("--")
+                .args(command),
+        )
+    }
+
     /// Deploys `deploy/legacy` from `repo` with `kubectl apply -k`, through an overlay that
     /// points the image at the local one ([`images::local_image`]), moves the pool root to [`Lane::pool_root`] and adds two pools as the README says an admin
     /// would (`STORAGE_POOLS`, a hostPath volume and a mount each): `nfs` declared shared,

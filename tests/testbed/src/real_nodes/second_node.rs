@@ -15,6 +15,8 @@
 //!   pool paths node 1 uses, as two machines would. The shared pool (`nfs`) is the same
 //!   directory on both nodes, standing in for a network filesystem. Node 1's mounts copied into
 //!   the namespace when it was made are detached there, so that they do not stay pinned.
+//!   Every mount there is shared (among the node's own), and `/proc/1/mountinfo` shows the
+//!   node's mounts, as on a machine of its own ([`stand_in_for_init`] says why).
 //! - **Processes.** containerd and the kubelet run through `nsenter` (which execs them, so the
 //!   PID and the spawner's death signal are theirs); the kubelet's `cgroupRoot` is
 //!   [`CGROUP_ROOT`], so its pods are under `/hpp-node2/kubepods`, apart from node 1's.
@@ -99,10 +101,6 @@ pub fn create(
         fs::create_dir_all(path).with_context(|| format!("creating {path}"))?;
         script.push_str(&format!("mount --bind {} {}\n", quote(&own), quote(Path::new(path))));
     }
-    // The kubelet's root (see `NodeLayout::kubelet_root`) shared, as on a real node: a CSI
-    // driver's containers mount the pods' directory Bidirectional, which containerd refuses
-    // on a private mount.
-    script.push_str("mount --make-shared /var/lib/kubelet\n");
     for pool in local_pools {
         let own = own_pool_dir(lane_dir, pool);
         fs::create_dir_all(&own)?;
@@ -116,11 +114,17 @@ pub fn create(
     for pool in shared_pools {
         script.push_str(&format!("mount --make-shared {}\n", quote(pool)));
     }
+    // Every mount of the node shared among the node's own mounts, as systemd makes a host's:
+    // a CSI driver's containers mount the kubelet's pod directory Bidirectional, and the
+    // kubevirt pool mounter the node's `/`, which containerd refuses on a private mount. The
+    // peers are new ones, inside the node: nothing reaches the host.
+    script.push_str("mount --make-rshared /\n");
     run(Command::new("unshare")
         .arg(format!("--net={}", ns.net.display()))
         .arg(format!("--mount={}", ns.mount.display()))
         .args(["--propagation", "private", "--", "sh", "-c", &script]))
     .context("making the second node's namespaces")?;
+    stand_in_for_init(&dir, &ns)?;
 
     // The veth pair, made inside the node with its peer sent to this process's namespace.
     let in_node = |args: &[&str]| -> Result<()> {
@@ -165,6 +169,57 @@ pub fn create(
         namespaces: Some(ns),
         cgroup_root: Some(format!("/{CGROUP_ROOT}")),
     })
+}
+
+/// A process that lives in the node's mount namespace for as long as the node, whose mount
+/// table the node sees at `/proc/1/mountinfo`: on a machine of its own, PID 1 (init) is in the
+/// node's mount namespace and programs read the node's mounts there (the kubevirt pool
+/// mounter looks for the kubelet's pod mounts in it after a chroot to the node's `/`). The node
+/// shares the machine's PID namespace, whose PID 1 is the machine's init with the machine's
+/// mounts; the node's own is bound over that file in the node's namespace only (live: reading
+/// it reads the process's table). The process, `tail -f` on a file under the node's
+/// directory, is found and killed by [`remove`] with the node's others; its mountinfo then
+/// reads as an error, never as another node's table.
+fn stand_in_for_init(dir: &Path, ns: &Namespaces) -> Result<()> {
+    let marker = dir.join("init-stand-in");
+    fs::write(&marker, "")?;
+    let mut process = Command::new("nsenter")
+        .arg(format!("--mount={}", ns.mount.display()))
+        .args(["--", "tail", "-f"])
+        .arg(&marker)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting the node's stand-in for init")?;
+    // nsenter execs tail: the PID is the process in the node's namespace once it has entered.
+    let pid = process.id();
+    std::thread::spawn(move || process.wait());
+    let entered = || {
+        fs::read_link(format!("/proc/{pid}/ns/mnt")).ok() != fs::read_link("/proc/self/ns/mnt").ok()
+            && fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe.ends_with("tail"))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !entered() {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the node's stand-in for init did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    run(Command::new("nsenter").arg(format!("--mount={}", ns.mount.display())).args([
+        "--",
+        "mount",
+        "--bind",
+        &format!("/proc/{pid}/mountinfo"),
+        "/proc/1/mountinfo",
+    ]))
+    .context("binding the node's mount table at /proc/1/mountinfo")
+}
+
+/// The PID (host view) of the process whose mount namespace is the second node's (see
+/// [`stand_in_for_init`]): `/proc/<pid>/root` is the node's `/`, with the node's mounts.
+pub fn init_stand_in_pid(lane_dir: &Path) -> Option<u32> {
+    let marker = node_dir(lane_dir).join("init-stand-in");
+    let pid = host::pids_with_arg_under(&marker).into_iter().next()?;
+    u32::try_from(pid).ok()
 }
 
 /// Removes what [`create`] made and what ran there: the processes (pods in the node's cgroups,
