@@ -107,8 +107,14 @@ async fn the_not_ready_runbook_prints_why_from_inside_the_pod() {
     let mut env = TestEnv::start("runbook", 0).await;
     env.add_node_no_wait(&format!("{}-1", env.group), &|spec| spec.env("REQUIRE_MOUNTPOINT", "true")).await;
     let unready = env.nodes[0].provisioner.health_addr();
-    testbed::wait_for("the provisioner answers 503", TIMEOUT, || async {
-        anyhow::Ok(testbed::http_get(unready, "/readyz").await.ok().filter(|(status, _)| *status == 503))
+    // Until its initial lists arrive it is not ready for that reason; the pool's comes after.
+    testbed::wait_for("the provisioner answers 503 for its pool", TIMEOUT, || async {
+        anyhow::Ok(
+            testbed::http_get(unready, "/readyz")
+                .await
+                .ok()
+                .filter(|(status, body)| *status == 503 && body.contains("unusable pool")),
+        )
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
