@@ -84,7 +84,7 @@ test-more-arches: control-plane
 	$(MORE_ARCHES_ENV) $(CARGO) test --test e2e_foreign_arches -- ppc64le_ s390x_
 
 # A kubevirt hostpath-provisioner-operator cluster moved to this operator and back on the
-# real-node lane (tests/real_nodes/kubevirt_migration.rs), apart from `make test` like the
+# real-node lane (tests/real_nodes/kubevirt_migration.rs, kubevirt_pool_migration.rs), apart from `make test` like the
 # arches above: building the kubevirt operator, its CSI driver and the CSI sidecars from source
 # (hack/build-kubevirt-csi.sh, cached) costs about 13 minutes on 2 cores cold. Needs the kubevirt
 # source archives (HPP_KUBEVIRT_OPERATOR_ARCHIVE, HPP_GO_LEGACY_ARCHIVE; .ci/run finds them) and

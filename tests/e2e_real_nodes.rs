@@ -80,10 +80,10 @@ mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes;
 #[path = "real_nodes/kubevirt_migration.rs"]
 mod kubevirt_migration;
-use kubevirt_migration::{
-    a_kubevirt_operator_cluster_moves_to_this_operator_and_back_with_its_volumes_two_nodes,
-    a_kubevirt_operator_cluster_with_a_pool_on_a_claim_moves_and_back_with_its_mount_two_nodes,
-};
+use kubevirt_migration::a_kubevirt_operator_cluster_moves_to_this_operator_and_back_with_its_volumes_two_nodes;
+#[path = "real_nodes/kubevirt_pool_migration.rs"]
+mod kubevirt_pool_migration;
+use kubevirt_pool_migration::a_kubevirt_operator_cluster_with_a_pool_on_a_claim_moves_and_back_with_its_mount_two_nodes;
 
 /// Set to 1 by `make test`, which runs this lane at the same time as the rest of the suite, in
 /// a `cargo test` of its own: the suite's run of this binary then does nothing.
