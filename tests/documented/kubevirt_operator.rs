@@ -98,8 +98,33 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     ));
     shell.run(&docs.command("docs/operator.md", going_back, "kubectl -n hostpath-provisioner delete daemonset"));
     assert!(shell.get(&daemonset).is_none() && shell.get(&operator_deployment).is_none());
-    // Its pool mounters too (this resource has no pool on a claim: the real-node scenario has).
+    // Its pool mounters too, and no kubevirt mounter (which shares their managed-by label).
+    // This resource has no pool on a claim (the real-node scenario has): one of each, by label.
+    let mounter = |name: &str, labels: serde_json::Value| {
+        serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "hostpath-provisioner", "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": {"mounter": name}},
+                "template": {
+                    "metadata": {"labels": {"mounter": name}},
+                    "spec": {"containers": [{"name": "mounter", "image": "mounter.invalid/mounter"}]},
+                },
+            },
+        })
+    };
+    let ours = mounter("hpp-pool-ours-node", serde_json::json!({"hostpathprovisioner.kubevirt.io/pool": "ours"}));
+    let theirs_mounter = mounter(
+        "hpp-pool-theirs-node",
+        serde_json::json!({"app.kubernetes.io/managed-by": "hostpath-provisioner-operator"}),
+    );
+    std::fs::write(shell.dir().join("mounters.json"), format!("{ours}\n{theirs_mounter}")).expect("write mounters");
+    shell.kubectl(&["create", "-f", "mounters.json"]);
     shell.run(&docs.command("docs/operator.md", going_back, "kubectl -n hostpath-provisioner delete deployment -l"));
+    let in_namespace = |name| ["deployment", name, "-n", "hostpath-provisioner"];
+    assert!(shell.get(&in_namespace("hpp-pool-ours-node")).is_none(), "this operator's mounter deleted");
+    assert!(shell.get(&in_namespace("hpp-pool-theirs-node")).is_some(), "a kubevirt mounter left alone");
+    shell.kubectl(&["delete", "-f", "mounters.json", "--ignore-not-found"]);
     let name = resource[1];
     shell.run_with(
         &docs.command("docs/operator.md", going_back, "kubectl patch hostpathprovisioner <name> --type"),
