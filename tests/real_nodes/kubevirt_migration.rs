@@ -209,17 +209,27 @@ pub(super) async fn move_to_this_operator(
     wait_operator_available(ctx, "this operator").await?;
     wait_condition(ctx, "Available", "True").await?;
     wait_rolled_out(ctx, NAMESPACE, OUR_DAEMONSET).await?;
+    // The take-over's steps land one by one (Available can come before the last of them).
     let events: Api<Event> = Api::namespaced(ctx.lane.client(), "default");
-    let took_over =
-        events.list(&ListParams::default()).await?.items.into_iter().any(|e| e.reason.as_deref() == Some("TookOver"));
-    ensure!(took_over, "a TookOver Event on the resource");
-    let csi_daemonset = Api::<DaemonSet>::namespaced(ctx.lane.client(), NAMESPACE).get(CSI_DAEMONSET).await?;
-    ensure!(csi_daemonset.metadata.owner_references.is_none(), "the CSI DaemonSet kept without owner");
-    let finalizers = resources(ctx).get(RESOURCE).await?.metadata.finalizers.unwrap_or_default();
-    ensure!(
-        finalizers == ["hostpathprovisioner.kubevirt.io/cleanup"],
-        "the kubevirt finalizer replaced: {finalizers:?}"
-    );
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+    testbed::wait_for(
+        "a TookOver Event, the CSI DaemonSet kept without owner, the kubevirt finalizer replaced",
+        Duration::from_secs(240),
+        || async {
+            let took_over = events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .any(|e| e.reason.as_deref() == Some("TookOver"));
+            let csi_kept = daemonsets.get(CSI_DAEMONSET).await?.metadata.owner_references.is_none();
+            let finalizers = resources(ctx).get(RESOURCE).await?.metadata.finalizers.unwrap_or_default();
+            let replaced = finalizers == ["hostpathprovisioner.kubevirt.io/cleanup"];
+            anyhow::Ok((took_over && csi_kept && replaced).then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)))?;
     Ok((docs, work))
 }
 
