@@ -137,14 +137,14 @@ bench: control-plane
 
 # The same scenarios run by ours and by the Go provisioner this project replaces, in turn, and
 # their ratios (docs/performance.md). The Go build comes from its source archive
-# (hack/build-go-legacy.sh; HPP_GO_LEGACY_ARCHIVE, else looked for in ../shared/go-legacy,
-# ../../shared/go-legacy and /work/shared/go-legacy, as .ci/run does). BENCH_ARGS as for bench.
+# (hack/build-go-legacy.sh; HPP_GO_LEGACY_ARCHIVE, else looked for in ../shared/go-legacy and
+# ../../shared/go-legacy, as .ci/run does). BENCH_ARGS as for bench.
 GO_LEGACY_ARCHIVE_NAME := kubevirt-hostpath-provisioner-7c142255.tar.gz
 bench-vs-go: control-plane
 	@provisioner="$${BENCH_PROVISIONER:-}"; \
 	[ -n "$$provisioner" ] || provisioner="$$(bash hack/build-static.sh x86_64-unknown-linux-gnu release $(BENCH_BUILD_DIR))" || exit 1; \
 	archive="$${HPP_GO_LEGACY_ARCHIVE:-}"; \
-	for dir in ../shared/go-legacy ../../shared/go-legacy /work/shared/go-legacy; do \
+	for dir in ../shared/go-legacy ../../shared/go-legacy; do \
 	  [ -n "$$archive" ] || [ ! -f "$$dir/$(GO_LEGACY_ARCHIVE_NAME)" ] || archive="$$dir/$(GO_LEGACY_ARCHIVE_NAME)"; \
 	done; \
 	go="$$(HPP_GO_LEGACY_ARCHIVE="$$archive" bash hack/build-go-legacy.sh)" && \

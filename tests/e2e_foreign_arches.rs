@@ -11,7 +11,7 @@
 //!
 //! linux/ppc64le and linux/s390x run only when `HPP_MORE_ARCHES=1` (the target sets it): their
 //! cross builds would push a cold `make test` on 2 cores past its hour (Makefile,
-//! `test-more-arches`). Otherwise they print SKIPPED and pass, CI or not.
+//! `test-more-arches`). Otherwise they say "not here" and where they run, and pass, CI or not.
 //!
 //! Without a platform's cross tools (e.g. `apt-get install gcc-powerpc64le-linux-gnu
 //! libc6-dev-ppc64el-cross qemu-user-static`) its test prints SKIPPED with the apt command,
@@ -29,10 +29,6 @@ use testbed::real_nodes::images::{self, Arch};
 
 /// Set by `make test-more-arches`: run the linux/ppc64le and linux/s390x tests.
 const MORE_ARCHES: &str = "HPP_MORE_ARCHES";
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn arm64_binary_answers_help_runs_the_doctor_and_provisions_a_claim_under_qemu() {
@@ -55,7 +51,7 @@ fn foreign_binary(arch: Arch) -> Option<PathBuf> {
     let platform = format!("linux/{}", arch.oci_name());
     if arch != Arch::Arm64 && !std::env::var(MORE_ARCHES).is_ok_and(|v| v == "1") {
         println!(
-            "SKIPPED: the {platform} binary under qemu runs in `make test-more-arches` ({MORE_ARCHES}=1), not in `make test`"
+            "not here: the {platform} binary under qemu runs in `make test-more-arches` ({MORE_ARCHES}=1), not in `make test`"
         );
         return None;
     }
@@ -63,7 +59,7 @@ fn foreign_binary(arch: Arch) -> Option<PathBuf> {
     if !missing.is_empty() {
         let reason =
             format!("the {platform} test needs {} (apt-get install {})", missing.join(", "), arch.apt_packages());
-        assert!(!in_ci(), "CI=true and {reason}");
+        assert!(!testbed::in_ci(), "CI=true and {reason}");
         println!("SKIPPED: {reason}");
         return None;
     }

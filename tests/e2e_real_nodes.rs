@@ -112,10 +112,6 @@ fn main() -> ExitCode {
     runtime.block_on(run(filter))
 }
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
 async fn run(filter: Option<String>) -> ExitCode {
     let scenarios = scenarios![
         the_deploy_legacy_daemonset_runs_with_its_own_token_probes_read_only_root_and_two_capabilities,
@@ -160,7 +156,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if let Err(reason) = testbed::real_nodes::availability() {
-        if in_ci() {
+        if testbed::in_ci() {
             eprintln!("error: the real-node lane cannot run and CI=true: {reason:#}");
             return ExitCode::FAILURE;
         }

@@ -155,7 +155,7 @@ pub(crate) async fn of_the_kubevirt_operator_are_adopted_where_it_mounted_them_a
             "template": {
                 "metadata": {"labels": {"hpp-pool": "shared-hpp"}},
                 "spec": {"containers": [{"name": "mounter", "image": "quay.io/kubevirt/hostpath-provisioner-operator",
-                    "command": ["/usr/bin/mounter", "--storagePoolPath", "/source", "--mountPath", "/mnt/shared/csi", "--hostPath", "/host"]}]},
+                    "command": ["/usr/bin/mounter", "--storagePoolPath", "/source", "--mountPath", "/mnt/vms/csi", "--hostPath", "/host"]}]},
             },
         },
     }))
@@ -174,7 +174,7 @@ pub(crate) async fn of_the_kubevirt_operator_are_adopted_where_it_mounted_them_a
     let patch = json!({"spec": {
         "workload": {"nodeSelector": {"hpp-e2e": env.group}},
         "storagePools": [{"name": "local", "path": "/var/hpvolumes"},
-                         {"name": "shared", "path": "/mnt/shared", "pvcTemplate": template}],
+                         {"name": "shared", "path": "/mnt/vms", "pvcTemplate": template}],
     }});
     resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("the shared pool");
     let adopted = testbed::wait_for("the kubevirt claim adopted", WAIT, || async {
@@ -188,11 +188,11 @@ pub(crate) async fn of_the_kubevirt_operator_are_adopted_where_it_mounted_them_a
     assert_eq!(adopted.metadata.uid, made.metadata.uid, "the same claim, not a new one");
     let target =
         adopted.metadata.annotations.as_ref().and_then(|a| a.get("hostpathprovisioner.kubevirt.io/mount-target"));
-    assert_eq!(target.map(String::as_str), Some("/mnt/shared/csi"), "the kubevirt mount point stays");
+    assert_eq!(target.map(String::as_str), Some("/mnt/vms/csi"), "the kubevirt mount point stays");
     // The node DaemonSet serves the pool where the kubevirt operator mounted it, only while mounted.
     wait_daemonset(env, "the kubevirt pool served at <path>/csi", |d| {
         node_container(d).0.get("STORAGE_POOLS").map(String::as_str)
-            == Some("local=/var/hpvolumes,shared=/mnt/shared/csi,mountpoint")
+            == Some("local=/var/hpvolumes,shared=/mnt/vms/csi,mountpoint")
     })
     .await;
     let of_pool =
@@ -215,7 +215,7 @@ pub(crate) async fn of_the_kubevirt_operator_are_adopted_where_it_mounted_them_a
         let pod = mounter.spec.and_then(|s| s.template.spec).expect("mounter pod");
         let volumes = serde_json::to_value(&pod.volumes).expect("volumes");
         assert_eq!(volumes[0]["persistentVolumeClaim"]["claimName"], "hpp-pool-shared-shared");
-        assert_eq!(volumes[1]["hostPath"]["path"], "/mnt/shared/csi");
+        assert_eq!(volumes[1]["hostPath"]["path"], "/mnt/vms/csi");
     }
 
     // The pool removed: the CSI volume holds the claim and names itself; gone, it frees it.

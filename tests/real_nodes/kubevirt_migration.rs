@@ -133,10 +133,10 @@ pub(super) struct Install {
 
 /// Builds the kubevirt programs (cached), brings the lane's second node, imports the images,
 /// sets deploy/legacy aside and installs the kubevirt operator as its README says (cert-manager's
-/// part done by the lane); `None` (with SKIPPED said) unless [`MIGRATION_ENV`] is 1.
+/// part done by the lane); `None` (saying where it runs) unless [`MIGRATION_ENV`] is 1.
 pub(super) async fn install_kubevirt(ctx: &Ctx) -> Result<Option<Install>> {
     if std::env::var(MIGRATION_ENV).as_deref() != Ok("1") {
-        println!("    SKIPPED: run by `make test-kubevirt-migration` ({MIGRATION_ENV}=1; its build is long)");
+        println!("    not here: run by `make test-kubevirt-migration` ({MIGRATION_ENV}=1; its build is long)");
         return Ok(None);
     }
     let started = Instant::now();
