@@ -145,3 +145,26 @@ async fn an_expansion_the_api_accepts_but_no_disk_holds_is_refused_on_the_claim(
     env.delete_claim("growing").await;
     env.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
 }
+
+/// Every refusal reaches its object whatever the length of the object's name: a claim named with
+/// the 253 characters a name may have is refused for a directory name over 255 bytes
+/// (`pathPattern`) and for an unknown class parameter, each with a Warning Event on it. (kube's
+/// recorder would name the Event `<claim name>.<time>`, over the API server's limit, and the
+/// refusal would reach the log only.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_with_the_longest_name_still_gets_its_refusal_as_an_event() {
+    let env = TestEnv::start("longname", 1).await;
+    let node = env.nodes[0].name.clone();
+    let pattern = env.class("pattern", |c| c.immediate().parameter("pathPattern", "{namespace}_{claim}")).await;
+    let typo = env.class("typo", |c| c.immediate().parameter("storagepool", "legacy")).await;
+    for (class, prefix, says) in [(&pattern, "a", "255"), (&typo, "b", "storagepool")] {
+        let name = format!("{prefix}{}", "x".repeat(252));
+        assert_eq!(name.len(), 253);
+        let claim = env.create_claim(fixtures::claim(&env.ns, &name, class, "1Mi").provision_on_node(&node)).await;
+        let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+        assert!(note.contains(says), "says why: {note}");
+        let claim = env.claims().get(&name).await.expect("claim");
+        assert_eq!(claim.status.and_then(|s| s.phase).as_deref(), Some("Pending"), "refused, not provisioned");
+        env.delete_claim(&name).await;
+    }
+}

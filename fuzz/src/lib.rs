@@ -73,12 +73,13 @@ pub fn model_is_uid(s: &str) -> bool {
             .all(|(g, len)| g.len() == len && g.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
-/// A DNS-1123 subdomain: dot-separated labels of 1..=63 `[a-z0-9-]`, not starting or ending with
+/// A DNS-1123 subdomain as the API server checks it: dot-separated non-empty labels of `[a-z0-9-]`
+/// (no limit of their own), not starting or ending with
 /// '-', 253 bytes at most in all.
 pub fn model_is_dns_subdomain(s: &str) -> bool {
     (1..=253).contains(&s.len())
         && s.split('.').all(|label| {
-            (1..=63).contains(&label.len())
+            !label.is_empty()
                 && label.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-'))
                 && !label.starts_with('-')
                 && !label.ends_with('-')

@@ -82,13 +82,14 @@ pub fn uid_of_dir(name: &str) -> Option<&str> {
 }
 
 /// A DNS-1123 subdomain (what claim names and namespaces are), checked again because a path is
-/// built from it and the API is not trusted.
+/// built from it and the API is not trusted. As the API server checks it: up to 253 characters,
+/// with no limit on the parts between dots (a claim named with 253 letters is valid, and must
+/// be served, or refused for what it asks, not for its name).
 pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
         && s.split('.').all(|label| {
             !label.is_empty()
-                && label.len() <= 63
                 && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && label.as_bytes()[0] != b'-'
                 && label.as_bytes()[label.len() - 1] != b'-'

@@ -6,6 +6,7 @@ pub mod claim;
 pub mod class;
 pub mod clone;
 pub mod deletion;
+pub mod event;
 pub mod identity;
 pub mod interning;
 pub mod kept_volume;

@@ -119,13 +119,14 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         },
         () = &mut shutdown => return 0,
     }
-    let reporter = Reporter { controller: reconcile::FIELD_MANAGER.to_owned(), instance: Some(identity) };
+    let reporter = Reporter { controller: reconcile::FIELD_MANAGER.to_owned(), instance: Some(identity.clone()) };
     let ctx = Arc::new(reconcile::Context {
         client: client.clone(),
         namespace: namespace.clone(),
         image,
         image_pull_secrets,
         recorder: Recorder::new(client.clone(), reporter),
+        identity,
     });
     let resources: Api<HostPathProvisioner> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -15,6 +17,7 @@ use kube::runtime::finalizer::{Event as Finalizing, finalizer};
 use kube::{Client, Resource, ResourceExt};
 
 use super::error::{OperatorError, reason};
+use crate::deciding::event;
 use crate::deciding::operator::render::{Desired, Environment, OWNER_LABEL, Rendered, render};
 use crate::deciding::operator::resource::{HostPathProvisioner, Status};
 use crate::deciding::operator::status::{self, Observed, Rollout};
@@ -35,6 +38,8 @@ pub struct Context {
     /// The node pods' and pool mounters' pull secrets: the operator pod's own.
     pub image_pull_secrets: Vec<String>,
     pub recorder: Recorder,
+    /// This operator pod's name in its Events (the recorder's instance).
+    pub identity: String,
 }
 
 /// Reconciles one resource (the controller's entry point).
@@ -246,7 +251,21 @@ async fn publish(ctx: &Context, resource: &HostPathProvisioner, type_: EventType
         action: action.into(),
         secondary: None,
     };
-    if let Err(error) = ctx.recorder.publish(&event, &resource.object_ref(&())).await {
+    let regarding = resource.object_ref(&());
+    let result = if event::recorder_can_name(&resource.name_any()) {
+        ctx.recorder.publish(&event, &regarding).await
+    } else {
+        // Too long a name for the recorder's Event name (deciding::event): written as a first
+        // occurrence under a shortened one.
+        let type_ = if type_ == EventType::Warning { "Warning" } else { "Normal" };
+        let note = event.note.as_deref().unwrap_or_default();
+        let text = event::EventText { type_, reason, action, note };
+        let written = event::new_event(FIELD_MANAGER, &ctx.identity, &regarding, text, Timestamp::now());
+        let namespace = written.metadata.namespace.clone().unwrap_or_default();
+        let events: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), &namespace);
+        events.create(&PostParams::default(), &written).await.map(|_| ())
+    };
+    if let Err(error) = result {
         tracing::warn!(%error, reason, "cannot write an Event on the resource");
     }
 }

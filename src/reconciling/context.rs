@@ -8,13 +8,14 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use crate::config::Config;
+use crate::deciding::event;
 use crate::deciding::identity::Identity;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::reservations::Reservations;
@@ -225,12 +226,7 @@ impl Context {
     /// recorder keeps every event it sends for six minutes, to count a repeat into a series: about
     /// 2 KiB per volume in a burst, for a repeat that never comes. This one is not kept.
     pub async fn normal_once(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
-        let event = unkept_event(&self.me, regarding, reason, action, truncate_utf8(note, 1024));
-        let namespace = regarding.namespace.as_deref().unwrap_or("default");
-        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
-        if let Err(error) = events.create(&PostParams::default(), &event).await {
-            tracing::warn!(%error, reason, object = ?regarding.name, "could not publish event");
-        }
+        self.publish_unkept(regarding, EventType::Normal, reason, action, note).await;
     }
 
     /// Publishes a Warning event, unless the same warning went out on the object recently.
@@ -256,6 +252,12 @@ impl Context {
     }
 
     async fn publish(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
+        // The recorder names an Event after its object: for a name too long for that, the Event
+        // is written as a first occurrence under a shortened name (deciding::event), or the
+        // user would never see it.
+        if !event::recorder_can_name(regarding.name.as_deref().unwrap_or_default()) {
+            return self.publish_unkept(regarding, type_, reason, action, note).await;
+        }
         let event = Event {
             type_,
             reason: reason.into(),
@@ -270,25 +272,29 @@ impl Context {
     }
 }
 
-/// The Normal event kube's recorder creates for a first occurrence (its `generate_event`): named
-/// after the object and the time, reported by the provisioner on this node.
-fn unkept_event(me: &Identity, regarding: &ObjectReference, reason: &str, action: &str, note: String) -> K8sEvent {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    K8sEvent {
-        metadata: ObjectMeta {
-            namespace: regarding.namespace.clone(),
-            name: Some(format!("{}.{:x}", regarding.name.as_ref().unwrap_or(&me.provisioner), now.as_nanosecond())),
-            ..Default::default()
-        },
-        action: Some(action.into()),
-        reason: Some(reason.into()),
-        event_time: Some(MicroTime(now)),
-        regarding: Some(regarding.clone()),
-        note: Some(note),
-        reporting_controller: Some(me.provisioner.clone()),
-        reporting_instance: Some(me.node.clone()),
-        type_: Some("Normal".into()),
-        ..Default::default()
+impl Context {
+    /// Writes an Event as a first occurrence, outside the recorder (which would keep it to count
+    /// repeats): named by [`event::event_name`], reported by the provisioner on this node.
+    async fn publish_unkept(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let type_ = match type_ {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        };
+        let note = truncate_utf8(note, 1024);
+        let text = event::EventText { type_, reason, action, note: &note };
+        let event = event::new_event(&self.me.provisioner, &self.me.node, regarding, text, Timestamp::now());
+        let namespace = event.metadata.namespace.clone().unwrap_or_default();
+        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        if let Err(error) = events.create(&PostParams::default(), &event).await {
+            tracing::warn!(%error, reason, object = ?regarding.name, "could not publish event");
+        }
     }
 }
 
@@ -345,7 +351,9 @@ mod tests {
             uid: Some("u-1".into()),
             ..Default::default()
         };
-        let event = unkept_event(&me, &regarding, "ProvisioningSucceeded", "Provision", "made".into());
+        let text =
+            event::EventText { type_: "Normal", reason: "ProvisioningSucceeded", action: "Provision", note: "made" };
+        let event = event::new_event(&me.provisioner, &me.node, &regarding, text, Timestamp::now());
         let name = event.metadata.name.as_deref().unwrap();
         assert!(name.starts_with("data.") && u128::from_str_radix(&name[5..], 16).is_ok(), "{name}");
         assert_eq!(event.metadata.namespace.as_deref(), Some("apps"));
