@@ -117,6 +117,8 @@ async fn snapshot_and_restore_on(fs: &str, mount: impl Fn(&Path) -> LoopFs, meth
     let snapshot_uid = snapshot.metadata.uid.clone().unwrap();
     let copy = disk.dir.join(".hpp-snapshots").join(&snapshot_uid);
     assert!(copy.is_dir(), "the copy sits in the pool's snapshots directory");
+    // The status names the pool root holding it: the operator keeps that pool's claim for it.
+    assert_eq!(status.pool_root.as_deref().map(Path::new), Some(disk.dir.as_path()), "{fs}");
     // The source changes after the snapshot: the restore has it as it was.
     std::fs::write(source.join("data"), b"after").unwrap();
 

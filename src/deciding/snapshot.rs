@@ -88,6 +88,11 @@ pub struct SnapshotStatus {
     /// Bytes of file data in the copy (apparent sizes; shared extents count in full).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
+    /// The root of the pool holding the copy, on `node` (`<root>/.hpp-snapshots/<uid>`): what
+    /// keeps the operator from releasing that pool's claim while the copy lives. Absent from
+    /// snapshots of earlier releases, whose copy then holds every pool of its node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_root: Option<String>,
     /// When the copy was made (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation_time: Option<String>,

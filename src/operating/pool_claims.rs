@@ -12,11 +12,13 @@ use super::error::OperatorError;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::operator::pool_claims::{
     CsiVolume, KUBEVIRT_POOL_LABEL, MOUNT_TARGET_ANNOTATION, NODE_ANNOTATION, PATH_ANNOTATION, POOL_LABEL, PoolObjects,
+    SnapshotCopy,
 };
 use crate::deciding::operator::pool_plan::{self, Existing, Kind};
 use crate::deciding::operator::render::{NodePlacement, OWNER_LABEL, PoolOnClaim};
 use crate::deciding::operator::resource::ClaimStatus;
 use crate::deciding::operator::status::PoolOnClaimState;
+use crate::deciding::snapshot::HostPathSnapshot;
 
 /// What one pass over the pools on a claim found and did.
 #[derive(Debug, Default)]
@@ -53,6 +55,7 @@ pub struct Found {
     nodes: Vec<Node>,
     pvs: Vec<KeptVolume>,
     csi_pvs: Vec<CsiVolume>,
+    snapshots: Vec<SnapshotCopy>,
     /// The kubevirt operator's claims and mounters (its label, not ours).
     kubevirt: Vec<(Kind, String)>,
 }
@@ -120,7 +123,28 @@ pub async fn read(target: &Target<'_>, any_pools: bool) -> Result<Found, Operato
             None => break,
         }
     }
-    Ok(Found { claims, mounters, nodes, pvs, csi_pvs, kubevirt })
+    let snapshots = snapshot_copies(target).await?;
+    Ok(Found { claims, mounters, nodes, pvs, csi_pvs, snapshots, kubevirt })
+}
+
+/// The snapshots' copies, every namespace: each holds the pool it is in. Without the
+/// HostPathSnapshot CRD there are none; any other failure stops the pass, as for the PVs.
+async fn snapshot_copies(target: &Target<'_>) -> Result<Vec<SnapshotCopy>, OperatorError> {
+    let api = Api::<HostPathSnapshot>::all(target.client.clone());
+    let mut copies = Vec::new();
+    let mut params = ListParams::default().limit(PV_PAGE);
+    loop {
+        let page = match api.list(&params).await {
+            Ok(page) => page,
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(Vec::new()),
+            Err(e) => return Err(OperatorError::api("list the snapshots that may hold a pool back", e)),
+        };
+        copies.extend(page.items.iter().filter_map(SnapshotCopy::of));
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(copies),
+        }
+    }
 }
 
 fn claims_api(target: &Target<'_>) -> Api<PersistentVolumeClaim> {
@@ -149,6 +173,7 @@ fn plan(target: &Target<'_>, found: &Found, pools: &[PoolOnClaim], placement: &N
         kubevirt: &found.kubevirt,
         pvs: &found.pvs,
         csi_pvs: &found.csi_pvs,
+        snapshots: &found.snapshots,
     };
     pool_plan::plan(pools, placement, &cluster, &objects)
 }

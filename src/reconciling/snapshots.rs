@@ -176,7 +176,7 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             }
             // The finalizer and this node's name first: a deletion from now on finds the node
             // that may hold a copy, even one cut short.
-            hold(&ctx, &snap).await?;
+            hold(&ctx, &snap, &root).await?;
             let report = tokio::task::spawn_blocking(move || pool.take_snapshot(&source, &target, &node))
                 .await
                 .map_err(|e| SnapshotError::Task(e.to_string()))??;
@@ -203,13 +203,19 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
     }
 }
 
-/// Names this node in the status (not ready yet), then adds the finalizer: a finalizer is never
-/// there without the node that removes it, and the copy starts only after both.
-async fn hold(ctx: &Context, snap: &HostPathSnapshot) -> Result<(), SnapshotError> {
+/// Names this node and the pool root in the status (not ready yet), then adds the finalizer: a
+/// finalizer is never there without the node that removes it, and the copy starts only after
+/// both.
+async fn hold(ctx: &Context, snap: &HostPathSnapshot, root: &std::path::Path) -> Result<(), SnapshotError> {
     let api = api_of(ctx, snap);
     let name = snap.name_any();
-    let status =
-        serde_json::json!({ "status": { "readyToUse": false, "node": ctx.me.node, "message": "being copied" } });
+    // The pool root too: the operator keeps that pool's claim while the copy lives.
+    let status = serde_json::json!({ "status": {
+        "readyToUse": false,
+        "node": ctx.me.node,
+        "poolRoot": root.display().to_string(),
+        "message": "being copied",
+    }});
     let now = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
     if !now.finalizers().iter().any(|f| f == FINALIZER) {
         let mut wanted = now.finalizers().to_vec();

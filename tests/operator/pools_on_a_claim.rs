@@ -2,6 +2,7 @@
 //! test (`e2e_operator.rs`): claims and mounters per node, the hold-back rule, and the claims and
 //! mounters of the kubevirt operator taken over. No kubelet runs here: mounts are not made.
 
+use hostpath_provisioner::deciding::snapshot::HostPathSnapshot;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -9,8 +10,8 @@ use super::*;
 
 /// A pool on a claim: each node the placement selects gets its claim and mounter Deployment,
 /// the DaemonSet serves the pool only while it is a mount point; removing the pool while a PV
-/// of ours lives there keeps that node's claim and mounter, and the status names the PV; they
-/// go when the PV goes. (No kubelet here: the mounters never run, the pool stays Mounting.)
+/// of ours or a snapshot's copy lives there keeps that node's claim and mounter, and the status
+/// names them; they go when both are gone. (No kubelet here: the mounters never run, the pool stays Mounting.)
 pub(crate) async fn are_mounted_per_node_and_held_back_by_volumes(env: &TestEnv, name: &str) {
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
@@ -97,8 +98,35 @@ pub(crate) async fn are_mounted_per_node_and_held_back_by_volumes(env: &TestEnv,
     assert!(mounters.get_opt(&object_names(&nodes[0])).await.expect("read").is_some(), "held: {message}");
     assert!(claims.get_opt(&object_names(&nodes[0])).await.expect("read").is_some(), "held: {message}");
 
-    // The volume goes: so do the claim and the mounter.
+    // A snapshot's copy in that pool on that node (its status as the node writes it), and the
+    // volume goes: the copy still holds the claim and the mounter, and the status names it.
+    let snapshots: Api<HostPathSnapshot> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
+    let snapshot_name = format!("{}-copy-in-claimed", env.group);
+    let snapshot: HostPathSnapshot = serde_json::from_value(json!({
+        "apiVersion": "hostpath-provisioner.kubevirt.io/v1alpha1", "kind": "HostPathSnapshot",
+        "metadata": {"name": snapshot_name},
+        "spec": {"source": {"persistentVolumeClaimName": "gone"}},
+    }))
+    .expect("snapshot");
+    snapshots.create(&PostParams::default(), &snapshot).await.expect("create a snapshot");
+    let status =
+        json!({"status": {"readyToUse": true, "node": nodes[0], "poolRoot": "/mnt/claimed", "method": "bytes"}});
+    snapshots.patch_status(&snapshot_name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("its status");
     env.pvs().delete(&pv_name, &Default::default()).await.expect("delete the PV");
+    let copy = format!("HostPathSnapshot {OPERATOR_NAMESPACE}/{snapshot_name}");
+    let held = wait_resource(env, name, "held back by the snapshot copy alone", |r| {
+        condition(r, "Degraded").is_some_and(|c| {
+            c["reason"] == "PoolHeldBack"
+                && c["message"].as_str().is_some_and(|m| m.contains(&copy) && !m.contains(&pv_name))
+        })
+    })
+    .await;
+    let message = condition(&held, "Degraded").expect("Degraded")["message"].to_string();
+    assert!(mounters.get_opt(&object_names(&nodes[0])).await.expect("read").is_some(), "held: {message}");
+    assert!(claims.get_opt(&object_names(&nodes[0])).await.expect("read").is_some(), "held: {message}");
+
+    // The copy goes: so do the claim and the mounter.
+    snapshots.delete(&snapshot_name, &Default::default()).await.expect("delete the snapshot");
     wait_present(&mounters, &object_names(&nodes[0]), false).await;
     wait_present(&claims, &object_names(&nodes[0]), false).await;
     wait_resource(env, name, "no longer held back", |r| {

@@ -1,7 +1,8 @@
 //! Pools on a claim (`pvcTemplate`), the decisions: which nodes the placement selects, which
 //! claims a pool needs (one per selected node, or one shared by all for a ReadWriteMany
 //! template, named as the kubevirt operator names them), and when a pool's claim and mount may
-//! go: never while a PersistentVolume of ours lives in it on that node (the hold-back rule).
+//! go: never while a PersistentVolume of ours or a snapshot's copy lives in it on that node (the
+//! hold-back rule).
 //! The objects themselves ([`PoolObjects`]) are planned per reconcile by [`super::pool_plan`].
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use sha2::{Digest, Sha256};
 pub use super::render::{MOUNTER_SCC, MOUNTER_SERVICE_ACCOUNT};
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
+use crate::deciding::snapshot::HostPathSnapshot;
 use crate::deciding::volume::{owner_node, volume_path};
 use crate::keys;
 
@@ -131,34 +133,83 @@ fn requirement_holds(requirement: &NodeSelectorRequirement, value: Option<&Strin
 /// left the placement, or the resource is being deleted).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Release {
-    /// No PV of ours lives there: the claim and the mounter may be removed.
+    /// No PV of ours and no snapshot copy lives there: the claim and the mounter may be removed.
     Release,
-    /// These PVs (names, sorted) live there: keep the claim, the mount and the data; the status
-    /// names them.
+    /// These PVs and snapshot copies live there: keep the claim, the mount and the data; the
+    /// status names them.
     HoldBack(Vec<String>),
 }
 
 /// The hold-back rule for the pool at `pool_path` on `node` (None: a shared claim, which every
 /// node's volumes hold). A PV of ours (`provisioner` wrote it) lives there when its directory is
 /// inside the pool path and, for a per-node claim, it belongs to that node. Any phase counts: a
-/// Released PV's data is still there until its deletion is done.
-pub fn may_release(pool_path: &str, node: Option<&str>, pvs: &[KeptVolume], provisioner: &str) -> Release {
+/// Released PV's data is still there until its deletion is done. A snapshot copy lives there
+/// when its pool root is the pool path or inside it (a kubevirt claim's `<path>/csi`) on that
+/// node; one whose root is not known holds every pool of its node. Holders are named PVs first,
+/// then snapshots, each sorted.
+pub fn may_release(
+    pool_path: &str,
+    node: Option<&str>,
+    pvs: &[KeptVolume],
+    snapshots: &[SnapshotCopy],
+    provisioner: &str,
+) -> Release {
     let Ok(root) = layout::normalise(pool_path) else { return Release::HoldBack(Vec::new()) };
+    // A holder whose node cannot be read holds every node: better a claim kept than data lost.
+    let on_this_node = |holder: Option<&str>| match node {
+        None => true,
+        Some(node) => holder.is_none_or(|owner| owner == node),
+    };
     let mut holding: Vec<String> = pvs
         .iter()
         .filter(|pv| pv.annotations.get(keys::PROVISIONED_BY) == Some(provisioner))
         .filter(|pv| {
             volume_path(pv).and_then(|p| layout::normalise(p).ok()).is_some_and(|p| p.starts_with(&root) && p != root)
         })
-        .filter(|pv| match node {
-            None => true,
-            // A PV whose node cannot be read holds every node: better a claim kept than data lost.
-            Some(node) => owner_node(pv).is_none_or(|owner| owner == node),
-        })
+        .filter(|pv| on_this_node(owner_node(pv)))
         .filter_map(|pv| pv.metadata.name.clone())
         .collect();
     holding.sort();
+    let mut copies: Vec<String> = snapshots
+        .iter()
+        .filter(|copy| on_this_node(Some(&copy.node)))
+        .filter(|copy| match &copy.pool_root {
+            None => true,
+            Some(copy_root) => layout::normalise(copy_root).is_ok_and(|p| p.starts_with(&root)),
+        })
+        .map(|copy| format!("HostPathSnapshot {}", copy.name))
+        .collect();
+    copies.sort();
+    holding.extend(copies);
     if holding.is_empty() { Release::Release } else { Release::HoldBack(holding) }
+}
+
+/// A snapshot's copy as the hold-back rule reads it: the node holding it and, where the node
+/// wrote it, the root of the pool it is in (`status.poolRoot`). Status only: a tenant who may
+/// edit snapshots cannot write their status (docs/snapshots.md), so cannot move a copy's hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotCopy {
+    /// `namespace/name`.
+    pub name: String,
+    pub node: String,
+    pub pool_root: Option<String>,
+}
+
+impl SnapshotCopy {
+    /// The copy `snapshot` may have on a node: none until a node has named itself in the status
+    /// (it does so before it starts copying, so a copy cut short is held too).
+    pub fn of(snapshot: &HostPathSnapshot) -> Option<SnapshotCopy> {
+        let status = snapshot.status.as_ref()?;
+        Some(SnapshotCopy {
+            name: format!(
+                "{}/{}",
+                snapshot.metadata.namespace.as_deref().unwrap_or_default(),
+                snapshot.metadata.name.as_deref().unwrap_or_default()
+            ),
+            node: status.node.clone().filter(|n| !n.is_empty())?,
+            pool_root: status.pool_root.clone().filter(|r| !r.is_empty()),
+        })
+    }
 }
 
 /// The kubevirt CSI driver's name: its PVs (`spec.csi`) carry the pool in their attributes.

@@ -2,6 +2,7 @@ use serde_json::json;
 
 use super::*;
 use crate::deciding::kept_volume::KeptVolume;
+use crate::deciding::snapshot::HostPathSnapshot;
 
 const OURS: &str = "kubevirt.io/hostpath-provisioner";
 
@@ -121,28 +122,100 @@ fn a_pool_with_a_volume_of_ours_on_that_node_is_held_back_and_names_it() {
         pv("pvc-csi", "/var/hpvolumes/csi/pvc-e", Some("worker-3"), "kubevirt.io.hostpath-provisioner"),
     ];
     assert_eq!(
-        may_release("/var/hpvolumes", Some("worker-1"), &pvs, OURS),
+        may_release("/var/hpvolumes", Some("worker-1"), &pvs, &[], OURS),
         Release::HoldBack(vec!["pvc-a".into(), "pvc-b".into()])
     );
     assert_eq!(
-        may_release("/var/hpvolumes", Some("worker-3"), &pvs, OURS),
+        may_release("/var/hpvolumes", Some("worker-3"), &pvs, &[], OURS),
         Release::Release,
         "the CSI driver's PVs are not ours"
     );
-    assert_eq!(may_release("/var/hpvolumes/", Some("worker-4"), &pvs, OURS), Release::Release);
+    assert_eq!(may_release("/var/hpvolumes/", Some("worker-4"), &pvs, &[], OURS), Release::Release);
 }
 
 #[test]
 fn a_shared_claim_is_held_by_any_nodes_volume() {
     let pvs = vec![pv("pvc-x", "/nfs-vol/pvc-x", Some("worker-9"), OURS)];
-    assert_eq!(may_release("/nfs-vol", None, &pvs, OURS), Release::HoldBack(vec!["pvc-x".into()]));
-    assert_eq!(may_release("/nfs-vol-2", None, &pvs, OURS), Release::Release, "a sibling path is another pool");
+    assert_eq!(may_release("/nfs-vol", None, &pvs, &[], OURS), Release::HoldBack(vec!["pvc-x".into()]));
+    assert_eq!(may_release("/nfs-vol-2", None, &pvs, &[], OURS), Release::Release, "a sibling path is another pool");
 }
 
 #[test]
 fn a_volume_whose_node_cannot_be_read_holds_every_node() {
     let pvs = vec![pv("pvc-old", "/var/hpvolumes/pvc-old", None, OURS)];
-    assert_eq!(may_release("/var/hpvolumes", Some("worker-1"), &pvs, OURS), Release::HoldBack(vec!["pvc-old".into()]));
+    assert_eq!(
+        may_release("/var/hpvolumes", Some("worker-1"), &pvs, &[], OURS),
+        Release::HoldBack(vec!["pvc-old".into()])
+    );
+}
+
+fn snapshot(name: &str, node: Option<&str>, pool_root: Option<&str>) -> HostPathSnapshot {
+    serde_json::from_value(json!({
+        "apiVersion": "hostpath-provisioner.kubevirt.io/v1alpha1",
+        "kind": "HostPathSnapshot",
+        "metadata": {"name": name, "namespace": "tenant"},
+        "spec": {"source": {"persistentVolumeClaimName": "data"}},
+        "status": {"readyToUse": true, "node": node, "poolRoot": pool_root},
+    }))
+    .expect("snapshot")
+}
+
+#[test]
+fn a_pool_holding_a_snapshot_copy_on_that_node_is_held_back_and_names_it() {
+    let copies: Vec<SnapshotCopy> = [
+        snapshot("on-pool", Some("worker-1"), Some("/var/hpvolumes")),
+        snapshot("in-kubevirt-layout", Some("worker-1"), Some("/var/hpvolumes/csi")),
+        snapshot("other-node", Some("worker-2"), Some("/var/hpvolumes")),
+        snapshot("other-pool", Some("worker-1"), Some("/mnt/ssd")),
+        snapshot("sibling-path", Some("worker-1"), Some("/var/hpvolumes-2")),
+        snapshot("never-started", None, None),
+    ]
+    .iter()
+    .filter_map(SnapshotCopy::of)
+    .collect();
+    assert_eq!(copies.len(), 5, "a snapshot no node has named holds no copy");
+    let pvs = vec![pv("pvc-a", "/var/hpvolumes/pvc-a", Some("worker-1"), OURS)];
+    assert_eq!(
+        may_release("/var/hpvolumes", Some("worker-1"), &pvs, &copies, OURS),
+        Release::HoldBack(vec![
+            "pvc-a".into(),
+            "HostPathSnapshot tenant/in-kubevirt-layout".into(),
+            "HostPathSnapshot tenant/on-pool".into(),
+        ])
+    );
+    assert_eq!(
+        may_release("/var/hpvolumes", Some("worker-1"), &[], &copies, OURS),
+        Release::HoldBack(vec![
+            "HostPathSnapshot tenant/in-kubevirt-layout".into(),
+            "HostPathSnapshot tenant/on-pool".into()
+        ]),
+        "copies alone hold the claim: no PV is left, the data is"
+    );
+    assert_eq!(may_release("/var/hpvolumes", Some("worker-3"), &[], &copies, OURS), Release::Release);
+    assert_eq!(
+        may_release("/var/hpvolumes", None, &[], &copies, OURS),
+        Release::HoldBack(vec![
+            "HostPathSnapshot tenant/in-kubevirt-layout".into(),
+            "HostPathSnapshot tenant/on-pool".into(),
+            "HostPathSnapshot tenant/other-node".into(),
+        ]),
+        "a shared claim is held by a copy on any node"
+    );
+}
+
+#[test]
+fn a_copy_whose_pool_root_is_unknown_holds_every_pool_of_its_node() {
+    // A snapshot of an earlier release names its node only.
+    let copies: Vec<SnapshotCopy> =
+        [snapshot("old", Some("worker-1"), None)].iter().filter_map(SnapshotCopy::of).collect();
+    for pool in ["/var/hpvolumes", "/mnt/ssd"] {
+        assert_eq!(
+            may_release(pool, Some("worker-1"), &[], &copies, OURS),
+            Release::HoldBack(vec!["HostPathSnapshot tenant/old".into()]),
+            "{pool}"
+        );
+    }
+    assert_eq!(may_release("/mnt/ssd", Some("worker-2"), &[], &copies, OURS), Release::Release);
 }
 
 fn objects() -> PoolObjects<'static> {

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
-use super::pool_claims::{CsiVolume, PoolObjects, Release, claim_name, may_release, pool_claims, selected_nodes};
+use super::pool_claims::{
+    CsiVolume, PoolObjects, Release, SnapshotCopy, claim_name, may_release, pool_claims, selected_nodes,
+};
 use super::render::{NodePlacement, PoolOnClaim};
 use crate::deciding::kept_volume::KeptVolume;
 
@@ -55,6 +57,8 @@ pub struct Cluster<'a> {
     /// The kubevirt CSI driver's PVs, which hold every claim of their pool (a claim taken
     /// over from the kubevirt operator holds their data).
     pub csi_pvs: &'a [CsiVolume],
+    /// The snapshots' copies, which hold the pool they are in.
+    pub snapshots: &'a [SnapshotCopy],
 }
 
 /// One object to apply.
@@ -67,7 +71,7 @@ pub struct ToApply {
     pub body: Value,
 }
 
-/// A pool's claim or mounter kept against the spec: PVs of ours live there.
+/// A pool's claim or mounter kept against the spec: PVs of ours or snapshot copies live there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldBack {
     pub kind: Kind,
@@ -75,7 +79,7 @@ pub struct HeldBack {
     pub pool: String,
     pub node: Option<String>,
     pub path: String,
-    /// The PVs (names, sorted) that hold it.
+    /// What holds it: PV names, then `HostPathSnapshot <namespace>/<name>` (each sorted).
     pub pvs: Vec<String>,
     /// Where its claim is mounted (the pool path, or a kubevirt claim's `<path>/csi`): what the
     /// DaemonSet keeps serving.
@@ -95,7 +99,7 @@ impl HeldBack {
         };
         let pvs = if self.pvs.is_empty() { "PVs whose path cannot be checked".to_owned() } else { self.pvs.join(", ") };
         format!(
-            "storage pool {:?} at {}: its {what} {} {place} is kept, with its data, while these PersistentVolumes live there: {pvs}; it goes once they are deleted",
+            "storage pool {:?} at {}: its {what} {} {place} is kept, with its data, while these PersistentVolumes or snapshot copies live there: {pvs}; it goes once they are deleted",
             self.pool, self.path, self.name
         )
     }
@@ -121,7 +125,7 @@ pub struct Plan {
 /// Plans the claims and mounters of `pools` (empty when the resource is being deleted) for the
 /// nodes the placement selects, against what `cluster` already holds.
 pub fn plan(pools: &[PoolOnClaim], placement: &NodePlacement, cluster: &Cluster, objects: &PoolObjects) -> Plan {
-    let Cluster { nodes, existing, kubevirt, pvs, csi_pvs } = *cluster;
+    let Cluster { nodes, existing, kubevirt, pvs, csi_pvs, snapshots } = *cluster;
     let mut tolerations = placement.tolerations.clone();
     tolerations.extend(daemonset_tolerations());
     let selected = selected_nodes(nodes, &placement.node_selector, placement.affinity.as_ref(), &tolerations);
@@ -198,7 +202,7 @@ pub fn plan(pools: &[PoolOnClaim], placement: &NodePlacement, cluster: &Cluster,
         }
         // Gone from the spec, off the placement, or moved: the old pool path is released only
         // when no PV of ours lives there.
-        let mut release = may_release(&found.path, found.node.as_deref(), pvs, PROVISIONER);
+        let mut release = may_release(&found.path, found.node.as_deref(), pvs, snapshots, PROVISIONER);
         let mut csi: Vec<String> = csi_pvs.iter().filter(|v| v.pool == found.pool).map(|v| v.name.clone()).collect();
         if !csi.is_empty() {
             if let Release::HoldBack(ours) = release {
