@@ -142,6 +142,10 @@ pub struct Args {
     #[arg(long, env = "RELEASE_CLAIMS_OF_REMOVED_NODES", default_value = "", value_name = "DURATION")]
     pub release_claims_of_removed_nodes: String,
 
+    /// How long a snapshot copy whose HostPathSnapshot is gone stays on its node before it is moved to the trash (it is reported at once), e.g. 1h.
+    #[arg(long, env = "ORPHAN_SNAPSHOT_COPY_GRACE", default_value = "1h", value_name = "DURATION")]
+    pub orphan_snapshot_copy_grace: String,
+
     /// Node label keys a StorageClass's nodeAffinityKey may name (comma-separated, e.g. example.com/disk-serial): volumes of such a class are pinned to the nodes carrying the label's value instead of to one node name. The Node's values are read at start.
     #[arg(long = "node-affinity-keys", env = "NODE_AFFINITY_KEYS", default_value = "", value_name = "KEY[,KEY...]")]
     pub node_affinity_keys: String,
@@ -303,6 +307,8 @@ pub struct Config {
     /// How long a Node object must be gone before the claims bound to its volumes are released
     /// (off: `None`).
     pub release_claims_of_removed_nodes: Option<std::time::Duration>,
+    /// How long a snapshot copy without its snapshot stays before it is trashed.
+    pub orphan_snapshot_copy_grace: std::time::Duration,
     /// Node label keys a class's `nodeAffinityKey` may name.
     pub node_affinity_keys: Vec<String>,
 }
@@ -471,6 +477,14 @@ impl Args {
                 "RELEASE_CLAIMS_OF_REMOVED_NODES",
                 &self.release_claims_of_removed_nodes,
             )?,
+            orphan_snapshot_copy_grace: parse_grace("ORPHAN_SNAPSHOT_COPY_GRACE", &self.orphan_snapshot_copy_grace)?
+                .ok_or_else(|| {
+                    invalid(
+                        "ORPHAN_SNAPSHOT_COPY_GRACE",
+                        &self.orphan_snapshot_copy_grace,
+                        "a positive duration such as 1h or 30m",
+                    )
+                })?,
             node_affinity_keys: parse_affinity_keys(&self.node_affinity_keys)?,
         })
     }

@@ -55,6 +55,12 @@ pub mod reason {
     /// Warning, on a `HostPathSnapshot` being deleted: its copy stays while claims restore from
     /// it, or could not be moved to the trash.
     pub const SNAPSHOT_DELETE_WAITING: &str = "SnapshotDeleteWaiting";
+    /// Warning, on the node's Node object: a snapshot copy on it has no HostPathSnapshot any
+    /// more (names the copy and when it goes to the trash).
+    pub const SNAPSHOT_COPY_ORPHANED: &str = "SnapshotCopyOrphaned";
+    /// Normal, on the node's Node object: a snapshot copy without its snapshot was moved to the
+    /// trash after its grace period.
+    pub const SNAPSHOT_COPY_REMOVED: &str = "SnapshotCopyRemoved";
 }
 
 /// Whether and how soon to try again.

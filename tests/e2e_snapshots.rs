@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use hostpath_provisioner::deciding::snapshot::{GROUP, HostPathSnapshot, KIND};
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use testbed::fixtures;
 
 const CRD: &str = "hostpathsnapshots.hostpath-provisioner.kubevirt.io";
@@ -220,4 +220,161 @@ async fn on_btrfs_with_quota_a_snapshot_is_a_subvolume_snapshot_and_its_restore_
         let status = node.provisioner.terminate();
         assert!(status.is_some_and(|s| s.success()), "{status:?}");
     }
+}
+
+/// How long the tests below let a copy without its snapshot stay: long enough to see it
+/// reported and counted (a sweep every 5 s), short enough to see it go.
+const ORPHAN_GRACE: &str = "20s";
+
+/// The UID of the Node `name`: events about a node's disks are on its Node object.
+async fn node_uid(client: &kube::Client, name: &str) -> String {
+    let node = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()).get(name).await.expect("node");
+    node.metadata.uid.expect("uid")
+}
+
+/// The orphaned-copies gauge of a node's pool root, from its /metrics.
+async fn orphaned_copies(provisioner: &testbed::Provisioner) -> Option<f64> {
+    let metrics = provisioner.metrics().await.ok()?;
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("hostpath_provisioner_orphaned_snapshot_copies{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(f64::max)
+}
+
+/// A copy whose snapshot went without its node's say is found by the node that holds it, from
+/// its disk: a snapshot whose finalizer was stripped, and one whose status named another node
+/// (the deletion went there, which had nothing). Each is reported on the Node with an Event and
+/// counted, then moved to the trash after the grace; a copy cut short (its staging, named by
+/// the snapshot's UID) is removed when the node starts again. A live snapshot's copy stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn copies_whose_snapshot_is_gone_are_reported_then_trashed_and_cut_copies_swept_at_start() {
+    let mut env = TestEnv::start("snap-orphans", 0).await;
+    install_crd(&env);
+    let (holder, other) = (format!("{}-a", env.group), format!("{}-b", env.group));
+    for node in [&holder, &other] {
+        env.add_node(node, &|spec| spec.env("ORPHAN_SNAPSHOT_COPY_GRACE", ORPHAN_GRACE)).await;
+    }
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "data", &class, "8Mi").provision_on_node(&holder)).await;
+    fill(&host_path(&env.wait_bound("data").await));
+    let copies = env.node(&holder).pool_root.join(".hpp-snapshots");
+    let mut orphaned = Vec::new();
+    for name in ["stripped", "forged", "kept"] {
+        take(&env, name, "data").await;
+        let snapshot = wait_ready(&env, name).await;
+        let uid = snapshot.metadata.uid.clone().unwrap();
+        assert!(copies.join(&uid).is_dir(), "{name}: its copy");
+        if name != "kept" {
+            orphaned.push(uid);
+        }
+    }
+    // Its finalizer stripped by someone who may patch snapshots, then deleted.
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    snapshots(&env).patch("stripped", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("strip");
+    snapshots(&env).delete("stripped", &DeleteParams::default()).await.expect("delete");
+    // Its status names the other node (only the provisioner and cluster admins may write
+    // status), then deleted: the other node has no copy and lets the object go.
+    let forged = serde_json::json!({"status": {"node": other}});
+    snapshots(&env).patch_status("forged", &PatchParams::default(), &Patch::Merge(&forged)).await.expect("forge");
+    snapshots(&env).delete("forged", &DeleteParams::default()).await.expect("delete");
+    testbed::wait_for("both snapshots gone", TIMEOUT, || async {
+        let gone =
+            snapshots(&env).get_opt("stripped").await?.is_none() && snapshots(&env).get_opt("forged").await?.is_none();
+        anyhow::Ok(gone.then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    assert!(orphaned.iter().all(|uid| copies.join(uid).is_dir()), "the deletions left both copies");
+
+    // Reported on the holder's Node, and counted while they wait.
+    let node = node_uid(&env.client, &holder).await;
+    let note = env.wait_event("default", &node, "SnapshotCopyOrphaned").await;
+    assert!(orphaned.iter().any(|uid| note.contains(uid.as_str())) && note.contains("trash"), "{note}");
+    let counted = orphaned_copies(&env.node(&holder).provisioner).await;
+    assert!(counted.is_some_and(|n| n >= 1.0), "the gauge counts them: {counted:?}");
+    // Then moved to the trash, and the live snapshot's copy stays.
+    for uid in &orphaned {
+        wait_path_gone(&copies.join(uid)).await;
+    }
+    env.wait_event("default", &node, "SnapshotCopyRemoved").await;
+    let kept = snapshots(&env).get("kept").await.expect("kept").metadata.uid.unwrap();
+    assert!(copies.join(&kept).is_dir(), "a live snapshot's copy is never touched");
+    let other_copies = env.node(&other).pool_root.join(".hpp-snapshots");
+    assert!(!other_copies.exists() || entries(&other_copies).is_empty(), "nothing was ever on the other node");
+
+    // A copy cut short (a kill mid-copy) stays in this node's staging under the snapshot's UID;
+    // the next start removes it, and nothing else there.
+    let staging = copies.join(".hpp-clones").join(&holder);
+    let cut = staging.join("3f0e1c2a-0000-4000-8000-00000000c0de");
+    std::fs::create_dir_all(&cut).unwrap();
+    std::fs::write(cut.join("half"), b"half a copy").unwrap();
+    let foreign = staging.join("not-a-copy");
+    std::fs::create_dir_all(&foreign).unwrap();
+    env.node_mut(&holder).provisioner.restart().expect("restart");
+    wait_path_gone(&cut).await;
+    assert!(foreign.is_dir(), "an entry the provisioner never names so is left alone");
+    assert!(copies.join(&kept).is_dir());
+}
+
+/// The CustomResourceDefinition deleted while a node is down (an admin strips the finalizers
+/// its deletion waits for) takes every snapshot with it: the node, back without the CRD, finds
+/// the copies on its disks without an object and trashes them after the grace. On a control
+/// plane of its own (the other tests share the CRD).
+#[tokio::test(flavor = "multi_thread")]
+async fn copies_left_by_a_deleted_crd_are_found_on_the_disk_and_trashed() {
+    let mut spec = testbed::ClusterSpec::new(binary(), 1);
+    spec.provisioner_args = vec!["--orphan-snapshot-copy-grace".into(), ORPHAN_GRACE.into()];
+    let mut cluster = testbed::Cluster::start_with(spec).await.expect("cluster");
+    let _logs = cluster.logs_on_failure();
+    let run = |args: &[&str]| cluster.cp.run_kubectl(&repo(), args).unwrap_or_else(|e| panic!("{e:#}"));
+    run(&["apply", "--server-side", "-f", "deploy/snapshots/crd.yaml"]);
+    run(&["wait", "--for=condition=Established", "--timeout=60s", &format!("crd/{CRD}")]);
+    // Snapshots are looked for at start: the node starts again with the CRD there.
+    cluster.nodes[0].provisioner.restart().expect("restart");
+    let client = cluster.client();
+    let node = cluster.nodes[0].name.clone();
+    let ns = "crd-gone";
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&PostParams::default(), &fixtures::namespace(ns))
+        .await
+        .expect("namespace");
+    let class = fixtures::storage_class("imm", "kubevirt.io/hostpath-provisioner").immediate().build();
+    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("class");
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    claims
+        .create(&PostParams::default(), &fixtures::claim(ns, "data", "imm", "8Mi").provision_on_node(&node).build())
+        .await
+        .expect("claim");
+    let snapshots: Api<HostPathSnapshot> = Api::namespaced(client.clone(), ns);
+    let uid = testbed::wait_for("the claim bound, then its snapshot ready", TIMEOUT, || async {
+        if claims.get("data").await?.status.and_then(|s| s.phase).as_deref() != Some("Bound") {
+            return anyhow::Ok(None);
+        }
+        let Some(snapshot) = snapshots.get_opt("snap").await? else {
+            snapshots.create(&PostParams::default(), &HostPathSnapshot::new("snap", "data")).await?;
+            return Ok(None);
+        };
+        Ok(snapshot.status.is_some_and(|s| s.ready_to_use).then_some(snapshot.metadata.uid).flatten())
+    })
+    .await
+    .expect("snapshot ready");
+    let copy = cluster.nodes[0].pool_root.join(".hpp-snapshots").join(&uid);
+    assert!(copy.is_dir());
+    // The CRD is deleted while the node is down: its deletion waits for the snapshot's
+    // finalizer, which an admin then strips so that the deletion ends.
+    cluster.nodes[0].provisioner.kill();
+    run(&["delete", "crd", CRD, "--wait=false"]);
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    snapshots.patch("snap", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("strip the finalizer");
+    run(&["wait", "--for=delete", "--timeout=120s", &format!("crd/{CRD}")]);
+    assert!(copy.is_dir(), "the objects went with the CRD, the copy stayed");
+    // The node comes back without the CRD (snapshots off), and still finds the copy.
+    cluster.nodes[0].provisioner.restart().expect("restart");
+    wait_path_gone(&copy).await;
+    let removed = cluster.nodes[0].provisioner.log_tail(200);
+    assert!(removed.contains("moved a snapshot copy without its snapshot to the trash"), "{removed}");
 }

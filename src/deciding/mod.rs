@@ -29,6 +29,7 @@ pub mod resize;
 pub mod retention;
 pub mod settings;
 pub mod snapshot;
+pub mod snapshot_copies;
 pub mod static_binding;
 pub mod topology;
 pub mod unserved;

@@ -51,6 +51,7 @@ pub const SUBCOMMAND: &str = "doctor";
     mut_arg("peer_service", |a| a.hide(true)),
     mut_arg("reap_volumes_of_removed_nodes", |a| a.hide(true)),
     mut_arg("release_claims_of_removed_nodes", |a| a.hide(true)),
+    mut_arg("orphan_snapshot_copy_grace", |a| a.hide(true)),
     mut_arg("node_lease_seconds", |a| a.hide(true)),
     mut_arg("use_naming_prefix", |a| a.hide(true)),
     mut_arg("pv_capacity", |a| a.hide(true)),

@@ -212,12 +212,22 @@ impl PoolRoot {
     /// Removes every copy this node left unfinished (a crash or kill mid-copy); returns how
     /// many. Called at start-up, before any clone can be in progress on this node.
     pub fn sweep_clone_staging(&self, node: &VolumeDirName) -> Result<u64, PoolError> {
+        self.sweep_staging(node, |name| layout::uid_of_dir(name).is_some())
+    }
+
+    /// Removes the entries of this node's staging directory named as `made_here` says this
+    /// provisioner names its copies there (a volume's directory name, a snapshot's UID); others
+    /// are left alone, with a warning.
+    pub(super) fn sweep_staging(
+        &self,
+        node: &VolumeDirName,
+        made_here: impl Fn(&str) -> bool,
+    ) -> Result<u64, PoolError> {
         let Some(staging) = self.clone_staging_root(node, false)? else { return Ok(0) };
         let mut removed = 0;
         for entry in staging.list_entries()? {
             let Ok(name) = VolumeDirName::new(&entry) else { continue };
-            // Only copies this provisioner makes: a volume directory name of a known layout.
-            if layout::uid_of_dir(name.as_str()).is_none() {
+            if !made_here(name.as_str()) {
                 tracing::warn!(pool = %self.name, entry = %staging.volume_path(&name).display(), "not a copy this provisioner made; left alone");
                 continue;
             }

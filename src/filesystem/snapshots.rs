@@ -11,6 +11,7 @@
 use std::os::fd::AsFd;
 
 use super::{CloneReport, PoolError, PoolRoot, Trashed, VolumeDirName};
+use crate::deciding::layout;
 
 /// Directory directly under a pool root that holds the snapshots (dot-prefixed, so it never
 /// matches a volume layout and the orphan cleanup leaves it alone).
@@ -75,12 +76,21 @@ impl PoolRoot {
     }
 
     /// Removes the snapshot copies this node left unfinished (a crash mid-copy); returns how
-    /// many.
+    /// many. They are staged under their snapshot's UID.
     pub fn sweep_snapshot_staging(&self, node: &VolumeDirName) -> Result<u64, PoolError> {
         match self.snapshots_root(false)? {
-            Some(snapshots) => snapshots.sweep_clone_staging(node),
+            Some(snapshots) => snapshots.sweep_staging(node, layout::is_uid),
             None => Ok(0),
         }
+    }
+
+    /// The UIDs of the snapshot copies on this root (entries of another name are left out:
+    /// nothing else is the provisioner's to judge there).
+    pub fn snapshot_copies(&self) -> Result<Vec<String>, PoolError> {
+        let Some(snapshots) = self.snapshots_root(false)? else { return Ok(Vec::new()) };
+        let mut uids: Vec<String> = snapshots.list_entries()?.into_iter().filter(|name| layout::is_uid(name)).collect();
+        uids.sort();
+        Ok(uids)
     }
 }
 

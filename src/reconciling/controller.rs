@@ -21,7 +21,9 @@ use crate::keys;
 use crate::reconciling::claim_actions::object_key;
 use crate::reconciling::context::Context;
 use crate::reconciling::published_capacity::{self, Publisher};
-use crate::reconciling::{claims, orphans, reaping, settling, snapshots, stranded, upkeep, volumes, watches};
+use crate::reconciling::{
+    claims, orphans, reaping, settling, snapshot_copies, snapshots, stranded, upkeep, volumes, watches,
+};
 use crate::serving::health::{self, Health, Watch};
 use crate::serving::heap;
 use crate::serving::metrics::Metrics;
@@ -236,6 +238,7 @@ pub async fn run(
     settling::settle(&ctx).await;
     tokio::spawn(settling::keep_settling(ctx.clone()));
     tokio::spawn(upkeep::purge_trash(ctx.clone()));
+    tokio::spawn(snapshot_copies::sweep(ctx.clone()));
     tokio::spawn(reaping::run(ctx.clone()));
     tokio::spawn(stranded::watch_for_no_provisioner(ctx.clone()));
 

@@ -15,6 +15,7 @@ pub mod published_capacity;
 pub mod reaping;
 pub mod resize;
 pub mod settling;
+pub mod snapshot_copies;
 pub mod snapshots;
 pub mod staging_memory;
 pub mod stranded;

@@ -245,6 +245,8 @@ pub struct Metrics {
     pub orphaned_volume_bytes: Family<PoolLabel, Gauge>,
     /// Bytes of deleted volumes the background removal cannot remove, by pool and reason.
     pub trash_stuck_bytes: Family<StuckLabel, Gauge>,
+    /// Snapshot copies on this node whose HostPathSnapshot is gone, waiting for the trash.
+    pub orphaned_snapshot_copies: Family<PoolLabel, Gauge>,
     /// Volumes this node keeps staged for deletion whose fate is not settled yet: their PV's
     /// answer was lost, or it is gone and the trash cannot take them (stranded).
     pub staged_volumes: Family<PoolLabel, Gauge>,
@@ -309,6 +311,7 @@ impl Metrics {
         let pool_usable = Family::<PoolLabel, Gauge>::default();
         let background_deletions_pending = Family::<PoolLabel, Gauge>::default();
         let trash_stuck_bytes = Family::<StuckLabel, Gauge>::default();
+        let orphaned_snapshot_copies = Family::<PoolLabel, Gauge>::default();
         let orphaned_volume_bytes = Family::<PoolLabel, Gauge>::default();
         let staged_volumes = Family::<PoolLabel, Gauge>::default();
         let stranded_volume_bytes = Family::<PoolLabel, Gauge>::default();
@@ -381,6 +384,11 @@ impl Metrics {
             "Bytes of deleted volumes that the background removal cannot remove, by pool and reason",
             trash_stuck_bytes.clone(),
         );
+        registry.register(
+            "orphaned_snapshot_copies",
+            "Snapshot copies on this node whose HostPathSnapshot is gone, by pool root: moved to the trash after ORPHAN_SNAPSHOT_COPY_GRACE",
+            orphaned_snapshot_copies.clone(),
+        );
         let nested_subvolumes_removed = Counter::default();
         registry.register(
             "nested_subvolumes_removed",
@@ -423,6 +431,7 @@ impl Metrics {
             cached_objects,
             background_deletions_pending,
             trash_stuck_bytes,
+            orphaned_snapshot_copies,
             staged_volumes,
             stranded_volume_bytes,
             nested_subvolumes_removed,
