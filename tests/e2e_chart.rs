@@ -3,7 +3,8 @@
 //! controller and scheduler; where the `helm test` pod goes and which class it claims; the install
 //! notes; values the binary would refuse at start, refused at render time (each checked against
 //! the binary itself, which must accept what the chart renders); the longest names the schema
-//! accepts, through server-side dry-run.
+//! accepts, through server-side dry-run; the classes' parameters: the schema's keys are the
+//! binary's, and each value renders as the binary reads it or is refused at render time.
 
 mod common;
 mod helm;
@@ -14,8 +15,12 @@ use std::process::Command;
 
 use common::*;
 use helm::{CHART, chart_template, helm, helm_refusal};
+use hostpath_provisioner::deciding::class::{KNOWN_PARAMETERS, class_request};
+use hostpath_provisioner::deciding::layout::PoolPath;
+use hostpath_provisioner::deciding::settings::{DecisionConfig, ProvisionOnNodePolicy, PvCapacity};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -718,4 +723,139 @@ async fn a_node_outside_every_group_gets_a_provisioner_only_from_the_group_of_th
     ]);
     assert_eq!(placed, expected, "every node has exactly one provisioner");
     logs.passed();
+}
+
+/// The schema's keys of `storageClasses[].parameters`, read from values.schema.json.
+fn schema_parameters() -> Value {
+    let path = repo().join(CHART).join("values.schema.json");
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("values.schema.json"))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    schema["properties"]["storageClasses"]["items"]["properties"]["parameters"].clone()
+}
+
+/// The schema refuses any class parameter the binary does not know, so it must list every one
+/// it knows: a key added to the binary and not here would be refused by the chart.
+#[test]
+fn the_schemas_class_parameters_are_exactly_the_ones_the_binary_knows() {
+    let parameters = schema_parameters();
+    assert_eq!(parameters["additionalProperties"], json!(false), "unknown keys refused: {parameters:#}");
+    let in_schema: std::collections::BTreeSet<&str> =
+        parameters["properties"].as_object().expect("parameters.properties").keys().map(String::as_str).collect();
+    let known: std::collections::BTreeSet<&str> = KNOWN_PARAMETERS.iter().copied().collect();
+    assert_eq!(in_schema, known, "values.schema.json against deciding::class::KNOWN_PARAMETERS");
+}
+
+/// How the binary reads a class with `parameters` (as a node's provisioner with the default
+/// pool and no affinity keys): `Ok` or the refusal.
+fn binary_reads_class(parameters: &BTreeMap<String, String>) -> Result<(), String> {
+    let class = StorageClass {
+        metadata: kube::api::ObjectMeta { name: Some("x".into()), ..Default::default() },
+        provisioner: "kubevirt.io/hostpath-provisioner".into(),
+        parameters: Some(parameters.clone()),
+        ..Default::default()
+    };
+    let config = DecisionConfig {
+        use_naming_prefix: false,
+        pools: vec![PoolPath::local("legacy", "/var/hpvolumes")],
+        default_pool: Some("legacy".into()),
+        pv_finalizer: false,
+        provision_on_node: ProvisionOnNodePolicy::Allow,
+        reserved_bytes: 0,
+        pv_capacity: PvCapacity::Request,
+        affinity_keys: Vec::new(),
+    };
+    class_request(&class, "x", &config).map(|_| ()).map_err(|refusal| format!("{refusal:?}"))
+}
+
+/// What a class parameter's value does at render time and in the binary.
+enum Verdict {
+    /// Rendered as this string, which the binary accepts.
+    Rendered(&'static str),
+    /// Rendered as this string, which the binary refuses (a rule the schema cannot say).
+    RenderedButRefusedByTheBinary(&'static str),
+    /// Refused at render time; the binary refuses the same text too.
+    Refused,
+    /// Refused at render time though the binary would accept this string: a YAML number that
+    /// does not say what its writer meant (an unquoted `0770` is not that octal mode).
+    RefusedAsANumber(&'static str),
+}
+
+/// Each class parameter the binary gained after the schema was written (`uid`, `gid`, `mode`,
+/// `pathPattern`, `nodeAffinityKey`): a value the binary accepts renders a class carrying it as
+/// the binary reads it; a value it refuses is refused by `helm template`, naming the key, except
+/// where the schema cannot express the binary's rule (checked here to be refused by the binary).
+#[test]
+fn the_new_class_parameters_render_as_the_binary_reads_them_and_bad_values_are_refused_at_render_time() {
+    use Verdict::*;
+    let cases: &[(&str, &str, Verdict)] = &[
+        ("uid", "1000", Rendered("1000")),
+        ("uid", "\"1000\"", Rendered("1000")),
+        ("uid", "0", Rendered("0")),
+        // YAML numbers are floats to Helm: a million and up must not render as 1e+06.
+        ("uid", "1000000", Rendered("1000000")),
+        ("uid", "4294967294", Rendered("4294967294")),
+        ("uid", "4294967295", Refused),
+        ("uid", "-1", Refused),
+        ("uid", "\"1e3\"", Refused),
+        ("uid", "\"4294967295\"", RenderedButRefusedByTheBinary("4294967295")),
+        ("gid", "\"3000\"", Rendered("3000")),
+        ("gid", "\"root\"", Refused),
+        ("mode", "\"0770\"", Rendered("0770")),
+        ("mode", "\"2775\"", Rendered("2775")),
+        ("mode", "\"0o755\"", Rendered("0o755")),
+        ("mode", "\"07777\"", Rendered("07777")),
+        ("mode", "\"17777\"", Refused),
+        ("mode", "\"0778\"", Refused),
+        ("mode", "0770", RefusedAsANumber("0770")),
+        ("pathPattern", "\"{namespace}_{claim}\"", Rendered("{namespace}_{claim}")),
+        ("pathPattern", "\"data-{uid}\"", Rendered("data-{uid}")),
+        ("pathPattern", "\"{claim}.{namespace}_x{uid}\"", Rendered("{claim}.{namespace}_x{uid}")),
+        ("pathPattern", "\"{namespace}/{claim}\"", Refused),
+        ("pathPattern", "\"_{uid}\"", Refused),
+        ("pathPattern", "\"{pod}_{uid}\"", Refused),
+        ("pathPattern", "\"{uid\"", Refused),
+        ("pathPattern", "\"\"", Refused),
+        ("pathPattern", "\"{namespace}-{claim}\"", RenderedButRefusedByTheBinary("{namespace}-{claim}")),
+        ("pathPattern", "\"{uid}{uid}\"", RenderedButRefusedByTheBinary("{uid}{uid}")),
+        ("nodeAffinityKey", "example.com/disk-serial", Rendered("example.com/disk-serial")),
+        ("nodeAffinityKey", "disk_Serial.1", Rendered("disk_Serial.1")),
+        ("nodeAffinityKey", "Example.com/disk", Refused),
+        ("nodeAffinityKey", "\"-disk\"", Refused),
+        ("nodeAffinityKey", "a/b/c", Refused),
+        ("nodeAffinityKey", "\"\"", Refused),
+    ];
+    for (key, value, verdict) in cases {
+        let values = format!("storageClasses: [{{name: c, parameters: {{{key}: {value}}}}}]\n");
+        let rendered = |expected: &str| {
+            let objects = render(&values, &["--show-only", "templates/storageclasses.yaml"]);
+            let classes = of_kind(&objects, "StorageClass");
+            assert_eq!(classes.len(), 1, "{values}");
+            let parameters: BTreeMap<String, String> = serde_json::from_value(classes[0]["parameters"].clone())
+                .unwrap_or_else(|e| panic!("{values}: parameters are strings: {e}: {}", classes[0]));
+            assert_eq!(parameters.get(*key).map(String::as_str), Some(expected), "{values}");
+            parameters
+        };
+        let alone = |text: &str| BTreeMap::from([(key.to_string(), text.to_owned())]);
+        match verdict {
+            Rendered(expected) => {
+                let parameters = rendered(expected);
+                binary_reads_class(&parameters).unwrap_or_else(|e| panic!("{values}: the binary refuses: {e}"));
+            }
+            RenderedButRefusedByTheBinary(expected) => {
+                let parameters = rendered(expected);
+                assert!(binary_reads_class(&parameters).is_err(), "{values}: the binary accepts it");
+            }
+            Refused => {
+                let said = refusal(&values);
+                assert!(said.contains(key), "{values}: the refusal names {key}:\n{said}");
+                let text = value.trim_matches('"');
+                assert!(binary_reads_class(&alone(text)).is_err(), "{values}: the binary accepts {text:?}");
+            }
+            RefusedAsANumber(text) => {
+                let said = refusal(&values);
+                assert!(said.contains(key), "{values}: the refusal names {key}:\n{said}");
+                binary_reads_class(&alone(text)).unwrap_or_else(|e| panic!("{values}: quoted, it is accepted: {e}"));
+            }
+        }
+    }
 }

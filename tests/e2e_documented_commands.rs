@@ -12,6 +12,8 @@
 
 #[path = "documented/kubevirt_operator.rs"]
 mod kubevirt_operator;
+#[path = "documented/tenant_roles.rs"]
+mod tenant_roles;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -375,7 +377,11 @@ async fn the_install_tables_helm_command_installs_the_chart_with_your_registry()
 #[tokio::test(flavor = "multi_thread")]
 async fn the_helm_steps_install_roll_out_and_label_the_namespace() {
     let docs = Docs::load();
-    let mut shell = Shell::with_cluster("the_helm_steps_install_roll_out_and_label_the_namespace").await;
+    let mut shell = Shell::with_controllers(
+        "the_helm_steps_install_roll_out_and_label_the_namespace",
+        tenant_roles::AGGREGATING_CONTROLLERS,
+    )
+    .await;
     let section = "3a. Helm";
     let out = shell.run(&docs.command("docs/install.md", section, "helm install"));
     assert!(out.contains("STATUS: deployed"), "{out}");
@@ -390,6 +396,7 @@ async fn the_helm_steps_install_roll_out_and_label_the_namespace() {
     shell.run(&docs.command("docs/install.md", section, "kubectl label namespace"));
     let namespace = shell.must_get(&["namespace", "hostpath-provisioner"]);
     assert_eq!(namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged");
+    tenant_roles::tenants_take_snapshots_with_the_built_in_roles(&mut shell, &docs).await;
     shell.finish();
 }
 
@@ -439,7 +446,11 @@ async fn the_one_file_install_runs_as_written_with_your_image() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_kustomize_installs_and_their_additions_run_as_written() {
     let docs = Docs::load();
-    let mut shell = Shell::with_cluster("the_kustomize_installs_and_their_additions_run_as_written").await;
+    let mut shell = Shell::with_controllers(
+        "the_kustomize_installs_and_their_additions_run_as_written",
+        tenant_roles::AGGREGATING_CONTROLLERS,
+    )
+    .await;
     shell.set_image_in_kustomization("deploy/legacy/kustomization.yaml");
     let section = "3c. Kustomize";
     let out = shell.run(&docs.command("docs/install.md", section, "kubectl apply -k deploy/legacy"));
@@ -451,6 +462,7 @@ async fn the_kustomize_installs_and_their_additions_run_as_written() {
     assert_eq!(container(&daemonset)["image"], format!("{REGISTRY}/hostpath-provisioner:0.1.0"));
     shell.must_get(&["clusterrole", "kubevirt-hostpath-provisioner"]);
     shell.must_get(&["serviceaccount", "kubevirt-hostpath-provisioner-admin", "-n", "kubevirt-hostpath-provisioner"]);
+    tenant_roles::tenants_take_snapshots_with_the_built_in_roles(&mut shell, &docs).await;
 
     // OpenShift serves SecurityContextConstraints; here its CRD stands in.
     shell.install_crds();
@@ -480,7 +492,8 @@ async fn the_kustomize_installs_and_their_additions_run_as_written() {
     let daemonsets = shell.must_get(&["daemonsets", "-n", "kubevirt-hostpath-provisioner"]);
     let names: BTreeSet<&str> =
         daemonsets["items"].as_array().expect("items").iter().filter_map(|d| d["metadata"]["name"].as_str()).collect();
-    assert_eq!(names.len(), 2, "{names:?}");
+    // The names docs/install.md gives.
+    assert_eq!(names, BTreeSet::from(["kubevirt-hostpath-provisioner", "kubevirt-hostpath-provisioner-nvme"]));
     let legacy = shell.must_get(&["daemonset", "kubevirt-hostpath-provisioner", "-n", "kubevirt-hostpath-provisioner"]);
     let affinity = &legacy["spec"]["template"]["spec"]["affinity"]["nodeAffinity"];
     assert!(affinity.to_string().contains("NotIn"), "kept off the nvme group's nodes: {affinity}");
@@ -563,12 +576,14 @@ async fn rolling_forward_from_the_go_build_and_back_runs_as_written() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_operator_install_runs_as_written() {
     let docs = Docs::load();
-    let mut shell = Shell::with_cluster("the_operator_install_runs_as_written").await;
+    let mut shell =
+        Shell::with_controllers("the_operator_install_runs_as_written", tenant_roles::AGGREGATING_CONTROLLERS).await;
     // "Point the image at your registry first".
     shell.set_image_in_kustomization("deploy/operator/kustomization.yaml");
     shell.run(&docs.command("docs/operator.md", "Install", "kubectl apply --server-side -k deploy/operator"));
     let operator = shell.must_get(&["deployment", "hostpath-provisioner-operator", "-n", "hostpath-provisioner"]);
     assert_eq!(container(&operator)["image"], format!("{REGISTRY}/hostpath-provisioner:0.1.0"));
+    tenant_roles::tenants_take_snapshots_with_the_built_in_roles(&mut shell, &docs).await;
     shell.run(&docs.command(
         "docs/operator.md",
         "Install",

@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
-use serde_json::Value;
+use serde_json::{Value, json};
 use testbed::{DeployTool, deploy_tool, fixtures};
 
 const MAX_VALUES: &str = "deploy/helm/hostpath-provisioner/ci/max-values.yaml";
@@ -107,6 +107,35 @@ fn document_count(manifests: &str) -> usize {
 
 fn find<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
     objects.iter().find(|o| o["kind"] == kind).unwrap_or_else(|| panic!("no {kind} among the objects"))
+}
+
+/// The first `kind` object that is not a role for tenants (the provisioner's own).
+fn find_provisioners<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && aggregated_to(o).is_empty())
+        .unwrap_or_else(|| panic!("no {kind} among the objects"))
+}
+
+/// The built-in roles (`admin`, `edit`, `view`) a ClusterRole's aggregation labels add it to.
+fn aggregated_to(role: &Value) -> Vec<String> {
+    let labels = role["metadata"]["labels"].as_object().cloned().unwrap_or_default();
+    labels
+        .iter()
+        .filter(|(_, value)| *value == "true")
+        .filter_map(|(key, _)| key.strip_prefix("rbac.authorization.k8s.io/aggregate-to-").map(str::to_owned))
+        .collect()
+}
+
+/// The ClusterRoles that aggregate to built-in roles: name, the roles they join, their rules.
+fn tenant_roles(objects: &[Value]) -> Vec<(String, Vec<String>, Value)> {
+    let mut roles: Vec<(String, Vec<String>, Value)> = objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRole" && !aggregated_to(o).is_empty())
+        .map(|o| (o["metadata"]["name"].as_str().unwrap_or_default().to_owned(), aggregated_to(o), o["rules"].clone()))
+        .collect();
+    roles.sort_by(|a, b| a.0.cmp(&b.0));
+    roles
 }
 
 /// Deletes what an install created, by its part-of label, except the namespace: the shared
@@ -446,8 +475,17 @@ async fn the_chart_defaults_match_deploy_legacy() {
 
     // The same rights.
     for kind in ["ClusterRole", "Role"] {
-        assert_eq!(find(&chart, kind)["rules"], find(&legacy, kind)["rules"], "{kind} rules differ");
+        assert_eq!(
+            find_provisioners(&chart, kind)["rules"],
+            find_provisioners(&legacy, kind)["rules"],
+            "{kind} rules differ"
+        );
     }
+    // The same roles for tenants' snapshots, under the same names (the default release's
+    // full name is the kustomization's prefix), added to the same built-in roles.
+    let (chart_tenants, legacy_tenants) = (tenant_roles(&chart), tenant_roles(&legacy));
+    assert_eq!(chart_tenants.len(), 2, "{chart_tenants:#?}");
+    assert_eq!(chart_tenants, legacy_tenants, "the roles for tenants' snapshots differ");
     // The same pod, apart from names and labels.
     let (chart_pod, legacy_pod) = (
         &find(&chart, "DaemonSet")["spec"]["template"]["spec"],
@@ -486,6 +524,59 @@ async fn the_chart_defaults_match_deploy_legacy() {
         assert_eq!(chart_class[field], legacy_class[field], "class {field} differs");
     }
     assert_eq!(chart_class["metadata"]["name"], legacy_class["metadata"]["name"]);
+}
+
+/// YAML documents as objects.
+fn parse_objects(manifests: &str) -> Vec<Value> {
+    let documents: Vec<Value> = serde_saphyr::from_multiple(manifests).unwrap_or_else(|e| panic!("{e}:\n{manifests}"));
+    documents.into_iter().filter(Value::is_object).collect()
+}
+
+/// Every install that brings the HostPathSnapshot CRD brings the roles that let namespace
+/// admins, editors and viewers use it, the same in each: the chart in both modes (its crds/
+/// installs the CRD in both), deploy/legacy (and so deploy/install.yaml) and deploy/operator.
+/// None grants `hostpathsnapshots/status`, the provisioner's word. (What the roles let a tenant
+/// do on a real API server: e2e_documented_commands, after the documented installs.)
+#[test]
+fn every_install_of_the_snapshot_crd_brings_the_same_roles_for_tenants() {
+    let kubectl = testbed_kubectl();
+    let kustomized = |dir: &str| parse_objects(&run(&kubectl, &["kustomize", dir], &[]));
+    let installs = [
+        ("chart", parse_objects(&chart_template("hpp-chart", &[]))),
+        ("chart operator mode", parse_objects(&chart_template("hpp-chart", &["--set", "operator.enabled=true"]))),
+        ("deploy/install.yaml", parse_objects(&read("deploy/install.yaml"))),
+        ("deploy/legacy", kustomized("deploy/legacy")),
+        ("deploy/operator", kustomized("deploy/operator")),
+        ("deploy/operator/install.yaml", parse_objects(&read("deploy/operator/install.yaml"))),
+    ];
+    let edit = json!([{
+        "apiGroups": ["hostpath-provisioner.kubevirt.io"],
+        "resources": ["hostpathsnapshots"],
+        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"],
+    }]);
+    let view = json!([{
+        "apiGroups": ["hostpath-provisioner.kubevirt.io"],
+        "resources": ["hostpathsnapshots"],
+        "verbs": ["get", "list", "watch"],
+    }]);
+    let expected = vec![
+        ("hostpath-provisioner-snapshots-edit".to_owned(), vec!["admin".to_owned(), "edit".to_owned()], edit),
+        ("hostpath-provisioner-snapshots-view".to_owned(), vec!["view".to_owned()], view),
+    ];
+    for (install, objects) in &installs {
+        let has_crd = objects.iter().any(|o| {
+            o["kind"] == "CustomResourceDefinition"
+                && o["metadata"]["name"] == "hostpathsnapshots.hostpath-provisioner.kubevirt.io"
+        });
+        assert!(has_crd || install.starts_with("chart"), "{install}: the CRD");
+        let mut roles = tenant_roles(objects);
+        for role in &mut roles {
+            role.1.sort();
+        }
+        assert_eq!(roles, expected, "{install}");
+    }
+    // The chart's CRD is in crds/, which `helm template` leaves out: it is there in both modes.
+    assert!(repo().join(CHART).join("crds/hostpathsnapshots.yaml").is_file());
 }
 
 /// kube-score checks left out, each for a reason docs/install.md ("Deploy conventions") gives. A

@@ -136,3 +136,49 @@ async fn the_not_ready_runbook_prints_why_from_inside_the_pod() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("HEALTH_ADDR: invalid value \"nowhere\""), "{err}");
 }
+
+/// The `const NAME: &str = "Reason";` lines of a piece of source: their values.
+fn string_constants(source: &str) -> Vec<String> {
+    source
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let line = line.strip_prefix("pub ").unwrap_or(line);
+            line.strip_prefix("const ")?.split_once(": &str = \"").map(|(_, rest)| rest)
+        })
+        .filter_map(|rest| rest.strip_suffix("\";").map(str::to_owned))
+        .collect()
+}
+
+/// The event reasons the provisioner posts, read from the source so that a reason added there
+/// is checked without a list to keep: `error::reason` (src/error.rs), and the external
+/// resizer's, which the expansion reconciler keeps apart (src/reconciling/resize.rs).
+fn event_reasons_in_the_code() -> Vec<String> {
+    let source = include_str!("../src/error.rs");
+    let start = source.find("pub mod reason {").expect("src/error.rs has the reason module");
+    let module = &source[start..start + source[start..].find("\n}").expect("end of the reason module")];
+    let resize = include_str!("../src/reconciling/resize.rs");
+    let resize = &resize[..resize.find("#[cfg(test)]").unwrap_or(resize.len())];
+    let mut reasons = string_constants(module);
+    reasons.extend(string_constants(resize));
+    reasons
+}
+
+/// docs/operating.md's events table lists every reason the provisioner posts, and only those.
+#[test]
+fn the_events_table_lists_every_event_reason_the_code_posts() {
+    let reasons = event_reasons_in_the_code();
+    for expected in ["ProvisioningFailed", "SnapshotReady", "SnapshotFailed", "SnapshotDeleteWaiting", "Resizing"] {
+        assert!(reasons.iter().any(|r| r == expected), "read from src/error.rs: {reasons:?}");
+    }
+    let events = &OPERATING[OPERATING.find("## Events\n").expect("an Events section")..];
+    let events = &events[..events[3..].find("\n## ").map_or(events.len(), |end| end + 3)];
+    let rows: Vec<&str> = events
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `")?.split_once("` |").map(|(reason, _)| reason))
+        .collect();
+    let missing: Vec<&String> = reasons.iter().filter(|r| !rows.contains(&r.as_str())).collect();
+    let unknown: Vec<&&str> = rows.iter().filter(|row| !reasons.iter().any(|r| r == *row)).collect();
+    assert!(missing.is_empty(), "docs/operating.md, \"Events\", lacks {missing:?}");
+    assert!(unknown.is_empty(), "docs/operating.md, \"Events\", lists reasons the code never posts: {unknown:?}");
+}

@@ -3,7 +3,8 @@
 //! copy on btrfs and XFS, bytes on ext4; a btrfs snapshot of a quota volume), a claim naming it
 //! in `dataSourceRef` gets the files as they were, with their owners and modes; a restore too
 //! small, of a snapshot that does not exist, or of a claim that does not exist, says why; a
-//! deleted snapshot waits for the claims restoring from it, then its copy goes to the trash.
+//! deleted snapshot waits for the claims restoring from it, then its copy goes to the trash;
+//! the doc's own examples, as written, and what its warning about `dataSource:` says.
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use hostpath_provisioner::deciding::snapshot::{GROUP, HostPathSnapshot, KIND};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use testbed::fixtures;
 
@@ -377,4 +378,114 @@ async fn copies_left_by_a_deleted_crd_are_found_on_the_disk_and_trashed() {
     wait_path_gone(&copy).await;
     let removed = cluster.nodes[0].provisioner.log_tail(200);
     assert!(removed.contains("moved a snapshot copy without its snapshot to the trash"), "{removed}");
+}
+
+/// The fenced `yaml` block of docs/snapshots.md under the heading `section` that holds
+/// `kind: <kind>`, as the doc writes it.
+fn doc_example(section: &str, kind: &str) -> String {
+    let doc = std::fs::read_to_string(repo().join("docs/snapshots.md")).expect("docs/snapshots.md");
+    let (mut heading, mut block, mut blocks) = ("", None::<String>, Vec::new());
+    for line in doc.lines() {
+        match (&mut block, line) {
+            (None, l) if l.starts_with("## ") => heading = l.trim_start_matches("## "),
+            (None, "```yaml") => block = Some(String::new()),
+            (Some(text), "```") => {
+                blocks.push((heading, std::mem::take(text)));
+                block = None;
+            }
+            (Some(text), l) => {
+                text.push_str(l);
+                text.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    let found: Vec<String> = blocks
+        .into_iter()
+        .filter(|(h, text)| *h == section && text.lines().any(|l| l == format!("kind: {kind}")))
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(found.len(), 1, "docs/snapshots.md, {section:?}: one example of kind {kind}: {found:#?}");
+    found.into_iter().next().unwrap_or_default()
+}
+
+/// A claim of `namespace` once it is Bound, and its PV's directory.
+async fn bound_directory(env: &TestEnv, namespace: &str, claim: &str) -> PathBuf {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), namespace);
+    let pv = testbed::wait_for(&format!("claim {namespace}/{claim} Bound"), TIMEOUT, || async {
+        let claim = claims.get(claim).await?;
+        let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+        anyhow::Ok(bound.then(|| claim.spec.and_then(|s| s.volume_name)).flatten())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    host_path(&env.pvs().get(&pv).await.expect("PV"))
+}
+
+/// docs/snapshots.md's examples as written (its namespace `team-a`, its claim `db`, the class of
+/// the installs, `hostpath-provisioner`, WaitForFirstConsumer): the snapshot of "Taking a
+/// snapshot" is taken, and the claim of "Restoring" gets its files once a pod on the snapshot's
+/// node uses it. Then the doc's warning: the same claim with `dataSource:` in place of
+/// `dataSourceRef:` is stored by the API server with neither field and becomes an empty volume.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_documented_snapshot_and_restore_run_as_written_and_data_source_gives_an_empty_volume() {
+    let mut env = TestEnv::start("snap-doc", 0).await;
+    install_crd(&env);
+    let kubectl = |args: &[&str]| env.cp.run_kubectl(&repo(), args).unwrap_or_else(|e| panic!("{e:#}"));
+    // The class deploy/legacy installs (the chart's default class is the same).
+    kubectl(&["apply", "-f", "deploy/legacy/storageclass-wffc.yaml"]);
+    kubectl(&["create", "namespace", "team-a"]);
+    let node = format!("{}-n", env.group);
+    env.add_node(&node, &|spec| spec).await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), "team-a");
+    let pod_on_node =
+        |name: &str, claim: &str| fixtures::pod_using_claim("team-a", name, claim).on_hostname(&node).build();
+
+    // The source claim `db` the example snapshots, written by its pod.
+    let db = fixtures::claim("team-a", "db", "hostpath-provisioner", "10Gi").build();
+    Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), "team-a")
+        .create(&PostParams::default(), &db)
+        .await
+        .expect("create db");
+    pods.create(&PostParams::default(), &pod_on_node("db-user", "db")).await.expect("pod");
+    let source = bound_directory(&env, "team-a", "db").await;
+    fill(&source);
+    let before = listing(&source);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let apply = |name: &str, yaml: &str| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, yaml).expect("write example");
+        kubectl(&["apply", "-f", file.to_str().expect("utf-8 path")])
+    };
+    apply("snapshot.yaml", &doc_example("Taking a snapshot", "HostPathSnapshot"));
+    let snapshots: Api<HostPathSnapshot> = Api::namespaced(env.client.clone(), "team-a");
+    testbed::wait_for("db-before-upgrade ready", TIMEOUT, || async {
+        let snapshot = snapshots.get("db-before-upgrade").await?;
+        anyhow::Ok(snapshot.status.as_ref().is_some_and(|s| s.ready_to_use).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    std::fs::write(source.join("data"), b"after").unwrap();
+
+    let restore = doc_example("Restoring", "PersistentVolumeClaim");
+    apply("restore.yaml", &restore);
+    pods.create(&PostParams::default(), &pod_on_node("db-restored-user", "db-restored")).await.expect("pod");
+    let restored = bound_directory(&env, "team-a", "db-restored").await;
+    assert_eq!(listing(&restored), before, "the restore has the snapshot's files");
+
+    // The warning: `dataSource:` naming the snapshot. The API server drops a dataSource of any
+    // kind but PersistentVolumeClaim and VolumeSnapshot before copying it to dataSourceRef, so
+    // nothing tells the provisioner of the snapshot.
+    let wrong = restore.replace("dataSourceRef:", "dataSource:").replace("name: db-restored\n", "name: db-empty\n");
+    assert!(wrong.contains("dataSource:\n") && wrong.contains("name: db-empty\n"), "{wrong}");
+    apply("wrong.yaml", &wrong);
+    let stored: PersistentVolumeClaim =
+        Api::namespaced(env.client.clone(), "team-a").get("db-empty").await.expect("db-empty");
+    let spec = stored.spec.expect("spec");
+    assert!(spec.data_source.is_none() && spec.data_source_ref.is_none(), "stored as: {spec:?}");
+    pods.create(&PostParams::default(), &pod_on_node("db-empty-user", "db-empty")).await.expect("pod");
+    let empty = bound_directory(&env, "team-a", "db-empty").await;
+    let entries = std::fs::read_dir(&empty).expect("read the volume").count();
+    assert_eq!(entries, 0, "an empty volume, not the snapshot's files");
 }
