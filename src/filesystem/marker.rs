@@ -169,12 +169,24 @@ impl PoolRoot {
     /// and puts it back; one that moved it before fails this check). The marker goes first: a
     /// stop between the two leaves a record of another PV, which counts as none, so the
     /// directory goes to nobody without an admin rather than back to its previous claim.
-    pub fn take_over_marked(&self, name: &VolumeDirName, pv: &str, owner: &str) -> Result<(), PoolError> {
+    ///
+    /// The marker must still name `expected` (the PV the decision saw): a claim that took the
+    /// directory over in between is not overwritten, and this attempt decides again.
+    pub fn take_over_marked(
+        &self,
+        name: &VolumeDirName,
+        expected: &str,
+        pv: &str,
+        owner: &str,
+    ) -> Result<(), PoolError> {
         let path = self.volume_path(name);
         let (marker, fd) = self.marker_beneath(self.fd.as_fd(), name.as_str(), path.clone())?;
-        let (Marker::MarkedFor(_), Some(fd)) = (marker, fd) else {
+        let (Marker::MarkedFor(found), Some(fd)) = (marker, fd) else {
             return Err(PoolError::TreeChanged { path });
         };
+        if found != expected {
+            return Err(PoolError::TreeChanged { path });
+        }
         set_marker(&fd, pv, &path)?;
         set_xattr(&fd, OWNER_XATTR, owner, &path)?;
         let held = inode_of(fd.as_fd()).map_err(|e| fs_error("stat the volume directory", path.clone(), e))?;

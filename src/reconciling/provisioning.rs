@@ -117,7 +117,7 @@ pub async fn provision(
         }
         Some(Placing::Reuse { record: None }) => Created::Existing,
         Some(Placing::Reuse { record: Some(owner) }) => {
-            pool.take_over_marked(&dir, &plan.pv_name, &owner_record(plan, owner))?;
+            pool.take_over_marked(&dir, &plan.pv_name, &plan.pv_name, &owner_record(plan, owner))?;
             Created::Existing
         }
         Some(Placing::Adopt { from, owner, handed_from }) => {
@@ -126,7 +126,7 @@ pub async fn provision(
             if let Some(limit_bytes) = provision.make.limit_bytes() {
                 pool.set_quota_limit(&dir, limit_bytes)?;
             }
-            pool.take_over_marked(&dir, &plan.pv_name, &owner_record(plan, owner))?;
+            pool.take_over_marked(&dir, from, &plan.pv_name, &owner_record(plan, owner))?;
             let path = pool.path().join(dir.as_str());
             let handed = handed_from
                 .as_deref()

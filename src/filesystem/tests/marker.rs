@@ -92,7 +92,11 @@ fn taking_over_rewrites_the_marker_of_the_directory_in_place_and_keeps_its_data(
     let f = Fixture::new();
     make(&f, "ns_data", OTHER_PV).expect("made");
     fs::write(f.vol("ns_data/file"), b"keep").expect("write");
-    f.pool.take_over_marked(&dir_name("ns_data"), PV, &owner_of_pv(PV)).expect("taken over");
+    // Not while the marker names another PV than the one the decision saw.
+    let error = f.pool.take_over_marked(&dir_name("ns_data"), PV, PV, &owner_of_pv(PV)).expect_err("changed");
+    assert!(matches!(error, PoolError::TreeChanged { .. }), "{error}");
+    assert_eq!(marker_of(&f.vol("ns_data")).as_deref(), Some(OTHER_PV));
+    f.pool.take_over_marked(&dir_name("ns_data"), OTHER_PV, PV, &owner_of_pv(PV)).expect("taken over");
     assert_eq!(marker_of(&f.vol("ns_data")).as_deref(), Some(PV));
     assert_eq!(f.pool.volume_owner_record(&dir_name("ns_data")).unwrap(), Some(owner_of_pv(PV)));
     assert_eq!(fs::read(f.vol("ns_data/file")).unwrap(), b"keep");
@@ -100,11 +104,11 @@ fn taking_over_rewrites_the_marker_of_the_directory_in_place_and_keeps_its_data(
     fs::create_dir(f.vol("ns_old")).expect("mkdir");
     mark(&f.vol("ns_old"), OTHER_PV);
     assert_eq!(f.pool.volume_owner_record(&dir_name("ns_old")).unwrap(), None);
-    f.pool.take_over_marked(&dir_name("ns_old"), PV, &owner_of_pv(PV)).expect("taken over");
+    f.pool.take_over_marked(&dir_name("ns_old"), OTHER_PV, PV, &owner_of_pv(PV)).expect("taken over");
     assert_eq!(f.pool.volume_owner_record(&dir_name("ns_old")).unwrap(), Some(owner_of_pv(PV)));
     // Only a marked directory is taken over.
     fs::create_dir(f.vol("ns_plain")).expect("mkdir");
-    assert!(f.pool.take_over_marked(&dir_name("ns_plain"), PV, &owner_of_pv(PV)).is_err());
+    assert!(f.pool.take_over_marked(&dir_name("ns_plain"), PV, PV, &owner_of_pv(PV)).is_err());
     assert_eq!(marker_of(&f.vol("ns_plain")), None);
 }
 
