@@ -228,6 +228,12 @@ async fn provisioner_works_under_exactly_the_deploy_rbac() {
         "list secrets",
     );
     forbidden(Api::<Node>::all(as_provisioner.clone()).list(&ListParams::default()).await.map(|_| ()), "list nodes");
+    // A claim's namespace may be read (a pathPattern volume records its UID), never listed.
+    Api::<Namespace>::all(as_provisioner.clone()).get_metadata(&env.ns).await.expect("get the claim's namespace");
+    forbidden(
+        Api::<Namespace>::all(as_provisioner.clone()).list(&ListParams::default()).await.map(|_| ()),
+        "list namespaces",
+    );
     let label = serde_json::json!({"metadata": {"labels": {"evil": "yes"}}});
     forbidden(
         Api::<Node>::all(as_provisioner.clone())

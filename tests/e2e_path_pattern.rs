@@ -2,7 +2,10 @@
 //! real control plane: the directory is named from the claim and carries the provisioner's
 //! marker; a claim made again gets its directory and data back once the old PV is gone, never
 //! before; a planted directory is refused; a forged PV pointing at another volume's pattern
-//! directory removes nothing; a volume under Delete goes as any other.
+//! directory removes nothing; a volume under Delete goes as any other. A directory goes back
+//! only to the claim it was made for (issue #44): not to another tenant's claim that another
+//! class's pattern resolves to the same name, not to a namespace made again under the same name,
+//! unless an admin hands it over on the Namespace.
 
 mod common;
 
@@ -10,20 +13,26 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use testbed::fixtures;
 
 const PATTERN: &str = "{namespace}_{claim}";
 const MARKER: &str = "user.hostpath-provisioner.pv";
+const OWNER: &str = "user.hostpath-provisioner.owner";
+const ADOPT_DIRECTORY: &str = "hostpath-provisioner.kubevirt.io/adopt-directory";
 
 fn host_path(pv: &PersistentVolume) -> PathBuf {
     PathBuf::from(pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| h.path.clone()).expect("hostPath"))
 }
 
 fn marker_of(dir: &Path) -> Option<String> {
-    let mut buf = [0u8; 300];
-    let len = rustix::fs::lgetxattr(dir, MARKER, &mut buf[..]).ok()?;
+    xattr_of(dir, MARKER)
+}
+
+fn xattr_of(dir: &Path, name: &str) -> Option<String> {
+    let mut buf = [0u8; 1024];
+    let len = rustix::fs::lgetxattr(dir, name, &mut buf[..]).ok()?;
     Some(String::from_utf8_lossy(&buf[..len]).into_owned())
 }
 
@@ -203,4 +212,177 @@ async fn a_quota_volume_named_by_a_pattern_is_limited_and_taken_over_with_the_ne
     let more = fill(&dir.join("b"), 64 * MIB);
     assert!((8 * MIB..=32 * MIB).contains(&more), "the new claim's 32Mi limit holds: {more}");
     drop(disk);
+}
+
+fn claims_in(env: &TestEnv, namespace: &str) -> Api<PersistentVolumeClaim> {
+    Api::namespaced(env.client.clone(), namespace)
+}
+
+async fn create_namespace(env: &TestEnv, name: &str) -> Namespace {
+    Api::<Namespace>::all(env.client.clone())
+        .create(&PostParams::default(), &fixtures::namespace(name))
+        .await
+        .expect("create namespace")
+}
+
+/// Waits until the claim `namespace/name` is Bound and returns its PV.
+async fn wait_bound_in(env: &TestEnv, namespace: &str, name: &str) -> PersistentVolume {
+    let claims = claims_in(env, namespace);
+    let bound = testbed::wait_until(
+        &format!("claim {namespace}/{name} Bound"),
+        TIMEOUT,
+        || async { claims.get(name).await },
+        |c: &PersistentVolumeClaim| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    let pv = bound.spec.and_then(|s| s.volume_name).expect("bound claim names its volume");
+    env.pvs().get(&pv).await.expect("get PV")
+}
+
+/// The Released PV of a deleted claim deleted too, as docs/volumes.md tells an admin to do so
+/// that the claim made again gets its data back.
+async fn release_and_delete_pv(env: &TestEnv, namespace: &str, claim: &str, pv: &str) {
+    claims_in(env, namespace).delete(claim, &Default::default()).await.expect("delete claim");
+    env.wait_pv_phase(pv, "Released").await;
+    env.pvs().delete(pv, &Default::default()).await.expect("delete the Released PV");
+    env.wait_pv_gone(pv).await;
+}
+
+async fn phase_of(env: &TestEnv, namespace: &str, claim: &str) -> String {
+    let claim = claims_in(env, namespace).get(claim).await.expect("get claim");
+    claim.status.and_then(|s| s.phase).unwrap_or_default()
+}
+
+/// Two classes of one pool whose patterns mirror each other: claim `v` of namespace `t` under
+/// `{namespace}_{claim}` and claim `t` of namespace `v` under `{claim}_{namespace}` name the same
+/// directory. Once the victim's Released PV is deleted, the other tenant's claim is refused,
+/// naming both; the victim's claim made again gets its data back.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_tenants_claim_whose_pattern_names_the_same_directory_is_refused_and_the_owner_gets_it_back() {
+    let env = TestEnv::start("patmirror", 1).await;
+    let node = env.nodes[0].name.clone();
+    let (t, v) = (env.ns.clone(), testbed::unique_name("patv"));
+    let v_uid = create_namespace(&env, &v).await.metadata.uid.expect("namespace uid");
+    let t_uid = Api::<Namespace>::all(env.client.clone()).get(&t).await.unwrap().metadata.uid.expect("uid");
+    let by_namespace =
+        env.class("bynamespace", |c| c.immediate().reclaim_policy("Retain").parameter("pathPattern", PATTERN)).await;
+    let by_claim = env
+        .class("byclaim", |c| c.immediate().reclaim_policy("Retain").parameter("pathPattern", "{claim}_{namespace}"))
+        .await;
+
+    // The victim: claim `v` of namespace `t`, with data.
+    env.create_claim(fixtures::claim(&t, &v, &by_namespace, "1Mi").provision_on_node(&node)).await;
+    let first = env.wait_bound(&v).await;
+    let first_name = first.metadata.name.clone().expect("name");
+    let dir = host_path(&first);
+    assert_eq!(dir, env.nodes[0].pool_root.join(format!("{t}_{v}")));
+    let record = xattr_of(&dir, OWNER).expect("the directory records its owner");
+    for part in [format!("namespace-uid={t_uid}"), format!("namespace={t}"), format!("claim={v}")] {
+        assert!(record.contains(&part), "{part} missing from {record}");
+    }
+    assert_eq!(marker_of(&dir).as_deref(), Some(first_name.as_str()), "the marker stays the bare PV name");
+    std::fs::write(dir.join("secret"), b"t's data").unwrap();
+    release_and_delete_pv(&env, &t, &v, &first_name).await;
+
+    // The other tenant: claim `t` of namespace `v`, whose class resolves to the same name.
+    let thief = claims_in(&env, &v)
+        .create(&PostParams::default(), &fixtures::claim(&v, &t, &by_claim, "1Mi").provision_on_node(&node).build())
+        .await
+        .expect("create the other tenant's claim");
+    let note = env.wait_event(&v, &uid(&thief), "ProvisioningFailed").await;
+    for part in [
+        format!("was made for claim {t}/{v} of StorageClass {by_namespace} (namespace uid {t_uid})"),
+        format!("not for claim {v}/{t} of StorageClass {by_claim} (namespace uid {v_uid})"),
+        format!("PV {first_name}"),
+        format!("{ADOPT_DIRECTORY}={t}_{v}"),
+    ] {
+        assert!(note.contains(&part), "{part:?} missing from: {note}");
+    }
+    assert_eq!(phase_of(&env, &v, &t).await, "Pending");
+    assert_eq!(std::fs::read(dir.join("secret")).unwrap(), b"t's data", "the victim's files are intact");
+    assert_eq!(marker_of(&dir).as_deref(), Some(first_name.as_str()), "nothing was rewritten");
+    assert_eq!(xattr_of(&dir, OWNER), Some(record.clone()));
+
+    // The victim's own claim made again gets its directory and data back.
+    let again = env.create_claim(fixtures::claim(&t, &v, &by_namespace, "1Mi").provision_on_node(&node)).await;
+    let second = env.wait_bound(&v).await;
+    assert_eq!(host_path(&second), dir);
+    assert_eq!(std::fs::read(dir.join("secret")).unwrap(), b"t's data");
+    assert_eq!(marker_of(&dir), second.metadata.name.clone());
+    env.wait_event(&t, &uid(&again), "DirectoryReused").await;
+    // The other tenant's claim is still waiting, and was given nothing.
+    assert_eq!(phase_of(&env, &v, &t).await, "Pending");
+}
+
+/// A namespace deleted and made again under the same name (a new UID) is someone else: its claim
+/// of the same name does not get the old directory, until an admin annotates the new Namespace
+/// with `hostpath-provisioner.kubevirt.io/adopt-directory`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_namespace_made_again_under_its_name_gets_the_old_directory_only_when_an_admin_hands_it_over() {
+    let env = TestEnv::start("patrenamed", 1).await;
+    let node = env.nodes[0].name.clone();
+    let class = env.class("named", |c| c.immediate().reclaim_policy("Retain").parameter("pathPattern", PATTERN)).await;
+    let ns = testbed::unique_name("patreused");
+    let old_uid = create_namespace(&env, &ns).await.metadata.uid.expect("uid");
+    claims_in(&env, &ns)
+        .create(&PostParams::default(), &fixtures::claim(&ns, "db", &class, "1Mi").provision_on_node(&node).build())
+        .await
+        .expect("create claim");
+    let first = wait_bound_in(&env, &ns, "db").await;
+    let first_name = first.metadata.name.clone().expect("name");
+    let dir = host_path(&first);
+    assert_eq!(dir, env.nodes[0].pool_root.join(format!("{ns}_db")));
+    std::fs::write(dir.join("rows"), b"old tenant").unwrap();
+    release_and_delete_pv(&env, &ns, "db", &first_name).await;
+
+    // The namespace goes. This control plane runs no namespace controller: the test finalizes
+    // it as that controller would once the namespace is empty.
+    let namespaces = Api::<Namespace>::all(env.client.clone());
+    namespaces.delete(&ns, &Default::default()).await.expect("delete namespace");
+    let mut finalized = namespaces.get(&ns).await.expect("get namespace");
+    finalized.spec = Some(Default::default());
+    namespaces.replace_subresource("finalize", &ns, &PostParams::default(), &finalized).await.expect("finalize");
+    testbed::wait_for("namespace gone", TIMEOUT, || async {
+        anyhow::Ok(namespaces.get_opt(&ns).await?.is_none().then_some(()))
+    })
+    .await
+    .expect("namespace gone");
+
+    // Made again under the same name: a new UID, and its claim `db` is refused.
+    let new_uid = create_namespace(&env, &ns).await.metadata.uid.expect("uid");
+    assert_ne!(new_uid, old_uid);
+    let again = claims_in(&env, &ns)
+        .create(&PostParams::default(), &fixtures::claim(&ns, "db", &class, "1Mi").provision_on_node(&node).build())
+        .await
+        .expect("create claim");
+    let note = env.wait_event(&ns, &uid(&again), "ProvisioningFailed").await;
+    assert!(
+        note.contains(&format!("namespace uid {old_uid}")) && note.contains(&format!("namespace uid {new_uid}")),
+        "{note}"
+    );
+    assert_eq!(phase_of(&env, &ns, "db").await, "Pending");
+    assert_eq!(std::fs::read(dir.join("rows")).unwrap(), b"old tenant");
+    assert_eq!(marker_of(&dir).as_deref(), Some(first_name.as_str()));
+
+    // An annotation on the claim is not enough: the claim's tenant could name anyone's directory.
+    let on_claim = serde_json::json!({"metadata": {"annotations": {ADOPT_DIRECTORY: format!("{ns}_db")}}});
+    claims_in(&env, &ns).patch("db", &PatchParams::default(), &Patch::Merge(&on_claim)).await.expect("annotate");
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(phase_of(&env, &ns, "db").await, "Pending");
+    assert_eq!(marker_of(&dir).as_deref(), Some(first_name.as_str()));
+
+    // The admin hands it over on the Namespace (which the tenant cannot write).
+    let handed = serde_json::json!({"metadata": {"annotations": {ADOPT_DIRECTORY: format!("{ns}_db")}}});
+    namespaces.patch(&ns, &PatchParams::default(), &Patch::Merge(&handed)).await.expect("annotate the namespace");
+    let nudge = serde_json::json!({"metadata": {"annotations": {"hpp-test/nudge": "1"}}});
+    claims_in(&env, &ns).patch("db", &PatchParams::default(), &Patch::Merge(&nudge)).await.expect("nudge");
+    let second = wait_bound_in(&env, &ns, "db").await;
+    assert_eq!(host_path(&second), dir);
+    assert_eq!(std::fs::read(dir.join("rows")).unwrap(), b"old tenant", "handed over with its data");
+    assert_eq!(marker_of(&dir), second.metadata.name.clone());
+    let record = xattr_of(&dir, OWNER).expect("owner record");
+    assert!(record.contains(&format!("namespace-uid={new_uid}")), "now recorded for the new namespace: {record}");
+    let note = env.wait_event(&ns, &uid(&again), "DirectoryReused").await;
+    assert!(note.contains(ADOPT_DIRECTORY) && note.contains(&old_uid), "{note}");
 }

@@ -9,12 +9,18 @@
 //! - two live claims never get the same name: a pattern holds `{uid}`, or both `{namespace}`
 //!   and `{claim}` with a `_` between them (a character neither can contain);
 //! - the directory carries the provisioner's marker (the name of the PV it was made or adopted
-//!   for): an existing directory is reused only when it carries one and no PV holds it, and a
-//!   PV's directory is deleted only when the marker names that PV.
+//!   for) and a record of the claim it was made for ([`owner`]): an existing directory is
+//!   reused only when it carries the marker, no PV holds it, and it was made for the very claim
+//!   asking (or an admin handed it over), and a PV's directory is deleted only when the marker
+//!   names that PV.
 //!
 //! Pure functions; the marker is read and written by `filesystem`.
 
 use crate::deciding::layout;
+
+mod owner;
+
+pub use owner::{ADOPT_DIRECTORY, ClaimIdentity, MAX_OWNER_RECORD_BYTES, OWNER_XATTR, OwnerRecord, handed_over};
 
 /// StorageClass parameter.
 pub const PARAMETER: &str = "pathPattern";
@@ -196,7 +202,7 @@ pub enum Found {
     MarkedFor(String),
 }
 
-/// The facts the choice reads: what is there, and what the cluster says of it.
+/// The facts the choice reads: what is there, what the cluster says of it, and who asks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirectoryFacts {
     /// What is at the place.
@@ -206,23 +212,46 @@ pub struct DirectoryFacts {
     /// A PV other than the claim's own names this directory as its path (Released under
     /// `Retain`, or being deleted).
     pub held_by: Option<String>,
+    /// The directory's owner record ([`OWNER_XATTR`]), when it has one that reads; `None` for a
+    /// directory of the earlier version, which recorded only the PV.
+    pub recorded: Option<OwnerRecord>,
+    /// The claim asking.
+    pub asker: ClaimIdentity,
+    /// The asker's Namespace hands this directory to its claims ([`ADOPT_DIRECTORY`]).
+    pub handed_over: bool,
 }
 
 /// What a claim does about its pattern directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Placing {
-    /// Make it (aside, marked, then renamed into place only if the place is still free).
-    Make,
+    /// Make it (aside, marked for the PV and recorded for `owner`, then renamed into place only
+    /// if the place is still free).
+    Make {
+        /// The claim it is made for.
+        owner: ClaimIdentity,
+    },
     /// It is this claim's already (an earlier attempt made or adopted it).
-    Reuse,
-    /// Take it over, data and all, from a PV that is gone: the marker is rewritten first.
+    Reuse {
+        /// The owner record to write, when the one there is not the claim's (an attempt that
+        /// stopped between rewriting the marker and the record).
+        record: Option<ClaimIdentity>,
+    },
+    /// Take it over, data and all, from a PV that is gone: the marker, then the owner record,
+    /// are rewritten first.
     Adopt {
         /// The PV it was made for.
         from: String,
+        /// The claim taking it.
+        owner: ClaimIdentity,
+        /// When it was made for someone else and the admin handed it over: whose it was.
+        handed_from: Option<String>,
     },
     /// Leave it, and say why.
     Refuse(Occupied),
 }
+
+/// What the event and log say of a directory without an owner record.
+const UNRECORDED: &str = "an unrecorded claim (the directory was made by a version that recorded only its PV)";
 
 /// Why a pattern directory cannot be given to a claim.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -255,24 +284,73 @@ pub enum Occupied {
         /// The PV it was made for.
         pv: String,
     },
+    /// It was made for another claim (another pattern resolving to the same name, a namespace
+    /// made again under the same name) or for one nobody recorded.
+    #[error("{0}")]
+    OtherOwner(Box<OtherOwner>),
+}
+
+/// A pattern directory made for another claim than the one asking.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{path} was made for {owner} (PV {pv}), not for {asker}; its data is left as it is. If it is meant for this claim, an admin annotates Namespace {namespace} with {ADOPT_DIRECTORY}={dir}",
+    namespace = asker.namespace
+)]
+pub struct OtherOwner {
+    /// The directory.
+    pub path: String,
+    /// Its name under the pool root (what the annotation names).
+    pub dir: String,
+    /// The PV it was made for.
+    pub pv: String,
+    /// Whose it is, as recorded.
+    pub owner: String,
+    /// The claim asking.
+    pub asker: ClaimIdentity,
 }
 
 /// Decides what a claim whose PV will be `own_pv` does about its pattern directory at `path`.
-/// A directory is taken over only when its marker shows the provisioner made it, and no PV
-/// (the one its marker names, or any other naming the path) holds it: a Released PV under
-/// `Retain` keeps its data to itself until an admin deletes it.
+/// A directory is taken over only when its marker shows the provisioner made it, no PV (the one
+/// its marker names, or any other naming the path) holds it, and its owner record names the
+/// very claim asking, or the asker's Namespace hands it over: a Released PV under `Retain`
+/// keeps its data to itself until an admin deletes it, and then it goes back to its own claim
+/// only.
 pub fn place(own_pv: &str, path: &str, facts: &DirectoryFacts) -> Placing {
     if let Some(pv) = facts.held_by.as_deref().filter(|pv| *pv != own_pv) {
         return Placing::Refuse(Occupied::HeldBy { path: path.to_owned(), pv: pv.to_owned() });
     }
+    // A record written with another PV than the marker's is stale, and proves nothing.
+    let recorded = |pv: &str| facts.recorded.as_ref().filter(|r| r.pv == pv).map(|r| &r.owner);
     match &facts.found {
-        Found::Absent => Placing::Make,
+        Found::Absent => Placing::Make { owner: facts.asker.clone() },
         Found::Unmarked => Placing::Refuse(Occupied::NotMarked { path: path.to_owned() }),
-        Found::MarkedFor(pv) if pv == own_pv => Placing::Reuse,
+        // The PV is named after the claim's UID: no other claim's marker names it.
+        Found::MarkedFor(pv) if pv == own_pv => {
+            Placing::Reuse { record: (recorded(pv) != Some(&facts.asker)).then(|| facts.asker.clone()) }
+        }
         Found::MarkedFor(pv) if facts.marked_pv_exists => {
             Placing::Refuse(Occupied::HeldBy { path: path.to_owned(), pv: pv.clone() })
         }
-        Found::MarkedFor(pv) => Placing::Adopt { from: pv.clone() },
+        Found::MarkedFor(pv) => match recorded(pv) {
+            Some(owner) if *owner == facts.asker => {
+                Placing::Adopt { from: pv.clone(), owner: facts.asker.clone(), handed_from: None }
+            }
+            owner if facts.handed_over => Placing::Adopt {
+                from: pv.clone(),
+                owner: facts.asker.clone(),
+                handed_from: Some(owner.map_or_else(|| UNRECORDED.to_owned(), ToString::to_string)),
+            },
+            owner => Placing::Refuse(Occupied::OtherOwner(Box::new(OtherOwner {
+                path: path.to_owned(),
+                dir: std::path::Path::new(path)
+                    .file_name()
+                    .map(|name| name.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                pv: pv.clone(),
+                owner: owner.map_or_else(|| UNRECORDED.to_owned(), ToString::to_string),
+                asker: facts.asker.clone(),
+            }))),
+        },
     }
 }
 

@@ -629,7 +629,7 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
                 Placing::Refuse(occupied) => {
                     return ClaimPlan::Refuse { refusal: occupied.into(), recheck: Some(PATTERN_RECHECK) };
                 }
-                Placing::Adopt { from } if copy_from.is_some() => {
+                Placing::Adopt { from, .. } if copy_from.is_some() => {
                     let refusal = path_pattern::Occupied::CloneIntoExisting { path, pv: from };
                     return ClaimPlan::Refuse { refusal: refusal.into(), recheck: Some(PATTERN_RECHECK) };
                 }
@@ -637,7 +637,7 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
             }
         }
     };
-    let dir_exists = pool.dir_exists || matches!(pattern, Some(Placing::Reuse | Placing::Adopt { .. }));
+    let dir_exists = pool.dir_exists || matches!(pattern, Some(Placing::Reuse { .. } | Placing::Adopt { .. }));
     let available = room.room();
     if plan.request_bytes > available && !dir_exists {
         let short = ShortOfSpace {

@@ -7,6 +7,10 @@
 //! A new pattern directory is made aside (`.hpp-making-<pv>`), marked, then renamed into place
 //! only if the place is still free, so that no unmarked directory of the provisioner's ever sits
 //! at a pattern name, whatever crashes.
+//!
+//! Beside the marker, a second attribute records whose the directory is
+//! (`deciding::path_pattern::OWNER_XATTR`, an `OwnerRecord`): the marker keeps the bare PV name
+//! so that the earlier version, after a rollback, reads it and deletes by it as before.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
@@ -15,6 +19,7 @@ use rustix::fs::{AtFlags, OFlags, RenameFlags, XattrFlags};
 use rustix::io::Errno;
 
 use super::{PoolError, PoolRoot, Trashed, VolumeDirName, fs_error, inode_at, inode_of};
+use crate::deciding::path_pattern::{MAX_OWNER_RECORD_BYTES, OWNER_XATTR};
 
 /// The extended attribute holding the marker.
 pub const MARKER_XATTR: &str = "user.hostpath-provisioner.pv";
@@ -41,6 +46,23 @@ impl PoolRoot {
     /// entering a mount).
     pub fn volume_marker(&self, name: &VolumeDirName) -> Result<Marker, PoolError> {
         self.marker_beneath(self.fd.as_fd(), name.as_str(), self.volume_path(name)).map(|(marker, _)| marker)
+    }
+
+    /// The owner record of the directory `name` as written (`None`: no directory, none written,
+    /// or none that reads as text); `deciding::path_pattern::OwnerRecord` reads it.
+    pub fn volume_owner_record(&self, name: &VolumeDirName) -> Result<Option<String>, PoolError> {
+        let path = self.volume_path(name);
+        let Some(fd) = self.marker_beneath(self.fd.as_fd(), name.as_str(), path.clone())?.1 else {
+            return Ok(None);
+        };
+        let mut value = [0u8; MAX_OWNER_RECORD_BYTES];
+        match rustix::fs::getxattr(magic(&fd).as_str(), OWNER_XATTR, &mut value[..]) {
+            Ok(len) => Ok(std::str::from_utf8(&value[..len]).ok().map(str::to_owned)),
+            // Too long for any record the provisioner writes: none of ours.
+            Err(Errno::NODATA | Errno::RANGE) => Ok(None),
+            Err(Errno::OPNOTSUPP) => Err(PoolError::MarkerUnsupported { path }),
+            Err(e) => Err(fs_error("read the volume directory's owner record", path, e)),
+        }
     }
 
     /// Refuses, with what the marker says, unless the directory `name` carries the marker of PV
@@ -112,13 +134,21 @@ impl PoolRoot {
         Ok(making)
     }
 
-    /// Marks the volume made at `making` for PV `pv`, then renames it to `name` only if nothing
-    /// is there ([`PoolError::PatternPlaceTaken`] otherwise, and the made volume goes to the trash).
-    pub fn place_marked(&self, making: &VolumeDirName, name: &VolumeDirName, pv: &str) -> Result<(), PoolError> {
+    /// Marks the volume made at `making` for PV `pv` and records `owner` (an `OwnerRecord`),
+    /// then renames it to `name` only if nothing is there ([`PoolError::PatternPlaceTaken`]
+    /// otherwise, and the made volume goes to the trash).
+    pub fn place_marked(
+        &self,
+        making: &VolumeDirName,
+        name: &VolumeDirName,
+        pv: &str,
+        owner: &str,
+    ) -> Result<(), PoolError> {
         let path = self.path.join(making.as_str());
         let Some(fd) = self.marker_beneath(self.fd.as_fd(), making.as_str(), path.clone())?.1 else {
             return Err(fs_error("open the volume made aside", path, Errno::NOENT));
         };
+        set_xattr(&fd, OWNER_XATTR, owner, &path)?;
         set_marker(&fd, pv, &path)?;
         match rustix::fs::renameat_with(&self.fd, making.as_str(), &self.fd, name.as_str(), RenameFlags::NOREPLACE) {
             Ok(()) => Ok(()),
@@ -133,16 +163,32 @@ impl PoolRoot {
         }
     }
 
-    /// Takes the directory `name` over for PV `pv`: its marker is rewritten through a descriptor,
-    /// then the directory is checked to be still at its place (a deletion moving it aside first
-    /// reads the new marker and puts it back; one that moved it before fails this check).
-    pub fn take_over_marked(&self, name: &VolumeDirName, pv: &str) -> Result<(), PoolError> {
+    /// Takes the directory `name` over for PV `pv` and records `owner` (an `OwnerRecord`): its
+    /// marker, then its record, are rewritten through a descriptor, then the directory is
+    /// checked to be still at its place (a deletion moving it aside first reads the new marker
+    /// and puts it back; one that moved it before fails this check). The marker goes first: a
+    /// stop between the two leaves a record of another PV, which counts as none, so the
+    /// directory goes to nobody without an admin rather than back to its previous claim.
+    ///
+    /// The marker must still name `expected` (the PV the decision saw): a claim that took the
+    /// directory over in between is not overwritten, and this attempt decides again.
+    pub fn take_over_marked(
+        &self,
+        name: &VolumeDirName,
+        expected: &str,
+        pv: &str,
+        owner: &str,
+    ) -> Result<(), PoolError> {
         let path = self.volume_path(name);
         let (marker, fd) = self.marker_beneath(self.fd.as_fd(), name.as_str(), path.clone())?;
-        let (Marker::MarkedFor(_), Some(fd)) = (marker, fd) else {
+        let (Marker::MarkedFor(found), Some(fd)) = (marker, fd) else {
             return Err(PoolError::TreeChanged { path });
         };
+        if found != expected {
+            return Err(PoolError::TreeChanged { path });
+        }
         set_marker(&fd, pv, &path)?;
+        set_xattr(&fd, OWNER_XATTR, owner, &path)?;
         let held = inode_of(fd.as_fd()).map_err(|e| fs_error("stat the volume directory", path.clone(), e))?;
         match inode_at(self.fd.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
             Ok(now) if (now.dev, now.ino) == (held.dev, held.ino) => Ok(()),
@@ -159,9 +205,18 @@ fn magic(fd: &OwnedFd) -> String {
 }
 
 fn set_marker(fd: &OwnedFd, pv: &str, path: &std::path::Path) -> Result<(), PoolError> {
-    match rustix::fs::setxattr(magic(fd).as_str(), MARKER_XATTR, pv.as_bytes(), XattrFlags::empty()) {
+    set_xattr(fd, MARKER_XATTR, pv, path)
+}
+
+fn set_xattr(fd: &OwnedFd, attribute: &'static str, value: &str, path: &std::path::Path) -> Result<(), PoolError> {
+    let op = if attribute == MARKER_XATTR {
+        "write the volume directory's marker"
+    } else {
+        "write the volume directory's owner record"
+    };
+    match rustix::fs::setxattr(magic(fd).as_str(), attribute, value.as_bytes(), XattrFlags::empty()) {
         Ok(()) => Ok(()),
         Err(Errno::OPNOTSUPP) => Err(PoolError::MarkerUnsupported { path: path.to_owned() }),
-        Err(e) => Err(fs_error("write the volume directory's marker", path.to_owned(), e)),
+        Err(e) => Err(fs_error(op, path.to_owned(), e)),
     }
 }

@@ -6,13 +6,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 
+use crate::deciding::class::claim_class_name;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{normalise, pv_name};
-use crate::deciding::path_pattern::{DirectoryFacts, Found};
+use crate::deciding::path_pattern::{self, ClaimIdentity, DirectoryFacts, Found, OwnerRecord};
 use crate::deciding::pool_roots::roots_of;
 use crate::deciding::provision::{ClaimFacts, FactsNeeded, PoolFacts, PoolState, RestoreFacts, RootFacts, SourceFacts};
 use crate::deciding::reservations::Reservations;
@@ -78,13 +79,16 @@ pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsN
         gathered.snapshot = Api::<HostPathSnapshot>::namespaced(ctx.client.clone(), namespace).get_opt(name).await?;
     }
     let snapshot_dir = gathered.snapshot.as_ref().and_then(|s| VolumeDirName::new(s.dir_name()?).ok());
+    let asking = if needs.pattern_dir { Some(asking(ctx, claim, needs).await?) } else { None };
     if let Some(pool_name) = &needs.pool {
         // Every root of the pool (one per disk of a pool of several): the plan chooses among them.
         for pool_path in roots_of(&ctx.config.pools, pool_name) {
             let Some(usable) = ctx.pools.usable(&pool_path.root) else { continue };
             let read = match usable {
                 Err(error) => Err(error),
-                Ok(pool) => read_root(ctx, &pool, needs, uid, snapshot_dir.as_ref()).await?.map(|facts| (facts, pool)),
+                Ok(pool) => read_root(ctx, &pool, needs, uid, snapshot_dir.as_ref(), asking.as_ref())
+                    .await?
+                    .map(|facts| (facts, pool)),
             };
             let (read, handle) = match read {
                 Ok((facts, pool)) => (Some(facts), Some(pool)),
@@ -203,6 +207,7 @@ async fn read_root(
     needs: &FactsNeeded,
     uid: &str,
     snapshot: Option<&VolumeDirName>,
+    asking: Option<&Asking>,
 ) -> Result<Result<PoolFacts, PoolError>, ClaimError> {
     // What the pool has promised is read later, under the planning lock (`count_promised`),
     // so that it and the volumes being made are one snapshot.
@@ -216,11 +221,11 @@ async fn read_root(
             Err(error) => return Ok(Err(error)),
         }
     }
-    if needs.pattern_dir
+    if let Some(asking) = asking
         && let Some(Ok(dir)) = needs.dir_name.as_deref().map(VolumeDirName::new)
     {
         // A name that is no directory name is refused by the plan first.
-        match pattern_facts(ctx, pool, &dir, &pv_name(uid)).await? {
+        match pattern_facts(ctx, pool, &dir, &pv_name(uid), asking).await? {
             Ok(pattern) => facts.pattern = Some(pattern),
             Err(error) => return Ok(Err(error)),
         }
@@ -246,20 +251,56 @@ fn read_pool(pool: &PoolRoot, needs: &FactsNeeded) -> Result<PoolFacts, PoolErro
     })
 }
 
-/// What is at a `pathPattern` directory: its marker (a disk error is a pool fact), whether the
-/// PV the marker names exists (asked of the API server: taking data over on a cache that is
-/// behind is not an option), and which other PV of the caches names the directory as its path.
+/// Who asks for a `pathPattern` directory, and whether the claim's Namespace hands the
+/// directory over (`path_pattern::ADOPT_DIRECTORY`).
+pub struct Asking {
+    identity: ClaimIdentity,
+    handed_over: bool,
+}
+
+/// Reads the claim's Namespace (one get of its metadata, only for a `pathPattern` claim about
+/// to be provisioned): its UID tells a namespace made again under the same name from the one a
+/// directory was made for. Asked of the API server, not a cache: handing data over on a view
+/// that is behind is not an option.
+async fn asking(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsNeeded) -> Result<Asking, ClaimError> {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let meta = Api::<Namespace>::all(ctx.client.clone()).get_metadata(namespace).await?.metadata;
+    let handed_over = path_pattern::handed_over(
+        crate::keys::annotation(&meta, path_pattern::ADOPT_DIRECTORY),
+        needs.dir_name.as_deref().unwrap_or_default(),
+    );
+    let identity = ClaimIdentity {
+        namespace_uid: meta.uid.unwrap_or_default(),
+        namespace: namespace.to_owned(),
+        claim: claim.metadata.name.clone().unwrap_or_default(),
+        class: claim_class_name(claim).unwrap_or_default().to_owned(),
+    };
+    Ok(Asking { identity, handed_over })
+}
+
+/// What is at a `pathPattern` directory: its marker and owner record (a disk error is a pool
+/// fact), whether the PV the marker names exists (asked of the API server: taking data over on
+/// a cache that is behind is not an option), and which other PV of the caches names the
+/// directory as its path.
 async fn pattern_facts(
     ctx: &Context,
     pool: &PoolRoot,
     dir: &VolumeDirName,
     own_pv: &str,
+    asking: &Asking,
 ) -> Result<Result<DirectoryFacts, PoolError>, ClaimError> {
     let found = match pool.volume_marker(dir) {
         Ok(Marker::Absent) => Found::Absent,
         Ok(Marker::Unmarked) => Found::Unmarked,
         Ok(Marker::MarkedFor(pv)) => Found::MarkedFor(pv),
         Err(error) => return Ok(Err(error)),
+    };
+    let recorded = match &found {
+        Found::MarkedFor(_) => match pool.volume_owner_record(dir) {
+            Ok(record) => record.as_deref().and_then(OwnerRecord::parse),
+            Err(error) => return Ok(Err(error)),
+        },
+        Found::Absent | Found::Unmarked => None,
     };
     let marked_pv_exists = match &found {
         Found::MarkedFor(pv) if pv != own_pv => Api::<KeptVolume>::all(ctx.client.clone()).get_opt(pv).await?.is_some(),
@@ -271,7 +312,14 @@ async fn pattern_facts(
         let names_path = volume_path(&pv).and_then(|p| normalise(p).ok()).is_some_and(|p| p == path);
         (name != own_pv && names_path).then(|| name.to_owned())
     });
-    Ok(Ok(DirectoryFacts { found, marked_pv_exists, held_by }))
+    Ok(Ok(DirectoryFacts {
+        found,
+        marked_pv_exists,
+        held_by,
+        recorded,
+        asker: asking.identity.clone(),
+        handed_over: asking.handed_over,
+    }))
 }
 
 /// The directory holding a source PV's volume: the pool root it would be on.

@@ -8,8 +8,9 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
 
+use crate::deciding::claim::ProvisionPlan;
 use crate::deciding::kept_volume::KeptVolume;
-use crate::deciding::path_pattern::Placing;
+use crate::deciding::path_pattern::{ADOPT_DIRECTORY, ClaimIdentity, OwnerRecord, Placing};
 use crate::deciding::provision::{MakeVolume, Provision, bound_claim_uid, may_undo_directory};
 use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, reason};
@@ -108,24 +109,32 @@ pub async fn provision(
         None => make_volume(ctx, claim, provision, pool, &dir).await?,
         // Made aside, owned and marked there, then renamed into place only if the place is
         // still free (filesystem::marker).
-        Some(Placing::Make) => {
+        Some(Placing::Make { owner }) => {
             let making = pool.clear_making_entry(&plan.pv_name)?;
             make_volume(ctx, claim, provision, pool, &making).await?;
-            pool.place_marked(&making, &dir, &plan.pv_name)?;
+            pool.place_marked(&making, &dir, &plan.pv_name, &owner_record(plan, owner))?;
             Created::New
         }
-        Some(Placing::Reuse) => Created::Existing,
-        Some(Placing::Adopt { from }) => {
+        Some(Placing::Reuse { record: None }) => Created::Existing,
+        Some(Placing::Reuse { record: Some(owner) }) => {
+            pool.take_over_marked(&dir, &plan.pv_name, &plan.pv_name, &owner_record(plan, owner))?;
+            Created::Existing
+        }
+        Some(Placing::Adopt { from, owner, handed_from }) => {
             // The new claim's limit first: a volume at its old limit has no room for the new
             // marker (btrfs counts it against the subvolume's quota).
             if let Some(limit_bytes) = provision.make.limit_bytes() {
                 pool.set_quota_limit(&dir, limit_bytes)?;
             }
-            pool.take_over_marked(&dir, &plan.pv_name)?;
+            pool.take_over_marked(&dir, from, &plan.pv_name, &owner_record(plan, owner))?;
             let path = pool.path().join(dir.as_str());
-            tracing::info!(claim = %claim_key(claim), pv = %plan.pv_name, %from, path = %path.display(), "took over a pathPattern directory, data and all");
+            let handed = handed_from
+                .as_deref()
+                .map(|previous| format!(", handed over by Namespace annotation {ADOPT_DIRECTORY} from {previous}"));
+            let handed = handed.unwrap_or_default();
+            tracing::info!(claim = %claim_key(claim), pv = %plan.pv_name, %from, path = %path.display(), handed_from = handed_from.as_deref().unwrap_or("-"), "took over a pathPattern directory, data and all");
             let note = format!(
-                "Reusing directory {} with its data, made for PV {from}, which is gone (pathPattern {})",
+                "Reusing directory {} with its data, made for PV {from}, which is gone (pathPattern {}){handed}",
                 path.display(),
                 plan.path_pattern.as_deref().unwrap_or_default()
             );
@@ -180,4 +189,9 @@ pub async fn provision(
     )
     .await;
     Ok(Provisioned::Now)
+}
+
+/// The owner record a pattern directory of `plan` gets (`deciding::path_pattern::owner`).
+fn owner_record(plan: &ProvisionPlan, owner: &ClaimIdentity) -> String {
+    OwnerRecord { pv: plan.pv_name.clone(), owner: owner.clone() }.to_xattr()
 }

@@ -103,17 +103,49 @@ fn a_name_too_long_or_reading_as_another_volumes_directory_is_refused() {
     assert_eq!(layout::uid_of_dir(&own), Some(UID));
 }
 
+const NS_UID: &str = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d";
+
+/// A claim asking for (or recorded on) a directory.
+pub(super) fn identity(namespace_uid: &str, namespace: &str, claim: &str, class: &str) -> ClaimIdentity {
+    ClaimIdentity {
+        namespace_uid: namespace_uid.to_owned(),
+        namespace: namespace.to_owned(),
+        claim: claim.to_owned(),
+        class: class.to_owned(),
+    }
+}
+
+fn asker() -> ClaimIdentity {
+    identity(NS_UID, "ns", "data", "retain")
+}
+
+/// The facts of the claim [`asker`], a directory found there recorded for that same claim.
 fn facts(found: Found, marked_pv_exists: bool, held_by: Option<&str>) -> DirectoryFacts {
-    DirectoryFacts { found, marked_pv_exists, held_by: held_by.map(str::to_owned) }
+    let recorded = match &found {
+        Found::MarkedFor(pv) => Some(OwnerRecord { pv: pv.clone(), owner: asker() }),
+        Found::Absent | Found::Unmarked => None,
+    };
+    DirectoryFacts {
+        found,
+        marked_pv_exists,
+        held_by: held_by.map(str::to_owned),
+        recorded,
+        asker: asker(),
+        handed_over: false,
+    }
+}
+
+fn adopt(from: &str) -> Placing {
+    Placing::Adopt { from: from.into(), owner: asker(), handed_from: None }
 }
 
 #[test]
 fn an_existing_directory_is_taken_over_only_when_marked_and_held_by_no_pv() {
     let path = "/pool/ns_data";
     let marked = |pv: &str| Found::MarkedFor(pv.to_owned());
-    assert_eq!(place("pvc-2", path, &facts(Found::Absent, false, None)), Placing::Make);
-    assert_eq!(place("pvc-2", path, &facts(marked("pvc-2"), true, None)), Placing::Reuse);
-    assert_eq!(place("pvc-2", path, &facts(marked("pvc-1"), false, None)), Placing::Adopt { from: "pvc-1".into() });
+    assert_eq!(place("pvc-2", path, &facts(Found::Absent, false, None)), Placing::Make { owner: asker() });
+    assert_eq!(place("pvc-2", path, &facts(marked("pvc-2"), true, None)), Placing::Reuse { record: None });
+    assert_eq!(place("pvc-2", path, &facts(marked("pvc-1"), false, None)), adopt("pvc-1"));
     let refused = place("pvc-2", path, &facts(Found::Unmarked, false, None));
     assert_eq!(refused, Placing::Refuse(Occupied::NotMarked { path: path.into() }));
     // The marker's PV exists (Released under Retain): its data is its own until it is deleted.
@@ -134,4 +166,5 @@ fn a_directory_is_deleted_only_for_the_pv_its_marker_names() {
     assert!(!marker_allows_deletion("pvc-1", None));
 }
 
+mod identity;
 mod model;

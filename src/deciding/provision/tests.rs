@@ -629,8 +629,30 @@ fn pool_with(pattern: DirectoryFacts) -> PoolFacts {
     PoolFacts { pattern: Some(pattern), ..roomy() }
 }
 
+/// The claim of these tests (`default/data` of class `hpp`).
+fn asker() -> path_pattern::ClaimIdentity {
+    path_pattern::ClaimIdentity {
+        namespace_uid: "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d".into(),
+        namespace: "default".into(),
+        claim: "data".into(),
+        class: "hpp".into(),
+    }
+}
+
+/// What is at the directory, recorded (when marked) for the claim asking.
 fn found(found: path_pattern::Found, marked_pv_exists: bool, held_by: Option<&str>) -> DirectoryFacts {
-    DirectoryFacts { found, marked_pv_exists, held_by: held_by.map(str::to_owned) }
+    let recorded = match &found {
+        path_pattern::Found::MarkedFor(pv) => Some(path_pattern::OwnerRecord { pv: pv.clone(), owner: asker() }),
+        _ => None,
+    };
+    DirectoryFacts {
+        found,
+        marked_pv_exists,
+        held_by: held_by.map(str::to_owned),
+        recorded,
+        asker: asker(),
+        handed_over: false,
+    }
 }
 
 #[test]
@@ -643,7 +665,7 @@ fn a_pattern_class_names_the_directory_from_the_claim_and_reads_what_is_there() 
     let made = provision(plan(&claim, &patterned(), &pool_with(found(path_pattern::Found::Absent, false, None))));
     assert_eq!(made.plan.dir_name, "default_data");
     assert_eq!(made.plan.path_pattern.as_deref(), Some("{namespace}_{claim}"));
-    assert_eq!(made.pattern, Some(Placing::Make));
+    assert_eq!(made.pattern, Some(Placing::Make { owner: asker() }));
     assert_eq!(provision(plan(&claim, &wffc(), &roomy())).pattern, None);
 }
 
@@ -653,7 +675,7 @@ fn a_pattern_directory_of_a_gone_pv_is_taken_over_even_when_the_pool_is_short_of
     let gone = found(path_pattern::Found::MarkedFor("pvc-old".into()), false, None);
     let full = PoolFacts { available_bytes: 0, ..pool_with(gone) };
     let taken = provision(plan(&claim, &patterned(), &full));
-    assert_eq!(taken.pattern, Some(Placing::Adopt { from: "pvc-old".into() }));
+    assert_eq!(taken.pattern, Some(Placing::Adopt { from: "pvc-old".into(), owner: asker(), handed_from: None }));
 }
 
 #[test]
@@ -663,6 +685,7 @@ fn a_held_or_foreign_pattern_directory_is_refused_and_looked_at_again() {
         found(path_pattern::Found::MarkedFor("pvc-old".into()), true, None),
         found(path_pattern::Found::Absent, false, Some("pvc-old")),
         found(path_pattern::Found::Unmarked, false, None),
+        DirectoryFacts { recorded: None, ..found(path_pattern::Found::MarkedFor("pvc-old".into()), false, None) },
     ] {
         match plan(&claim, &patterned(), &pool_with(facts.clone())) {
             ClaimPlan::Refuse { refusal: Refusal::DirectoryOccupied(_), recheck: Some(PATTERN_RECHECK) } => {}

@@ -22,7 +22,12 @@ fn marker_of(path: &Path) -> Option<String> {
 fn make(f: &Fixture, name: &str, pv: &str) -> Result<(), PoolError> {
     let making = f.pool.clear_making_entry(pv)?;
     f.pool.create_volume_dir(&making, 0o777)?;
-    f.pool.place_marked(&making, &dir_name(name), pv)
+    f.pool.place_marked(&making, &dir_name(name), pv, &owner_of_pv(pv))
+}
+
+/// An owner record naming `pv` (its text only matters to `deciding::path_pattern`).
+fn owner_of_pv(pv: &str) -> String {
+    format!("pv={pv} namespace-uid=0b5c7f8e-6a4d-4e1f-9c2b-3d4e5f607182 namespace=ns claim=data class=c")
 }
 
 #[test]
@@ -31,6 +36,10 @@ fn a_volume_is_made_aside_marked_and_placed_only_where_nothing_is() {
     assert_eq!(f.pool.volume_marker(&dir_name("ns_data")).unwrap(), Marker::Absent);
     make(&f, "ns_data", PV).expect("made");
     assert_eq!(f.pool.volume_marker(&dir_name("ns_data")).unwrap(), Marker::MarkedFor(PV.into()));
+    // The marker stays the bare PV name (the earlier version reads it); the owner is beside it.
+    assert_eq!(marker_of(&f.vol("ns_data")).as_deref(), Some(PV));
+    assert_eq!(f.pool.volume_owner_record(&dir_name("ns_data")).unwrap(), Some(owner_of_pv(PV)));
+    assert_eq!(f.pool.volume_owner_record(&dir_name("ns_absent")).unwrap(), None);
     assert_eq!(mode_of(&f.vol("ns_data")), 0o777);
     assert!(!exists(&f.vol(&format!("{MAKING_PREFIX}{PV}"))), "nothing left aside");
     // Something at the place meanwhile is never replaced; what was made aside goes to the trash.
@@ -83,12 +92,23 @@ fn taking_over_rewrites_the_marker_of_the_directory_in_place_and_keeps_its_data(
     let f = Fixture::new();
     make(&f, "ns_data", OTHER_PV).expect("made");
     fs::write(f.vol("ns_data/file"), b"keep").expect("write");
-    f.pool.take_over_marked(&dir_name("ns_data"), PV).expect("taken over");
+    // Not while the marker names another PV than the one the decision saw.
+    let error = f.pool.take_over_marked(&dir_name("ns_data"), PV, PV, &owner_of_pv(PV)).expect_err("changed");
+    assert!(matches!(error, PoolError::TreeChanged { .. }), "{error}");
+    assert_eq!(marker_of(&f.vol("ns_data")).as_deref(), Some(OTHER_PV));
+    f.pool.take_over_marked(&dir_name("ns_data"), OTHER_PV, PV, &owner_of_pv(PV)).expect("taken over");
     assert_eq!(marker_of(&f.vol("ns_data")).as_deref(), Some(PV));
+    assert_eq!(f.pool.volume_owner_record(&dir_name("ns_data")).unwrap(), Some(owner_of_pv(PV)));
     assert_eq!(fs::read(f.vol("ns_data/file")).unwrap(), b"keep");
+    // A directory of the earlier version (a marker, no record) is given one.
+    fs::create_dir(f.vol("ns_old")).expect("mkdir");
+    mark(&f.vol("ns_old"), OTHER_PV);
+    assert_eq!(f.pool.volume_owner_record(&dir_name("ns_old")).unwrap(), None);
+    f.pool.take_over_marked(&dir_name("ns_old"), OTHER_PV, PV, &owner_of_pv(PV)).expect("taken over");
+    assert_eq!(f.pool.volume_owner_record(&dir_name("ns_old")).unwrap(), Some(owner_of_pv(PV)));
     // Only a marked directory is taken over.
     fs::create_dir(f.vol("ns_plain")).expect("mkdir");
-    assert!(f.pool.take_over_marked(&dir_name("ns_plain"), PV).is_err());
+    assert!(f.pool.take_over_marked(&dir_name("ns_plain"), PV, PV, &owner_of_pv(PV)).is_err());
     assert_eq!(marker_of(&f.vol("ns_plain")), None);
 }
 

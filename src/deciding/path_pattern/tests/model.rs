@@ -13,6 +13,11 @@ use super::super::*;
 const PV1: &str = "pvc-1";
 const PV2: &str = "pvc-2";
 
+/// The claim both PVs are for.
+fn claim() -> ClaimIdentity {
+    super::identity("9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d", "ns", "data", "retain")
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Dir {
     /// Whose data: the first volume's (1) or a new one (2).
@@ -47,7 +52,7 @@ enum Deleter {
 enum Provisioner {
     ReadApi,
     ReadDisk { pv1_exists: bool },
-    Act { facts: DirectoryFacts },
+    Act { facts: Box<DirectoryFacts> },
     Mark { fd: usize },
     Verify { fd: usize },
     CreatePv { dir: usize },
@@ -130,11 +135,18 @@ fn step_provisioner(s: &mut State) {
             let marked_pv_exists = matches!(&found, Found::MarkedFor(pv) if pv == PV1 && pv1_exists);
             // PV 1 names the directory's path while it exists.
             let held_by = pv1_exists.then(|| PV1.to_owned());
-            Provisioner::Act { facts: DirectoryFacts { found, marked_pv_exists, held_by } }
+            // Both PVs are the same claim's (made again): its owner record is on the directory.
+            let recorded = match &found {
+                Found::MarkedFor(pv) => Some(OwnerRecord { pv: pv.clone(), owner: claim() }),
+                Found::Absent | Found::Unmarked => None,
+            };
+            let facts =
+                DirectoryFacts { found, marked_pv_exists, held_by, recorded, asker: claim(), handed_over: false };
+            Provisioner::Act { facts: Box::new(facts) }
         }
         Provisioner::Act { facts } => match place(PV2, "/pool/ns_data", &facts) {
             // Made aside with its marker, renamed into place only if the place is free.
-            Placing::Make => {
+            Placing::Make { .. } => {
                 w.dirs.push(Dir { data: 2, marker: Some(PV2) });
                 if w.place.is_none() {
                     w.place = Some(w.dirs.len() - 1);
@@ -143,7 +155,7 @@ fn step_provisioner(s: &mut State) {
                     Provisioner::Stopped
                 }
             }
-            Placing::Reuse => match w.place {
+            Placing::Reuse { .. } => match w.place {
                 Some(dir) => Provisioner::CreatePv { dir },
                 None => Provisioner::Stopped,
             },
@@ -260,7 +272,14 @@ fn without_the_recheck_after_moving_some_order_trashes_the_new_claims_data() {
     // Deleter reads the marker, the claim (having read PV 1 as gone, a stale view) marks it...
     let mut s = start;
     s.provisioner = Provisioner::Act {
-        facts: DirectoryFacts { found: Found::MarkedFor(PV1.into()), marked_pv_exists: false, held_by: None },
+        facts: Box::new(DirectoryFacts {
+            found: Found::MarkedFor(PV1.into()),
+            marked_pv_exists: false,
+            held_by: None,
+            recorded: Some(OwnerRecord { pv: PV1.into(), owner: claim() }),
+            asker: claim(),
+            handed_over: false,
+        }),
     };
     step_deleter(&mut s); // read marker: PV 1's
     step_provisioner(&mut s); // open at place
