@@ -294,6 +294,13 @@ async fn copies_whose_snapshot_is_gone_are_reported_then_trashed_and_cut_copies_
     assert!(orphaned.iter().any(|uid| note.contains(uid.as_str())) && note.contains("trash"), "{note}");
     let counted = orphaned_copies(&env.node(&holder).provisioner).await;
     assert!(counted.is_some_and(|n| n >= 1.0), "the gauge counts them: {counted:?}");
+    // The doctor on that node names them too (it lists the copies against the cluster's
+    // snapshots as the node does); the live snapshot's copy is not named.
+    let index = env.nodes.iter().position(|n| n.name == holder).unwrap();
+    let report = doctor_report(&env, index, &[]).await;
+    let findings = report["findings"].to_string();
+    let named: Vec<&String> = orphaned.iter().filter(|uid| findings.contains(uid.as_str())).collect();
+    assert!(findings.contains("orphan_snapshot_copy") && !named.is_empty(), "{findings}");
     // Then moved to the trash, and the live snapshot's copy stays.
     for uid in &orphaned {
         wait_path_gone(&copies.join(uid)).await;

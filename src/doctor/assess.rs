@@ -205,6 +205,18 @@ fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Fi
                 ),
             );
         }
+        for copy in &volumes.orphan_snapshot_copies {
+            add(
+                Severity::Warning,
+                "orphan_snapshot_copy",
+                format!(
+                    "{}/.hpp-snapshots/{} ({}) is a snapshot copy whose HostPathSnapshot is gone: the provisioner moves it to the trash after ORPHAN_SNAPSHOT_COPY_GRACE; copy its data out first if it is still wanted",
+                    pool.path,
+                    copy.name,
+                    size(copy.bytes)
+                ),
+            );
+        }
         for missing in &volumes.missing_directories {
             add(
                 Severity::Problem,
@@ -444,6 +456,10 @@ mod tests {
         let mut pool = healthy_pool();
         pool.volumes.as_mut().unwrap().orphan_directories.push(OrphanDirectory { name: "pvc-x".into(), bytes: 1 });
         assert_eq!(checks(pool, false), vec![(Severity::Problem, "orphan_directory")]);
+        let mut pool = healthy_pool();
+        let copy = OrphanDirectory { name: "3f0e1c2a-0000-4000-8000-00000000c0de".into(), bytes: 1 };
+        pool.volumes.as_mut().unwrap().orphan_snapshot_copies.push(copy);
+        assert_eq!(checks(pool, false), vec![(Severity::Warning, "orphan_snapshot_copy")]);
         let pool = PoolReport { error: Some("missing".into()), ..PoolReport::default() };
         assert_eq!(checks(pool, false), vec![(Severity::Problem, "pool_unusable")]);
     }

@@ -3,6 +3,7 @@
 
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::quota::QuotaCapability;
+use crate::deciding::snapshot::HostPathSnapshot;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -34,6 +35,8 @@ pub struct ClusterFacts {
     pub hostname: String,
     /// This node's labels of `NODE_AFFINITY_KEYS`: the volumes pinned to them are its own.
     pub affinity: Vec<crate::deciding::node_affinity::AffinityLabel>,
+    /// UIDs of every HostPathSnapshot (none without the CRD: its objects went with it).
+    pub snapshot_uids: HashSet<String>,
 }
 
 /// The API check: `Ok(None)` when there is no API access to ask (no kubeconfig, not in a pod).
@@ -64,12 +67,17 @@ async fn list(config: &Config) -> Result<ClusterFacts, DoctorError> {
     let claims = list_all(Api::<PersistentVolumeClaim>::all(client.clone()))
         .await
         .map_err(api("list PersistentVolumeClaims"))?;
+    let snapshot_uids = match list_all(Api::<HostPathSnapshot>::all(client.clone())).await {
+        Ok(snapshots) => snapshots.into_iter().filter_map(|s| s.metadata.uid).collect(),
+        Err(kube::Error::Api(status)) if status.code == 404 => HashSet::new(),
+        Err(source) => return Err(DoctorError::Api { op: "list HostPathSnapshots", source }),
+    };
     let node = Api::<Node>::all(client).get_opt(&config.node_name).await.map_err(api("get this node's Node"))?;
     let labels = node.and_then(|n| n.metadata.labels).unwrap_or_default();
     let hostname = labels.get(crate::keys::HOSTNAME_LABEL).cloned().unwrap_or_else(|| config.node_name.clone());
     let affinity = crate::deciding::node_affinity::served_labels(&config.node_affinity_keys, &labels);
     let claim_uids = claims.into_iter().filter_map(|c| c.metadata.uid).collect();
-    Ok(ClusterFacts { pvs, claim_uids, hostname, affinity })
+    Ok(ClusterFacts { pvs, claim_uids, hostname, affinity, snapshot_uids })
 }
 
 /// Lists every object in pages, so a large cluster is not one huge response.
@@ -233,6 +241,12 @@ fn volumes_report(
         report
             .orphan_directories
             .push(OrphanDirectory { name: name.to_owned(), bytes: root.bytes_under(name).unwrap_or(0) });
+    }
+    for uid in root.snapshot_copies().unwrap_or_default() {
+        if !cluster.snapshot_uids.contains(&uid) {
+            let bytes = root.snapshot_copy_bytes(&uid).unwrap_or(0);
+            report.orphan_snapshot_copies.push(OrphanDirectory { name: uid, bytes });
+        }
     }
     report
 }

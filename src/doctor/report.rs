@@ -138,6 +138,9 @@ pub struct VolumesReport {
     pub orphan_directories: Vec<OrphanDirectory>,
     /// PVs of this node and pool whose directory is not there.
     pub missing_directories: Vec<MissingDirectory>,
+    /// Snapshot copies (`.hpp-snapshots/<uid>`) whose HostPathSnapshot is gone: `name` is the
+    /// snapshot's UID.
+    pub orphan_snapshot_copies: Vec<OrphanDirectory>,
 }
 
 /// A directory that matches no PV.
@@ -270,6 +273,14 @@ pub fn render_table(report: &Report) -> String {
                     "orphans",
                     list_or_none(v.orphan_directories.iter().map(|o| format!("{} ({})", o.name, size(o.bytes)))),
                 ));
+                if !v.orphan_snapshot_copies.is_empty() {
+                    rows.push((
+                        "orphan copies",
+                        list_or_none(
+                            v.orphan_snapshot_copies.iter().map(|o| format!("{} ({})", o.name, size(o.bytes))),
+                        ),
+                    ));
+                }
             }
             None if pool.error.is_none() => rows.push(("volumes", "not checked (no API access)".to_owned())),
             None => {}
@@ -349,6 +360,7 @@ mod tests {
                     expected: 3,
                     orphan_directories: vec![OrphanDirectory { name: "pvc-1".into(), bytes: 8192 }],
                     missing_directories: vec![],
+                    orphan_snapshot_copies: vec![],
                 }),
                 ..Default::default()
             }],

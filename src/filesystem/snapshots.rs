@@ -84,6 +84,14 @@ impl PoolRoot {
         }
     }
 
+    /// Bytes allocated to snapshot copy `uid` (0 when there is none).
+    pub fn snapshot_copy_bytes(&self, uid: &str) -> Result<u64, PoolError> {
+        match self.snapshots_root(false)? {
+            Some(snapshots) => snapshots.bytes_under(uid),
+            None => Ok(0),
+        }
+    }
+
     /// The UIDs of the snapshot copies on this root (entries of another name are left out:
     /// nothing else is the provisioner's to judge there).
     pub fn snapshot_copies(&self) -> Result<Vec<String>, PoolError> {

@@ -109,6 +109,10 @@
 {{- if and $release (ne $release "off") (not (regexMatch "[1-9]" $release)) }}
 {{- fail (printf "config.releaseClaimsOfRemovedNodes %q is zero: leave it empty to keep claims of removed nodes, or give a positive duration such as 1h" $release) }}
 {{- end }}
+{{- $grace := .Values.config.orphanSnapshotCopyGrace | default "" | trim }}
+{{- if not (regexMatch "[1-9]" $grace) }}
+{{- fail (printf "config.orphanSnapshotCopyGrace %q is zero or empty: give a positive duration such as 1h" $grace) }}
+{{- end }}
 {{- if and .Values.config.publishCapacity (not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$" .Values.config.provisionerName)) }}
 {{- fail (printf "config.publishCapacity needs config.provisionerName to be an object name such as hostpath.example.org (kube-scheduler reads published capacity through a CSIDriver of that name), not %q" .Values.config.provisionerName) }}
 {{- end }}
