@@ -93,6 +93,9 @@ pub enum ClaimError {
     /// Not enough free space.
     #[error("{0}")]
     InsufficientSpace(#[from] ShortOfSpace),
+    /// A byte copy (a restore) does not fit beside the reserve and the copies being made.
+    #[error("{0}")]
+    NoRoomForCopy(#[from] crate::deciding::copy_room::NoRoomForCopy),
     /// PV creation failed and the directory could not be removed again.
     #[error(
         "creating the PV failed ({create}) and removing directory {dir} again failed too ({cleanup}); remove it by hand"
@@ -162,6 +165,7 @@ impl ClaimError {
         match self {
             Self::Api(_)
             | Self::InsufficientSpace(_)
+            | Self::NoRoomForCopy(_)
             | Self::Cleanup { .. }
             | Self::PromiseRecord { .. }
             | Self::PromiseContention { .. } => Retry::Backoff,
@@ -181,7 +185,7 @@ impl ClaimError {
             Self::Pool(_) => "pool",
             Self::Clone { .. } => "clone",
             Self::PvConflict { .. } => "pv_conflict",
-            Self::InsufficientSpace(_) => "insufficient_space",
+            Self::InsufficientSpace(_) | Self::NoRoomForCopy(_) => "insufficient_space",
             Self::Cleanup { .. } => "cleanup",
             Self::UnknownPool(_) => "unknown_pool",
             Self::QuotaUnsupported(_) => "quota_unsupported",

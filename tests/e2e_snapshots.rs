@@ -4,7 +4,8 @@
 //! in `dataSourceRef` gets the files as they were, with their owners and modes; a restore too
 //! small, of a snapshot that does not exist, or of a claim that does not exist, says why; a
 //! deleted snapshot waits for the claims restoring from it, then its copy goes to the trash;
-//! the doc's own examples, as written, and what its warning about `dataSource:` says.
+//! the doc's own examples, as written, and what its warning about `dataSource:` says; copies
+//! whose snapshot is gone; byte copies that wait for room and count as promised space.
 
 mod common;
 
@@ -495,4 +496,143 @@ async fn the_documented_snapshot_and_restore_run_as_written_and_data_source_give
     let empty = bound_directory(&env, "team-a", "db-empty").await;
     let entries = std::fs::read_dir(&empty).expect("read the volume").count();
     assert_eq!(entries, 0, "an empty volume, not the snapshot's files");
+}
+
+/// The pool's reserve for the room tests below.
+const RESERVE_MIB: u64 = 16;
+
+/// Samples the free space of `dir` every few milliseconds until told to stop; returns the least
+/// seen.
+fn sample_free_space(
+    dir: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut least = u64::MAX;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            least = least.min(common::capacity::available_bytes(&dir));
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        least
+    })
+}
+
+/// Byte copies never take a pool below its reserve: four snapshots of a 12 MiB volume asked at
+/// once on a 64 MiB ext4 pool with a 16 MiB reserve are copied only as far as they fit beside
+/// each other (the others wait, saying why), and a restore into a 1Mi claim of a snapshot that
+/// holds 12 MiB checks those 12 MiB, not the claim's request: it waits with an event, then
+/// proceeds once snapshots are deleted. The free space is sampled throughout.
+#[tokio::test(flavor = "multi_thread")]
+async fn byte_copies_wait_for_room_and_never_take_the_pool_below_its_reserve() {
+    let mut env = TestEnv::start("snap-room", 0).await;
+    install_crd(&env);
+    let node = format!("{}-n", env.group);
+    let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
+    let reserve = format!("{RESERVE_MIB}Mi");
+    env.add_node(&node, &|spec| spec.env("RESERVED_SPACE", &reserve)).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "data", &class, "1Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("data").await);
+    // 12 MiB of data a pod wrote (past its 1Mi request: no quota), not sparse.
+    let block: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let mut file = std::fs::File::create(source.join("data")).unwrap();
+    for _ in 0..12 {
+        std::io::Write::write_all(&mut file, &block).unwrap();
+    }
+    file.sync_all().unwrap();
+    drop(file);
+    let reserve_bytes = RESERVE_MIB << 20;
+    let free_before = common::capacity::available_bytes(&disk.dir);
+    let fits = (free_before - reserve_bytes) / (12 << 20);
+    assert!((1..4).contains(&fits), "the disk holds some of the four copies, not all: {fits}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_free_space(disk.dir.clone(), stop.clone());
+    let names = ["s1", "s2", "s3", "s4"];
+    futures::future::join_all(names.iter().map(|name| take(&env, name, "data"))).await;
+    // Each either completes or waits for room, saying so.
+    let outcomes = testbed::wait_for("every snapshot copied or waiting for room", TIMEOUT, || async {
+        let mut outcomes = Vec::new();
+        for name in names {
+            let status = snapshots(&env).get(name).await?.status.unwrap_or_default();
+            match (status.ready_to_use, status.message) {
+                (true, _) => outcomes.push((name, true)),
+                (false, Some(m)) if m.contains("waits until there is room") => outcomes.push((name, false)),
+                _ => return anyhow::Ok(None),
+            }
+        }
+        Ok(Some(outcomes))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    let ready: Vec<&str> = outcomes.iter().filter(|(_, ready)| *ready).map(|(name, _)| *name).collect();
+    assert_eq!(ready.len() as u64, fits, "as many copies as fit beside the reserve: {outcomes:?}");
+    let waiting = outcomes.iter().find(|(_, ready)| !ready).map(|(name, _)| *name).unwrap();
+    let waiting_uid = snapshots(&env).get(waiting).await.unwrap().metadata.uid.unwrap();
+    let note = env.wait_event(&env.ns, &waiting_uid, "SnapshotFailed").await;
+    assert!(note.contains("12 MiB") && note.contains("reserve"), "says what it needs and why it waits: {note}");
+
+    // A restore of 12 MiB into a 1Mi claim: checked against what the snapshot holds.
+    let restore = env.create_claim(restoring(&env, "restored", &class, "1Mi", ready[0], &node)).await;
+    let note = env.wait_event(&env.ns, &uid(&restore), "ProvisioningFailed").await;
+    assert!(note.contains("the restore of snapshot") && note.contains("waits until there is room"), "{note}");
+    let least = {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    };
+    // A little slack for the filesystem's own metadata of the directories made.
+    assert!(least + (1 << 20) >= reserve_bytes, "free space fell to {least} bytes, below the reserve {reserve_bytes}");
+    assert!(
+        !source.parent().unwrap().join(format!("pvc-{}", uid(&restore))).exists(),
+        "nothing of the restore written"
+    );
+
+    // Room made: the waiting snapshots go, and the restore proceeds.
+    for (name, _) in &outcomes {
+        if *name != ready[0] {
+            snapshots(&env).delete(name, &DeleteParams::default()).await.expect("delete");
+        }
+    }
+    let restored = host_path(&env.wait_bound("restored").await);
+    assert_eq!(std::fs::metadata(restored.join("data")).unwrap().len(), 12 << 20, "the snapshot's data");
+}
+
+/// With requests accounting, a snapshot's byte copy is space promised too: no claim's request
+/// counts it, and a pool whose volumes' requests and copies already fill it refuses a claim it
+/// would have taken had the copy not been counted; the claim is made once the snapshot goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_accounting_counts_a_snapshots_byte_copy_as_promised() {
+    let mut env = TestEnv::start("snap-requests", 0).await;
+    install_crd(&env);
+    let node = format!("{}-n", env.group);
+    let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
+    env.add_node(&node, &|spec| spec.env("CAPACITY_ACCOUNTING", "requests").env("RESERVED_SPACE", "0")).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "data", &class, "1Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("data").await);
+    let block: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    let mut file = std::fs::File::create(source.join("data")).unwrap();
+    for _ in 0..12 {
+        std::io::Write::write_all(&mut file, &block).unwrap();
+    }
+    file.sync_all().unwrap();
+    drop(file);
+    // A volume that promises all but 4 MiB of the pool once the 1Mi volume and the 12 MiB copy
+    // are counted (its directory is empty: the free space does not see its promise), then the
+    // copy (it fits in the free space).
+    let st = rustix::fs::statvfs(&disk.dir).unwrap();
+    let total_mib = (st.f_blocks * st.f_bsize) >> 20;
+    let big = total_mib - 1 - 12 - 4;
+    env.create_claim(fixtures::claim(&env.ns, "big", &class, &format!("{big}Mi")).provision_on_node(&node)).await;
+    env.wait_bound("big").await;
+    take(&env, "copy", "data").await;
+    let status = wait_ready(&env, "copy").await.status.unwrap();
+    assert_eq!(status.method.as_deref(), Some("bytes"));
+    // 10Mi: room for it if the copy were not counted (16 MiB unpromised), not with it (4 MiB).
+    let claim = env.create_claim(fixtures::claim(&env.ns, "more", &class, "10Mi").provision_on_node(&node)).await;
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(note.contains("unpromised space") && note.contains("promised to the pool's volumes"), "{note}");
+    // The snapshot goes: its copy's room is given back.
+    snapshots(&env).delete("copy", &DeleteParams::default()).await.expect("delete");
+    env.wait_bound("more").await;
 }

@@ -5,6 +5,7 @@ pub mod capacity;
 pub mod claim;
 pub mod class;
 pub mod clone;
+pub mod copy_room;
 pub mod deletion;
 pub mod event;
 pub mod identity;

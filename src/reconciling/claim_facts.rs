@@ -130,13 +130,16 @@ impl Gathered {
         // burst on a busy machine promised one volume too many).
         let snapshot: std::collections::HashSet<&str> =
             volumes.iter().filter_map(|pv| pv.metadata.name.as_deref()).collect();
+        // Byte copies of snapshots kept on a root take room no volume's request counts.
+        let copies = ctx.copies.lock().unwrap_or_else(|e| e.into_inner());
         for root in &mut self.roots {
             let Some(facts) = &mut root.read else { continue };
             let others =
                 volumes.iter().map(|pv| pv.as_ref()).filter(|pv| pv.metadata.name.as_deref() != Some(own.as_str()));
             let cached = promised_bytes(others, &root.root);
             let in_flight = ledger.outstanding(&root.root.to_string_lossy(), &own, |name| snapshot.contains(name), now);
-            facts.promised_bytes = Some(cached.saturating_add(in_flight));
+            let kept_copies = copies.kept_bytes(&root.root);
+            facts.promised_bytes = Some(cached.saturating_add(in_flight).saturating_add(kept_copies));
         }
     }
 

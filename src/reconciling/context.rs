@@ -15,6 +15,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use crate::config::Config;
+use crate::deciding::copy_room::CopyLedger;
 use crate::deciding::event;
 use crate::deciding::identity::Identity;
 use crate::deciding::kept_volume::KeptVolume;
@@ -65,6 +66,9 @@ pub struct Context {
     pub membership: Membership,
     /// Volumes being made in pools with requests accounting, and the lock their plans take.
     pub reservations: Mutex<Reservations>,
+    /// Byte copies in flight and kept (snapshots, restores), by root: what they take beyond the
+    /// requests (deciding::copy_room).
+    pub copies: Mutex<CopyLedger>,
     recorder: Recorder,
     node: tokio::sync::Mutex<Option<NodeFacts>>,
     backoffs: Mutex<HashMap<String, ExponentialBackoff>>,
@@ -124,6 +128,7 @@ impl Context {
             settling: Default::default(),
             membership,
             reservations: Mutex::new(Reservations::default()),
+            copies: Mutex::new(CopyLedger::default()),
             recorder,
             node: tokio::sync::Mutex::new(None),
             backoffs: Mutex::new(HashMap::new()),
@@ -209,6 +214,11 @@ impl Context {
             self.forget_warnings(uid);
             self.metrics.waiting_claims.forget(uid);
         }
+    }
+
+    /// The reserve of the pool root `root` (its own `reserve=`, else `RESERVED_SPACE`).
+    pub fn reserve_of(&self, root: &std::path::Path) -> u64 {
+        self.config.pools.iter().find(|p| p.root == root).and_then(|p| p.reserve).unwrap_or(self.config.reserved_bytes)
     }
 
     /// Forgets the backoff of `key` after a success.

@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
 
 use crate::deciding::claim::ProvisionPlan;
+use crate::deciding::copy_room::NoRoomForCopy;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::path_pattern::{ADOPT_DIRECTORY, ClaimIdentity, OwnerRecord, Placing};
 use crate::deciding::provision::{MakeVolume, Provision, bound_claim_uid, may_undo_directory};
@@ -60,10 +61,39 @@ async fn make_volume(
         MakeVolume::Restore { snapshot_dir, snapshot, limit_bytes } => {
             let source = VolumeDirName::new(snapshot_dir).map_err(|e| ClaimError::Pool(e.into()))?;
             let node = VolumeDirName::new(&ctx.me.node).map_err(|e| ClaimError::Pool(e.into()))?;
+            // A byte copy writes what the snapshot holds, whatever the claim requests: it starts
+            // only when that fits beside the reserve and the other copies being made.
+            let copy_id = dir.as_str().to_owned();
+            let byte_copy = !pool.shares_extents() && !pool.volume_dir_exists(dir)?;
+            if byte_copy {
+                let needed = pool.snapshot_copy_bytes(snapshot_dir)?;
+                let reserve = ctx.reserve_of(pool.path());
+                let free_beyond_reserve = pool.stats()?.available_bytes.saturating_sub(reserve);
+                let started = ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).start(
+                    &copy_id,
+                    pool.path(),
+                    needed,
+                    free_beyond_reserve,
+                );
+                if let Err(in_flight) = started {
+                    return Err(ClaimError::NoRoomForCopy(NoRoomForCopy {
+                        what: format!("the restore of snapshot {snapshot:?}"),
+                        pool: pool.name().to_owned(),
+                        root: pool.path().to_owned(),
+                        node: ctx.me.node.clone(),
+                        needed,
+                        free_beyond_reserve,
+                        reserve,
+                        in_flight,
+                    }));
+                }
+            }
             let (copier, target) = (pool.clone(), dir.clone());
-            let report = tokio::task::spawn_blocking(move || copier.restore_snapshot(&source, &target, &node))
-                .await
-                .map_err(|_| PoolError::Io {
+            let restored = tokio::task::spawn_blocking(move || copier.restore_snapshot(&source, &target, &node)).await;
+            if byte_copy {
+                ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).end(&copy_id);
+            }
+            let report = restored.map_err(|_| PoolError::Io {
                 op: "restore a snapshot",
                 path: pool.volume_path(dir),
                 source: rustix::io::Errno::IO,

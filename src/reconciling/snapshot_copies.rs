@@ -119,6 +119,7 @@ async fn carry_out(ctx: &Context, pool: &Arc<crate::filesystem::PoolRoot>, plan:
         .await;
         match moved {
             Ok(Ok(Trashed::Moved(_))) => {
+                ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).forget(uid);
                 ctx.purge.notify_one();
                 tracing::info!(pool = %pool.name(), copy = %copy.display(), "moved a snapshot copy without its snapshot to the trash");
                 let note = format!(

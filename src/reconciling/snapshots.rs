@@ -18,6 +18,8 @@ use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 
+use crate::deciding::clone::CopyMethod;
+use crate::deciding::copy_room::NoRoomForCopy;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::snapshot::{self, FINALIZER, HostPathSnapshot, SourceState};
 use crate::deciding::topology::{self, Acting};
@@ -126,7 +128,16 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
     if snap.metadata.deletion_timestamp.is_some() {
         return remove(&ctx, &snap, &dir_name).await;
     }
-    if snap.status.as_ref().is_some_and(|s| s.ready_to_use) {
+    if let Some(status) = snap.status.as_ref().filter(|s| s.ready_to_use) {
+        // A byte copy kept on this node (also one taken before a restart): requests accounting
+        // counts it as space promised on its root.
+        if status.node.as_deref() == Some(ctx.me.node.as_str())
+            && status.method.as_deref() == Some(CopyMethod::Bytes.as_str())
+            && let (Some(root), Some(uid)) = (status.pool_root.as_deref(), snap.metadata.uid.as_deref())
+        {
+            let bytes = status.size_bytes.unwrap_or(0);
+            ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).keep(uid, std::path::Path::new(root), bytes);
+        }
         return Ok(Action::await_change());
     }
     let namespace = snap.namespace().unwrap_or_default();
@@ -157,29 +168,51 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             if let Some(pv) = &marked_for {
                 pool.check_marked_for(&source, pv)?;
             }
-            // A byte copy takes as much room again: it must fit beside the pool's reserve.
-            if !pool.shares_extents() && !pool.has_snapshot(&target)? {
+            // A byte copy takes as much room again: it must fit beside the pool's reserve and the
+            // other byte copies being made on that disk (deciding::copy_room).
+            let uid = snap.metadata.uid.clone().unwrap_or_default();
+            let byte_copy = !pool.shares_extents() && !pool.has_snapshot(&target)?;
+            if byte_copy {
                 let needed = pool.bytes_under(&source_dir)?;
-                let reserve = ctx.config.pools.iter().find(|p| p.root == root).and_then(|p| p.reserve);
-                let room = pool.stats()?.available_bytes.saturating_sub(reserve.unwrap_or(ctx.config.reserved_bytes));
-                if needed > room {
-                    let why = format!(
-                        "a copy of claim {source_name:?} needs {} and pool {} at {} has {} free beyond its reserve",
-                        crate::deciding::capacity::format_size(needed),
-                        pool.name(),
-                        root.display(),
-                        crate::deciding::capacity::format_size(room)
-                    );
-                    say_not_ready(&ctx, &snap, why).await?;
+                let reserve = ctx.reserve_of(&root);
+                let free_beyond_reserve = pool.stats()?.available_bytes.saturating_sub(reserve);
+                let started = ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).start(
+                    &uid,
+                    &root,
+                    needed,
+                    free_beyond_reserve,
+                );
+                if let Err(in_flight) = started {
+                    let why = NoRoomForCopy {
+                        what: format!("a copy of claim {source_name:?}"),
+                        pool: pool.name().to_owned(),
+                        root: root.clone(),
+                        node: ctx.me.node.clone(),
+                        needed,
+                        free_beyond_reserve,
+                        reserve,
+                        in_flight,
+                    };
+                    say_not_ready(&ctx, &snap, why.to_string()).await?;
                     return Ok(Action::requeue(RECHECK * 4));
                 }
             }
             // The finalizer and this node's name first: a deletion from now on finds the node
             // that may hold a copy, even one cut short.
-            hold(&ctx, &snap, &root).await?;
-            let report = tokio::task::spawn_blocking(move || pool.take_snapshot(&source, &target, &node))
-                .await
-                .map_err(|e| SnapshotError::Task(e.to_string()))??;
+            let held = hold(&ctx, &snap, &root).await;
+            let copied = match held {
+                Ok(()) => tokio::task::spawn_blocking(move || pool.take_snapshot(&source, &target, &node))
+                    .await
+                    .map_err(|e| SnapshotError::Task(e.to_string())),
+                Err(error) => Err(error),
+            };
+            if byte_copy {
+                ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).end(&uid);
+            }
+            let report = copied??;
+            if report.method == CopyMethod::Bytes {
+                ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).keep(&uid, &root, report.bytes);
+            }
             let status = serde_json::json!({ "status": {
                 "readyToUse": true,
                 "node": ctx.me.node,
@@ -279,6 +312,9 @@ async fn remove(ctx: &Context, snap: &HostPathSnapshot, dir_name: &str) -> Resul
             tracing::info!(snapshot = %key(snap), pool = %pool_path.name, root = %pool_path.root.display(), %entry, "snapshot moved to the trash");
             ctx.purge.notify_one();
         }
+    }
+    if let Some(uid) = snap.metadata.uid.as_deref() {
+        ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).forget(uid);
     }
     let wanted: Vec<&String> = snap.finalizers().iter().filter(|f| *f != FINALIZER).collect();
     let patch = serde_json::json!({ "metadata": { "finalizers": wanted, "resourceVersion": snap.resource_version() } });
