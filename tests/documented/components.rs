@@ -244,3 +244,36 @@ fn each_kustomize_component_renders_with_deploy_legacy_and_the_binary_starts_wit
 const REFUSED: &str = "not valid!";
 /// The binary's exit code for a configuration it refuses.
 const CONFIGURATION_ERROR: Option<i32> = Some(2);
+
+#[test]
+fn over_the_node_groups_two_components_set_every_groups_daemonset_and_several_disks_is_refused() {
+    let shell = Shell::without_cluster(
+        "over_the_node_groups_two_components_set_every_groups_daemonset_and_several_disks_is_refused",
+    );
+    let settings = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/settings.yaml"));
+    let kustomization = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/kustomization.yaml"));
+    // "list ../deploy/node-groups in place of ../deploy/legacy".
+    assert!(kustomization.contains("  - ../deploy/legacy\n"), "{kustomization}");
+    let groups = kustomization.replace("../deploy/legacy", "../deploy/node-groups");
+    let several_disks = "  - ../deploy/components/several-disks\n";
+    assert!(groups.contains(several_disks), "{groups}");
+    for (dir, kustomization) in [("groups", groups.replace(several_disks, "")), ("groups-disks", groups.clone())] {
+        let path = shell.dir().join(dir);
+        std::fs::create_dir_all(&path).expect("mkdir");
+        std::fs::write(path.join("kustomization.yaml"), kustomization).expect("write");
+        std::fs::write(path.join("settings.yaml"), &settings).expect("write");
+    }
+    let objects = render(&shell, "groups").unwrap_or_else(|e| panic!("{e}"));
+    let daemonsets: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "DaemonSet").collect();
+    assert_eq!(daemonsets.len(), 2, "the two groups of deploy/node-groups");
+    for daemonset in daemonsets {
+        let name = daemonset["metadata"]["name"].as_str().expect("name");
+        for key in ["RELEASE_CLAIMS_OF_REMOVED_NODES", "NODE_AFFINITY_KEYS"] {
+            let value = SETTINGS.iter().find(|(k, _)| *k == key).expect("setting").1;
+            assert_eq!(env_value(container(daemonset), key), Some(value), "{name}: {key}");
+        }
+        assert!(!daemonset.to_string().contains(UNSET), "{daemonset}");
+    }
+    let error = render(&shell, "groups-disks").expect_err("several-disks over the node groups");
+    assert!(error.contains("multiple matches"), "{error}");
+}
