@@ -246,12 +246,14 @@ const REFUSED: &str = "not valid!";
 const CONFIGURATION_ERROR: Option<i32> = Some(2);
 
 #[test]
-fn over_the_node_groups_two_components_set_every_groups_daemonset_and_several_disks_is_refused() {
+fn over_the_node_groups_two_components_and_the_patch_set_every_groups_daemonset_and_several_disks_is_refused() {
     let shell = Shell::without_cluster(
-        "over_the_node_groups_two_components_set_every_groups_daemonset_and_several_disks_is_refused",
+        "over_the_node_groups_two_components_and_the_patch_set_every_groups_daemonset_and_several_disks_is_refused",
     );
     let settings = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/settings.yaml"));
-    let kustomization = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/kustomization.yaml"));
+    let kustomization = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/kustomization.yaml"))
+        + "\n"
+        + &yaml_block("docs/install.md", SECTION, "patches:");
     // "list ../deploy/node-groups in place of ../deploy/legacy".
     assert!(kustomization.contains("  - ../deploy/legacy\n"), "{kustomization}");
     let groups = kustomization.replace("../deploy/legacy", "../deploy/node-groups");
@@ -272,6 +274,7 @@ fn over_the_node_groups_two_components_set_every_groups_daemonset_and_several_di
             let value = SETTINGS.iter().find(|(k, _)| *k == key).expect("setting").1;
             assert_eq!(env_value(container(daemonset), key), Some(value), "{name}: {key}");
         }
+        assert_eq!(env_value(container(daemonset), PATCHED.0), Some(PATCHED.1), "{name}: the doc's patch");
         assert!(!daemonset.to_string().contains(UNSET), "{daemonset}");
     }
     let error = render(&shell, "groups-disks").expect_err("several-disks over the node groups");
