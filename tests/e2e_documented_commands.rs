@@ -10,6 +10,8 @@
 //! controller, so `kubectl rollout status` answers; without nodes there is nothing to schedule,
 //! and a rollout is complete once the controller has seen the DaemonSet.
 
+#[path = "documented/components.rs"]
+mod components;
 #[path = "documented/kubevirt_operator.rs"]
 mod kubevirt_operator;
 #[path = "documented/tenant_roles.rs"]

@@ -169,6 +169,38 @@ fn rendered_variants() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// deploy/legacy with every component of deploy/components, as a user's kustomization lists
+/// them (docs/install.md, "Optional features: kustomize components"), with a value for each
+/// setting they read.
+fn components_manifests() -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::os::unix::fs::symlink(repo().join("deploy"), dir.path().join("deploy")).expect("link deploy");
+    let user = dir.path().join("user");
+    std::fs::create_dir(&user).expect("mkdir");
+    let mut components = String::new();
+    for entry in std::fs::read_dir(repo().join("deploy/components")).expect("deploy/components") {
+        let name = entry.expect("entry").file_name();
+        components.push_str(&format!("  - ../deploy/components/{}\n", name.to_str().expect("utf-8 name")));
+    }
+    let kustomization = format!("resources:\n  - ../deploy/legacy\n  - settings.yaml\ncomponents:\n{components}");
+    std::fs::write(user.join("kustomization.yaml"), kustomization).expect("write");
+    let settings = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: hostpath-provisioner-settings
+  annotations: {config.kubernetes.io/local-config: \"true\"}
+data:
+  RELEASE_CLAIMS_OF_REMOVED_NODES: 24h
+  NODE_AFFINITY_KEYS: example.com/disk-serial
+  STORAGE_POOLS: data=/mnt/disk1,data=/mnt/disk2
+  DISK_1: /mnt/disk1
+  DISK_2: /mnt/disk2
+";
+    std::fs::write(user.join("settings.yaml"), settings).expect("write");
+    let kubectl = testbed_kubectl();
+    run(&kubectl, &["kustomize", user.to_str().expect("utf-8 path")], &[])
+}
+
 fn monitoring_manifests() -> String {
     ["metrics-service.yaml", "servicemonitor.yaml", "prometheusrule.yaml", "grafana-dashboard.yaml"]
         .iter()
@@ -634,6 +666,8 @@ fn rendered_manifests_pass_kube_score_except_the_justified_checks() {
         ("install-yaml", format!("{}\n---\n{}", read("deploy/install.yaml"), monitoring_manifests()), false),
         ("chart-default", chart_template("hpp-chart", &[]), false),
         ("chart-max-values", chart_template("hpp-chart", &["-f", MAX_VALUES]), true),
+        // deploy/legacy with every kustomize component: their mounts, volumes and variables.
+        ("kustomize-components", components_manifests(), false),
     ];
     let mut fired = BTreeSet::new();
     for (name, manifests, has_network_policy) in variants {

@@ -6,14 +6,17 @@
 //! - `--release-claims-of-removed-nodes`: its claims stay bound; past the grace period the
 //!   remaining node sets each PV to Retain and deletes the claim, with an event naming the node
 //!   on both; the node, back under its name, keeps its directories.
+//! - Under the RBAC of deploy/legacy alone, releasing is refused and reported; with the kustomize
+//!   component `release-claims-of-removed-nodes` (docs/install.md) it goes through.
 
 mod common;
 
 use common::*;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
 use testbed::fixtures;
 
 /// Two nodes of a provisioner name of the test's own, each with `variable` set to 3 s.
@@ -120,4 +123,87 @@ async fn the_bound_claims_of_a_removed_node_are_released_their_volumes_kept_and_
     assert_eq!(kept.spec.and_then(|s| s.persistent_volume_reclaim_policy).as_deref(), Some("Retain"));
     let still_bound = env.claims().get("data").await.expect("the new claim stays");
     assert_eq!(still_bound.spec.and_then(|s| s.volume_name), new_pv.metadata.name, "the new claim is not released");
+}
+
+/// The namespace and ServiceAccount of deploy/legacy.
+const DEPLOY_NAMESPACE: &str = "kubevirt-hostpath-provisioner";
+const DEPLOY_SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-admin";
+
+/// `kubectl apply -k` of a user's kustomization (docs/install.md, "Optional features: kustomize
+/// components"): deploy/legacy, its settings, and `components` of deploy/components.
+fn apply_user_kustomization(env: &TestEnv, components: &[&str]) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::os::unix::fs::symlink(repo.join("deploy"), dir.path().join("deploy")).expect("link deploy");
+    let user = dir.path().join("user");
+    std::fs::create_dir(&user).expect("mkdir");
+    let mut kustomization = "resources:\n  - ../deploy/legacy\n  - settings.yaml\n".to_owned();
+    if !components.is_empty() {
+        kustomization.push_str("components:\n");
+        kustomization.extend(components.iter().map(|c| format!("  - ../deploy/components/{c}\n")));
+    }
+    std::fs::write(user.join("kustomization.yaml"), kustomization).expect("write");
+    let settings = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hostpath-provisioner-settings\n  \
+                    annotations: {config.kubernetes.io/local-config: \"true\"}\ndata:\n  \
+                    RELEASE_CLAIMS_OF_REMOVED_NODES: 24h\n";
+    std::fs::write(user.join("settings.yaml"), settings).expect("write");
+    env.cp.run_kubectl(dir.path(), &["apply", "-k", "user"]).unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// A kubeconfig with a token of deploy/legacy's ServiceAccount, as the kubelet would mount it.
+async fn deploy_service_account_kubeconfig(env: &TestEnv) -> std::path::PathBuf {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(env.client.clone(), DEPLOY_NAMESPACE)
+        .create_token_request(DEPLOY_SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest")
+        .status
+        .and_then(|s| s.token)
+        .expect("a TokenRequest answer carries the token");
+    let kubeconfig = env.cp.temp_dir().join(format!("{}-sa.kubeconfig", env.group));
+    env.cp.write_kubeconfig_for_token(&token, &kubeconfig).expect("kubeconfig");
+    kubeconfig
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn releasing_claims_is_refused_under_deploy_legacy_and_done_with_its_kustomize_component() {
+    let mut env = TestEnv::start("component", 0).await;
+    env.own_provisioner();
+    apply_user_kustomization(&env, &[]);
+    let kubeconfig = deploy_service_account_kubeconfig(&env).await;
+    for i in 1..=2 {
+        let name = format!("{}-{i}", env.group);
+        let kubeconfig = kubeconfig.clone();
+        env.add_node(&name, &move |mut spec| {
+            spec.kubeconfig = kubeconfig.clone();
+            // deploy/legacy's Role keeps the liveness leases in its own namespace.
+            spec.env("POD_NAMESPACE", DEPLOY_NAMESPACE).env("RELEASE_CLAIMS_OF_REMOVED_NODES", "3s")
+        })
+        .await;
+    }
+    let removed = env.nodes[1].name.clone();
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "data", &class, "1Mi").provision_on_node(&removed)).await;
+    let pv = env.wait_bound("data").await;
+    let (pv_name, pv_uid) = (pv.metadata.name.clone().unwrap(), pv.metadata.uid.clone().unwrap());
+    env.node_mut(&removed).provisioner.terminate();
+    Api::<Node>::all(env.client.clone()).delete(&removed, &DeleteParams::default()).await.expect("delete Node");
+
+    // deploy/legacy alone: the PV is kept, the claim stays, and the warning names the rule.
+    let note = env.wait_event("default", &pv_uid, "RemovedNodeClaimNotReleased").await;
+    assert!(note.contains("forbidden") && note.contains("`delete` on persistentvolumeclaims"), "{note}");
+    assert!(env.claims().get_opt("data").await.expect("get claim").is_some(), "the claim stays without the right");
+
+    // With the component, the next pass releases it.
+    apply_user_kustomization(&env, &["release-claims-of-removed-nodes"]);
+    testbed::wait_for("the claim released", TIMEOUT, || async {
+        anyhow::Ok(env.claims().get_opt("data").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("the claim of the removed node's volume is deleted under the component's rule");
+    let kept = env.pvs().get(&pv_name).await.expect("the PV stays");
+    assert_eq!(kept.spec.and_then(|s| s.persistent_volume_reclaim_policy).as_deref(), Some("Retain"));
 }

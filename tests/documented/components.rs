@@ -1,0 +1,282 @@
+//! docs/install.md, "Optional features: kustomize components": a user's kustomization and
+//! settings, as the doc writes them, listing every component of deploy/components next to
+//! deploy/legacy; applied, then upgraded by the documented command once the next release's
+//! deploy/ replaced the old, with each feature still on. And each component rendered alone with
+//! deploy/legacy, its environment given to the binary, which must start with it.
+
+use super::*;
+
+const SECTION: &str = "Optional features: kustomize components";
+const UPGRADE_SECTION: &str = "Upgrading with components";
+/// The user's own directory, as the doc names it.
+const USER_DIR: &str = "my-hostpath-provisioner";
+/// The placeholder value the components write before their replacements set yours.
+const UNSET: &str = "set-in-your-settings";
+/// The variables the doc's settings give, with their values there.
+const SETTINGS: [(&str, &str); 5] = [
+    ("RELEASE_CLAIMS_OF_REMOVED_NODES", "24h"),
+    ("NODE_AFFINITY_KEYS", "example.com/disk-serial"),
+    ("STORAGE_POOLS", "data=/mnt/disk1,data=/mnt/disk2"),
+    ("DISK_1", "/mnt/disk1"),
+    ("DISK_2", "/mnt/disk2"),
+];
+/// Each component, with the settings it reads that become variables of the DaemonSet.
+const COMPONENTS: [(&str, &[&str]); 3] = [
+    ("release-claims-of-removed-nodes", &["RELEASE_CLAIMS_OF_REMOVED_NODES"]),
+    ("node-affinity-keys", &["NODE_AFFINITY_KEYS"]),
+    ("several-disks", &["STORAGE_POOLS"]),
+];
+/// The extra variable the doc's generic patch sets.
+const PATCHED: (&str, &str) = ("ORPHAN_SNAPSHOT_COPY_GRACE", "24h");
+
+/// The fenced yaml block under `section` of `file` whose first line starts with `first`, as
+/// written (the user copies it whole).
+fn yaml_block(file: &str, section: &str, first: &str) -> String {
+    let text = std::fs::read_to_string(repo().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut heading = "";
+    // Inside a fence: whether it is yaml, and its lines so far.
+    let mut fence: Option<(bool, Vec<&str>)> = None;
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let marker = line.trim_start().starts_with("```");
+        match (&mut fence, marker) {
+            (None, true) => fence = Some((line.trim_start().trim_start_matches('`').trim() == "yaml", Vec::new())),
+            (None, false) => {
+                if line.starts_with('#') {
+                    heading = line.trim_start_matches('#').trim();
+                }
+            }
+            (Some((yaml, lines)), true) => {
+                if *yaml && heading == section && lines.first().is_some_and(|l| l.starts_with(first)) {
+                    found.push(lines.join("\n") + "\n");
+                }
+                fence = None;
+            }
+            (Some((_, lines)), false) => lines.push(line),
+        }
+    }
+    assert_eq!(found.len(), 1, "{file}, section {section:?}: one yaml block starting with {first:?}");
+    found.remove(0)
+}
+
+/// The user's two files, as the doc writes them: the kustomization with the doc's generic
+/// patch for a variable added to it, and the settings.
+fn write_user_files(shell: &Shell) {
+    let dir = shell.dir().join(USER_DIR);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let kustomization = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/kustomization.yaml"))
+        + "\n"
+        + &yaml_block("docs/install.md", SECTION, "patches:");
+    std::fs::write(dir.join("kustomization.yaml"), kustomization).expect("write");
+    let settings = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/settings.yaml"));
+    std::fs::write(dir.join("settings.yaml"), settings).expect("write");
+}
+
+/// The doc's settings hold the values this test checks for.
+fn assert_doc_settings(settings: &str) {
+    for (key, value) in SETTINGS {
+        assert!(settings.lines().any(|l| l.trim() == format!("{key}: {value}")), "{key}: {value} in\n{settings}");
+    }
+}
+
+/// Every component's feature is on in the cluster, with the image of release `tag`.
+fn assert_features_on(shell: &Shell, tag: &str) {
+    let daemonset = shell.must_get(&LEGACY_DAEMONSET);
+    let container = container(&daemonset);
+    assert_eq!(container["image"], format!("{REGISTRY}/hostpath-provisioner:{tag}"));
+    for (_, keys) in COMPONENTS {
+        for key in keys {
+            let value = SETTINGS.iter().find(|(k, _)| k == key).expect("a setting").1;
+            assert_eq!(env_value(container, key), Some(value), "{key} in {}", container["env"]);
+        }
+    }
+    assert_eq!(env_value(container, PATCHED.0), Some(PATCHED.1), "{}", container["env"]);
+    // several-disks: each disk a hostPath volume, mounted at the same path.
+    let volumes = daemonset["spec"]["template"]["spec"]["volumes"].as_array().expect("volumes");
+    let mounts = container["volumeMounts"].as_array().expect("mounts");
+    for disk in ["/mnt/disk1", "/mnt/disk2"] {
+        let volume = volumes.iter().find(|v| v["hostPath"]["path"] == disk).unwrap_or_else(|| panic!("{disk}"));
+        assert_eq!(volume["hostPath"]["type"], "Directory");
+        let mount = mounts.iter().find(|m| m["name"] == volume["name"]).unwrap_or_else(|| panic!("{disk} mount"));
+        assert_eq!(mount["mountPath"], disk);
+    }
+    // release-claims-of-removed-nodes: delete on claims.
+    let role = shell.must_get(&["clusterrole", "kubevirt-hostpath-provisioner"]);
+    assert!(grants(&role, "persistentvolumeclaims", "delete"), "{role}");
+    assert!(!daemonset.to_string().contains(UNSET), "{daemonset}");
+    // The settings are the build's, not an object of the cluster.
+    assert!(
+        shell.get(&["configmap", "hostpath-provisioner-settings", "-n", "kubevirt-hostpath-provisioner"]).is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kustomize_components_install_and_upgrade_as_written() {
+    let docs = Docs::load();
+    let mut shell = Shell::with_cluster("the_kustomize_components_install_and_upgrade_as_written").await;
+    write_user_files(&shell);
+    assert_doc_settings(&shell.read(&format!("{USER_DIR}/settings.yaml")));
+
+    let rendered = shell.run(&docs.command("docs/install.md", SECTION, "kubectl kustomize my-hostpath-provisioner"));
+    assert!(rendered.contains("RELEASE_CLAIMS_OF_REMOVED_NODES") && !rendered.contains(UNSET), "{rendered}");
+    assert!(!rendered.contains("hostpath-provisioner-settings"), "the settings are not rendered:\n{rendered}");
+    let out = shell.run(&docs.command("docs/install.md", SECTION, "kubectl apply -k my-hostpath-provisioner"));
+    assert!(out.lines().all(|l| l.ends_with(" created")), "{out}");
+    assert_features_on(&shell, "0.1.0");
+
+    // The next release: its deploy/ in place of the old (here the same files under a new tag),
+    // the user's directory untouched.
+    std::fs::remove_dir_all(shell.dir().join("deploy")).expect("remove the old release");
+    copy_tree(&repo().join("deploy"), &shell.dir().join("deploy"));
+    shell.edit("deploy/legacy/kustomization.yaml", "newTag: \"0.1.0\"", "newTag: \"0.2.0\"");
+    let out = shell.run(&docs.command("docs/install.md", UPGRADE_SECTION, "kubectl apply -k my-hostpath-provisioner"));
+    assert!(out.contains("daemonset.apps/kubevirt-hostpath-provisioner configured"), "{out}");
+    assert_features_on(&shell, "0.2.0");
+
+    // What the doc warns of: deploy/legacy alone takes the components' additions away (so the
+    // checks above would see a lost feature).
+    shell.kubectl(&["apply", "-k", "deploy/legacy"]);
+    let role = shell.must_get(&["clusterrole", "kubevirt-hostpath-provisioner"]);
+    assert!(!grants(&role, "persistentvolumeclaims", "delete"), "{role}");
+    let daemonset = shell.must_get(&LEGACY_DAEMONSET);
+    assert_eq!(env_value(container(&daemonset), "RELEASE_CLAIMS_OF_REMOVED_NODES"), None);
+    shell.finish();
+}
+
+/// Renders `USER_DIR`-like directory `dir` of the checkout with bash's kubectl (no documented
+/// step); the objects, or the error.
+fn render(shell: &Shell, dir: &str) -> Result<Vec<Value>, String> {
+    let ran = shell.bash(&format!("kubectl kustomize {dir}"));
+    if !ran.success {
+        return Err(ran.stderr);
+    }
+    let documents: Vec<Value> =
+        serde_saphyr::from_multiple(&ran.stdout).unwrap_or_else(|e| panic!("{e}:\n{}", ran.stdout));
+    Ok(documents)
+}
+
+/// A kustomization of deploy/legacy with one component and `settings`, in `dir` of the checkout.
+fn write_one_component(shell: &Shell, dir: &str, component: &str, settings: &str) {
+    let path = shell.dir().join(dir);
+    std::fs::create_dir_all(&path).expect("mkdir");
+    let kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/legacy\n  - settings.yaml\ncomponents:\n  - ../deploy/components/{component}\n"
+    );
+    std::fs::write(path.join("kustomization.yaml"), kustomization).expect("write");
+    std::fs::write(path.join("settings.yaml"), settings).expect("write");
+}
+
+/// The environment the binary gets from the rendered DaemonSet, with what the downward API
+/// would give.
+fn rendered_env(objects: &[Value]) -> Vec<(String, String)> {
+    let daemonset = objects.iter().find(|o| o["kind"] == "DaemonSet").expect("a DaemonSet");
+    let env = container(daemonset)["env"].as_array().expect("env");
+    let mut vars: Vec<(String, String)> =
+        env.iter().filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned()))).collect();
+    vars.extend([("NODE_NAME".into(), "node-1".into()), ("POD_NAMESPACE".into(), "hpp".into())]);
+    vars
+}
+
+/// Starts the provisioner with `vars` alone: exit code 2 and the message for a configuration it
+/// refuses; for one it accepts, the failure to find a cluster (no kubeconfig), so nothing runs.
+fn binary_verdict(vars: &[(String, String)]) -> (Option<i32>, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_hostpath-provisioner"))
+        .env_clear()
+        .envs(vars.iter().map(|(k, v)| (k, v)))
+        .env("KUBECONFIG", "/nonexistent/hostpath-provisioner-test-kubeconfig")
+        .output()
+        .expect("run the provisioner");
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[test]
+fn each_kustomize_component_renders_with_deploy_legacy_and_the_binary_starts_with_its_env() {
+    let shell = Shell::without_cluster(
+        "each_kustomize_component_renders_with_deploy_legacy_and_the_binary_starts_with_its_env",
+    );
+    let settings = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/settings.yaml"));
+    assert_doc_settings(&settings);
+    let all_keys: Vec<&str> = COMPONENTS.iter().flat_map(|(_, keys)| keys.iter().copied()).collect();
+    for (component, keys) in COMPONENTS {
+        let dir = format!("only-{component}");
+        write_one_component(&shell, &dir, component, &settings);
+        let objects = render(&shell, &dir).unwrap_or_else(|e| panic!("{component}: {e}"));
+        let vars = rendered_env(&objects);
+        for key in &all_keys {
+            let value = vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+            let expected = keys.contains(key).then(|| SETTINGS.iter().find(|(k, _)| k == key).expect("setting").1);
+            assert_eq!(value, expected, "{component}: {key}");
+        }
+        assert!(!objects.iter().any(|o| o["metadata"]["name"] == "hostpath-provisioner-settings"), "{component}");
+        let role = objects
+            .iter()
+            .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "kubevirt-hostpath-provisioner")
+            .expect("the ClusterRole");
+        assert_eq!(grants(role, "persistentvolumeclaims", "delete"), component == "release-claims-of-removed-nodes");
+        let (code, said) = binary_verdict(&vars);
+        assert!(code != CONFIGURATION_ERROR && said.contains("KUBECONFIG"), "{component}: {code:?} {said}");
+
+        // A value the binary refuses, given in the settings, reaches it: it exits 2 naming it.
+        let key = keys[0];
+        let broken = settings.replace(
+            &format!("{key}: {}", SETTINGS.iter().find(|(k, _)| *k == key).expect("setting").1),
+            &format!("{key}: \"{REFUSED}\""),
+        );
+        let dir = format!("broken-{component}");
+        write_one_component(&shell, &dir, component, &broken);
+        let (code, said) = binary_verdict(&rendered_env(&render(&shell, &dir).expect("renders")));
+        assert!(code == CONFIGURATION_ERROR && said.contains(key), "{component} with {key}={REFUSED}: {code:?} {said}");
+
+        // A setting left out fails the build, naming it.
+        let dir = format!("unset-{component}");
+        let missing: String = settings
+            .lines()
+            .filter(|l| !l.trim_start().starts_with(&format!("{key}:")))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        write_one_component(&shell, &dir, component, &missing);
+        let error = render(&shell, &dir).expect_err("a missing setting fails the build");
+        assert!(error.contains(&format!("data.{key}")), "{component}: {error}");
+    }
+}
+
+/// A value no setting of the components accepts: no duration, label key or pool.
+const REFUSED: &str = "not valid!";
+/// The binary's exit code for a configuration it refuses.
+const CONFIGURATION_ERROR: Option<i32> = Some(2);
+
+#[test]
+fn over_the_node_groups_two_components_and_the_patch_set_every_groups_daemonset_and_several_disks_is_refused() {
+    let shell = Shell::without_cluster(
+        "over_the_node_groups_two_components_and_the_patch_set_every_groups_daemonset_and_several_disks_is_refused",
+    );
+    let settings = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/settings.yaml"));
+    let kustomization = yaml_block("docs/install.md", SECTION, &format!("# {USER_DIR}/kustomization.yaml"))
+        + "\n"
+        + &yaml_block("docs/install.md", SECTION, "patches:");
+    // "list ../deploy/node-groups in place of ../deploy/legacy".
+    assert!(kustomization.contains("  - ../deploy/legacy\n"), "{kustomization}");
+    let groups = kustomization.replace("../deploy/legacy", "../deploy/node-groups");
+    let several_disks = "  - ../deploy/components/several-disks\n";
+    assert!(groups.contains(several_disks), "{groups}");
+    for (dir, kustomization) in [("groups", groups.replace(several_disks, "")), ("groups-disks", groups.clone())] {
+        let path = shell.dir().join(dir);
+        std::fs::create_dir_all(&path).expect("mkdir");
+        std::fs::write(path.join("kustomization.yaml"), kustomization).expect("write");
+        std::fs::write(path.join("settings.yaml"), &settings).expect("write");
+    }
+    let objects = render(&shell, "groups").unwrap_or_else(|e| panic!("{e}"));
+    let daemonsets: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "DaemonSet").collect();
+    assert_eq!(daemonsets.len(), 2, "the two groups of deploy/node-groups");
+    for daemonset in daemonsets {
+        let name = daemonset["metadata"]["name"].as_str().expect("name");
+        for key in ["RELEASE_CLAIMS_OF_REMOVED_NODES", "NODE_AFFINITY_KEYS"] {
+            let value = SETTINGS.iter().find(|(k, _)| *k == key).expect("setting").1;
+            assert_eq!(env_value(container(daemonset), key), Some(value), "{name}: {key}");
+        }
+        assert_eq!(env_value(container(daemonset), PATCHED.0), Some(PATCHED.1), "{name}: the doc's patch");
+        assert!(!daemonset.to_string().contains(UNSET), "{daemonset}");
+    }
+    let error = render(&shell, "groups-disks").expect_err("several-disks over the node groups");
+    assert!(error.contains("multiple matches"), "{error}");
+}
