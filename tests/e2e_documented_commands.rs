@@ -609,6 +609,19 @@ async fn the_operator_install_runs_as_written() {
     shell.finish();
 }
 
+/// The volume of claim `shop/data` once it is Bound.
+async fn bound_volume(shell: &Shell, what: &str) -> anyhow::Result<String> {
+    testbed::wait_for(what, WAIT, || async {
+        anyhow::Ok(
+            shell
+                .get(&["pvc", "data", "-n", "shop"])
+                .filter(|c| c["status"]["phase"] == "Bound")
+                .and_then(|c| c["spec"]["volumeName"].as_str().map(str::to_owned)),
+        )
+    })
+    .await
+}
+
 /// `hostpath-provisioner operator` as deploy/operator's Deployment runs it; stopped on drop.
 struct OperatorProcess(std::process::Child);
 
@@ -729,6 +742,68 @@ async fn the_documented_volume_repairs_run_as_written() {
     let expression = &pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0];
     assert_eq!(expression["key"], "example.com/disk-serial", "{pv}");
     assert_eq!(expression["values"][0], "WD-WX12345", "{pv}");
+    provisioner.terminate();
+
+    // docs/volumes.md, pathPattern: a directory made for a claim of one class, its PV deleted
+    // under Retain; the same claim made again in another class is refused (the directory
+    // records the class it was made for) until the admin names the directory on the
+    // Namespace, as written; then it takes the directory over with its data.
+    shell.cp().add_node_labeled("worker-4", "worker-4", &[]).await.expect("Node worker-4");
+    let pool = testbed::pool_root_for(shell.cp(), "worker-4");
+    std::fs::create_dir_all(&pool).expect("pool root");
+    let spec = testbed::ProvisionerSpec::new(
+        env!("CARGO_BIN_EXE_hostpath-provisioner"),
+        "worker-4",
+        &pool,
+        shell.cp().kubeconfig_path(),
+    );
+    let mut provisioner = testbed::Provisioner::spawn(spec, shell.cp().temp_dir()).expect("spawn provisioner");
+    provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("provisioner ready");
+    shell.kubectl(&["create", "namespace", "shop"]);
+    let pattern_class = |name: &str| {
+        serde_json::json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
+            "provisioner": "kubevirt.io/hostpath-provisioner", "reclaimPolicy": "Retain",
+            "parameters": {"pathPattern": "{namespace}_{claim}"},
+        })
+    };
+    let pattern_claim = |class: &str| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data", "namespace": "shop", "annotations": {"kubevirt.io/provisionOnNode": "worker-4"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class, "resources": {"requests": {"storage": "1Mi"}}},
+        })
+    };
+    std::fs::write(
+        shell.dir().join("pattern.json"),
+        format!("{}\n{}\n{}", pattern_class("shop-a"), pattern_class("shop-b"), pattern_claim("shop-a")),
+    )
+    .expect("write");
+    shell.kubectl(&["create", "-f", "pattern.json"]);
+    let first = bound_volume(&shell, "claim shop/data Bound")
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", provisioner.log_tail(30)));
+    std::fs::write(pool.join("shop_data").join("orders"), b"kept").expect("write into the volume");
+    shell.kubectl(&["delete", "pvc", "data", "-n", "shop"]);
+    shell.kubectl(&["delete", "pv", &first]);
+    shell.wait_gone(&["pv", &first]).await;
+    std::fs::write(shell.dir().join("again.json"), pattern_claim("shop-b").to_string()).expect("write");
+    shell.kubectl(&["create", "-f", "again.json"]);
+    let refused = testbed::wait_for("the other class's claim refused", WAIT, || async {
+        let events = shell.kubectl(&["get", "events", "-n", "shop", "-o", "json"]);
+        anyhow::Ok(events.contains("adopt-directory").then_some(()))
+    })
+    .await;
+    refused.unwrap_or_else(|e| panic!("{e:#}\n{}", provisioner.log_tail(30)));
+    shell.run(&docs.command(
+        "docs/volumes.md",
+        "Predictable directory names: `pathPattern`",
+        "kubectl annotate namespace shop",
+    ));
+    bound_volume(&shell, "claim shop/data Bound after the annotation")
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", provisioner.log_tail(30)));
+    assert_eq!(std::fs::read(pool.join("shop_data").join("orders")).ok().as_deref(), Some(&b"kept"[..]));
     provisioner.terminate();
 
     // docs/snapshots.md: the CRD applied as an upgraded Helm release needs it, then a snapshot
