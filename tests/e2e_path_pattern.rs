@@ -386,3 +386,34 @@ async fn a_namespace_made_again_under_its_name_gets_the_old_directory_only_when_
     let note = env.wait_event(&ns, &uid(&again), "DirectoryReused").await;
     assert!(note.contains(ADOPT_DIRECTORY) && note.contains(&old_uid), "{note}");
 }
+
+/// A directory of the earlier version (its marker names its PV, it records no owner) is given
+/// its record when its node starts, read from the PV's claim and the namespace that still is
+/// the one the PV was made in: after the upgrade, the claim deleted under Retain and made again
+/// gets its data back without an admin, as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_of_the_earlier_version_is_recorded_at_start_and_goes_back_to_its_claim() {
+    let mut env = TestEnv::start("pattern-upgrade", 1).await;
+    let node = env.nodes[0].name.clone();
+    let class = env.class("named", |c| c.immediate().reclaim_policy("Retain").parameter("pathPattern", PATTERN)).await;
+    env.create_claim(fixtures::claim(&env.ns, "db", &class, "1Mi").provision_on_node(&node)).await;
+    let first = env.wait_bound("db").await;
+    let first_name = first.metadata.name.clone().expect("name");
+    let dir = host_path(&first);
+    std::fs::write(dir.join("table"), b"rows").unwrap();
+    let recorded = xattr_of(&dir, OWNER).expect("recorded at creation");
+    // As the earlier version left it: the marker alone.
+    rustix::fs::removexattr(&dir, OWNER).expect("remove the record");
+    assert_eq!(xattr_of(&dir, OWNER), None);
+    env.nodes[0].provisioner.restart().expect("restart");
+    testbed::wait_for("the record written at start", TIMEOUT, || async {
+        anyhow::Ok(xattr_of(&dir, OWNER).filter(|r| *r == recorded))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    release_and_delete_pv(&env, &env.ns, "db", &first_name).await;
+    env.create_claim(fixtures::claim(&env.ns, "db", &class, "1Mi").provision_on_node(&node)).await;
+    let second = env.wait_bound("db").await;
+    assert_eq!(host_path(&second), dir, "the same directory");
+    assert_eq!(std::fs::read(dir.join("table")).unwrap(), b"rows", "with its data");
+}

@@ -20,7 +20,10 @@ use crate::deciding::layout;
 
 mod owner;
 
-pub use owner::{ADOPT_DIRECTORY, ClaimIdentity, MAX_OWNER_RECORD_BYTES, OWNER_XATTR, OwnerRecord, handed_over};
+pub use owner::{
+    ADOPT_DIRECTORY, ClaimIdentity, EarlierDirectory, MAX_OWNER_RECORD_BYTES, OWNER_XATTR, OwnerRecord, handed_over,
+    record_for_earlier_directory,
+};
 
 /// StorageClass parameter.
 pub const PARAMETER: &str = "pathPattern";

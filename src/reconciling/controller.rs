@@ -22,7 +22,7 @@ use crate::reconciling::claim_actions::object_key;
 use crate::reconciling::context::Context;
 use crate::reconciling::published_capacity::{self, Publisher};
 use crate::reconciling::{
-    claims, orphans, reaping, settling, snapshot_copies, snapshots, stranded, upkeep, volumes, watches,
+    claims, orphans, pattern_records, reaping, settling, snapshot_copies, snapshots, stranded, upkeep, volumes, watches,
 };
 use crate::serving::health::{self, Health, Watch};
 use crate::serving::heap;
@@ -262,6 +262,7 @@ async fn after_initial_lists(ctx: Arc<Context>) {
     }
     tracing::info!(node = %ctx.me.node, "initial lists received; ready");
     upkeep::give_local_volumes_their_identity(&ctx).await;
+    pattern_records::record_earlier_directories(&ctx).await;
     orphans::remove_orphan_directories(&ctx).await;
 }
 

@@ -9,6 +9,7 @@ pub mod context;
 pub mod controller;
 pub mod membership;
 pub mod orphans;
+pub mod pattern_records;
 pub mod pool_promises;
 pub mod provisioning;
 pub mod published_capacity;

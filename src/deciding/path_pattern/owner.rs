@@ -105,6 +105,51 @@ impl OwnerRecord {
     }
 }
 
+/// What is known of a directory made before owner records existed, whose PV still names its
+/// claim: an upgrade gives such a directory its record while the PV can still say whose it is,
+/// so that the claim made again later gets its data back without an admin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EarlierDirectory<'a> {
+    /// The PV, and what its marker names.
+    pub pv: &'a str,
+    pub marker_names: Option<&'a str>,
+    /// The record the directory holds already, if any.
+    pub record: Option<&'a OwnerRecord>,
+    /// The PV's `claimRef` and class.
+    pub claim_namespace: &'a str,
+    pub claim: &'a str,
+    pub class: &'a str,
+    /// When the PV was made.
+    pub pv_created: jiff::Timestamp,
+    /// The claim's Namespace as it is now (`None`: gone), with when it was made.
+    pub namespace: Option<(&'a str, jiff::Timestamp)>,
+}
+
+/// The record to write on an [`EarlierDirectory`], or `None` to leave it as it is: it has one
+/// for its PV already, its marker names another PV, or its namespace is gone or younger than
+/// the PV (deleted and made again since: perhaps someone else's, so only an admin may hand the
+/// directory to it).
+pub fn record_for_earlier_directory(dir: &EarlierDirectory<'_>) -> Option<OwnerRecord> {
+    if dir.marker_names != Some(dir.pv) || dir.record.is_some_and(|r| r.pv == dir.pv) {
+        return None;
+    }
+    let (namespace_uid, namespace_created) = dir.namespace?;
+    if namespace_created > dir.pv_created {
+        return None;
+    }
+    let record = OwnerRecord {
+        pv: dir.pv.to_owned(),
+        owner: ClaimIdentity {
+            namespace_uid: namespace_uid.to_owned(),
+            namespace: dir.claim_namespace.to_owned(),
+            claim: dir.claim.to_owned(),
+            class: dir.class.to_owned(),
+        },
+    };
+    // Only what parses back: a record that would not read as one proves nothing.
+    OwnerRecord::parse(&record.to_xattr()).filter(|parsed| *parsed == record)
+}
+
 /// Whether the Namespace annotation [`ADOPT_DIRECTORY`] (`value`) hands the directory `dir` to
 /// the namespace's claims: one of its comma-separated entries is exactly that name.
 pub fn handed_over(value: Option<&str>, dir: &str) -> bool {

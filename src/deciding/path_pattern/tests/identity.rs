@@ -232,3 +232,60 @@ fn no_claim_ever_adopts_a_directory_recorded_for_another_identity() {
     let distinct: HashSet<_> = claims.iter().map(|(_, dir)| dir).collect();
     assert!(distinct.len() < claims.len());
 }
+
+mod earlier_directories {
+    use crate::deciding::path_pattern::{EarlierDirectory, OwnerRecord, record_for_earlier_directory};
+
+    const NS_UID: &str = "5b0c1e2a-0000-4000-8000-0000000000a1";
+
+    fn at(second: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(second).unwrap()
+    }
+
+    fn earlier(namespace: Option<(&'static str, jiff::Timestamp)>) -> EarlierDirectory<'static> {
+        EarlierDirectory {
+            pv: "pvc-1",
+            marker_names: Some("pvc-1"),
+            record: None,
+            claim_namespace: "shop",
+            claim: "data",
+            class: "pattern",
+            pv_created: at(1_000),
+            namespace,
+        }
+    }
+
+    #[test]
+    fn a_directory_of_the_earlier_version_is_recorded_for_its_pvs_claim_while_its_namespace_is_the_same() {
+        let record = record_for_earlier_directory(&earlier(Some((NS_UID, at(500))))).expect("recorded");
+        assert_eq!(record.pv, "pvc-1");
+        assert_eq!(
+            (record.owner.namespace_uid.as_str(), record.owner.namespace.as_str(), record.owner.claim.as_str()),
+            (NS_UID, "shop", "data")
+        );
+        assert_eq!(record.owner.class, "pattern");
+        assert!(record_for_earlier_directory(&earlier(Some((NS_UID, at(1_000))))).is_some(), "made the same second");
+    }
+
+    #[test]
+    fn a_namespace_made_again_since_the_pv_or_gone_gets_no_record() {
+        assert_eq!(record_for_earlier_directory(&earlier(Some((NS_UID, at(1_001))))), None, "younger than the PV");
+        assert_eq!(record_for_earlier_directory(&earlier(None)), None, "gone");
+    }
+
+    #[test]
+    fn a_directory_recorded_already_or_marked_for_another_pv_is_left_alone() {
+        let mut dir = earlier(Some((NS_UID, at(500))));
+        let record = record_for_earlier_directory(&dir).unwrap();
+        dir.record = Some(&record);
+        assert_eq!(record_for_earlier_directory(&dir), None, "recorded for this PV");
+        let stale = OwnerRecord { pv: "pvc-0".into(), ..record.clone() };
+        dir.record = Some(&stale);
+        assert!(record_for_earlier_directory(&dir).is_some(), "a record of another PV is stale: written anew");
+        dir.record = None;
+        dir.marker_names = Some("pvc-2");
+        assert_eq!(record_for_earlier_directory(&dir), None, "taken over by another PV meanwhile");
+        dir.marker_names = None;
+        assert_eq!(record_for_earlier_directory(&dir), None, "no marker");
+    }
+}
