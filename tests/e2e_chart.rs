@@ -859,3 +859,38 @@ fn the_new_class_parameters_render_as_the_binary_reads_them_and_bad_values_are_r
         }
     }
 }
+
+/// In operator mode the chart makes no node DaemonSet: every value that shapes its own
+/// DaemonSet is refused at render time, naming it and where its setting goes, instead of being
+/// dropped; the defaults (its copy in templates/_node_defaults.tpl equal to values.yaml's)
+/// render, as does the resource that carries the settings.
+#[test]
+fn operator_mode_refuses_the_values_of_the_charts_own_daemonset_naming_each() {
+    let defaults = render("operator: {enabled: true}\n", &[]);
+    assert!(of_kind(&defaults, "Deployment").len() == 1 && of_kind(&defaults, "DaemonSet").is_empty());
+    render(
+        "operator: {enabled: true, resource: {storagePools: [{name: local, path: /mnt/disk}], \
+         workload: {tolerations: [{operator: Exists}]}}}\n",
+        &[],
+    );
+    let cases = [
+        ("pools: [{name: legacy, path: /mnt/disk}]", "pools (in operator mode: spec.storagePools"),
+        ("config: {publishCapacity: true}", "config (in operator mode"),
+        ("config: {nodeAffinityKeys: example.com/disk}", "config (in operator mode"),
+        ("tolerations: [{operator: Exists}]", "tolerations (in operator mode: spec.workload.tolerations"),
+        ("nodeSelector: {disk: ssd}", "nodeSelector (in operator mode: spec.workload.nodeSelector"),
+        ("resources: {limits: {memory: 1Gi}}", "resources (in operator mode: nowhere"),
+        ("extraEnv: [{name: X, value: y}]", "extraEnv (in operator mode: nowhere"),
+        ("quota: {enabled: true}", "quota (in operator mode: nowhere"),
+        ("nodeGroups: [{name: g, nodeSelector: {a: b}, pools: [{name: legacy, path: /d}]}]", "nodeGroups"),
+    ];
+    for (values, says) in cases {
+        let said = refusal(&format!("operator: {{enabled: true}}\n{values}\n"));
+        assert!(said.contains("operator.enabled") && said.contains(says), "{values}: {said}");
+    }
+    // Without operator mode the same values are the DaemonSet's, as ever.
+    render(
+        "tolerations: [{operator: Exists}]\nconfig: {publishCapacity: true, provisionerName: hpp.example.com}\n",
+        &[],
+    );
+}

@@ -122,3 +122,35 @@
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{- /* operator.enabled: the operator makes the node DaemonSet from the HostPathProvisioner
+     resource, so the values that shape the chart's own DaemonSet would be dropped in silence.
+     Refused instead, naming each one set and where its setting goes (docs/operator.md, "The
+     chart's operator mode"). Compared with the chart's own defaults (values.yaml). */}}
+{{- define "hpp.validateOperatorMode" -}}
+{{- $defaults := include "hpp.nodeDefaults" . | fromJson }}
+{{- $where := dict
+  "pools" "spec.storagePools of operator.resource"
+  "nodeGroups" "one HostPathProvisioner per group (docs/operator.md)"
+  "config" "the HostPathProvisioner's spec, where it has a field for the setting (docs/operator.md)"
+  "extraEnv" "nowhere: the operator sets the node pods' environment from the resource"
+  "tolerations" "spec.workload.tolerations of operator.resource"
+  "nodeSelector" "spec.workload.nodeSelector of operator.resource"
+  "affinity" "spec.workload.affinity of operator.resource"
+  "resources" "nowhere: the operator gives the node pods the resources of deploy/legacy"
+  "quota" "nowhere: the operator's DaemonSet has no quota capability yet"
+  "updateStrategy" "nowhere: the operator rolls its DaemonSet out itself"
+  "priorityClassName" "nowhere: the operator's node pods are system-node-critical"
+  "podAnnotations" "nowhere"
+  "podLabels" "nowhere"
+}}
+{{- $set := list }}
+{{- range $key := keys $where | sortAlpha }}
+{{- if ne (toJson (get $.Values $key)) (toJson (get $defaults $key)) }}
+{{- $set = append $set (printf "%s (in operator mode: %s)" $key (get $where $key)) }}
+{{- end }}
+{{- end }}
+{{- if $set }}
+{{- fail (printf "operator.enabled: the operator makes the node DaemonSet from the HostPathProvisioner resource, so these values of the chart's own DaemonSet would be dropped: %s. Unset them, or install without operator mode" (join "; " $set)) }}
+{{- end }}
+{{- end }}
