@@ -241,7 +241,15 @@ pub fn source_state(
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
     match pv.annotations.get(keys::PROVISIONED_BY) {
         Some(ours) if ours == me.provisioner => {}
-        other => return SourceState::Elsewhere(format!("provisioner {}", other.unwrap_or("(none)"))),
+        Some(other) => return SourceState::Elsewhere(format!("provisioner {other}")),
+        // Nobody's (a PV made by hand): every instance says the same words, so none rewrites
+        // another's status.
+        None => {
+            return SourceState::Refuse(format!(
+                "the volume of claim {claim_name:?} (PV {pv_name}) was made by no provisioner: only volumes a \
+                 hostpath provisioner made can be snapshotted"
+            ));
+        }
     }
     let bound_uid = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.as_deref());
     if bound_uid != claim.metadata.uid.as_deref() {

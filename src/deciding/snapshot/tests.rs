@@ -65,6 +65,9 @@ fn a_missing_or_unbound_source_waits_and_a_foreign_or_unsafe_one_is_refused() {
     let foreign = volume("other.example.org/x", NODE, &format!("/var/hpvolumes/pvc-{UID}"));
     // Another provisioner's volume is that provisioner's to answer: silence, never a status.
     assert_eq!(state(Some(&claim), Some(&foreign)), SourceState::Elsewhere("provisioner other.example.org/x".into()));
+    let mut by_hand = ours(NODE);
+    by_hand.annotations.remove(keys::PROVISIONED_BY);
+    assert!(matches!(state(Some(&claim), Some(&by_hand)), SourceState::Refuse(why) if why.contains("no provisioner")));
     // A PV (forged or edited) pointing outside this node's pools, or at the root itself.
     for path in ["/etc".to_owned(), "/var/hpvolumes".to_owned(), format!("/var/hpvolumes/../pvc-{UID}")] {
         let forged = volume(PROVISIONER, NODE, &path);
