@@ -159,6 +159,8 @@ async fn a_node_with_a_copied_disk_label_and_no_directory_never_lets_the_holders
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
     assert_eq!(std::fs::read(dir.join("data")).unwrap(), b"the holder's", "data intact on the holder");
+    let log = env.nodes[1].provisioner.log_tail(200);
+    assert!(log.lines().any(|l| l.contains("WARN") && l.contains("carry it too") && l.contains(&pv_name)), "{log}");
     let metrics = env.nodes[1].provisioner.metrics().await.unwrap();
     assert!(
         metrics
