@@ -28,6 +28,9 @@ pub mod reason {
     pub const TRASH_PURGE_FAILED: &str = "TrashPurgeFailed";
     /// Warning: a terminating every-node PV waits for nodes whose provisioner is not running.
     pub const WAITING_FOR_NODES: &str = "WaitingForNodes";
+    /// Warning, on a released label-pinned PV: other live nodes carry its value, and this one
+    /// holds no directory for it; the PV is kept.
+    pub const DUPLICATE_AFFINITY_LABEL: &str = "DuplicateAffinityLabel";
     /// Warning, on this node's Node object: its CSIStorageCapacity objects cannot be written.
     pub const CAPACITY_PUBLISH_FAILED: &str = "CapacityPublishFailed";
     /// Warning, on this node's Node object: a deleted volume's data waits in the deletion staging

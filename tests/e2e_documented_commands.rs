@@ -719,12 +719,12 @@ async fn the_documented_volume_repairs_run_as_written() {
         &pool,
         shell.cp().kubeconfig_path(),
     )
-    .env("NODE_AFFINITY_KEYS", "example.com/disk-serial");
+    .env("NODE_AFFINITY_KEYS", "node-restriction.kubernetes.io/disk-serial");
     let mut provisioner = testbed::Provisioner::spawn(spec, shell.cp().temp_dir()).expect("spawn provisioner");
     provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("provisioner ready");
     let class = serde_json::json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "disk"},
-        "provisioner": "kubevirt.io/hostpath-provisioner", "parameters": {"nodeAffinityKey": "example.com/disk-serial"},
+        "provisioner": "kubevirt.io/hostpath-provisioner", "parameters": {"nodeAffinityKey": "node-restriction.kubernetes.io/disk-serial"},
     });
     let claim = serde_json::json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -740,7 +740,7 @@ async fn the_documented_volume_repairs_run_as_written() {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", provisioner.log_tail(30)));
     let pv = shell.must_get(&["pv", bound["spec"]["volumeName"].as_str().expect("volume name")]);
     let expression = &pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0];
-    assert_eq!(expression["key"], "example.com/disk-serial", "{pv}");
+    assert_eq!(expression["key"], "node-restriction.kubernetes.io/disk-serial", "{pv}");
     assert_eq!(expression["values"][0], "WD-WX12345", "{pv}");
     provisioner.terminate();
 

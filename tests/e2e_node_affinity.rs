@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use kube::api::{Api, DeleteParams};
 use testbed::{ProvisionerSpec, SimNode, fixtures};
 
-const KEY: &str = "example.com/disk";
+// A key a kubelet cannot set on its own Node (docs/volumes.md).
+const KEY: &str = "node-restriction.kubernetes.io/disk";
 
 /// A simulated node named `name` whose Node carries `labels`, with a provisioner on `pool` set
 /// up by `adjust`, ready.
@@ -110,4 +111,66 @@ async fn a_volume_pinned_to_a_disk_label_is_reclaimed_by_the_node_reinstalled_un
         env.create_claim(fixtures::claim(&env.ns, "unlabelled", &pinned, "1Mi").provision_on_node(&unlabelled)).await;
     let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
     assert!(note.contains(&format!("has no label {KEY}")), "{note}");
+}
+
+/// A second node with a copied label and no directory (a kubelet setting a label on its own
+/// Node, docs/volumes.md): while the real holder is live (here crashed, its lease still valid),
+/// the copy never lets the PV go: it stays Released with the data on the holder, and the
+/// duplicate is reported on the PV. Once the holder runs again, it deletes data and PV as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_with_a_copied_disk_label_and_no_directory_never_lets_the_holders_volume_go() {
+    let mut env = TestEnv::start("affinity-dup", 0).await;
+    let disk = testbed::pool_root_for(env.cp, &format!("{}-disk", env.group));
+    std::fs::create_dir_all(&disk).unwrap();
+    let serial = env.group.clone();
+    let holder = format!("{}-holder", env.group);
+    // A lease long enough that the crashed holder stays live for the copy's whole look.
+    node_on(&mut env, &holder, &[(KEY, &serial)], &disk, |spec| {
+        spec.env("NODE_AFFINITY_KEYS", KEY).env("NODE_LEASE_SECONDS", "120")
+    })
+    .await;
+    let pinned = env.class("disk", |c| c.immediate().parameter("nodeAffinityKey", KEY)).await;
+    env.create_claim(fixtures::claim(&env.ns, "data", &pinned, "1Mi").provision_on_node(&holder)).await;
+    let pv = env.wait_bound("data").await;
+    let pv_name = pv.metadata.name.clone().unwrap();
+    let pv_uid = pv.metadata.uid.clone().unwrap();
+    let dir = host_path(&pv);
+    std::fs::write(dir.join("data"), b"the holder's").unwrap();
+
+    // The copy: same label value, its own (empty) disk at the same path, as on another machine.
+    let copy_disk = testbed::pool_root_for(env.cp, &format!("{}-copy-disk", env.group));
+    std::fs::create_dir_all(&copy_disk).unwrap();
+    let copy = format!("{}-copy", env.group);
+    let (common, own) = (disk.clone(), copy_disk.clone());
+    node_on(&mut env, &copy, &[(KEY, &serial)], &copy_disk, move |mut spec| {
+        spec.pool_root = common.clone();
+        spec.env("NODE_AFFINITY_KEYS", KEY).private_mount(own.clone(), common.clone())
+    })
+    .await;
+
+    // The holder crashes (its lease stays), then the claim goes.
+    env.nodes[0].provisioner.kill();
+    env.delete_claim("data").await;
+    let note = env.wait_event("default", &pv_uid, "DuplicateAffinityLabel").await;
+    assert!(note.contains(&copy) && note.contains(&format!("live node(s) {holder}")), "{note}");
+    for _ in 0..10 {
+        let now = env.pvs().get_opt(&pv_name).await.unwrap().expect("the PV stays while the holder is live");
+        assert_eq!(now.status.and_then(|s| s.phase).as_deref(), Some("Released"));
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    assert_eq!(std::fs::read(dir.join("data")).unwrap(), b"the holder's", "data intact on the holder");
+    let log = env.nodes[1].provisioner.log_tail(200);
+    assert!(log.lines().any(|l| l.contains("WARN") && l.contains("carry it too") && l.contains(&pv_name)), "{log}");
+    let metrics = env.nodes[1].provisioner.metrics().await.unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("hostpath_provisioner_duplicate_affinity_labels_total ") && !l.ends_with(" 0")),
+        "counted:\n{metrics}"
+    );
+
+    // The holder back: it deletes its data and the PV, as before.
+    env.nodes[0].provisioner.restart().expect("restart holder");
+    env.wait_pv_gone(&pv_name).await;
+    wait_path_gone(&dir).await;
 }

@@ -16,6 +16,8 @@ use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
 use crate::keys;
 
+pub mod duplicate;
+
 /// StorageClass parameter.
 pub const PARAMETER: &str = "nodeAffinityKey";
 

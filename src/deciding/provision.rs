@@ -133,6 +133,9 @@ pub struct PoolFacts {
     pub pattern: Option<DirectoryFacts>,
     /// This root holds the copy of the snapshot the claim restores ([`FactsNeeded::snapshot`]).
     pub snapshot_here: bool,
+    /// That snapshot is a btrfs subvolume, read from the disk (a quota limit can hold a volume
+    /// restored from it; the status's `method` is writable by whoever may write the status).
+    pub snapshot_subvolume: bool,
 }
 
 /// What the disk says about one root of the pool a claim goes to (a pool has one root, or one

@@ -183,7 +183,8 @@ pub enum SourceState {
     Wait(String),
     /// Never as it is: say why.
     Refuse(String),
-    /// A volume of another node: that node takes it.
+    /// A volume of another node (that node takes it) or of another provisioner (that one
+    /// answers): say nothing.
     Elsewhere(String),
     /// This node's volume: copy `dir_name` of the pool root `root`.
     Here {
@@ -198,10 +199,17 @@ pub enum SourceState {
     },
 }
 
-/// Where the source of a snapshot stands: `claim` is the source claim (if it exists) and `pv`
-/// the PV it is bound to (if any); `pools` this node's pools.
+/// Where the source of a snapshot stands: `claim` is the source claim (if it exists, as
+/// returned for `claim_name` in `namespace`, the snapshot's) and `pv` the PV it is bound to (if
+/// any); `pools` this node's pools.
+///
+/// A snapshot whose source is another provisioner's (the claim's storage-provisioner annotation,
+/// or its PV's provisioned-by) is left to that provisioner, silently: two provisioner
+/// instances of different names both run a snapshot controller, and each answering the other's
+/// snapshots ("not made by ...") would rewrite their status back and forth.
 pub fn source_state(
     claim_name: &str,
+    namespace: &str,
     claim: Option<&PersistentVolumeClaim>,
     pv: Option<&KeptVolume>,
     me: &Identity,
@@ -211,6 +219,19 @@ pub fn source_state(
     let Some(claim) = claim else {
         return SourceState::Wait(format!("source claim {claim_name:?} does not exist (yet)"));
     };
+    if claim.metadata.namespace.as_deref() != Some(namespace) || claim.metadata.name.as_deref() != Some(claim_name) {
+        return SourceState::Refuse(format!(
+            "the claim returned for {claim_name:?} in namespace {namespace:?} is {:?} of namespace {:?}; only a claim of the snapshot's own namespace is copied",
+            claim.metadata.name.as_deref().unwrap_or_default(),
+            claim.metadata.namespace.as_deref().unwrap_or_default()
+        ));
+    }
+    let claimed_by = [keys::STORAGE_PROVISIONER, keys::STORAGE_PROVISIONER_BETA]
+        .iter()
+        .find_map(|key| claim.metadata.annotations.as_ref()?.get(*key));
+    if let Some(other) = claimed_by.filter(|p| **p != me.provisioner) {
+        return SourceState::Elsewhere(format!("provisioner {other}"));
+    }
     if claim.metadata.deletion_timestamp.is_some() {
         return SourceState::Refuse(format!("source claim {claim_name:?} is being deleted"));
     }
@@ -218,11 +239,17 @@ pub fn source_state(
         return SourceState::Wait(format!("source claim {claim_name:?} has no volume yet"));
     };
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
-    if pv.annotations.get(keys::PROVISIONED_BY) != Some(me.provisioner.as_str()) {
-        return SourceState::Refuse(format!(
-            "the volume of claim {claim_name:?} (PV {pv_name}) was not made by {}: only its volumes can be snapshotted",
-            me.provisioner
-        ));
+    match pv.annotations.get(keys::PROVISIONED_BY) {
+        Some(ours) if ours == me.provisioner => {}
+        Some(other) => return SourceState::Elsewhere(format!("provisioner {other}")),
+        // Nobody's (a PV made by hand): every instance says the same words, so none rewrites
+        // another's status.
+        None => {
+            return SourceState::Refuse(format!(
+                "the volume of claim {claim_name:?} (PV {pv_name}) was made by no provisioner: only volumes a \
+                 hostpath provisioner made can be snapshotted"
+            ));
+        }
     }
     let bound_uid = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.as_deref());
     if bound_uid != claim.metadata.uid.as_deref() {
@@ -301,11 +328,40 @@ pub enum RestoreVerdict {
     },
 }
 
-/// Checks a restore's snapshot (`None`: it does not exist).
-pub fn restore_verdict(name: &str, snapshot: Option<&HostPathSnapshot>, request_bytes: u64) -> RestoreVerdict {
+/// Why a name read from a claim or a snapshot (a restore's `dataSourceRef.name`, a snapshot's
+/// `spec.source.persistentVolumeClaimName`) must not go into a request's URL, if it must not:
+/// object names are DNS subdomains, and anything else (`..`, `/`, `?`) would address another
+/// object or resource. Checked before any request.
+pub fn name_refusal(what: &str, name: &str) -> Option<String> {
+    (!layout::is_dns_subdomain(name)).then(|| {
+        format!(
+            "{what} {name:?} is not a valid object name (a DNS subdomain: lowercase letters, digits, '-' and '.', \
+             at most 253 characters); nothing was looked up"
+        )
+    })
+}
+
+/// Checks a restore's snapshot (`None`: it does not exist), asked for by `name` in `namespace`.
+pub fn restore_verdict(
+    name: &str,
+    namespace: &str,
+    snapshot: Option<&HostPathSnapshot>,
+    request_bytes: u64,
+) -> RestoreVerdict {
+    if let Some(why) = name_refusal(KIND, name) {
+        return RestoreVerdict::Refuse(why);
+    }
     let Some(snapshot) = snapshot else {
         return RestoreVerdict::Wait(format!("{KIND} {name:?} does not exist (yet)"));
     };
+    // Only an object of the claim's own namespace may be restored from, whatever answered.
+    if snapshot.metadata.namespace.as_deref() != Some(namespace) || snapshot.metadata.name.as_deref() != Some(name) {
+        return RestoreVerdict::Refuse(format!(
+            "the {KIND} returned for {name:?} in namespace {namespace:?} is {:?} of namespace {:?}; only a snapshot of the claim's own namespace is restored",
+            snapshot.metadata.name.as_deref().unwrap_or_default(),
+            snapshot.metadata.namespace.as_deref().unwrap_or_default()
+        ));
+    }
     if snapshot.metadata.deletion_timestamp.is_some() {
         return RestoreVerdict::Refuse(format!("{KIND} {name:?} is being deleted"));
     }

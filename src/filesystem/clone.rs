@@ -39,7 +39,7 @@ const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
 
 /// Inode number of the root directory of every btrfs subvolume (`BTRFS_FIRST_FREE_OBJECTID`).
-const BTRFS_SUBVOLUME_ROOT_INO: u64 = 256;
+pub(super) const BTRFS_SUBVOLUME_ROOT_INO: u64 = 256;
 
 /// Deepest directory nesting copied: each level holds two descriptors open (source and copy),
 /// which keeps a copy within the usual 1024-descriptor limit with room to spare.

@@ -1,8 +1,18 @@
 //! The provisioner's marker on a `pathPattern` directory (`deciding::path_pattern`): the name of
 //! the PV it was made or taken over for, in the extended attribute `user.hostpath-provisioner.pv`.
-//! It moves with the directory on every rename, is invisible inside the volume, and only the
-//! directory's owner or a process with CAP_FOWNER can change it: a workload can at most mark its
-//! own directory, which reaches nothing it does not hold already.
+//! It moves with the directory on every rename and is invisible inside the volume, but it is not
+//! the provisioner's alone: Linux lets anyone who may write a directory set its `user.*`
+//! attributes (only a sticky directory limits that to its owner and CAP_FOWNER). Checked on
+//! kernel 6.18 as root forking a uid-1000 process: on a root-owned directory it set the marker
+//! of a 0777 one, and was refused on 0755 (EACCES) and 1777 (EPERM). So a volume's workload, and
+//! anyone its mode lets write, can rewrite the marker (and the owner record below). What bounds
+//! that is where the provisioner reads them: a deletion acts only on the path its own PV names,
+//! through descriptors held from the pool root, and moves the directory only while the marker
+//! there names that PV (a forged one makes it refuse and keep the data, `VolumeFailedDelete`);
+//! a take-over acts only on the directory at its claim's own pattern name, and checks the inode
+//! it marked is still the one at that place. Rewriting another volume's marker takes write
+//! access to that volume, that is to its data already: a forged marker can withhold or hand on
+//! only data its writer holds.
 //!
 //! A new pattern directory is made aside (`.hpp-making-<pv>`), marked, then renamed into place
 //! only if the place is still free, so that no unmarked directory of the provisioner's ever sits

@@ -55,6 +55,21 @@ impl PoolRoot {
         super::clone::filesystem_kind(self.fd.as_fd()) != crate::deciding::clone::FilesystemKind::Other
     }
 
+    /// Whether snapshot `snapshot` of this root is a btrfs subvolume (a snapshot of a quota
+    /// volume, which a quota limit can hold), as the disk says.
+    pub fn snapshot_is_subvolume(&self, snapshot: &VolumeDirName) -> Result<bool, PoolError> {
+        let Some(snapshots) = self.snapshots_root(false)? else { return Ok(false) };
+        if super::clone::filesystem_kind(snapshots.fd.as_fd()) != crate::deciding::clone::FilesystemKind::Btrfs {
+            return Ok(false);
+        }
+        match rustix::fs::statat(&snapshots.fd, snapshot.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => Ok(rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Directory
+                && stat.st_ino == super::clone::BTRFS_SUBVOLUME_ROOT_INO),
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(super::fs_error("stat the snapshot", snapshots.volume_path(snapshot), e)),
+        }
+    }
+
     /// Whether this root holds snapshot `snapshot`.
     pub fn has_snapshot(&self, snapshot: &VolumeDirName) -> Result<bool, PoolError> {
         match self.snapshots_root(false)? {

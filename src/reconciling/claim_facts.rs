@@ -74,7 +74,8 @@ pub async fn gather(ctx: &Context, claim: &PersistentVolumeClaim, needs: &FactsN
             .collect();
         gathered.pre_bound_pv = pre_bound_volume(claim, volumes.iter().map(|pv| pv.as_ref()));
     }
-    if let Some(name) = &needs.snapshot {
+    // A name that is no object name never reaches a URL: the restore decision refuses it.
+    if let Some(name) = needs.snapshot.as_ref().filter(|name| crate::deciding::layout::is_dns_subdomain(name)) {
         let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         gathered.snapshot = Api::<HostPathSnapshot>::namespaced(ctx.client.clone(), namespace).get_opt(name).await?;
     }
@@ -223,6 +224,12 @@ async fn read_root(
             Ok(here) => facts.snapshot_here = here,
             Err(error) => return Ok(Err(error)),
         }
+        if facts.snapshot_here {
+            match pool.snapshot_is_subvolume(snapshot) {
+                Ok(subvolume) => facts.snapshot_subvolume = subvolume,
+                Err(error) => return Ok(Err(error)),
+            }
+        }
     }
     if let Some(asking) = asking
         && let Some(Ok(dir)) = needs.dir_name.as_deref().map(VolumeDirName::new)
@@ -251,6 +258,7 @@ fn read_pool(pool: &PoolRoot, needs: &FactsNeeded) -> Result<PoolFacts, PoolErro
         promised_bytes: None,
         pattern: None,
         snapshot_here: false,
+        snapshot_subvolume: false,
     })
 }
 

@@ -142,6 +142,11 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
     }
     let namespace = snap.namespace().unwrap_or_default();
     let source_name = snap.spec.source.persistent_volume_claim_name.clone();
+    if let Some(why) = snapshot::name_refusal("source claim", &source_name) {
+        tracing::warn!(snapshot = %key(&snap), %why, "refusing the snapshot");
+        say_not_ready(&ctx, &snap, why).await?;
+        return Ok(Action::await_change());
+    }
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     let claim = claims.get_opt(&source_name).await?;
     let pv_name = claim.as_ref().and_then(|c| c.spec.as_ref()?.volume_name.clone()).filter(|n| !n.is_empty());
@@ -150,7 +155,15 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
         None => None,
     };
     let hostname = ctx.my_hostname().await;
-    match snapshot::source_state(&source_name, claim.as_ref(), pv.as_ref(), &ctx.me, &hostname, &ctx.config.pools) {
+    match snapshot::source_state(
+        &source_name,
+        &namespace,
+        claim.as_ref(),
+        pv.as_ref(),
+        &ctx.me,
+        &hostname,
+        &ctx.config.pools,
+    ) {
         SourceState::Elsewhere(_) => Ok(Action::await_change()),
         SourceState::Wait(why) => {
             say_not_ready(&ctx, &snap, why).await?;

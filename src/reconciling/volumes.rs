@@ -17,6 +17,7 @@ use crate::deciding::deletion::{
 };
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{self, AcceptedPath};
+use crate::deciding::node_affinity::{self, AffinityLabel, duplicate, duplicate::WhenPinnedMissing};
 use crate::deciding::volume::{DeleteRefusal, Ignore, VolumeDecision, VolumeShape, decide_volume, volume_shape};
 use crate::error::{Retry, VolumeError, reason};
 use crate::filesystem::{Created, PoolRoot, Staged, Trashed, VolumeDirName};
@@ -35,6 +36,9 @@ const STAGED_ELSEWHERE_RECHECK: Duration = Duration::from_secs(5);
 
 /// How soon a PV whose pool no node serves is looked at again.
 const NOT_SERVED_RECHECK: Duration = Duration::from_secs(300);
+
+/// How soon a label-pinned PV kept because other live nodes carry its value is looked at again.
+const DUPLICATE_RECHECK: Duration = Duration::from_secs(30);
 
 /// When a PV whose deletion the API server refused (it changed since it was read) is looked at
 /// again if no event brought its new state by then.
@@ -161,6 +165,20 @@ async fn delete_volume(ctx: &Context, pv: &KeptVolume, accepted: &AcceptedPath) 
             None
         }
         Staged::AlreadyGone => {
+            // Another live node carrying a label-pinned volume's value may have the disk: its
+            // data would be stranded if this node took "not here" for "deleted".
+            if let Some(label) = node_affinity::pinned_label(pv) {
+                let carriers = live_carriers(ctx, &label).await?;
+                if let WhenPinnedMissing::Wait { others } =
+                    duplicate::when_pinned_missing(&ctx.me.node, carriers.iter().map(String::as_str))
+                {
+                    let note = duplicate::duplicate_note(&ctx.me.node, &label.annotation(), &others);
+                    tracing::warn!(pv = %name, others = ?others, "{note}");
+                    ctx.metrics.duplicate_affinity_labels.inc();
+                    ctx.warn(&pv_ref(pv), reason::DUPLICATE_AFFINITY_LABEL, "Delete", note).await;
+                    return Ok(Action::requeue(DUPLICATE_RECHECK));
+                }
+            }
             // Another node of a shared pool may hold it staged, and put it back if its PV stays:
             // the PV goes only when no node can bring the directory back.
             let seen = NotInPlace {
@@ -241,6 +259,26 @@ async fn delete_volume(ctx: &Context, pv: &KeptVolume, accepted: &AcceptedPath) 
         ctx.forget_warnings(uid);
     }
     Ok(Action::await_change())
+}
+
+/// The live nodes whose Node carries `label` (this node included when it does). One GET per
+/// live node (the provisioner may only get Nodes, not list them), only when a label-pinned
+/// volume's directory is missing: rare, and never on the path of a volume found in place.
+async fn live_carriers(ctx: &Context, label: &AffinityLabel) -> Result<Vec<String>, VolumeError> {
+    // Who is alive decides whether the PV may go: look afresh, not at a cached view.
+    ctx.membership.invalidate().await;
+    let live = ctx.live_nodes().await?;
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let mut carriers = Vec::new();
+    for node in live {
+        let carries = nodes.get_opt(&node.node).await?.is_some_and(|n| {
+            n.metadata.labels.as_ref().and_then(|l| l.get(&label.key)).is_some_and(|v| *v == label.value)
+        });
+        if carries {
+            carriers.push(node.node);
+        }
+    }
+    Ok(carriers)
 }
 
 /// DELETEs the PV only if it is still exactly the object decided on (uid and resourceVersion).

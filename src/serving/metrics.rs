@@ -225,6 +225,8 @@ pub struct Metrics {
     pub delete_seconds: Histogram,
     /// PV paths refused for deletion.
     pub refused_paths: Counter,
+    /// Label-pinned PVs kept because other live nodes carry their value (each look counts).
+    pub duplicate_affinity_labels: Counter,
     /// PV objects of removed nodes deleted (`--reap-volumes-of-removed-nodes`).
     pub reaped_volumes: Counter,
     /// Claims released from removed nodes' PVs (`--release-claims-of-removed-nodes`).
@@ -302,6 +304,7 @@ impl Metrics {
         let provision_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let delete_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 18));
         let refused_paths = Counter::default();
+        let duplicate_affinity_labels = Counter::default();
         let reaped_volumes = Counter::default();
         let released_claims = Counter::default();
         let pool_capacity_bytes = Family::<PoolLabel, Gauge>::default();
@@ -338,6 +341,11 @@ impl Metrics {
             delete_seconds.clone(),
         );
         registry.register("refused_paths", "PV paths refused for deletion by the path rules", refused_paths.clone());
+        registry.register(
+            "duplicate_affinity_labels",
+            "Looks at a released label-pinned PV kept because other live nodes carry its value",
+            duplicate_affinity_labels.clone(),
+        );
         registry.register(
             "reaped_volumes",
             "Released PVs of nodes whose Node object was gone past --reap-volumes-of-removed-nodes, deleted",
@@ -422,6 +430,7 @@ impl Metrics {
             provision_seconds,
             delete_seconds,
             refused_paths,
+            duplicate_affinity_labels,
             reaped_volumes,
             released_claims,
             pool_capacity_bytes,

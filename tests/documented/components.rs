@@ -15,7 +15,7 @@ const UNSET: &str = "set-in-your-settings";
 /// The variables the doc's settings give, with their values there.
 const SETTINGS: [(&str, &str); 5] = [
     ("RELEASE_CLAIMS_OF_REMOVED_NODES", "24h"),
-    ("NODE_AFFINITY_KEYS", "example.com/disk-serial"),
+    ("NODE_AFFINITY_KEYS", "node-restriction.kubernetes.io/disk-serial"),
     ("STORAGE_POOLS", "data=/mnt/disk1,data=/mnt/disk2"),
     ("DISK_1", "/mnt/disk1"),
     ("DISK_2", "/mnt/disk2"),

@@ -12,7 +12,7 @@ use testbed::real_nodes::{DEPLOY_DAEMONSET, DEPLOY_NAMESPACE, LANE_TIMEOUT, NODE
 
 use super::Ctx;
 
-const KEY: &str = "hpp-test.example.com/disk";
+const KEY: &str = "node-restriction.kubernetes.io/hpp-test-disk";
 
 /// Sets (Some) or removes (None) the disk label on `node`.
 async fn label(ctx: &Ctx, node: &str, value: Option<&str>) -> Result<()> {

@@ -3,7 +3,6 @@
 //! source's node), and explains every wait.
 
 use super::*;
-use crate::deciding::clone::CopyMethod;
 use crate::deciding::refusal::CloneRefusal;
 use crate::deciding::snapshot::{self, RestoreVerdict};
 
@@ -13,10 +12,11 @@ pub(super) fn restore_step(facts: &ClaimFacts<'_>, restore: RestoreFacts<'_>, de
         Decision::Provision(plan) => plan.request_bytes,
         _ => crate::deciding::clone::request_bytes(facts.claim).unwrap_or(u64::MAX),
     };
-    let verdict = snapshot::restore_verdict(restore.name, restore.snapshot, request_bytes);
+    let namespace = facts.claim.metadata.namespace.as_deref().unwrap_or_default();
+    let verdict = snapshot::restore_verdict(restore.name, namespace, restore.snapshot, request_bytes);
     let refuse = |why| CloneStep::Go(Decision::Refuse(Refusal::DataSource(CloneRefusal::Restore(why))), None);
-    let (node, dir_name, method) = match verdict {
-        RestoreVerdict::Ready { node, dir_name, method } => (node, dir_name, method),
+    let (node, dir_name) = match verdict {
+        RestoreVerdict::Ready { node, dir_name, .. } => (node, dir_name),
         RestoreVerdict::Refuse(why) => return refuse(why),
         RestoreVerdict::Wait(why) => {
             return CloneStep::Done(match decision {
@@ -35,7 +35,7 @@ pub(super) fn restore_step(facts: &ClaimFacts<'_>, restore: RestoreFacts<'_>, de
         // Immediate and unplaced: the snapshot's node makes it, as if the claim were pinned
         // there (the copy cannot be anywhere else; no placement by the user).
         Decision::ExplainImmediate if node == facts.me.node => match decide_pinned_here(facts) {
-            Decision::Provision(plan) => return restore_here(facts, restore, *plan, dir_name, method.as_deref()),
+            Decision::Provision(plan) => return restore_here(facts, restore, *plan, dir_name),
             other => return CloneStep::Go(other, None),
         },
         Decision::ExplainImmediate => return CloneStep::Done(ClaimPlan::Idle(SkipReason::OtherNode)),
@@ -47,7 +47,7 @@ pub(super) fn restore_step(facts: &ClaimFacts<'_>, restore: RestoreFacts<'_>, de
         Placement::Pinned
     };
     match clone::clone_actor(Some(&node), placement, facts.me) {
-        CloneActor::Me => restore_here(facts, restore, plan, dir_name, method.as_deref()),
+        CloneActor::Me => restore_here(facts, restore, plan, dir_name),
         CloneActor::Other(_) => CloneStep::Done(ClaimPlan::Idle(SkipReason::OtherNode)),
         CloneActor::Refuse(_) => refuse(format!(
             "{} {:?} is held by node {node}, but this claim is pinned to node {}: a restore is made on the snapshot's node",
@@ -70,14 +70,10 @@ pub(super) fn restore_step(facts: &ClaimFacts<'_>, restore: RestoreFacts<'_>, de
 }
 
 /// This node restores: the snapshot must be on a root of the claim's pool here, and a quota
-/// class needs a snapshot a limit can hold (a btrfs subvolume).
-fn restore_here(
-    facts: &ClaimFacts<'_>,
-    restore: RestoreFacts<'_>,
-    plan: ProvisionPlan,
-    dir_name: String,
-    method: Option<&str>,
-) -> CloneStep {
+/// class needs a snapshot a limit can hold (a btrfs subvolume). Whether it is one is read from
+/// the disk, not from the status's `method`: a status saying `snapshot` over a plain copy would
+/// otherwise make a copy no limit can be set on, failing and retried forever.
+fn restore_here(facts: &ClaimFacts<'_>, restore: RestoreFacts<'_>, plan: ProvisionPlan, dir_name: String) -> CloneStep {
     let refuse = |why| CloneStep::Go(Decision::Refuse(Refusal::DataSource(CloneRefusal::Restore(why))), None);
     if let PoolState::Ready(roots) = facts.pool
         && !roots.iter().any(|r| r.read.as_ref().is_some_and(|f| f.snapshot_here))
@@ -92,7 +88,13 @@ fn restore_here(
             facts.me.node
         ));
     }
-    if plan.quota == QuotaMode::Enforce && method != Some(CopyMethod::Snapshot.as_str()) {
+    let subvolume = match facts.pool {
+        PoolState::Ready(roots) => {
+            roots.iter().any(|r| r.read.as_ref().is_some_and(|f| f.snapshot_here && f.snapshot_subvolume))
+        }
+        _ => false,
+    };
+    if plan.quota == QuotaMode::Enforce && !subvolume {
         return refuse(format!(
             "{} {:?} is a plain copy, which a quota limit cannot hold; restore it with a class without quota: enforce",
             snapshot::KIND,

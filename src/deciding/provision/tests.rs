@@ -38,6 +38,7 @@ fn roomy() -> PoolFacts {
         promised_bytes: None,
         pattern: None,
         snapshot_here: false,
+        snapshot_subvolume: false,
     }
 }
 

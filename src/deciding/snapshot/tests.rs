@@ -38,7 +38,7 @@ fn ours(node: &str) -> KeptVolume {
 }
 
 fn state(claim: Option<&PersistentVolumeClaim>, pv: Option<&KeptVolume>) -> SourceState {
-    source_state("data", claim, pv, &me(), NODE, &config().pools)
+    source_state("data", "default", claim, pv, &me(), NODE, &config().pools)
 }
 
 #[test]
@@ -63,7 +63,11 @@ fn a_missing_or_unbound_source_waits_and_a_foreign_or_unsafe_one_is_refused() {
     let claim = source();
     assert!(matches!(state(Some(&claim), None), SourceState::Wait(why) if why.contains("no volume yet")));
     let foreign = volume("other.example.org/x", NODE, &format!("/var/hpvolumes/pvc-{UID}"));
-    assert!(matches!(state(Some(&claim), Some(&foreign)), SourceState::Refuse(why) if why.contains("not made by")));
+    // Another provisioner's volume is that provisioner's to answer: silence, never a status.
+    assert_eq!(state(Some(&claim), Some(&foreign)), SourceState::Elsewhere("provisioner other.example.org/x".into()));
+    let mut by_hand = ours(NODE);
+    by_hand.annotations.remove(keys::PROVISIONED_BY);
+    assert!(matches!(state(Some(&claim), Some(&by_hand)), SourceState::Refuse(why) if why.contains("no provisioner")));
     // A PV (forged or edited) pointing outside this node's pools, or at the root itself.
     for path in ["/etc".to_owned(), "/var/hpvolumes".to_owned(), format!("/var/hpvolumes/../pvc-{UID}")] {
         let forged = volume(PROVISIONER, NODE, &path);
@@ -100,20 +104,25 @@ fn snapshot(ready_on: Option<&str>, restore_size: &str) -> HostPathSnapshot {
 #[test]
 fn a_restore_waits_for_a_ready_snapshot_and_needs_its_size() {
     const GIB: u64 = 1 << 30;
-    assert!(matches!(restore_verdict("s", None, GIB), RestoreVerdict::Wait(why) if why.contains("does not exist")));
-    assert!(matches!(restore_verdict("s", Some(&snapshot(None, "1Gi")), GIB), RestoreVerdict::Wait(_)));
+    assert!(
+        matches!(restore_verdict("before-upgrade", "default", None, GIB), RestoreVerdict::Wait(why) if why.contains("does not exist"))
+    );
+    assert!(matches!(
+        restore_verdict("before-upgrade", "default", Some(&snapshot(None, "1Gi")), GIB),
+        RestoreVerdict::Wait(_)
+    ));
     assert_eq!(
-        restore_verdict("s", Some(&snapshot(Some(NODE), "1Gi")), GIB),
+        restore_verdict("before-upgrade", "default", Some(&snapshot(Some(NODE), "1Gi")), GIB),
         RestoreVerdict::Ready { node: NODE.into(), dir_name: SNAPSHOT_UID.into(), method: Some("reflink".into()) }
     );
     assert!(matches!(
-        restore_verdict("s", Some(&snapshot(Some(NODE), "2Gi")), GIB),
+        restore_verdict("before-upgrade", "default", Some(&snapshot(Some(NODE), "2Gi")), GIB),
         RestoreVerdict::Refuse(why) if why.contains("at least")
     ));
     // The directory is the UID, checked: an object whose UID is no UID names no directory.
     let mut odd = snapshot(Some(NODE), "1Gi");
     odd.metadata.uid = Some("../../etc".into());
-    assert!(matches!(restore_verdict("s", Some(&odd), GIB), RestoreVerdict::Wait(_)));
+    assert!(matches!(restore_verdict("before-upgrade", "default", Some(&odd), GIB), RestoreVerdict::Wait(_)));
     assert_eq!(odd.dir_name(), None);
 }
 
@@ -251,8 +260,10 @@ fn no_order_of_a_restore_and_a_deletion_copies_a_trashed_snapshot() {
                     )
                 }
                 Step::Plan => {
-                    planned =
-                        matches!(restore_verdict("before-upgrade", Some(&snap), 1 << 30), RestoreVerdict::Ready { .. })
+                    planned = matches!(
+                        restore_verdict("before-upgrade", "default", Some(&snap), 1 << 30),
+                        RestoreVerdict::Ready { .. }
+                    )
                 }
                 Step::Copy if planned => {
                     assert!(!trashed, "{order:?}: the copy starts from a trashed snapshot");
@@ -281,4 +292,49 @@ fn no_order_of_a_restore_and_a_deletion_copies_a_trashed_snapshot() {
         }
     }
     assert_eq!(orders, 35, "7! / (4! 3!) merges");
+}
+
+#[test]
+fn names_that_are_no_object_names_are_refused_before_any_request() {
+    for name in ["../secrets", "a/b", "Data", "x?watch=1", "", &"a".repeat(254)] {
+        assert!(name_refusal("source claim", name).is_some(), "{name:?}");
+        assert!(
+            matches!(restore_verdict(name, "default", None, 1), RestoreVerdict::Refuse(why) if why.contains("not a valid object name")),
+            "{name:?}"
+        );
+    }
+    assert_eq!(name_refusal("source claim", "data.v1-2"), None);
+}
+
+#[test]
+fn an_object_of_another_namespace_or_name_than_asked_is_refused() {
+    const GIB: u64 = 1 << 30;
+    let mut elsewhere = snapshot(Some(NODE), "1Gi");
+    elsewhere.metadata.namespace = Some("tenant-b".into());
+    assert!(matches!(
+        restore_verdict("before-upgrade", "default", Some(&elsewhere), GIB),
+        RestoreVerdict::Refuse(why) if why.contains("tenant-b")
+    ));
+    assert!(matches!(
+        restore_verdict("other", "default", Some(&snapshot(Some(NODE), "1Gi")), GIB),
+        RestoreVerdict::Refuse(_)
+    ));
+    let mut claim = source();
+    claim.metadata.namespace = Some("tenant-b".into());
+    assert!(matches!(state(Some(&claim), Some(&ours(NODE))), SourceState::Refuse(why) if why.contains("tenant-b")));
+}
+
+#[test]
+fn a_snapshot_of_another_provisioners_claim_is_left_to_it() {
+    let mut claim = source();
+    claim.metadata.annotations =
+        Some([(keys::STORAGE_PROVISIONER.to_owned(), "other.example.org/x".to_owned())].into());
+    // Unbound yet, or bound: either way the other provisioner answers, this one stays silent.
+    assert_eq!(state(Some(&claim), None), SourceState::Elsewhere("provisioner other.example.org/x".into()));
+    assert_eq!(
+        state(Some(&claim), Some(&ours(NODE))),
+        SourceState::Elsewhere("provisioner other.example.org/x".into())
+    );
+    claim.metadata.annotations = Some([(keys::STORAGE_PROVISIONER.to_owned(), PROVISIONER.to_owned())].into());
+    assert!(matches!(state(Some(&claim), Some(&ours(NODE))), SourceState::Here { .. }));
 }

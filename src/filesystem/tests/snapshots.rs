@@ -26,6 +26,9 @@ fn a_snapshot_is_a_point_in_time_copy_that_restores_and_leaves_by_the_trash() {
     f.pool.take_snapshot(&dir_name("pvc-src"), &dir_name(SNAPSHOT), &node).expect("again");
     f.pool.restore_snapshot(&dir_name(SNAPSHOT), &dir_name("pvc-restored"), &node).expect("restore");
     assert_eq!(fs::read(f.vol("pvc-restored/data")).expect("read"), b"before");
+    // A plain copy (not on btrfs here) is no subvolume, whatever a status says of it.
+    assert!(!f.pool.snapshot_is_subvolume(&dir_name(SNAPSHOT)).expect("read the disk"));
+    assert!(!f.pool.snapshot_is_subvolume(&dir_name("5a5a5a5a-0000-0000-0000-000000000000")).expect("missing"));
     assert!(matches!(f.pool.trash_snapshot(&dir_name(SNAPSHOT)).expect("trash"), Trashed::Moved(_)));
     assert!(!f.pool.has_snapshot(&dir_name(SNAPSHOT)).expect("has"));
     assert_eq!(f.pool.trash_snapshot(&dir_name(SNAPSHOT)).expect("again"), Trashed::AlreadyGone);

@@ -25,7 +25,12 @@ fn snapshot_on(node: &str, method: &str) -> HostPathSnapshot {
     HostPathSnapshot {
         api_version: String::new(),
         kind: String::new(),
-        metadata: ObjectMeta { name: Some("snap".into()), uid: Some(SNAPSHOT_UID.into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some("snap".into()),
+            namespace: Some("default".into()),
+            uid: Some(SNAPSHOT_UID.into()),
+            ..Default::default()
+        },
         spec: SnapshotSpec::default(),
         status: Some(SnapshotStatus {
             ready_to_use: true,
@@ -128,7 +133,19 @@ fn a_restore_is_refused_when_it_cannot_be_made_as_asked() {
         .collect();
     let why = refused(plan_restore(&scheduled, &enforce, Some(&snapshot_on(NODE, "reflink")), &with_quota));
     assert!(why.contains("quota"), "{why}");
-    // From a btrfs snapshot of a quota volume it is limited to the claim's request.
-    let limited = provision(plan_restore(&scheduled, &enforce, Some(&snapshot_on(NODE, "snapshot")), &with_quota));
-    assert!(matches!(limited.make, MakeVolume::Restore { limit_bytes: Some(GIB), .. }), "{:?}", limited.make);
+    // A status saying `snapshot` (written by whoever may write the status) over a plain copy on
+    // the disk: refused at once, not copied and then failed for ever at setting the limit.
+    let why = refused(plan_restore(&scheduled, &enforce, Some(&snapshot_on(NODE, "snapshot")), &with_quota));
+    assert!(why.contains("quota"), "{why}");
+    // From a btrfs snapshot of a quota volume (a subvolume on the disk) it is limited to the
+    // claim's request, whatever the status says.
+    let subvolume: Vec<RootFacts> = with_quota
+        .iter()
+        .cloned()
+        .map(|r| RootFacts { read: r.read.map(|f| PoolFacts { snapshot_subvolume: true, ..f }), ..r })
+        .collect();
+    for method in ["snapshot", "reflink"] {
+        let limited = provision(plan_restore(&scheduled, &enforce, Some(&snapshot_on(NODE, method)), &subvolume));
+        assert!(matches!(limited.make, MakeVolume::Restore { limit_bytes: Some(GIB), .. }), "{:?}", limited.make);
+    }
 }
