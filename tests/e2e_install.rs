@@ -591,11 +591,21 @@ fn every_install_of_the_snapshot_crd_brings_the_same_roles_for_tenants() {
         "resources": ["hostpathsnapshots"],
         "verbs": ["get", "list", "watch"],
     }]);
-    let expected = vec![
-        ("hostpath-provisioner-snapshots-edit".to_owned(), vec!["admin".to_owned(), "edit".to_owned()], edit),
-        ("hostpath-provisioner-snapshots-view".to_owned(), vec!["view".to_owned()], view),
-    ];
+    // The chart names them after its release; kustomize after deploy/legacy's objects, so that
+    // a Helm release installed where a kustomize install was (or beside it) does not collide
+    // with the roles that install left.
+    let expected = |prefix: &str| {
+        vec![
+            (format!("{prefix}-snapshots-edit"), vec!["admin".to_owned(), "edit".to_owned()], edit.clone()),
+            (format!("{prefix}-snapshots-view"), vec!["view".to_owned()], view.clone()),
+        ]
+    };
     for (install, objects) in &installs {
+        let expected = expected(if install.starts_with("chart") {
+            "hostpath-provisioner"
+        } else {
+            "kubevirt-hostpath-provisioner"
+        });
         let has_crd = objects.iter().any(|o| {
             o["kind"] == "CustomResourceDefinition"
                 && o["metadata"]["name"] == "hostpathsnapshots.hostpath-provisioner.kubevirt.io"
