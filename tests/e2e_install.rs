@@ -513,11 +513,19 @@ async fn the_chart_defaults_match_deploy_legacy() {
             "{kind} rules differ"
         );
     }
-    // The same roles for tenants' snapshots, under the same names (the default release's
-    // full name is the kustomization's prefix), added to the same built-in roles.
+    // The same roles for tenants' snapshots, added to the same built-in roles; the names
+    // differ on purpose (the chart's release name, kustomize's `kubevirt-` prefix), so that one
+    // install never collides with the roles another left.
+    let unprefixed = |roles: Vec<(String, Vec<String>, Value)>| {
+        roles
+            .into_iter()
+            .map(|(name, joins, rules)| (name.trim_start_matches("kubevirt-").to_owned(), joins, rules))
+            .collect::<Vec<_>>()
+    };
     let (chart_tenants, legacy_tenants) = (tenant_roles(&chart), tenant_roles(&legacy));
     assert_eq!(chart_tenants.len(), 2, "{chart_tenants:#?}");
-    assert_eq!(chart_tenants, legacy_tenants, "the roles for tenants' snapshots differ");
+    assert!(legacy_tenants.iter().all(|(name, _, _)| name.starts_with("kubevirt-")), "{legacy_tenants:#?}");
+    assert_eq!(chart_tenants, unprefixed(legacy_tenants), "the roles for tenants' snapshots differ");
     // The same pod, apart from names and labels.
     let (chart_pod, legacy_pod) = (
         &find(&chart, "DaemonSet")["spec"]["template"]["spec"],
