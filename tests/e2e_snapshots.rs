@@ -498,6 +498,16 @@ async fn the_documented_snapshot_and_restore_run_as_written_and_data_source_give
     assert_eq!(entries, 0, "an empty volume, not the snapshot's files");
 }
 
+/// Writes `mib` MiB of data that is neither sparse nor zeros (a byte copy copies every block).
+fn write_mib(path: &Path, mib: usize) {
+    let block: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let mut file = std::fs::File::create(path).unwrap();
+    for _ in 0..mib {
+        std::io::Write::write_all(&mut file, &block).unwrap();
+    }
+    file.sync_all().unwrap();
+}
+
 /// The pool's reserve for the room tests below.
 const RESERVE_MIB: u64 = 16;
 
@@ -534,13 +544,7 @@ async fn byte_copies_wait_for_room_and_never_take_the_pool_below_its_reserve() {
     env.create_claim(fixtures::claim(&env.ns, "data", &class, "1Mi").provision_on_node(&node)).await;
     let source = host_path(&env.wait_bound("data").await);
     // 12 MiB of data a pod wrote (past its 1Mi request: no quota), not sparse.
-    let block: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
-    let mut file = std::fs::File::create(source.join("data")).unwrap();
-    for _ in 0..12 {
-        std::io::Write::write_all(&mut file, &block).unwrap();
-    }
-    file.sync_all().unwrap();
-    drop(file);
+    write_mib(&source.join("data"), 12);
     let reserve_bytes = RESERVE_MIB << 20;
     let free_before = common::capacity::available_bytes(&disk.dir);
     let fits = (free_before - reserve_bytes) / (12 << 20);
@@ -566,7 +570,12 @@ async fn byte_copies_wait_for_room_and_never_take_the_pool_below_its_reserve() {
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
     let ready: Vec<&str> = outcomes.iter().filter(|(_, ready)| *ready).map(|(name, _)| *name).collect();
-    assert_eq!(ready.len() as u64, fits, "as many copies as fit beside the reserve: {outcomes:?}");
+    // A copy in flight counts in full until it ends, whatever it wrote already: one started
+    // while another is half done may wait although it would fit, never the other way round.
+    assert!(
+        (1..=fits).contains(&(ready.len() as u64)),
+        "at least one copy and no more than fit beside the reserve ({fits}): {outcomes:?}"
+    );
     let waiting = outcomes.iter().find(|(_, ready)| !ready).map(|(name, _)| *name).unwrap();
     let waiting_uid = snapshots(&env).get(waiting).await.unwrap().metadata.uid.unwrap();
     let note = env.wait_event(&env.ns, &waiting_uid, "SnapshotFailed").await;
@@ -593,6 +602,16 @@ async fn byte_copies_wait_for_room_and_never_take_the_pool_below_its_reserve() {
             snapshots(&env).delete(name, &DeleteParams::default()).await.expect("delete");
         }
     }
+    // Once the copies' data has left the trash, the room is there; the claim retries with a
+    // backoff grown meanwhile, so a change to it looks again now.
+    testbed::wait_for("the deleted snapshots' room given back", TIMEOUT, || async {
+        let free = common::capacity::available_bytes(&disk.dir);
+        anyhow::Ok((free > reserve_bytes + (13 << 20)).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    let nudge = serde_json::json!({"metadata": {"annotations": {"hpp-test/nudge": "room"}}});
+    env.claims().patch("restored", &PatchParams::default(), &Patch::Merge(&nudge)).await.expect("nudge");
     let restored = host_path(&env.wait_bound("restored").await);
     assert_eq!(std::fs::metadata(restored.join("data")).unwrap().len(), 12 << 20, "the snapshot's data");
 }
@@ -610,13 +629,7 @@ async fn requests_accounting_counts_a_snapshots_byte_copy_as_promised() {
     let class = env.class("imm", |c| c.immediate()).await;
     env.create_claim(fixtures::claim(&env.ns, "data", &class, "1Mi").provision_on_node(&node)).await;
     let source = host_path(&env.wait_bound("data").await);
-    let block: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
-    let mut file = std::fs::File::create(source.join("data")).unwrap();
-    for _ in 0..12 {
-        std::io::Write::write_all(&mut file, &block).unwrap();
-    }
-    file.sync_all().unwrap();
-    drop(file);
+    write_mib(&source.join("data"), 12);
     // A volume that promises all but 4 MiB of the pool once the 1Mi volume and the 12 MiB copy
     // are counted (its directory is empty: the free space does not see its promise), then the
     // copy (it fits in the free space).
