@@ -144,7 +144,7 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
     let source_name = snap.spec.source.persistent_volume_claim_name.clone();
     if let Some(why) = snapshot::name_refusal("source claim", &source_name) {
         tracing::warn!(snapshot = %key(&snap), %why, "refusing the snapshot");
-        say_not_ready(&ctx, &snap, why).await?;
+        say_not_ready(&ctx, &snap, why, Speaker::OneForTheCluster).await?;
         return Ok(Action::await_change());
     }
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -166,11 +166,11 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
     ) {
         SourceState::Elsewhere(_) => Ok(Action::await_change()),
         SourceState::Wait(why) => {
-            say_not_ready(&ctx, &snap, why).await?;
+            say_not_ready(&ctx, &snap, why, Speaker::OneForTheCluster).await?;
             Ok(Action::requeue(RECHECK))
         }
         SourceState::Refuse(why) => {
-            say_not_ready(&ctx, &snap, why).await?;
+            say_not_ready(&ctx, &snap, why, Speaker::OneForTheCluster).await?;
             Ok(Action::requeue(RECHECK * 4))
         }
         SourceState::Here { root, dir_name: source_dir, marked_for, restore_size } => {
@@ -206,7 +206,7 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
                         reserve,
                         in_flight,
                     };
-                    say_not_ready(&ctx, &snap, why.to_string()).await?;
+                    say_not_ready(&ctx, &snap, why.to_string(), Speaker::SourceHolder).await?;
                     return Ok(Action::requeue(RECHECK * 4));
                 }
             }
@@ -275,13 +275,29 @@ async fn hold(ctx: &Context, snap: &HostPathSnapshot, root: &std::path::Path) ->
     Ok(())
 }
 
-/// Says why the snapshot is not ready, in its status and an event: the node holding the source
-/// when there is one, else one node for the cluster.
-async fn say_not_ready(ctx: &Context, snap: &HostPathSnapshot, why: String) -> Result<(), SnapshotError> {
+/// Which node says why a snapshot is not ready.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Speaker {
+    /// This node holds the source: it alone can tell, whatever its view of the live nodes (a
+    /// node just started may not see its own lease yet).
+    SourceHolder,
+    /// No node holds it (yet): one node for the cluster, ranked by the snapshot.
+    OneForTheCluster,
+}
+
+/// Says why the snapshot is not ready, in its status and an event.
+async fn say_not_ready(
+    ctx: &Context,
+    snap: &HostPathSnapshot,
+    why: String,
+    speaker: Speaker,
+) -> Result<(), SnapshotError> {
     let uid = snap.metadata.uid.as_deref().unwrap_or_default();
-    let live = ctx.live_nodes().await?;
-    if matches!(topology::spokesman(uid, &ctx.me.node, &live), Acting::Other { .. }) {
-        return Ok(());
+    if speaker == Speaker::OneForTheCluster {
+        let live = ctx.live_nodes().await?;
+        if matches!(topology::spokesman(uid, &ctx.me.node, &live), Acting::Other { .. }) {
+            return Ok(());
+        }
     }
     if snap.status.as_ref().and_then(|s| s.message.as_deref()) == Some(why.as_str()) {
         return Ok(());
