@@ -649,3 +649,47 @@ async fn requests_accounting_counts_a_snapshots_byte_copy_as_promised() {
     snapshots(&env).delete("copy", &DeleteParams::default()).await.expect("delete");
     env.wait_bound("more").await;
 }
+
+/// Published capacity offers what a claim can get: with requests accounting a snapshot's byte
+/// copy is promised space there too, as in the provisioning check, so kube-scheduler is not
+/// offered room the node would refuse.
+#[tokio::test(flavor = "multi_thread")]
+async fn published_capacity_counts_a_snapshots_byte_copy_as_promised() {
+    let mut env = TestEnv::start("snap-pubcap", 0).await;
+    install_crd(&env);
+    let _driver = common::capacity::publishing_provisioner(&mut env).await;
+    let node = format!("{}-n", env.group);
+    let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
+    env.add_node(&node, &|spec| {
+        spec.env("CAPACITY_ACCOUNTING", "requests").env("RESERVED_SPACE", "0").env("PUBLISH_CAPACITY", "true")
+    })
+    .await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "data", &class, "1Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("data").await);
+    write_mib(&source.join("data"), 12);
+    // A volume that leaves 16 MiB unpromised, then a byte copy of the 12 MiB.
+    let st = rustix::fs::statvfs(&disk.dir).unwrap();
+    let total_mib = (st.f_blocks * st.f_bsize) >> 20;
+    let big = total_mib - 1 - 16;
+    env.create_claim(fixtures::claim(&env.ns, "big", &class, &format!("{big}Mi")).provision_on_node(&node)).await;
+    env.wait_bound("big").await;
+    let offered = |want_mib: u64| {
+        let (env, class) = (&env, &class);
+        async move {
+            testbed::wait_for(&format!("about {want_mib} MiB offered"), TIMEOUT, || async {
+                let objects = common::capacity::published(env, class).await;
+                let bytes = objects.values().next().map(|c| common::capacity::bytes_of(c.capacity.as_ref()));
+                anyhow::Ok(bytes.filter(|b| b.abs_diff(want_mib << 20) <= 1 << 20))
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()))
+        }
+    };
+    offered(16).await;
+    take(&env, "copy", "data").await;
+    assert_eq!(wait_ready(&env, "copy").await.status.unwrap().method.as_deref(), Some("bytes"));
+    offered(4).await;
+    snapshots(&env).delete("copy", &DeleteParams::default()).await.expect("delete");
+    offered(16).await;
+}

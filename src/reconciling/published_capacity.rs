@@ -309,8 +309,11 @@ fn measure(ctx: &Context) -> Vec<PoolSpace> {
         .iter()
         .map(|pool| {
             let reserve = pool.reserve.unwrap_or(ctx.config.reserved_bytes);
+            // Snapshots' byte copies are promised space too (deciding::copy_room), as the
+            // provisioning check counts them.
+            let kept_copies = ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).kept_bytes(&pool.root);
             let promised = (pool.accounting == Some(CapacityAccounting::Requests))
-                .then(|| promised_bytes(volumes.iter().map(|pv| pv.as_ref()), &pool.root));
+                .then(|| promised_bytes(volumes.iter().map(|pv| pv.as_ref()), &pool.root).saturating_add(kept_copies));
             let (usable_bytes, enforces_quota) = match ctx.pools.usable(&pool.root) {
                 Some(Ok(root)) => (
                     root.stats().ok().map(|s| {
