@@ -99,6 +99,9 @@ fn fill(dir: &Path) {
 /// deletion. `mount` makes the pool's filesystem; `method` is what the copy must be.
 async fn snapshot_and_restore_on(fs: &str, mount: impl Fn(&Path) -> LoopFs, method: &str) {
     let mut env = TestEnv::start(&format!("snap-{fs}"), 0).await;
+    // A provisioner name of its own: the cluster-wide answers (a snapshot of nothing) come
+    // from this test's node, not from a node of another test whose lease outlives it.
+    env.own_provisioner();
     install_crd(&env);
     let node = format!("{}-n", env.group);
     let disk = mount(&testbed::pool_root_for(env.cp, &node));
@@ -182,6 +185,9 @@ async fn on_ext4_a_snapshot_is_a_byte_copy_and_restores_as_it_was() {
 #[tokio::test(flavor = "multi_thread")]
 async fn on_btrfs_with_quota_a_snapshot_is_a_subvolume_snapshot_and_its_restore_is_limited() {
     let mut env = TestEnv::start("snap-qgroup", 0).await;
+    // A provisioner name of its own: the cluster-wide answers (a snapshot of nothing) come
+    // from this test's node, not from a node of another test whose lease outlives it.
+    env.own_provisioner();
     install_crd(&env);
     let node = format!("{}-n", env.group);
     let disk = LoopFs::mount_btrfs(&testbed::pool_root_for(env.cp, &node), 256);
@@ -252,6 +258,9 @@ async fn orphaned_copies(provisioner: &testbed::Provisioner) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread")]
 async fn copies_whose_snapshot_is_gone_are_reported_then_trashed_and_cut_copies_swept_at_start() {
     let mut env = TestEnv::start("snap-orphans", 0).await;
+    // A provisioner name of its own: the cluster-wide answers (a snapshot of nothing) come
+    // from this test's node, not from a node of another test whose lease outlives it.
+    env.own_provisioner();
     install_crd(&env);
     let (holder, other) = (format!("{}-a", env.group), format!("{}-b", env.group));
     for node in [&holder, &other] {
@@ -535,6 +544,9 @@ fn sample_free_space(
 #[tokio::test(flavor = "multi_thread")]
 async fn byte_copies_wait_for_room_and_never_take_the_pool_below_its_reserve() {
     let mut env = TestEnv::start("snap-room", 0).await;
+    // A provisioner name of its own: the cluster-wide answers (a snapshot of nothing) come
+    // from this test's node, not from a node of another test whose lease outlives it.
+    env.own_provisioner();
     install_crd(&env);
     let node = format!("{}-n", env.group);
     let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
@@ -622,6 +634,9 @@ async fn byte_copies_wait_for_room_and_never_take_the_pool_below_its_reserve() {
 #[tokio::test(flavor = "multi_thread")]
 async fn requests_accounting_counts_a_snapshots_byte_copy_as_promised() {
     let mut env = TestEnv::start("snap-requests", 0).await;
+    // A provisioner name of its own: the cluster-wide answers (a snapshot of nothing) come
+    // from this test's node, not from a node of another test whose lease outlives it.
+    env.own_provisioner();
     install_crd(&env);
     let node = format!("{}-n", env.group);
     let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
