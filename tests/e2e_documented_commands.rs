@@ -14,6 +14,8 @@
 mod components;
 #[path = "documented/kubevirt_operator.rs"]
 mod kubevirt_operator;
+#[path = "documented/snapshot_recreation.rs"]
+mod snapshot_recreation;
 #[path = "documented/tenant_roles.rs"]
 mod tenant_roles;
 
@@ -33,6 +35,7 @@ const PLACEHOLDERS: &[(&str, &str)] = &[
     ("<name>", "the name of the object the step acts on"),
     ("NAME", "the same, in capitals"),
     ("NAMESPACE", "the namespace of that object"),
+    ("COPY-UID", "the snapshot copy a refusal names (docs/snapshots.md, \"Snapshots made again\")"),
 ];
 /// The registry the docs' examples push to.
 const REGISTRY: &str = "registry.example.com";
@@ -832,6 +835,18 @@ async fn the_documented_volume_repairs_run_as_written() {
         &[("NAMESPACE", "default"), ("NAME", "on-gone-node")],
     );
     shell.wait_gone(&["hostpathsnapshot", "on-gone-node", "-n", "default"]).await;
+    shell.finish();
+}
+
+/// docs/snapshots.md, "Snapshots made again": the admin's and the tenant's commands, each where
+/// the doc says to run it (`documented/snapshot_recreation.rs`). Its controller manager runs the
+/// namespace controller: the namespace is deleted and made again.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_documented_steps_for_snapshots_made_again_run_as_written() {
+    let docs = Docs::load();
+    let mut shell =
+        Shell::with_controllers("the_documented_steps_for_snapshots_made_again_run_as_written", &["namespace"]).await;
+    snapshot_recreation::snapshots_made_again_follow_the_doc(&mut shell, &docs).await;
     shell.finish();
 }
 

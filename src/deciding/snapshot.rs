@@ -22,6 +22,8 @@ use crate::deciding::layout::{self, PoolPath};
 use crate::deciding::volume::{self, VolumeShape};
 use crate::keys;
 
+pub mod recreation;
+
 /// The resource's API group.
 pub const GROUP: &str = "hostpath-provisioner.kubevirt.io";
 /// Its version.

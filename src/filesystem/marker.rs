@@ -61,18 +61,45 @@ impl PoolRoot {
     /// The owner record of the directory `name` as written (`None`: no directory, none written,
     /// or none that reads as text); `deciding::path_pattern::OwnerRecord` reads it.
     pub fn volume_owner_record(&self, name: &VolumeDirName) -> Result<Option<String>, PoolError> {
+        self.directory_attribute(name, OWNER_XATTR, MAX_OWNER_RECORD_BYTES)
+    }
+
+    /// The text of the extended attribute `attribute` (at most `max` bytes) of the directory
+    /// `name` directly under the root, read as the marker is (never following a symlink, never
+    /// entering a mount); `None`: no directory, no such attribute, or none that reads as text.
+    pub(super) fn directory_attribute(
+        &self,
+        name: &VolumeDirName,
+        attribute: &'static str,
+        max: usize,
+    ) -> Result<Option<String>, PoolError> {
         let path = self.volume_path(name);
         let Some(fd) = self.marker_beneath(self.fd.as_fd(), name.as_str(), path.clone())?.1 else {
             return Ok(None);
         };
-        let mut value = [0u8; MAX_OWNER_RECORD_BYTES];
-        match rustix::fs::getxattr(magic(&fd).as_str(), OWNER_XATTR, &mut value[..]) {
+        let mut value = vec![0u8; max];
+        match rustix::fs::getxattr(magic(&fd).as_str(), attribute, &mut value[..]) {
             Ok(len) => Ok(std::str::from_utf8(&value[..len]).ok().map(str::to_owned)),
             // Too long for any record the provisioner writes: none of ours.
             Err(Errno::NODATA | Errno::RANGE) => Ok(None),
             Err(Errno::OPNOTSUPP) => Err(PoolError::MarkerUnsupported { path }),
-            Err(e) => Err(fs_error("read the volume directory's owner record", path, e)),
+            Err(e) => Err(fs_error("read an extended attribute of the directory", path, e)),
         }
+    }
+
+    /// Writes the extended attribute `attribute` of the directory `name` directly under the
+    /// root (which must be there).
+    pub(super) fn set_directory_attribute(
+        &self,
+        name: &VolumeDirName,
+        attribute: &'static str,
+        value: &str,
+    ) -> Result<(), PoolError> {
+        let path = self.volume_path(name);
+        let Some(fd) = self.marker_beneath(self.fd.as_fd(), name.as_str(), path.clone())?.1 else {
+            return Err(fs_error("open the directory", path, Errno::NOENT));
+        };
+        set_xattr(&fd, attribute, value, &path)
     }
 
     /// Refuses, with what the marker says, unless the directory `name` carries the marker of PV
@@ -219,10 +246,10 @@ fn set_marker(fd: &OwnedFd, pv: &str, path: &std::path::Path) -> Result<(), Pool
 }
 
 fn set_xattr(fd: &OwnedFd, attribute: &'static str, value: &str, path: &std::path::Path) -> Result<(), PoolError> {
-    let op = if attribute == MARKER_XATTR {
-        "write the volume directory's marker"
-    } else {
-        "write the volume directory's owner record"
+    let op = match attribute {
+        MARKER_XATTR => "write the volume directory's marker",
+        OWNER_XATTR => "write the volume directory's owner record",
+        _ => "write an extended attribute of the directory",
     };
     match rustix::fs::setxattr(magic(fd).as_str(), attribute, value.as_bytes(), XattrFlags::empty()) {
         Ok(()) => Ok(()),

@@ -12,6 +12,7 @@ use std::os::fd::AsFd;
 
 use super::{CloneReport, PoolError, PoolRoot, Trashed, VolumeDirName};
 use crate::deciding::layout;
+use crate::deciding::snapshot::recreation::{MAX_RECORD_BYTES, RECORD_XATTR};
 
 /// Directory directly under a pool root that holds the snapshots (dot-prefixed, so it never
 /// matches a volume layout and the orphan cleanup leaves it alone).
@@ -114,6 +115,39 @@ impl PoolRoot {
         let mut uids: Vec<String> = snapshots.list_entries()?.into_iter().filter(|name| layout::is_uid(name)).collect();
         uids.sort();
         Ok(uids)
+    }
+}
+
+impl PoolRoot {
+    /// The record written on snapshot copy `snapshot` (`deciding::snapshot::recreation`), as
+    /// written; `None` when there is no copy or no record that reads as text.
+    pub fn snapshot_record(&self, snapshot: &VolumeDirName) -> Result<Option<String>, PoolError> {
+        match self.snapshots_root(false)? {
+            Some(snapshots) => snapshots.directory_attribute(snapshot, RECORD_XATTR, MAX_RECORD_BYTES),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the record of snapshot copy `snapshot`, which must exist.
+    pub fn set_snapshot_record(&self, snapshot: &VolumeDirName, record: &str) -> Result<(), PoolError> {
+        let snapshots = self.snapshots_root(false)?.ok_or_else(|| missing(self))?;
+        snapshots.set_directory_attribute(snapshot, RECORD_XATTR, record)
+    }
+
+    /// Gives copy `from` the name `to` (a snapshot made again adopting its earlier copy): one
+    /// rename within the snapshots directory, never over an entry already there, refused when
+    /// a filesystem is mounted on or inside the copy. `Ok(false)` when `from` is not there.
+    pub fn rename_snapshot(&self, from: &VolumeDirName, to: &VolumeDirName) -> Result<bool, PoolError> {
+        let Some(snapshots) = self.snapshots_root(false)? else { return Ok(false) };
+        if !snapshots.check_renamable(from)? {
+            return Ok(false);
+        }
+        let flags = rustix::fs::RenameFlags::NOREPLACE;
+        match rustix::fs::renameat_with(&snapshots.fd, from.as_str(), &snapshots.fd, to.as_str(), flags) {
+            Ok(()) => Ok(true),
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(super::fs_error("rename the snapshot copy", snapshots.volume_path(to), e)),
+        }
     }
 }
 

@@ -101,6 +101,25 @@ impl PoolRoot {
         Ok(None)
     }
 
+    /// Whether directory `name` is there and may be renamed within its parent (no filesystem
+    /// mounted on or inside it); unlike [`PoolRoot::check_movable`], something else at its place
+    /// is left as it is and answers `false`.
+    pub(super) fn check_renamable(&self, name: &VolumeDirName) -> Result<bool, PoolError> {
+        let path = self.volume_path(name);
+        match inode_at(self.fd.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(fs_error("stat the directory", path, e)),
+            Ok(inode) if inode.file_type() != FileType::Directory => Ok(false),
+            Ok(inode) if self.is_foreign_mount(&inode) && !self.is_own_subvolume(&inode) => {
+                Err(PoolError::MountInsideVolume { path })
+            }
+            Ok(_) => match self.mount_under(&path)? {
+                Some(mount) => Err(PoolError::MountInsideVolume { path: mount }),
+                None => Ok(true),
+            },
+        }
+    }
+
     /// Renames `name` under `from` into the trash under a fresh entry name, and returns it.
     pub(super) fn rename_into_trash(
         &self,

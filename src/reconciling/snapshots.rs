@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -21,12 +21,15 @@ use kube::{Resource, ResourceExt};
 use crate::deciding::clone::CopyMethod;
 use crate::deciding::copy_room::NoRoomForCopy;
 use crate::deciding::kept_volume::KeptVolume;
+use crate::deciding::snapshot::recreation::{CopyRecord, Provenance, annotated, annotations_for, provenance};
 use crate::deciding::snapshot::{self, FINALIZER, HostPathSnapshot, SourceState};
 use crate::deciding::topology::{self, Acting};
 use crate::error::reason;
 use crate::filesystem::{PoolError, Trashed, VolumeDirName};
 use crate::reconciling::context::Context;
 use crate::reconciling::watches;
+
+mod recreation;
 
 /// How soon a snapshot waiting for its source, or a deletion waiting for restores, looks again
 /// (neither the source nor the restoring claims wake the snapshot's reconciler).
@@ -128,7 +131,20 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
     if snap.metadata.deletion_timestamp.is_some() {
         return remove(&ctx, &snap, &dir_name).await;
     }
+    // Made again from a saved copy (a backup, a manifest): the copy it names, or a refusal;
+    // never a new copy of today's data under its name.
+    match provenance(&snap) {
+        Provenance::Own => {}
+        Provenance::MadeAgain { copy_uid, node } => return recreation::adopt(&ctx, &snap, &copy_uid, &node).await,
+        Provenance::Malformed(why) => {
+            say_not_ready(&ctx, &snap, why, Speaker::OneForTheCluster).await?;
+            return Ok(Action::await_change());
+        }
+    }
     if let Some(status) = snap.status.as_ref().filter(|s| s.ready_to_use) {
+        if status.node.as_deref() == Some(ctx.me.node.as_str()) {
+            recreation::keep_current(&ctx, &snap).await?;
+        }
         // A byte copy kept on this node (also one taken before a restart): requests accounting
         // counts it as space promised on its root.
         if status.node.as_deref() == Some(ctx.me.node.as_str())
@@ -212,9 +228,10 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             }
             // The finalizer and this node's name first: a deletion from now on finds the node
             // that may hold a copy, even one cut short.
-            let held = hold(&ctx, &snap, &root).await;
+            let held = hold(&ctx, &snap, &root, true).await;
+            let copy_name = target.clone();
             let copied = match held {
-                Ok(()) => tokio::task::spawn_blocking(move || pool.take_snapshot(&source, &target, &node))
+                Ok(()) => tokio::task::spawn_blocking(move || pool.take_snapshot(&source, &copy_name, &node))
                     .await
                     .map_err(|e| SnapshotError::Task(e.to_string())),
                 Err(error) => Err(error),
@@ -226,13 +243,31 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             if report.method == CopyMethod::Bytes {
                 ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).keep(&uid, &root, report.bytes);
             }
+            let taken = now_rfc3339();
+            // Whose the copy is, on the copy: what gives it back to this snapshot made again.
+            let ns = Api::<Namespace>::all(ctx.client.clone()).get_metadata_opt(&namespace).await?;
+            if let (Some(namespace_uid), Some(pool)) =
+                (ns.and_then(|n| n.metadata.uid), ctx.pools.usable(&root).and_then(Result::ok))
+            {
+                let record = CopyRecord {
+                    snapshot_uid: uid.clone(),
+                    namespace_uid,
+                    namespace: namespace.clone(),
+                    name: snap.name_any(),
+                    taken: taken.clone(),
+                    method: report.method.as_str().to_owned(),
+                    restore_size: restore_size.clone(),
+                    size_bytes: report.bytes,
+                };
+                recreation::write_record(&pool, &target, &record, &snap);
+            }
             let status = serde_json::json!({ "status": {
                 "readyToUse": true,
                 "node": ctx.me.node,
                 "restoreSize": restore_size,
                 "method": report.method.as_str(),
                 "sizeBytes": report.bytes,
-                "creationTime": now_rfc3339(),
+                "creationTime": taken,
                 "message": null,
             }});
             api_of(&ctx, &snap).patch_status(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
@@ -251,8 +286,14 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
 
 /// Names this node and the pool root in the status (not ready yet), then adds the finalizer: a
 /// finalizer is never there without the node that removes it, and the copy starts only after
-/// both.
-async fn hold(ctx: &Context, snap: &HostPathSnapshot, root: &std::path::Path) -> Result<(), SnapshotError> {
+/// both. With `annotate`, the object is annotated with its own copy in the same write
+/// (`deciding::snapshot::recreation`); an adoption annotates only once the status is written.
+async fn hold(
+    ctx: &Context,
+    snap: &HostPathSnapshot,
+    root: &std::path::Path,
+    annotate: bool,
+) -> Result<(), SnapshotError> {
     let api = api_of(ctx, snap);
     let name = snap.name_any();
     // The pool root too: the operator keeps that pool's claim while the copy lives.
@@ -263,13 +304,22 @@ async fn hold(ctx: &Context, snap: &HostPathSnapshot, root: &std::path::Path) ->
         "message": "being copied",
     }});
     let now = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
-    if !now.finalizers().iter().any(|f| f == FINALIZER) {
+    let uid = now.metadata.uid.clone().unwrap_or_default();
+    let annotations = annotate && !annotated(&now, &uid, &ctx.me.node);
+    if !now.finalizers().iter().any(|f| f == FINALIZER) || annotations {
         let mut wanted = now.finalizers().to_vec();
-        wanted.push(FINALIZER.to_owned());
+        if !wanted.iter().any(|f| f == FINALIZER) {
+            wanted.push(FINALIZER.to_owned());
+        }
         // Test-and-set on the list read: a concurrent change of the finalizers is a conflict,
         // retried, not lost. The API server refuses a new finalizer on an object being deleted.
-        let patch =
+        let mut patch =
             serde_json::json!({ "metadata": { "finalizers": wanted, "resourceVersion": now.resource_version() } });
+        if annotations {
+            let named: serde_json::Map<String, serde_json::Value> =
+                annotations_for(&uid, &ctx.me.node).into_iter().map(|(k, v)| (k.to_owned(), v.into())).collect();
+            patch["metadata"]["annotations"] = named.into();
+        }
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     }
     Ok(())
