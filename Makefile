@@ -26,9 +26,11 @@ promtool:
 
 # helm and kube-score, and the CRDs of the chart's optional kinds (ServiceMonitor, PrometheusRule,
 # SecurityContextConstraints), from the Go module proxy, cached next to the control plane
-# (first run: several minutes). tests/e2e_install.rs uses them.
+# (first run: several minutes). tests/e2e_install.rs uses them. Also the OCI registry the publish
+# test pushes to (hack/build-registry.sh).
 deploy-tools:
 	bash hack/build-deploy-tools.sh >/dev/null
+	bash hack/build-registry.sh >/dev/null
 
 # Regenerates the checked-in rendered manifests: deploy/install.yaml from deploy/legacy and
 # deploy/monitoring/ from the Helm chart. A test fails when they are stale.
@@ -74,14 +76,16 @@ test:
 # provisioned), which skip unless HPP_MORE_ARCHES=1. Why apart: cold, the two cross builds cost
 # about 875 s of CPU (ppc64le 451 s, s390x 424 s; docs/development.md, "Releasing"), at least 7
 # minutes more for a cold `make test` on 2 cores, which at about 55 minutes must stay under the
-# hour. Unoptimized (`dev`) as `make test`'s arm64: on this machine they only run under qemu, so
+# hour. The four-platform archive is also pushed to a real registry by the documented command
+# and read back with all four (tests/documented/registry.rs). Unoptimized (`dev`) as `make test`'s arm64: on this machine they only run under qemu, so
 # the archive is a test artefact, not one to ship. Needs gcc-powerpc64le-linux-gnu
 # libc6-dev-ppc64el-cross gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user-static.
 MORE_ARCHES_PLATFORMS ?= linux/amd64,linux/arm64,linux/ppc64le,linux/s390x
 MORE_ARCHES_ENV := HPP_MORE_ARCHES=1 HPP_ARM64_PROFILE=$${HPP_ARM64_PROFILE:-dev} HPP_PPC64LE_PROFILE=$${HPP_PPC64LE_PROFILE:-dev} HPP_S390X_PROFILE=$${HPP_S390X_PROFILE:-dev}
-test-more-arches: control-plane
+test-more-arches: control-plane deploy-tools
 	$(MORE_ARCHES_ENV) $(CARGO) run -q -p testbed --bin image -- --platform $(MORE_ARCHES_PLATFORMS) --out target/image/hostpath-provisioner-all-platforms.oci.tar
 	$(MORE_ARCHES_ENV) $(CARGO) test --test e2e_foreign_arches -- ppc64le_ s390x_
+	HPP_MORE_ARCHES=1 $(CARGO) test --test e2e_documented_commands -- the_image_and_the_chart_are_pushed_to_a_real_registry
 
 # A kubevirt hostpath-provisioner-operator cluster moved to this operator and back on the
 # real-node lane (tests/real_nodes/kubevirt_migration.rs, kubevirt_pool_migration.rs), apart from `make test` like the

@@ -7,8 +7,9 @@
 # (Rust). Each of these has stretches where one core waits: downloads, a link, the one crate
 # everything else needs. So three chains run at once and fill each other's gaps:
 #
-#   Go tools    control plane, promtool, helm and kube-score; then, niced, the oldest-Kubernetes
-#               control plane (`make test-oldest-k8s`), which nothing needs until the end
+#   Go tools    control plane, promtool, helm and kube-score, the OCI registry; then, niced,
+#               the oldest-Kubernetes control plane (`make test-oldest-k8s`), which nothing
+#               needs until the end
 #   image       `make image` (its static builds have their own target directories)
 #   tests       fmt, clippy, and the test binaries (they share target/ with the image chain's
 #               first step, building its tool, so that step runs first, alone)
@@ -66,6 +67,7 @@ say "building the Go tools (log: $LOGS/go-tools.log) and, after them, Kubernetes
   cpu "control plane (Go)" bash hack/build-control-plane.sh
   cpu "promtool (Go)" bash hack/build-promtool.sh
   cpu "helm, kube-score (Go)" bash hack/build-deploy-tools.sh
+  cpu "OCI registry (Go)" bash hack/build-registry.sh
   echo "go tools ready after $((SECONDS - started)) s"
   touch "$LOGS/go-tools.done"
   cpu "Kubernetes $OLDEST_K8S_VERSION (Go, niced)" oldest_k8s nice -n 10 bash hack/build-control-plane.sh >"$LOGS/oldest-k8s-build.log" 2>&1

@@ -14,6 +14,8 @@
 mod components;
 #[path = "documented/kubevirt_operator.rs"]
 mod kubevirt_operator;
+#[path = "documented/registry.rs"]
+mod registry;
 #[path = "documented/snapshot_recreation.rs"]
 mod snapshot_recreation;
 #[path = "documented/tenant_roles.rs"]
@@ -99,6 +101,8 @@ struct Shell {
     cluster: Option<Cluster>,
     /// The documented commands run, as the docs write them.
     ran: Vec<String>,
+    /// Set by [`Shell::through_registry`]: commands reach the docs' example registry.
+    registry: Option<(PathBuf, PathBuf)>,
 }
 
 impl Shell {
@@ -142,7 +146,7 @@ impl Shell {
         let helm = deploy_tool(DeployTool::Helm).unwrap_or_else(|e| panic!("{e:#}"));
         std::os::unix::fs::symlink(helm, bin.join("helm")).expect("link helm");
         std::os::unix::fs::symlink(kubectl, bin.join("kubectl")).expect("link kubectl");
-        Shell { test, checkout, cluster, ran: Vec::new() }
+        Shell { test, checkout, cluster, ran: Vec::new(), registry: None }
     }
 
     fn dir(&self) -> &Path {
@@ -159,9 +163,17 @@ impl Shell {
         let path = format!("{}:{}", tools.display(), std::env::var("PATH").unwrap_or_default());
         let (stdout_file, stderr_file) = (self.dir().join(".stdout"), self.dir().join(".stderr"));
         let mut command = Command::new("bash");
+        match &self.registry {
+            // In a mount namespace of its own whose /etc/hosts resolves the docs' registry name
+            // to the test's registry; its CA trusted through SSL_CERT_FILE (skopeo and helm).
+            Some((hosts, trust)) => command
+                .args(["-c", r#"exec unshare --mount --propagation private -- bash -c 'mount --bind "$HPP_HOSTS" /etc/hosts && exec bash -c "$HPP_COMMAND"'"#])
+                .env("HPP_HOSTS", hosts)
+                .env("HPP_COMMAND", text)
+                .env("SSL_CERT_FILE", trust),
+            None => command.arg("-c").arg(text),
+        };
         command
-            .arg("-c")
-            .arg(text)
             .current_dir(self.dir())
             .env("PATH", path)
             // helm's and kubectl's caches and settings in the checkout, not the user's home.
@@ -207,6 +219,11 @@ impl Shell {
         assert!(ran.success, "`{text}` ({}) failed:\n{}\n{}", command.location(), ran.stdout, ran.stderr);
         self.ran.push(command.text.clone());
         ran.stdout
+    }
+
+    /// From now on, commands reach `registry` under the docs' example name.
+    fn through_registry(&mut self, registry: &testbed::registry::Registry) {
+        self.registry = Some((registry.hosts_file(), registry.trust_bundle()));
     }
 
     fn run(&mut self, command: &DocumentedCommand) -> String {
@@ -835,6 +852,17 @@ async fn the_documented_volume_repairs_run_as_written() {
         &[("NAMESPACE", "default"), ("NAME", "on-gone-node")],
     );
     shell.wait_gone(&["hostpathsnapshot", "on-gone-node", "-n", "default"]).await;
+    shell.finish();
+}
+
+/// The publish path through a real registry (`documented/registry.rs`).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_image_and_the_chart_are_pushed_to_a_real_registry_and_installed_from_it_as_written() {
+    let docs = Docs::load();
+    let mut shell =
+        Shell::with_cluster("the_image_and_the_chart_are_pushed_to_a_real_registry_and_installed_from_it_as_written")
+            .await;
+    registry::push_and_install_through_a_registry(&mut shell, &docs).await;
     shell.finish();
 }
 

@@ -65,6 +65,7 @@ mod provisioner;
 mod proxy;
 mod readiness_mirror;
 pub mod real_nodes;
+pub mod registry;
 mod report;
 mod shared;
 mod wait;
