@@ -16,6 +16,8 @@ mod components;
 mod kubevirt_operator;
 #[path = "documented/tenant_roles.rs"]
 mod tenant_roles;
+#[path = "documented/upgrading.rs"]
+mod upgrading;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
