@@ -566,7 +566,8 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
 /// take-over leaves it) never stops it.
 async fn a_newer_observed_version_is_left_alone_until_handed_back(env: &TestEnv, name: &str, uid: &str) {
     let set_observed = |version: &'static str| async move {
-        let patch = json!({"status": {"observedVersion": version}});
+        // A newer operator's completed rollout names its version in both.
+        let patch = json!({"status": {"observedVersion": version, "targetVersion": version}});
         resources(env).patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("status");
     };
     let pv_dir = |d: &DaemonSet| node_container(d).0.get("PV_DIR").cloned();

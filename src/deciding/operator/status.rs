@@ -8,6 +8,7 @@
 
 use super::render::Rendered;
 use super::resource::{ClaimStatus, Condition, HostPathProvisioner, Status, StoragePoolStatus};
+use super::takeover::KUBEVIRT_FINALIZER;
 
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
@@ -176,15 +177,27 @@ impl NewerVersion {
     }
 }
 
-/// Whether this operator (version `own`) must leave `resource` alone. Only observedVersion
-/// counts, the version a rollout completed: a targetVersion above ours with an older
-/// observedVersion is an upgrade that never finished, which rolling the operator back is meant
-/// to undo. Only this project's own releases are compared (Cargo's form, `0.2.0`, never with a
-/// `v`): the kubevirt operator writes its release tags (`v0.20.0`) or `latest`, and after a
-/// take-over its version stays in observedVersion until our first rollout completes; it says
-/// nothing about this project's versions and never blocks the move.
+/// Whether this operator (version `own`) must leave `resource` alone. Only a rollout a newer
+/// operator of ours completed counts: observedVersion and targetVersion both name it (that
+/// operator writes its own targetVersion at every reconcile, observedVersion once every node
+/// runs it). A targetVersion above an older observedVersion is an upgrade that never finished,
+/// which rolling the operator back is meant to undo.
+///
+/// The kubevirt operator's versions never count, so a take-over is never blocked: a resource
+/// still carrying its finalizer is its own; only this project's releases are compared (Cargo's
+/// form, `0.2.0`, never with a `v`: the kubevirt operator writes its release tags, `v0.20.0`, or
+/// `latest`); and after a take-over its version stays in observedVersion until our first rollout
+/// completes, while our first status write already put ours in targetVersion.
 pub fn newer_version_observed(resource: &HostPathProvisioner, own: &str) -> Option<NewerVersion> {
-    let observed = resource.status.as_ref()?.observed_version.as_deref()?;
+    let finalizers = resource.metadata.finalizers.as_deref().unwrap_or_default();
+    if finalizers.iter().any(|f| f == KUBEVIRT_FINALIZER) {
+        return None;
+    }
+    let status = resource.status.as_ref()?;
+    let observed = status.observed_version.as_deref()?;
+    if status.target_version.as_deref() != Some(observed) {
+        return None;
+    }
     let newer = release_precedence(observed, own)? == std::cmp::Ordering::Greater;
     newer.then(|| NewerVersion { observed: observed.to_owned(), own: own.to_owned() })
 }

@@ -289,6 +289,11 @@ fn an_observed_version_above_ours_is_refused_and_ours_or_older_is_acted_upon() {
     for acted_upon in [None, Some("0.2.0"), Some("0.1.0"), Some("0.2.0-rc.1"), Some("0.2.0+other-build")] {
         assert_eq!(newer_version_observed(&with_observed_version(acted_upon), "0.2.0"), None, "{acted_upon:?}");
     }
+    // An upgrade to 0.3.0 that never completed (observedVersion still older): the rollback
+    // is meant to undo it.
+    let mut unfinished = with_observed_version(Some("0.2.0"));
+    unfinished.status.as_mut().expect("status").target_version = Some("0.3.0".into());
+    assert_eq!(newer_version_observed(&unfinished, "0.2.0"), None);
     // A pre-release operator refuses its own release, which comes after it.
     assert!(newer_version_observed(&with_observed_version(Some("0.2.0")), "0.2.0-rc.1").is_some());
 }
@@ -300,6 +305,15 @@ fn the_kubevirt_operators_version_left_by_a_take_over_never_blocks_the_move() {
     for theirs in ["v0.20.0", "v1.0.0", "latest", "v0.0.1"] {
         assert_eq!(newer_version_observed(&with_observed_version(Some(theirs)), "0.1.0"), None, "{theirs}");
     }
+    // A build of the kubevirt operator that writes its version without the `v`: still its own
+    // while it carries its finalizer, and once taken over our first status write names us
+    // in targetVersion.
+    let mut theirs = with_observed_version(Some("4.14.0"));
+    theirs.metadata.finalizers = Some(vec![KUBEVIRT_FINALIZER.into(), "other".into()]);
+    assert_eq!(newer_version_observed(&theirs, "0.1.0"), None, "the kubevirt operator's resource");
+    theirs.metadata.finalizers = None;
+    theirs.status.as_mut().expect("status").target_version = Some("0.1.0".into());
+    assert_eq!(newer_version_observed(&theirs, "0.1.0"), None, "taken over, our rollout not complete yet");
     let mut resource = with_observed_version(Some("v0.20.0"));
     resource.status.as_mut().expect("status").operator_version = Some("0.1.0".into());
     let rendered = render(&resource, &environment());
