@@ -2,9 +2,12 @@
 //! a pinned earlier commit (the static binary its image carries, built from git history), the
 //! other this checkout's, side by side on the control plane, sharing a `shared` pool while each
 //! has its node pool: a burst of node and shared claims, Immediate and WaitForFirstConsumer,
-//! then their deletion. Every claim is bound once, one PV and one directory each, and nothing is
-//! left at the end, on either node or in the shared pool (tests/mixed_window.rs enumerates the
-//! decisions that differ between the two releases; this is its end-to-end case).
+//! made by both. Every claim is bound once, one PV and one directory each. Half are deleted in
+//! the mixed window; then the earlier node is upgraded in place (same flags, this checkout's
+//! binary) and the rest, volumes the earlier release made included, are reclaimed by this
+//! version. Nothing is left at the end, on either node or in the shared pool
+//! (tests/mixed_window.rs enumerates the decisions that differ between the two releases; this
+//! is its end-to-end case).
 //!
 //! The earlier binary costs a build of its own (one compile of the top crate in the image
 //! build's target dir, whose dependencies the two commits share), so this is not part of `make
@@ -131,20 +134,40 @@ async fn an_earlier_and_a_current_node_side_by_side_serve_each_claim_once_and_le
     }
     assert_eq!(makers.len(), 2, "both nodes provisioned: {makers:?}");
 
-    for name in &with_pods {
-        env.delete_pod(name).await;
-    }
-    for claim in &claims {
-        env.delete_claim(claim.metadata.name.as_deref().expect("name")).await;
-    }
-    for pv in &pvs {
-        env.wait_pv_gone(pv.metadata.name.as_deref().expect("PV name")).await;
-    }
+    // Deletions in the mixed window: the first half of the claims, each reclaimed once.
+    let (first_half, second_half) = claims.split_at(claims.len() / 2);
+    delete(&env, first_half, &pvs, &with_pods).await;
+
+    // The earlier node upgraded in place: the volumes it made are reclaimed by this version.
+    let node1 = env.nodes[0].name.clone();
+    env.node_mut(&node1).provisioner.restart_as(&binary()).expect("upgrade the first node");
+    env.node_mut(&node1).provisioner.wait_ready(TIMEOUT).await.expect("ready after the upgrade");
+    delete(&env, second_half, &pvs, &with_pods).await;
     wait_trash_empty(&shared).await;
     assert!(entries(&shared).is_empty(), "nothing left in the shared pool: {:?}", entries(&shared));
     for node in &env.nodes {
         wait_trash_empty(&node.pool_root).await;
         let left: BTreeSet<String> = entries(&node.pool_root).into_iter().filter(|d| d.starts_with("pvc-")).collect();
         assert!(left.is_empty(), "nothing left on {}: {left:?}", node.name);
+    }
+}
+
+/// Deletes `claims` (their pods first) and waits until their PVs are gone.
+async fn delete(env: &TestEnv, claims: &[PersistentVolumeClaim], pvs: &[PersistentVolume], with_pods: &[String]) {
+    for claim in claims {
+        let name = claim.metadata.name.as_deref().expect("name");
+        if with_pods.iter().any(|p| p == name) {
+            env.delete_pod(name).await;
+        }
+        env.delete_claim(name).await;
+    }
+    for claim in claims {
+        let uid = uid(claim);
+        let pv = pvs
+            .iter()
+            .find(|pv| pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.as_deref()) == Some(&uid))
+            .and_then(|pv| pv.metadata.name.as_deref())
+            .expect("the claim's PV");
+        env.wait_pv_gone(pv).await;
     }
 }
