@@ -5,7 +5,8 @@
 //! made by both. Every claim is bound once, one PV and one directory each. Half are deleted in
 //! the mixed window; then the earlier node is upgraded in place (same flags, this checkout's
 //! binary) and the rest, volumes the earlier release made included, are reclaimed by this
-//! version. Nothing is left at the end, on either node or in the shared pool
+//! version. Volumes this version then makes on both nodes are reclaimed after the first node is
+//! rolled back to the earlier release. Nothing is left at the end, on either node or in the shared pool
 //! (tests/mixed_window.rs enumerates the decisions that differ between the two releases; this
 //! is its end-to-end case).
 //!
@@ -143,6 +144,25 @@ async fn an_earlier_and_a_current_node_side_by_side_serve_each_claim_once_and_le
     env.node_mut(&node1).provisioner.restart_as(&binary()).expect("upgrade the first node");
     env.node_mut(&node1).provisioner.wait_ready(TIMEOUT).await.expect("ready after the upgrade");
     delete(&env, second_half, &pvs, &with_pods).await;
+
+    // Volumes made by this version, on both nodes, then the first node rolled back to the
+    // earlier release: it reclaims them as its own (same PV shape and layout).
+    let mut made_after = Vec::new();
+    for i in 0..4 {
+        for (prefix, class) in [("after-n", &node_class), ("after-s", &shared_wffc)] {
+            let name = format!("{prefix}{i}");
+            made_after.push(env.create_claim(fixtures::claim(&env.ns, &name, class, "1Mi")).await);
+            env.create_pod(&name, &name).await;
+        }
+    }
+    let mut after_pvs = Vec::new();
+    for claim in &made_after {
+        after_pvs.push(env.wait_bound(claim.metadata.name.as_deref().expect("name")).await);
+    }
+    env.node_mut(&node1).provisioner.restart_as(&earlier).expect("roll the first node back");
+    env.node_mut(&node1).provisioner.wait_ready(TIMEOUT).await.expect("ready after the rollback");
+    let after_pods: Vec<String> = made_after.iter().filter_map(|c| c.metadata.name.clone()).collect();
+    delete(&env, &made_after, &after_pvs, &after_pods).await;
     wait_trash_empty(&shared).await;
     assert!(entries(&shared).is_empty(), "nothing left in the shared pool: {:?}", entries(&shared));
     for node in &env.nodes {
