@@ -6,7 +6,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all build release control-plane promtool deploy-tools manifests image test test-more-arches test-kubevirt-migration test-oldest-k8s lint unit e2e demo demo-operator bench bench-vs-go fmt clean-cache
+.PHONY: all build release control-plane promtool deploy-tools manifests image test test-more-arches test-kubevirt-migration test-upgrade test-oldest-k8s lint unit e2e demo demo-operator bench bench-vs-go fmt clean-cache
 
 all: build
 
@@ -95,6 +95,15 @@ test-more-arches: control-plane deploy-tools
 # the Go module proxy for csi-provisioner and the sidecar stand-ins.
 test-kubevirt-migration: control-plane
 	HPP_KUBEVIRT_MIGRATION=1 $(CARGO) test --test e2e_real_nodes -- kubevirt_operator_cluster
+
+# The rollout's mixed window with real processes (tests/e2e_upgrade_mixed.rs): a node of a pinned
+# earlier commit beside a node of this checkout, built from git history by
+# hack/build-earlier-provisioner.sh (one compile of the top crate, about 12 min on 2 busy cores;
+# the dependencies are shared with the image build); the test itself takes about 20 s.
+EARLIER_COMMIT ?= 12b82d297bdf2511c5dcb4140a08407fe805fe2d
+test-upgrade: control-plane
+	HPP_EARLIER_PROVISIONER="$$(bash hack/build-earlier-provisioner.sh $(EARLIER_COMMIT))" \
+	  $(CARGO) test --test e2e_upgrade_mixed
 
 # The oldest Kubernetes the project supports (Chart.yaml's kubeVersion, README "Install"): the
 # end-to-end tests whose APIs differ by version also run against its control plane, built on

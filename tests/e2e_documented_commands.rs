@@ -20,6 +20,8 @@ mod registry;
 mod snapshot_recreation;
 #[path = "documented/tenant_roles.rs"]
 mod tenant_roles;
+#[path = "documented/upgrading.rs"]
+mod upgrading;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -737,14 +737,46 @@ fn testbed_kubectl() -> PathBuf {
 }
 
 #[test]
-fn versions_agree_across_cargo_the_chart_and_the_kustomization() {
+fn versions_agree_across_cargo_the_chart_the_manifests_and_the_changelog() {
     let version = env!("CARGO_PKG_VERSION");
     let chart = read("deploy/helm/hostpath-provisioner/Chart.yaml");
     assert!(chart.contains(&format!("\nversion: {version}\n")), "Chart.yaml version");
     assert!(chart.contains(&format!("\nappVersion: \"{version}\"\n")), "Chart.yaml appVersion");
-    let kustomization = read("deploy/legacy/kustomization.yaml");
-    assert!(kustomization.contains(&format!("newTag: \"{version}\"")), "kustomization image tag");
-    assert!(kustomization.contains(&format!("app.kubernetes.io/version: \"{version}\"")), "kustomization label");
+    for kustomization in ["deploy/legacy/kustomization.yaml", "deploy/operator/kustomization.yaml"] {
+        let text = read(kustomization);
+        assert!(text.contains(&format!("newTag: \"{version}\"")), "{kustomization}: image tag");
+        assert!(text.contains(&format!("app.kubernetes.io/version: \"{version}\"")), "{kustomization}: label");
+    }
+    // Every version written out under deploy/ (labels, image tags, the rendered one-file installs
+    // and the operator's node image), so that a release moves them all: an image of one version
+    // labelled with another would mislead whoever reads the cluster.
+    let mut stale = Vec::new();
+    let mut files = vec![repo().join("deploy")];
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).expect("read deploy/").map(|e| e.expect("entry").path()));
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for (number, line) in text.lines().enumerate() {
+            let written = line
+                .split_once("app.kubernetes.io/version:")
+                .or_else(|| line.split_once("newTag:"))
+                .map(|(_, value)| value.trim().trim_matches('"'))
+                .or_else(|| line.split_once("/hostpath-provisioner:").map(|(_, tag)| tag.trim()));
+            // Chart templates take the chart's own version (`{{ ... }}`); comments show examples.
+            let Some(written) = written.filter(|w| !w.starts_with("{{") && !line.trim_start().starts_with('#')) else {
+                continue;
+            };
+            if written != version {
+                stale.push(format!("{}:{}: {}", path.display(), number + 1, line.trim()));
+            }
+        }
+    }
+    assert!(stale.is_empty(), "versions other than {version} under deploy/:\n{}", stale.join("\n"));
+    // The changelog has the release's entry, which says what an admin must know about it.
+    let changelog = read("CHANGELOG.md");
+    assert!(changelog.contains(&format!("\n## {version}")), "CHANGELOG.md has no `## {version}` entry");
 }
 
 /// Runs the provisioner as one node with a token of `service_account` (the rights the install

@@ -502,6 +502,8 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     let pod = unchanged.spec.and_then(|s| s.template.spec).expect("pod spec");
     assert_eq!(pod.tolerations, None, "the toleration was not applied without its operator");
 
+    a_newer_observed_version_is_left_alone_until_handed_back(&env, &name, &uid).await;
+
     // A PV of ours, standing for a volume's data: deleting the resource must leave it.
     let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
         "metadata": {"name": format!("{name}-pv")},
@@ -555,6 +557,65 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
         let pods: Api<Pod> = Api::namespaced(env.client.clone(), OPERATOR_NAMESPACE);
         pods.delete(&format!("{}-{replica}", env.group), &DeleteParams::default()).await.expect("stand-in pod");
     }
+}
+
+/// A rollback of the operator: a resource a newer operator of this project brought to its
+/// version (status.observedVersion above ours) is left alone: a spec change is not applied, the
+/// Degraded condition and an Event say why. The documented hand-back (docs/upgrading.md), run as
+/// written, lets the operator act again; the kubevirt operator's version (`v0.99.0`, as a
+/// take-over leaves it) never stops it.
+async fn a_newer_observed_version_is_left_alone_until_handed_back(env: &TestEnv, name: &str, uid: &str) {
+    let set_observed = |version: &'static str| async move {
+        // A newer operator's completed rollout names its version in both.
+        let patch = json!({"status": {"observedVersion": version, "targetVersion": version}});
+        resources(env).patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("status");
+    };
+    let pv_dir = |d: &DaemonSet| node_container(d).0.get("PV_DIR").cloned();
+    set_observed("99.0.0").await;
+    let patch = json!({"spec": {"pathConfig": {"path": "/srv/hp-newer"}, "workload": {"tolerations": null}}});
+    resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change the spec");
+    let refused = wait_resource(env, name, "Degraded NewerVersionObserved", |r| {
+        condition(r, "Degraded").is_some_and(|c| c["reason"] == "NewerVersionObserved")
+    })
+    .await;
+    let message = condition(&refused, "Degraded").expect("Degraded")["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("99.0.0") && message.contains(env!("CARGO_PKG_VERSION")), "{message}");
+    assert_eq!(refused.data["status"]["observedVersion"], "99.0.0", "never lowered");
+    let note = wait_event(env, uid, "NewerVersionObserved").await;
+    assert!(note.contains("newer operator"), "{note}");
+    // Long enough for a reconcile that would apply the change to have done it.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let kept = wait_daemonset(env, "the DaemonSet", |_| true).await;
+    assert_eq!(pv_dir(&kept).as_deref(), Some("/srv/hp"), "the newer operator's DaemonSet left as it was");
+
+    let docs = testbed::documented_commands::documented_commands(&repo()).unwrap_or_else(|e| panic!("{e:#}"));
+    let hand_back = docs
+        .iter()
+        .find(|c| c.file == "docs/upgrading.md" && c.text.starts_with("kubectl patch hostpathprovisioner <name>"))
+        .expect("docs/upgrading.md hands a resource back to an older operator");
+    let command = hand_back.text.replace("<name>", name);
+    let kubectl_dir = env.cp.kubectl().parent().expect("kubectl's directory").to_owned();
+    let path = format!("{}:{}", kubectl_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let ran = std::process::Command::new("bash")
+        .args(["-euc", &command])
+        .env("PATH", path)
+        .env("KUBECONFIG", env.cp.kubeconfig_path())
+        .output()
+        .expect("bash");
+    assert!(ran.status.success(), "{command}: {}", String::from_utf8_lossy(&ran.stderr));
+    wait_daemonset(env, "the change applied once handed back", |d| pv_dir(d).as_deref() == Some("/srv/hp-newer")).await;
+    wait_resource(env, name, "Degraded no longer NewerVersionObserved", |r| {
+        condition(r, "Degraded").is_some_and(|c| c["reason"] != "NewerVersionObserved")
+    })
+    .await;
+
+    set_observed("v0.99.0").await;
+    let patch = json!({"spec": {"pathConfig": {"path": "/srv/hp"}}});
+    resources(env).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change the spec");
+    wait_daemonset(env, "the change applied under the kubevirt operator's version", |d| {
+        pv_dir(d).as_deref() == Some("/srv/hp")
+    })
+    .await;
 }
 
 /// Waits for the Event of `reason` on the resource `uid` (Events of cluster-scoped objects are in

@@ -57,6 +57,12 @@ pub async fn reconcile(resource: Arc<HostPathProvisioner>, ctx: Arc<Context>) ->
         }
         return Ok(Action::await_change());
     }
+    // A resource a newer operator of this project brought to its version: left alone, deletion
+    // included (this operator may not know what the newer one made), with the status and an
+    // Event saying why and what to do.
+    if let Some(newer) = status::newer_version_observed(&resource, crate::serving::build_info::VERSION) {
+        return leave_to_the_newer_operator(&resource, &ctx, &newer).await;
+    }
     let result = finalizer(&api, FINALIZER, resource, |event| async {
         match event {
             Finalizing::Apply(resource) => apply(&resource, &ctx).await,
@@ -202,6 +208,36 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
         (None, true) => Action::requeue(Duration::from_secs(10)),
         (None, false) => Action::requeue(Duration::from_secs(300)),
     })
+}
+
+/// Writes the status that says why this operator leaves the resource alone (the Degraded
+/// change is the Warning Event and the log line), and looks again later: the admin may remove
+/// the observed version, or the newer operator may come back.
+async fn leave_to_the_newer_operator(
+    resource: &HostPathProvisioner,
+    ctx: &Context,
+    newer: &status::NewerVersion,
+) -> Result<Action, OperatorError> {
+    let name = resource.name_any();
+    let now = jiff::Timestamp::now().to_string();
+    let refused = status::refused_status(resource, newer, &now);
+    let previous = resource.status.clone().unwrap_or_default();
+    if refused != previous {
+        report_changes(resource, &previous, &refused, ctx).await;
+        let patch = serde_json::json!({
+            "apiVersion": crate::deciding::operator::resource::API_VERSION,
+            "kind": crate::deciding::operator::resource::KIND,
+            "status": refused,
+        });
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
+        if let Err(error) = api.patch_status(&name, &params, &Patch::Apply(&patch)).await {
+            let error = OperatorError::api(format!("write the status of HostPathProvisioner {name}"), error);
+            publish(ctx, resource, EventType::Warning, reason::STATUS_FAILED, &error.to_string()).await;
+            return Err(error);
+        }
+    }
+    Ok(Action::requeue(Duration::from_secs(300)))
 }
 
 /// Takes the resource over from the kubevirt operator, with an Event saying what was done (a

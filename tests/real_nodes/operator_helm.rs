@@ -136,7 +136,7 @@ pub(super) async fn the_documented_one_step_helm_install_of_the_operator_provisi
     let node = ctx.lane.node_name().to_owned();
     let commands = documented_commands(&ctx.repo)?;
     let install = documented(&commands, "helm install", "operator.enabled=true")?;
-    let crd_update = documented(&commands, "kubectl apply --server-side -f", "/crds/")?;
+    let crd_update = documented(&commands, "kubectl apply --server-side", "/crds/")?;
     let delete_resource = documented(&commands, "kubectl delete hostpathprovisioner", RESOURCE)?;
     let uninstall = documented(&commands, "helm uninstall ", NAMESPACE)?;
     let shell = Shell::new(ctx)?;

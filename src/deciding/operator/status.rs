@@ -8,6 +8,7 @@
 
 use super::render::Rendered;
 use super::resource::{ClaimStatus, Condition, HostPathProvisioner, Status, StoragePoolStatus};
+use super::takeover::KUBEVIRT_FINALIZER;
 
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
@@ -151,6 +152,129 @@ pub fn status(observed: &Observed) -> Status {
         observed_version: if complete { Some(observed.version.to_owned()) } else { previous.observed_version },
         storage_pool_statuses: pool_statuses(observed),
     }
+}
+
+/// Degraded's reason while a newer operator's work is left alone.
+pub const NEWER_VERSION_OBSERVED: &str = "NewerVersionObserved";
+
+/// A resource a newer operator of this project brought to its version: `status.observedVersion`
+/// names a release above this operator's own. An older operator (a rollback of the operator)
+/// leaves it and what it made as they are: it would roll the node pods back to an image that
+/// may not understand the volumes, markers or fields the newer one made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewerVersion {
+    pub observed: String,
+    pub own: String,
+}
+
+impl NewerVersion {
+    pub fn message(&self, resource: &str) -> String {
+        format!(
+            "status.observedVersion is {observed}, written by a newer operator of this project, and this operator is {own}: it leaves the resource and the objects it made as they are, so that a rollback of the operator does not downgrade what it does not know. Run the operator of version {observed} or later again; or, to hand the resource to {own} on purpose (docs/upgrading.md, \"Rolling back\"): kubectl patch hostpathprovisioner {resource} --subresource=status --type merge -p '{{\"status\":{{\"observedVersion\":null}}}}'",
+            observed = self.observed,
+            own = self.own,
+        )
+    }
+}
+
+/// Whether this operator (version `own`) must leave `resource` alone. Only a rollout a newer
+/// operator of ours completed counts: observedVersion and targetVersion both name it (that
+/// operator writes its own targetVersion at every reconcile, observedVersion once every node
+/// runs it). A targetVersion above an older observedVersion is an upgrade that never finished,
+/// which rolling the operator back is meant to undo.
+///
+/// The kubevirt operator's versions never count, so a take-over is never blocked: a resource
+/// still carrying its finalizer is its own; only this project's releases are compared (Cargo's
+/// form, `0.2.0`, never with a `v`: the kubevirt operator writes its release tags, `v0.20.0`, or
+/// `latest`); and after a take-over its version stays in observedVersion until our first rollout
+/// completes, while our first status write already put ours in targetVersion.
+pub fn newer_version_observed(resource: &HostPathProvisioner, own: &str) -> Option<NewerVersion> {
+    let finalizers = resource.metadata.finalizers.as_deref().unwrap_or_default();
+    if finalizers.iter().any(|f| f == KUBEVIRT_FINALIZER) {
+        return None;
+    }
+    let status = resource.status.as_ref()?;
+    let observed = status.observed_version.as_deref()?;
+    if status.target_version.as_deref() != Some(observed) {
+        return None;
+    }
+    let newer = release_precedence(observed, own)? == std::cmp::Ordering::Greater;
+    newer.then(|| NewerVersion { observed: observed.to_owned(), own: own.to_owned() })
+}
+
+/// Orders two releases of this project by semantic-versioning precedence; None when either is
+/// not one of ours (`MAJOR.MINOR.PATCH`, optional `-pre-release` and `+build`, no `v`).
+pub fn release_precedence(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    Some(compare_releases(&parse_release(a)?, &parse_release(b)?))
+}
+
+struct Release<'a> {
+    core: [u64; 3],
+    pre_release: Vec<&'a str>,
+}
+
+fn parse_release(text: &str) -> Option<Release<'_>> {
+    let without_build = text.split_once('+').map_or(text, |(v, _)| v);
+    let (core, pre_release) = match without_build.split_once('-') {
+        Some((core, pre)) => (core, Some(pre)),
+        None => (without_build, None),
+    };
+    let numbers: Vec<u64> = core
+        .split('.')
+        .map(|n| {
+            let digits = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+            digits.then(|| n.parse().ok()).flatten()
+        })
+        .collect::<Option<_>>()?;
+    let core: [u64; 3] = numbers.try_into().ok()?;
+    let pre_release: Vec<&str> = pre_release.map(|p| p.split('.').collect()).unwrap_or_default();
+    let valid = |id: &&str| !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    pre_release.iter().all(valid).then_some(Release { core, pre_release })
+}
+
+fn compare_releases(a: &Release, b: &Release) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    a.core.cmp(&b.core).then_with(|| match (a.pre_release.is_empty(), b.pre_release.is_empty()) {
+        (true, true) => Ordering::Equal,
+        // A pre-release comes before its release.
+        (true, false) => Ordering::Greater,
+        (false, true) => Ordering::Less,
+        (false, false) => {
+            for (x, y) in a.pre_release.iter().zip(&b.pre_release) {
+                let order = match (x.parse::<u64>(), y.parse::<u64>()) {
+                    (Ok(x), Ok(y)) => x.cmp(&y),
+                    (Ok(_), Err(_)) => Ordering::Less,
+                    (Err(_), Ok(_)) => Ordering::Greater,
+                    (Err(_), Err(_)) => x.cmp(y),
+                };
+                if order != Ordering::Equal {
+                    return order;
+                }
+            }
+            a.pre_release.len().cmp(&b.pre_release.len())
+        }
+    })
+}
+
+/// The status while a newer version is observed: Degraded says why nothing is done; the other
+/// conditions, the versions a newer operator wrote and the pool statuses stay as they were
+/// (this operator does not know what they mean now); operatorVersion says which operator runs.
+pub fn refused_status(resource: &HostPathProvisioner, newer: &NewerVersion, now: &str) -> Status {
+    let previous = resource.status.clone().unwrap_or_default();
+    let message = newer.message(resource.metadata.name.as_deref().unwrap_or_default());
+    let degraded = condition(
+        &previous.conditions,
+        DEGRADED,
+        true,
+        NEWER_VERSION_OBSERVED,
+        message,
+        resource.metadata.generation,
+        now,
+    );
+    let mut conditions: Vec<Condition> = previous.conditions.iter().filter(|c| c.type_ != DEGRADED).cloned().collect();
+    let at = previous.conditions.iter().position(|c| c.type_ == DEGRADED).unwrap_or(conditions.len().min(2));
+    conditions.insert(at, degraded);
+    Status { conditions, operator_version: Some(newer.own.clone()), ..previous }
 }
 
 fn superseded_message(other: &str) -> String {

@@ -244,3 +244,117 @@ fn a_pool_on_a_claim_prepares_mounts_and_is_ready_by_its_mounters() {
     assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "PoolHeldBack"));
     assert!(degraded.message.contains("pvc-1"), "{}", degraded.message);
 }
+
+fn with_observed_version(observed: Option<&str>) -> HostPathProvisioner {
+    let mut resource = resource(pools());
+    resource.status = Some(Status {
+        conditions: observe(&resource, Some(rolled(2)), NOW).conditions,
+        operator_version: observed.map(str::to_owned),
+        target_version: observed.map(str::to_owned),
+        observed_version: observed.map(str::to_owned),
+        ..Default::default()
+    });
+    resource
+}
+
+#[test]
+fn releases_of_this_project_order_by_semantic_versioning() {
+    use std::cmp::Ordering::*;
+    for (a, b, order) in [
+        ("0.2.0", "0.1.0", Greater),
+        ("0.1.0", "0.1.0", Equal),
+        ("0.10.0", "0.9.9", Greater),
+        ("1.0.0", "0.99.99", Greater),
+        ("0.2.0-rc.1", "0.2.0", Less),
+        ("0.2.0-rc.2", "0.2.0-rc.10", Less),
+        ("0.2.0-rc.1", "0.2.0-beta.1", Greater),
+        ("0.2.0-alpha", "0.2.0-alpha.1", Less),
+        ("0.2.0-1", "0.2.0-alpha", Less),
+        ("0.2.0+abc", "0.2.0", Equal),
+        ("0.2.0-rc-1", "0.1.0", Greater),
+    ] {
+        assert_eq!(release_precedence(a, b), Some(order), "{a} against {b}");
+    }
+    // Not one of ours: the kubevirt operator's tags, `latest`, malformed.
+    for other in ["v0.20.0", "latest", "", "0.2", "0.2.0.1", "01.2.0", "0.2.x", "0.2.0-", "0.2.0-rc..1"] {
+        assert_eq!(release_precedence(other, "0.1.0"), None, "{other:?}");
+        assert_eq!(release_precedence("0.1.0", other), None, "{other:?}");
+    }
+}
+
+#[test]
+fn an_observed_version_above_ours_is_refused_and_ours_or_older_is_acted_upon() {
+    let newer = newer_version_observed(&with_observed_version(Some("0.3.0")), "0.2.0");
+    assert_eq!(newer, Some(NewerVersion { observed: "0.3.0".into(), own: "0.2.0".into() }));
+    for acted_upon in [None, Some("0.2.0"), Some("0.1.0"), Some("0.2.0-rc.1"), Some("0.2.0+other-build")] {
+        assert_eq!(newer_version_observed(&with_observed_version(acted_upon), "0.2.0"), None, "{acted_upon:?}");
+    }
+    // An upgrade to 0.3.0 that never completed (observedVersion still older): the rollback
+    // is meant to undo it.
+    let mut unfinished = with_observed_version(Some("0.2.0"));
+    unfinished.status.as_mut().expect("status").target_version = Some("0.3.0".into());
+    assert_eq!(newer_version_observed(&unfinished, "0.2.0"), None);
+    // A pre-release operator refuses its own release, which comes after it.
+    assert!(newer_version_observed(&with_observed_version(Some("0.2.0")), "0.2.0-rc.1").is_some());
+}
+
+#[test]
+fn the_kubevirt_operators_version_left_by_a_take_over_never_blocks_the_move() {
+    // After a take-over observedVersion holds the kubevirt operator's release until our first
+    // rollout completes; its numbers (v0.20.0) are above ours but of another project.
+    for theirs in ["v0.20.0", "v1.0.0", "latest", "v0.0.1"] {
+        assert_eq!(newer_version_observed(&with_observed_version(Some(theirs)), "0.1.0"), None, "{theirs}");
+    }
+    // A build of the kubevirt operator that writes its version without the `v`: still its own
+    // while it carries its finalizer, and once taken over our first status write names us
+    // in targetVersion.
+    let mut theirs = with_observed_version(Some("4.14.0"));
+    theirs.metadata.finalizers = Some(vec![KUBEVIRT_FINALIZER.into(), "other".into()]);
+    assert_eq!(newer_version_observed(&theirs, "0.1.0"), None, "the kubevirt operator's resource");
+    theirs.metadata.finalizers = None;
+    theirs.status.as_mut().expect("status").target_version = Some("0.1.0".into());
+    assert_eq!(newer_version_observed(&theirs, "0.1.0"), None, "taken over, our rollout not complete yet");
+    let mut resource = with_observed_version(Some("v0.20.0"));
+    resource.status.as_mut().expect("status").operator_version = Some("0.1.0".into());
+    let rendered = render(&resource, &environment());
+    let status = status(&Observed {
+        resource: &resource,
+        rendered: &rendered,
+        apply_failure: None,
+        rollout: Some(rolled(2)),
+        superseded_by: None,
+        pools_on_claim: &[],
+        held_back: &[],
+        version: "0.1.0",
+        now: NOW,
+    });
+    assert_eq!(status.observed_version.as_deref(), Some("0.1.0"), "the completed rollout records ours");
+}
+
+#[test]
+fn a_refused_resource_says_why_in_degraded_and_keeps_what_the_newer_operator_wrote() {
+    let resource = with_observed_version(Some("0.3.0"));
+    let before = resource.status.clone().expect("status");
+    let newer = newer_version_observed(&resource, "0.2.0").expect("refused");
+    let refused = refused_status(&resource, &newer, LATER);
+    let degraded = find(&refused, DEGRADED);
+    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", NEWER_VERSION_OBSERVED));
+    for words in
+        ["0.3.0", "0.2.0", "newer operator", "kubectl patch hostpathprovisioner hpp --subresource=status --type merge"]
+    {
+        assert!(degraded.message.contains(words), "{words}: {}", degraded.message);
+    }
+    assert_eq!(degraded.last_transition_time.as_deref(), Some(LATER));
+    assert_eq!(refused.observed_version.as_deref(), Some("0.3.0"), "never lowered");
+    assert_eq!(refused.target_version.as_deref(), Some("0.3.0"));
+    assert_eq!(refused.operator_version.as_deref(), Some("0.2.0"), "which operator runs");
+    let types: Vec<&str> = refused.conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(types, [AVAILABLE, PROGRESSING, DEGRADED, NOT_ACTED_UPON], "in place");
+    for kept in [AVAILABLE, PROGRESSING, NOT_ACTED_UPON] {
+        assert_eq!(find(&refused, kept), find(&before, kept), "{kept} as the newer operator left it");
+    }
+    // Unchanged facts, unchanged status: nothing is written again.
+    let mut again = resource.clone();
+    again.status = Some(refused.clone());
+    assert_eq!(refused_status(&again, &newer, "2026-11-25T19:00:00Z"), refused);
+}

@@ -163,6 +163,19 @@ impl Provisioner {
         Ok(())
     }
 
+    /// Stops the process (SIGTERM) and starts `binary` in its place with the same flags,
+    /// addresses and log: a node upgraded (or rolled back) in place.
+    pub fn restart_as(&mut self, binary: &Path) -> Result<()> {
+        anyhow::ensure!(self.spec.private_mounts.is_empty(), "restart_as: a node with private mounts runs a wrapper");
+        self.terminate();
+        self.spec.binary = binary.to_path_buf();
+        self.process.program = binary.to_path_buf();
+        let child = ManagedChild::spawn(&self.process)?;
+        self.last_pid = child.pid();
+        self.child = Some(child);
+        Ok(())
+    }
+
     /// `Some(status)` once the process has exited on its own; `None` while it runs.
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
         self.child.as_mut().and_then(ManagedChild::exit_status)
