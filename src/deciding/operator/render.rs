@@ -2,7 +2,8 @@
 //! peers Service, the node DaemonSet), read from the very files users can read and changed only where the resource
 //! says so; the pool mounters' ServiceAccount; on OpenShift the SCCs of deploy/openshift (the node
 //! pods' and the pool mounters'); with the Prometheus Operator the metrics
-//! Service, ServiceMonitor and PrometheusRule of deploy/monitoring. Namespaced objects go in the
+//! Service, ServiceMonitor and PrometheusRule of deploy/monitoring; with published capacity the
+//! CSIDriver of the provisioner name (render_features.rs). Namespaced objects go in the
 //! operator's namespace; every object carries an owner reference to the resource, so that the
 //! garbage collector removes them with it.
 //!
