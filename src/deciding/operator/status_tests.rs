@@ -244,3 +244,15 @@ fn a_pool_on_a_claim_prepares_mounts_and_is_ready_by_its_mounters() {
     assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "PoolHeldBack"));
     assert!(degraded.message.contains("pvc-1"), "{}", degraded.message);
 }
+
+/// A pool listed once per disk is one pool: one status, served and counted once.
+#[test]
+fn a_pool_over_several_disks_has_one_status() {
+    let resource = resource(json!({"storagePools": [
+        {"name": "data", "path": "/mnt/disk1"}, {"name": "fast", "path": "/mnt/ssd"}, {"name": "data", "path": "/mnt/disk2"}
+    ]}));
+    let status = observe(&resource, Some(rolled(2)), NOW);
+    let names: Vec<_> = status.storage_pool_statuses.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["data", "fast"]);
+    assert!(status.storage_pool_statuses.iter().all(|p| p.phase == "Ready"), "{:?}", status.storage_pool_statuses);
+}
