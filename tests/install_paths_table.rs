@@ -359,10 +359,51 @@ fn the_kustomize_cells_are_the_components_and_files_that_exist() {
     assert!(cell(&rows, "node-affinity keys", KUSTOMIZE) == cell(&rows, &setting_row("NODE_AFFINITY_KEYS"), KUSTOMIZE));
     assert!(read("deploy/legacy/csidriver-capacity.yaml").contains("storageCapacity: true"));
     assert!(cell(&rows, "published capacity", KUSTOMIZE).contains("`deploy/legacy/csidriver-capacity.yaml`"));
-    let daemonset = read("deploy/legacy/daemonset.yaml");
-    assert!(daemonset.contains("# add: [\"DAC_OVERRIDE\", \"FOWNER\", \"CHOWN\", \"FSETID\", \"SYS_ADMIN\"]"));
-    assert!(read("deploy/openshift/scc.yaml").contains("# - SYS_ADMIN"));
-    assert!(cell(&rows, "quota", KUSTOMIZE).contains("`SYS_ADMIN`"));
+    // quota: the component adds the capability to the container and to the SCC where there is one.
+    assert!(cell(&rows, "quota", KUSTOMIZE).contains("component `quota`"));
+    for base in ["deploy/legacy", "deploy/openshift"] {
+        let objects = kustomize_with_component(base, "quota");
+        let daemonset = objects.iter().find(|o| o["kind"] == "DaemonSet").expect("DaemonSet");
+        let added = &daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"];
+        assert!(added.as_array().is_some_and(|a| a.contains(&json!("SYS_ADMIN"))), "{base}: {added}");
+        let scc = objects.iter().find(|o| {
+            o["kind"] == "SecurityContextConstraints" && o["metadata"]["name"] == "kubevirt-hostpath-provisioner"
+        });
+        if base == "deploy/openshift" {
+            let allowed = &scc.expect("the node pods' SCC")["allowedCapabilities"];
+            assert!(allowed.as_array().is_some_and(|a| a.contains(&json!("SYS_ADMIN"))), "{allowed}");
+        }
+    }
+}
+
+/// `kubectl kustomize` (the control plane's) of `base` with `component`, from a kustomization in
+/// the checkout (kustomize takes relative paths only).
+fn kustomize_with_component(base: &str, component: &str) -> Vec<Value> {
+    let built = std::process::Command::new("bash")
+        .arg("hack/build-control-plane.sh")
+        .current_dir(repo())
+        .output()
+        .expect("build-control-plane.sh");
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let bin = String::from_utf8_lossy(&built.stdout).lines().last().expect("the binaries' directory").trim().to_owned();
+    let dir = tempfile::Builder::new().prefix(".table-").tempdir_in(repo()).expect("temp dir in the checkout");
+    let name = dir.path().file_name().expect("name").to_string_lossy().into_owned();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!("resources: [../{base}]\ncomponents: [../deploy/components/{component}]\n"),
+    )
+    .expect("kustomization");
+    let output = std::process::Command::new(format!("{bin}/kubectl"))
+        .args(["kustomize", &name])
+        .current_dir(repo())
+        .output()
+        .expect("kubectl");
+    assert!(output.status.success(), "{base} + {component}: {}", String::from_utf8_lossy(&output.stderr));
+    serde_saphyr::from_multiple::<Value>(&String::from_utf8_lossy(&output.stdout))
+        .expect("YAML")
+        .into_iter()
+        .filter(|d| d.is_object())
+        .collect()
 }
 
 #[test]
