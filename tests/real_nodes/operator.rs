@@ -351,7 +351,11 @@ pub(super) async fn the_operators_resource_turns_on_one_pool_over_two_disks_with
         .find(|p| p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet"))
         .context("the node pod")?;
     let logs = pods.logs(&node_pod.metadata.name.unwrap_or_default(), &Default::default()).await?;
-    ensure!(logs.lines().next().is_some_and(|l| l.starts_with('{')), "JSON logs: {}", &logs[..logs.len().min(300)]);
+    ensure!(
+        logs.lines().any(|l| l.starts_with('{') && l.contains("\"level\"")),
+        "JSON logs (spec.config.logFormat): {}",
+        &logs[..logs.len().min(300)]
+    );
 
     ctx.lane.delete_pod(&ns, "writer").await?;
     ctx.delete_claim_and_wait_reclaimed(&ns, "spread").await?;
