@@ -860,10 +860,11 @@ fn the_new_class_parameters_render_as_the_binary_reads_them_and_bad_values_are_r
     }
 }
 
-/// In operator mode the chart makes no node DaemonSet: every value that shapes its own
-/// DaemonSet is refused at render time, naming it and where its setting goes, instead of being
-/// dropped; the defaults (its copy in templates/_node_defaults.tpl equal to values.yaml's)
-/// render, as does the resource that carries the settings.
+/// In operator mode the chart makes no node DaemonSet: the values that have a field in the
+/// HostPathProvisioner are carried into the resource it makes (next test); every other value
+/// that shapes its own DaemonSet is refused at render time, naming it and where its setting
+/// goes, instead of being dropped; the defaults (its copy in templates/_node_defaults.tpl equal
+/// to values.yaml's) render, as does the resource that carries the settings.
 #[test]
 fn operator_mode_refuses_the_values_of_the_charts_own_daemonset_naming_each() {
     let defaults = render("operator: {enabled: true}\n", &[]);
@@ -874,18 +875,47 @@ fn operator_mode_refuses_the_values_of_the_charts_own_daemonset_naming_each() {
         &[],
     );
     let cases = [
-        ("pools: [{name: legacy, path: /mnt/disk}]", "pools (in operator mode: spec.storagePools"),
-        ("config: {publishCapacity: true}", "config (in operator mode"),
-        ("config: {nodeAffinityKeys: example.com/disk}", "config (in operator mode"),
+        ("config: {metricsPort: 9090}", "config.metricsPort (in operator mode: nowhere"),
+        ("config: {nodeLeaseSeconds: 60}", "config.nodeLeaseSeconds (in operator mode: nowhere"),
+        (
+            "config: {useNamingPrefix: true}",
+            "config.useNamingPrefix (in operator mode: spec.pathConfig.useNamingPrefix",
+        ),
+        ("csiDriver: {create: true}", "csiDriver.create (in operator mode the operator makes the CSIDriver"),
         ("tolerations: [{operator: Exists}]", "tolerations (in operator mode: spec.workload.tolerations"),
         ("nodeSelector: {disk: ssd}", "nodeSelector (in operator mode: spec.workload.nodeSelector"),
         ("resources: {limits: {memory: 1Gi}}", "resources (in operator mode: nowhere"),
         ("extraEnv: [{name: X, value: y}]", "extraEnv (in operator mode: nowhere"),
-        ("quota: {enabled: true}", "quota (in operator mode: nowhere"),
         ("nodeGroups: [{name: g, nodeSelector: {a: b}, pools: [{name: legacy, path: /d}]}]", "nodeGroups"),
+        // Carried values, but no resource to carry them into.
+        ("config: {nodeAffinityKeys: example.com/disk}", "config.nodeAffinityKeys into the HostPathProvisioner"),
+        ("quota: {enabled: true}", "quota.enabled into the HostPathProvisioner"),
+        ("pools: [{name: legacy, path: /mnt/disk}]", "pools into the HostPathProvisioner"),
+        // Carried values the resource cannot take as written.
+        (
+            "operator: {enabled: true, resource: {workload: {}}}\npools: [{name: nfs, path: /mnt/nfs, shared: true}]",
+            "shared: true, which the HostPathProvisioner has no field for",
+        ),
+        (
+            "operator: {enabled: true, resource: {workload: {}}}\npools: [{name: legacy, path: /a}, {name: b, path: /b}]",
+            "pools has legacy (PV_DIR) and other pools",
+        ),
+        (
+            "operator: {enabled: true, resource: {config: {pvCapacity: request}}}\nconfig: {pvCapacity: filesystem}",
+            "config.pvCapacity and operator.resource.config.pvCapacity are both set, differently",
+        ),
+        (
+            "operator: {enabled: true, resource: {storagePools: [{name: a, path: /a}]}}\npools: [{name: b, path: /b}]",
+            "pools and operator.resource's storagePools or pathConfig are both set",
+        ),
     ];
     for (values, says) in cases {
-        let said = refusal(&format!("operator: {{enabled: true}}\n{values}\n"));
+        let values = if values.starts_with("operator:") {
+            format!("{values}\n")
+        } else {
+            format!("operator: {{enabled: true}}\n{values}\n")
+        };
+        let said = refusal(&values);
         assert!(said.contains("operator.enabled") && said.contains(says), "{values}: {said}");
     }
     // Without operator mode the same values are the DaemonSet's, as ever.
@@ -893,4 +923,82 @@ fn operator_mode_refuses_the_values_of_the_charts_own_daemonset_naming_each() {
         "tolerations: [{operator: Exists}]\nconfig: {publishCapacity: true, provisionerName: hpp.example.com}\n",
         &[],
     );
+}
+
+/// The HostPathProvisioner the chart renders in operator mode.
+fn operator_resource(values: &str) -> hostpath_provisioner::deciding::operator::resource::HostPathProvisioner {
+    let objects = render(values, &[]);
+    let resource = of_kind(&objects, "HostPathProvisioner");
+    assert_eq!(resource.len(), 1, "{values}");
+    serde_json::from_value(resource[0].clone()).expect("the resource reads into the operator's types")
+}
+
+/// Operator mode carries config.*, quota.enabled and pools into the resource, and the operator
+/// renders from it the node DaemonSet the chart itself renders from the same values: the same
+/// env for every carried setting, the same capability, the same pools.
+#[test]
+fn operator_mode_carries_the_values_the_resource_has_fields_for_into_it() {
+    use hostpath_provisioner::deciding::operator::render::{
+        CONFIG_FIELDS, Environment, NODE_CONTAINER, render as operator_render,
+    };
+    let chart_values = "config: {provisionerName: hpp.example.com, publishCapacity: true, nodeAffinityKeys: example.com/disk, \
+         pvCapacity: request, dirMode: \"0770\", requireMountpoint: true, pvFinalizer: true, provisionOnNode: deny, \
+         reservedSpace: 1Gi, capacityAccounting: requests, maxConcurrency: 4, orphanSnapshotCopyGrace: 2h, \
+         logFormat: json, logLevel: debug}\n\
+         quota: {enabled: true}\n\
+         pools: [{name: data, path: /mnt/d1, reserve: 1Gi, accounting: free}, {name: data, path: /mnt/d2, requireMountpoint: true}]\n";
+    let resource = operator_resource(&format!(
+        "operator: {{enabled: true, resource: {{workload: {{nodeSelector: {{kubernetes.io/os: linux}}}}}}}}\n{chart_values}"
+    ));
+    assert!(resource.spec.quota.as_ref().is_some_and(|q| q.enabled));
+    let environment = Environment {
+        namespace: "hpp".into(),
+        image: "img".into(),
+        openshift: false,
+        prometheus: false,
+        held_pools: Vec::new(),
+        pool_roots: Vec::new(),
+        image_pull_secrets: Vec::new(),
+    };
+    let rendered = operator_render(&resource, &environment);
+    assert_eq!(rendered.problems, [], "{:?}", resource.spec);
+    let operator_daemonset = rendered.objects.iter().find(|o| o.kind == "DaemonSet").expect("DaemonSet").body.clone();
+    assert!(rendered.objects.iter().any(|o| o.kind == "CSIDriver" && o.name == "hpp.example.com"));
+    let chart = render(chart_values, &[]);
+    let chart_env = rendered_env(&chart);
+    let container = operator_daemonset["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .find(|c| c["name"] == NODE_CONTAINER)
+        .expect("node container")
+        .clone();
+    let operator_env = |name: &str| {
+        container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_owned)
+    };
+    for (field, variable) in CONFIG_FIELDS {
+        let chart_value = chart_env.iter().find(|(n, _)| n == variable).map(|(_, v)| v.clone());
+        assert_eq!(operator_env(variable), chart_value, "config.{field} ({variable})");
+    }
+    assert_eq!(
+        operator_env("STORAGE_POOLS").as_deref(),
+        Some("data=/mnt/d1,reserve=1Gi,accounting=free,data=/mnt/d2,mountpoint")
+    );
+    let capabilities = |c: &Value| c["securityContext"]["capabilities"]["add"].clone();
+    let chart_container = of_kind(&chart, "DaemonSet")[0]["spec"]["template"]["spec"]["containers"][0].clone();
+    assert_eq!(capabilities(&container), capabilities(&chart_container));
+    // The legacy pool alone becomes pathConfig.
+    let legacy = operator_resource(
+        "operator: {enabled: true, resource: {workload: {}}}\npools: [{name: legacy, path: /mnt/disk}]\n",
+    );
+    assert_eq!(legacy.spec.path_config.map(|p| p.path).as_deref(), Some("/mnt/disk"));
+    // Defaults carry nothing: the resource is operator.resource as written.
+    let plain = operator_resource("operator: {enabled: true, resource: {storagePools: [{name: a, path: /a}]}}\n");
+    assert!(plain.spec.config.is_empty() && plain.spec.quota.is_none());
 }

@@ -114,9 +114,27 @@ async fn crd_refuses_bad_resources_with_a_message_saying_what_to_change() {
             "spec.pathConfig.path must not contain a comma",
         ),
         (
-            "duplicate names",
-            json!({"storagePools": [pool("a", "/var/a"), pool("a", "/var/b")]}),
-            "spec.storagePools[].name must be unique",
+            "a name twice, one of them on a claim",
+            json!({"storagePools": [
+                {"name": "a", "path": "/var/a", "pvcTemplate": {"resources": {"requests": {"storage": "1Gi"}}}},
+                pool("a", "/var/b"),
+            ]}),
+            "which a pool on a claim cannot be",
+        ),
+        (
+            "unknown pool accounting",
+            json!({"storagePools": [{"name": "a", "path": "/var/a", "accounting": "Requests"}]}),
+            "spec.storagePools[].accounting must be free or requests",
+        ),
+        (
+            "published capacity under the default provisioner name",
+            json!({"storagePools": [pool("a", "/var/a")], "config": {"publishCapacity": true}}),
+            "spec.config.publishCapacity needs spec.config.provisionerName to be an object name",
+        ),
+        (
+            "unknown capacity accounting",
+            json!({"storagePools": [pool("a", "/var/a")], "config": {"capacityAccounting": "promises"}}),
+            "spec.config.capacityAccounting",
         ),
         (
             "duplicate paths",
@@ -150,6 +168,11 @@ async fn crd_refuses_bad_resources_with_a_message_saying_what_to_change() {
         json!({"storagePools": [pool("a", "/var/a/")]}),
         json!({"pathConfig": {"path": "/var/hp"}, "storagePools": []}),
         json!({"imagePullPolicy": "", "pathConfig": {"path": "/var/hp"}}),
+        // One pool over two disks, with its options; capacity published under an object name.
+        json!({"storagePools": [
+            {"name": "data", "path": "/mnt/disk1", "reserve": "10Gi", "accounting": "requests"},
+            {"name": "data", "path": "/mnt/disk2", "reserve": 1048576, "requireMountpoint": true},
+        ], "config": {"publishCapacity": true, "provisionerName": "hostpath.example.org"}, "quota": {"enabled": true}}),
     ];
     for spec in fine {
         try_create(&env, &resource("fine", spec.clone())).await.unwrap_or_else(|e| panic!("{spec} refused: {e}"));
@@ -789,4 +812,159 @@ async fn report_rolled_out(api: &Api<DaemonSet>, daemonset: &DaemonSet) -> Resul
     }});
     let name = daemonset.metadata.name.as_deref().unwrap_or_default();
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.map(|_| ())
+}
+
+/// The node provisioner's features through Helm operator mode on a fresh cluster: the chart
+/// carries config.*, quota.enabled and pools (one pool over two disks, with options) into the
+/// resource; the operator, under the chart's RBAC, renders them into the node DaemonSet (each
+/// setting's env var, SYS_ADMIN, a mount per disk) and makes the CSIDriver of published capacity,
+/// owned by the resource; `helm upgrade` turning publishing off removes it. A setting the node
+/// binary would refuse is refused in the status naming the field, the DaemonSet left as it was;
+/// a field the resource does not have is refused by `kubectl apply`.
+#[tokio::test(flavor = "multi_thread")]
+async fn operator_mode_turns_on_the_node_features_and_the_operator_renders_them() {
+    let cp = testbed::ControlPlane::start().await.unwrap_or_else(|e| panic!("{e:#}"));
+    let logs = cp.logs_on_failure();
+    let client = cp.admin_client();
+    let namespace = "hpp-features";
+    let kubeconfig = cp.kubeconfig_path().to_str().expect("utf-8 path").to_owned();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values = dir.path().join("values.yaml");
+    let write_values = |publish: bool| {
+        std::fs::write(
+            &values,
+            format!(
+                "operator: {{enabled: true, resource: {{workload: {{nodeSelector: {{kubernetes.io/os: linux}}}}}}}}\n\
+                 config: {{provisionerName: hostpath.example.org, publishCapacity: {publish}, \
+                 nodeAffinityKeys: example.com/disk-serial, capacityAccounting: requests, maxConcurrency: 4, \
+                 logFormat: json}}\n\
+                 quota: {{enabled: true}}\n\
+                 pools: [{{name: data, path: /mnt/disk1, reserve: 1Gi}}, {{name: data, path: /mnt/disk2, requireMountpoint: true}}]\n"
+            ),
+        )
+        .expect("values");
+    };
+    write_values(true);
+    let values_path = values.to_str().expect("utf-8 path").to_owned();
+    let helm_in = |verb: &str| {
+        helm(&[
+            verb,
+            "hpp",
+            CHART,
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            "--kubeconfig",
+            &kubeconfig,
+            "-f",
+            &values_path,
+        ])
+    };
+    let out = helm_in("install");
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let operator = "hpp-hostpath-provisioner-operator";
+    let deployment = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), namespace)
+        .get(operator)
+        .await
+        .expect("the chart's operator Deployment");
+    let template = deployment.spec.expect("spec").template.spec.expect("pod spec");
+    let pod_name = format!("{operator}-stand-in");
+    stand_in_pod(&client, namespace, &pod_name, template).await;
+    let run = OperatorRun { cp: &cp, client: client.clone(), namespace, account: operator, node_image: None, pod_name };
+    let operator_process = Operator::start_as(&run).await;
+
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let daemonset = testbed::wait_for("the node DaemonSet", WAIT, || {
+        let daemonsets = daemonsets.clone();
+        async move { daemonsets.get_opt(NODE_DAEMONSET).await }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", operator_process.log()));
+    let (vars, _, _) = node_container(&daemonset);
+    for (variable, value) in [
+        ("PROVISIONER_NAME", "hostpath.example.org"),
+        ("PUBLISH_CAPACITY", "true"),
+        ("NODE_AFFINITY_KEYS", "example.com/disk-serial"),
+        ("CAPACITY_ACCOUNTING", "requests"),
+        ("MAX_CONCURRENCY", "4"),
+        ("LOG_FORMAT", "json"),
+        ("STORAGE_POOLS", "data=/mnt/disk1,reserve=1Gi,data=/mnt/disk2,mountpoint"),
+    ] {
+        assert_eq!(vars.get(variable).map(String::as_str), Some(value), "{variable}");
+    }
+    let pod = daemonset.spec.as_ref().and_then(|s| s.template.spec.clone()).expect("pod spec");
+    let container = pod.containers.iter().find(|c| c.name == NODE_DAEMONSET).expect("node container");
+    let added = container.security_context.as_ref().and_then(|s| s.capabilities.as_ref()).and_then(|c| c.add.clone());
+    assert!(added.unwrap_or_default().iter().any(|c| c == "SYS_ADMIN"), "quota.enabled: SYS_ADMIN");
+    let mounts: Vec<_> = container.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
+    assert!(mounts.contains(&"/mnt/disk1") && mounts.contains(&"/mnt/disk2"), "{mounts:?}");
+    let drivers: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(client.clone());
+    let driver = wait_present(&drivers, "hostpath.example.org", true).await;
+    assert_eq!(driver.spec.storage_capacity, Some(true));
+    let owner = &driver.metadata.owner_references.as_ref().expect("owner")[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("HostPathProvisioner", "hostpath-provisioner"));
+    // The chart's classes name the provisioner the DaemonSet serves.
+    let class = kubectl_on(&cp, &["get", "storageclass", "hostpath-provisioner", "-o", "jsonpath={.provisioner}"]);
+    assert_eq!(class, "hostpath.example.org");
+    // One status per pool, though listed once per disk.
+    let api = resources_of(&client);
+    let reported = testbed::wait_for("the pool statuses", WAIT, || {
+        let api = api.clone();
+        async move {
+            let resource = api.get_opt("hostpath-provisioner").await?;
+            Ok::<_, kube::Error>(resource.filter(|r| r.data["status"]["storagePoolStatuses"].is_array()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(reported.data["status"]["storagePoolStatuses"].as_array().map(Vec::len), Some(1));
+
+    // Publishing turned off by the documented upgrade: the operator removes its CSIDriver.
+    write_values(false);
+    let out = helm_in("upgrade");
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    wait_present(&drivers, "hostpath.example.org", false).await;
+
+    // A value the node binary refuses (the schema cannot say it): refused in the status, naming
+    // the field, and the DaemonSet left as it was.
+    let before = daemonsets.get(NODE_DAEMONSET).await.expect("DaemonSet").metadata.generation;
+    let patch = json!({"spec": {"config": {"orphanSnapshotCopyGrace": "soon"}}});
+    api.patch("hostpath-provisioner", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+    let degraded = testbed::wait_for("Degraded InvalidNodeSetting", WAIT, || {
+        let api = api.clone();
+        async move {
+            let resource = api.get_opt("hostpath-provisioner").await?;
+            Ok::<_, kube::Error>(
+                resource.filter(|r| condition(r, "Degraded").is_some_and(|c| c["reason"] == "InvalidNodeSetting")),
+            )
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", operator_process.log()));
+    let message =
+        condition(&degraded, "Degraded").expect("Degraded")["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("spec.config.orphanSnapshotCopyGrace") && message.contains("soon"), "{message}");
+    let after = daemonsets.get(NODE_DAEMONSET).await.expect("DaemonSet");
+    assert_eq!(after.metadata.generation, before, "the DaemonSet was left as it was");
+    assert_eq!(node_container(&after).0.get("ORPHAN_SNAPSHOT_COPY_GRACE"), None);
+
+    // A setting the resource has no field for: kubectl refuses the unknown field (docs/install.md,
+    // "What each path can turn on").
+    let file = dir.path().join("unknown.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: hostpathprovisioner.kubevirt.io/v1beta1\nkind: HostPathProvisioner\nmetadata: {name: unknown-field}\n\
+         spec: {storagePools: [{name: a, path: /var/a}], config: {nodeLeaseSeconds: 60}}\n",
+    )
+    .expect("file");
+    let refused = cp
+        .run_kubectl(&repo(), &["apply", "--dry-run=server", "-f", file.to_str().expect("utf-8 path")])
+        .expect_err("an unknown field is refused");
+    assert!(format!("{refused:#}").contains("nodeLeaseSeconds"), "{refused:#}");
+    drop(operator_process);
+    logs.passed();
+}
+
+fn kubectl_on(cp: &testbed::ControlPlane, args: &[&str]) -> String {
+    cp.run_kubectl(&repo(), args).unwrap_or_else(|e| panic!("{e:#}"))
 }

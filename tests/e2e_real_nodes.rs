@@ -63,6 +63,7 @@ use operator_helm::the_documented_one_step_helm_install_of_the_operator_provisio
 #[path = "real_nodes/operator.rs"]
 mod operator;
 use operator::the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives;
+use operator::the_operators_resource_turns_on_one_pool_over_two_disks_with_a_reserve_and_the_quota_capability;
 #[path = "real_nodes/drain.rs"]
 mod drain;
 use drain::kubectl_drain_of_a_node_whose_pool_sits_on_a_claim_loses_nothing_and_the_pool_comes_back;
@@ -128,6 +129,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         // Before the other operator scenarios: nothing of the operator is applied yet.
         the_documented_one_step_helm_install_of_the_operator_provisions_a_volume_a_pod_writes,
         the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives,
+        the_operators_resource_turns_on_one_pool_over_two_disks_with_a_reserve_and_the_quota_capability,
         kubectl_drain_of_a_node_whose_pool_sits_on_a_claim_loses_nothing_and_the_pool_comes_back,
         // The second real node joins for these (names end in TWO_NODES) and leaves after them.
         a_shared_volume_written_on_one_node_is_read_on_the_other_two_nodes,

@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod leader;
+pub mod node_settings;
 pub mod pool_claims;
 pub mod pool_mount;
 pub mod reconcile;

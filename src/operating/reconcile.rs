@@ -115,7 +115,7 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
     let acting = status::acting_resource(&all.items);
     let superseded_by = acting.filter(|a| *a != name);
     let mut environment = environment(ctx).await;
-    let mut rendered = render(resource, &environment);
+    let mut rendered = super::node_settings::checked(render(resource, &environment));
     // Pools on a claim, once the node objects rendered (a blocked render must not release
     // the pools' claims). A pool whose claims PVs of ours still hold stays served.
     let target = pool_target(resource, ctx);
@@ -134,7 +134,7 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
         (environment.held_pools, environment.pool_roots) =
             super::pool_claims::served_roots(&target, found, &rendered.pools_on_claim, &rendered.placement);
         if !environment.held_pools.is_empty() || !environment.pool_roots.is_empty() {
-            rendered = render(resource, &environment);
+            rendered = super::node_settings::checked(render(resource, &environment));
         }
     }
     let mut apply_failure = None;
@@ -150,6 +150,11 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
                 }
             }
         }
+    }
+    if superseded_by.is_none()
+        && let Err(error) = super::node_settings::prune_capacity_drivers(&ctx.client, resource, &rendered).await
+    {
+        apply_failure.get_or_insert(error);
     }
     let node_daemonset_applied = daemonset_applied && apply_failure.is_none();
     let mut pools = super::pool_claims::Outcome::default();
@@ -377,7 +382,7 @@ async fn rollout(ctx: &Context, rendered: &Rendered) -> Result<Option<Rollout>, 
 }
 
 /// The kinds a resource may have made, with where they live.
-const MADE_KINDS: [(&str, &str, &str, bool); 10] = [
+const MADE_KINDS: [(&str, &str, &str, bool); 11] = [
     ("apps/v1", "DaemonSet", "daemonsets", true),
     ("v1", "ServiceAccount", "serviceaccounts", true),
     ("rbac.authorization.k8s.io/v1", "Role", "roles", true),
@@ -388,6 +393,7 @@ const MADE_KINDS: [(&str, &str, &str, bool); 10] = [
     ("v1", "Service", "services", true),
     ("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", true),
     ("monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules", true),
+    ("storage.k8s.io/v1", "CSIDriver", "csidrivers", false),
 ];
 
 /// Removes the objects this resource made (its label and its uid in their owner references).

@@ -41,15 +41,15 @@ fn degraded(status: &serde_json::Value) -> Option<&serde_json::Value> {
     status["conditions"].as_array()?.iter().find(|c| c["type"] == "Degraded")
 }
 
-pub(super) async fn the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives(
-    ctx: &Ctx,
-) -> Result<()> {
+/// deploy/legacy's DaemonSet aside (one provisioner of the name per node), deploy/operator
+/// applied with its Deployment scaled to none, and the operator run on the host instead (its
+/// Deployment names a registry placeholder).
+async fn operator_up(ctx: &Ctx) -> Result<OperatorProcess> {
     let image = ctx.deployed().await?;
-    let node = ctx.lane.node_name().to_owned();
-    // One provisioner of the name per node: deploy/legacy's steps aside, and comes back at the end.
-    ctx.lane
-        .cp()
-        .run_kubectl(&ctx.repo, &["delete", "daemonset", "-n", DEPLOY_NAMESPACE, DEPLOY_DAEMONSET, "--wait"])?;
+    ctx.lane.cp().run_kubectl(
+        &ctx.repo,
+        &["delete", "daemonset", "-n", DEPLOY_NAMESPACE, DEPLOY_DAEMONSET, "--wait", "--ignore-not-found"],
+    )?;
     ctx.lane.cp().run_kubectl(&ctx.repo, &["apply", "--server-side", "--force-conflicts", "-k", "deploy/operator"])?;
     ctx.lane.cp().run_kubectl(
         &ctx.repo,
@@ -62,14 +62,12 @@ pub(super) async fn the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keep
             "crd/hostpathprovisioners.hostpathprovisioner.kubevirt.io",
         ],
     )?;
-    // deploy/operator's own Deployment names a registry placeholder: the operator runs on the
-    // host here instead.
     ctx.lane.cp().run_kubectl(
         &ctx.repo,
         &["scale", "deployment", "-n", OPERATOR_NAMESPACE, "hostpath-provisioner-operator", "--replicas=0"],
     )?;
     let log = std::fs::File::create(ctx.lane.dir().join("operator.log"))?;
-    let _operator = OperatorProcess(
+    Ok(OperatorProcess(
         std::process::Command::new(env!("CARGO_BIN_EXE_hostpath-provisioner"))
             .args(["operator", "--namespace", OPERATOR_NAMESPACE, "--node-image", &image])
             .arg("--kubeconfig")
@@ -78,7 +76,14 @@ pub(super) async fn the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keep
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?,
-    );
+    ))
+}
+
+pub(super) async fn the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives(
+    ctx: &Ctx,
+) -> Result<()> {
+    let node = ctx.lane.node_name().to_owned();
+    let _operator = operator_up(ctx).await?;
 
     // The disk: a local PV of a no-provisioner class on the real node.
     let ns = ctx.namespace("operator").await?;
@@ -264,6 +269,101 @@ pub(super) async fn the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keep
 
     // Clean up: the disk; deploy/legacy back for the next scenarios.
     pvs.delete(&format!("{ns}-disk"), &DeleteParams::default()).await?;
+    ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
+    Ok(())
+}
+
+// --- The node provisioner's features through the resource (spec.config, pool options, several
+// disks, quota). ---
+
+/// A resource with one pool over two disks, the first with a reserve larger than the disk, the
+/// quota capability and a spec.config setting: the operator's DaemonSet runs on the real kubelet
+/// with SYS_ADMIN and the settings; the volume a pod writes lands on the second disk, the only
+/// one with room past its reserve, so both disks and the reserve reached the node provisioner.
+pub(super) async fn the_operators_resource_turns_on_one_pool_over_two_disks_with_a_reserve_and_the_quota_capability(
+    ctx: &Ctx,
+) -> Result<()> {
+    let node = ctx.lane.node_name().to_owned();
+    let _operator = operator_up(ctx).await?;
+    let ns = ctx.namespace("features").await?;
+    let disks = [ctx.lane.dir().join("features-disk1"), ctx.lane.dir().join("features-disk2")];
+    for disk in &disks {
+        std::fs::create_dir_all(disk)?;
+        testbed::real_nodes::host::make_shared_mount(disk)?;
+    }
+    let resource: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1", "kind": "HostPathProvisioner",
+        "metadata": {"name": RESOURCE},
+        "spec": {
+            "imagePullPolicy": "IfNotPresent",
+            "workload": {"nodeSelector": {"kubernetes.io/hostname": node}},
+            "storagePools": [
+                {"name": "data", "path": disks[0], "reserve": "1Pi"},
+                {"name": "data", "path": disks[1], "accounting": "requests"},
+            ],
+            "config": {"logFormat": "json", "maxConcurrency": 4},
+            "quota": {"enabled": true},
+        },
+    }))?;
+    resources(ctx).create(&PostParams::default(), &resource).await?;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.lane.client(), OPERATOR_NAMESPACE);
+    let daemonset = testbed::wait_until(
+        "the operator's DaemonSet ready on the real node",
+        LANE_TIMEOUT,
+        || daemonsets.get(DEPLOY_DAEMONSET),
+        |d| d.status.as_ref().is_some_and(|s| s.number_ready == 1 && s.updated_number_scheduled == Some(1)),
+    )
+    .await
+    .map_err(|e| {
+        let log = std::fs::read_to_string(ctx.lane.dir().join("operator.log")).unwrap_or_default();
+        e.context(format!("operator log:\n{log}"))
+    })?;
+    let spec = serde_json::to_string(&daemonset.spec)?;
+    ensure!(spec.contains("SYS_ADMIN"), "the quota capability: {spec}");
+    ensure!(spec.contains(",reserve=1Pi,data="), "the reserve in STORAGE_POOLS: {spec}");
+    // The pod runs with it: its logs are JSON (spec.config.logFormat).
+    let status = wait_resource(ctx, "Available", |s| {
+        s["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Available" && c["status"] == "True"))
+    })
+    .await?;
+    ensure!(status["storagePoolStatuses"].as_array().map(Vec::len) == Some(1), "one pool: {status:#}");
+
+    let class = ctx.class(&ns, &[("storagePool", "data")]).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), &ns);
+    claims
+        .create(
+            &PostParams::default(),
+            &fixtures::claim(&ns, "spread", &class, "16Mi").provision_on_node(&node).build(),
+        )
+        .await?;
+    let run = PodRun::new(&ns, "writer", "echo on-disk-2 > /data/file").claim("spread").on_node(&node);
+    let outcome = ctx.lane.run_pod(&run).await?;
+    ensure!(outcome.exit_code == Some(0), "pod exited {:?}: {}", outcome.exit_code, outcome.logs);
+    let dir = ctx.lane.volume_dir(&ns, "spread").await?;
+    ensure!(dir.starts_with(&disks[1]), "the volume is on the disk with room past its reserve: {}", dir.display());
+    ensure!(std::fs::read_to_string(dir.join("file"))? == "on-disk-2\n", "written by the pod");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.lane.client(), OPERATOR_NAMESPACE);
+    let node_pod = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=hostpath-provisioner"))
+        .await?
+        .items
+        .into_iter()
+        .find(|p| p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet"))
+        .context("the node pod")?;
+    let logs = pods.logs(&node_pod.metadata.name.unwrap_or_default(), &Default::default()).await?;
+    ensure!(
+        logs.lines().any(|l| l.starts_with('{') && l.contains("\"level\"")),
+        "JSON logs (spec.config.logFormat): {}",
+        &logs[..logs.len().min(300)]
+    );
+
+    ctx.lane.delete_pod(&ns, "writer").await?;
+    ctx.delete_claim_and_wait_reclaimed(&ns, "spread").await?;
+    resources(ctx).delete(RESOURCE, &DeleteParams::default()).await?;
+    testbed::wait_for("the resource gone", LANE_TIMEOUT, || async {
+        anyhow::Ok(resources(ctx).get_opt(RESOURCE).await?.is_none().then_some(()))
+    })
+    .await?;
     ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! peers Service, the node DaemonSet), read from the very files users can read and changed only where the resource
 //! says so; the pool mounters' ServiceAccount; on OpenShift the SCCs of deploy/openshift (the node
 //! pods' and the pool mounters'); with the Prometheus Operator the metrics
-//! Service, ServiceMonitor and PrometheusRule of deploy/monitoring. Namespaced objects go in the
+//! Service, ServiceMonitor and PrometheusRule of deploy/monitoring; with published capacity the
+//! CSIDriver of the provisioner name (render_features.rs). Namespaced objects go in the
 //! operator's namespace; every object carries an owner reference to the resource, so that the
 //! garbage collector removes them with it.
 //!
@@ -170,6 +171,8 @@ struct ServedPool {
     held: bool,
     /// Where the node serves it when not at `path` (a kubevirt claim's `<path>/csi`).
     root: Option<String>,
+    /// The spec's entry (None: the legacy pool, or a held one), for its options.
+    options: Option<StoragePool>,
 }
 
 /// Renders `resource` for `environment`.
@@ -214,6 +217,7 @@ pub fn render(resource: &HostPathProvisioner, environment: &Environment) -> Rend
                     template: None,
                     held: true,
                     root: None,
+                    options: None,
                 });
             }
         }
@@ -320,6 +324,7 @@ fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> 
             template: None,
             held: false,
             root: None,
+            options: None,
         }];
     }
     let mut served = Vec::new();
@@ -343,6 +348,7 @@ fn served_pools(resource: &HostPathProvisioner, problems: &mut Vec<Problem>) -> 
                 template,
                 held: false,
                 root: None,
+                options: Some(pool.clone()),
             }),
         }
     }
@@ -417,6 +423,7 @@ fn objects(
     peers["metadata"]["namespace"] = json!(namespace);
     objects.push(desired(resource, "services", &peers)?);
     objects.push(desired(resource, "daemonsets", &daemonset(resource, environment, placement, pools)?)?);
+    objects.extend(features::capacity_driver(resource)?);
     if environment.openshift {
         for (file, name, text, account) in [
             ("scc.yaml", NODE_SCC, SCC, service_account_name.as_str()),
@@ -427,6 +434,9 @@ fn objects(
                 return Err(format!("{file}: the SCC is not named {name}, which the pods require"));
             }
             scc["users"] = json!([format!("system:serviceaccount:{namespace}:{account}")]);
+            if name == NODE_SCC {
+                features::apply_to_scc(resource, &mut scc);
+            }
             objects.push(desired(resource, "securitycontextconstraints", &scc)?);
         }
     }
@@ -481,6 +491,7 @@ fn daemonset(
     if let Some(policy) = resource.spec.image_pull_policy.as_deref().filter(|p| !p.is_empty()) {
         container.image_pull_policy = Some(policy.to_owned());
     }
+    features::apply_to_container(resource, container);
     let volumes = pod.volumes.get_or_insert_default();
     match &resource.spec.path_config {
         Some(path_config) => {
@@ -503,8 +514,8 @@ fn daemonset(
             let entries: Vec<String> = pools
                 .iter()
                 .map(|p| {
-                    let mountpoint = if p.template.is_some() || p.held { ",mountpoint" } else { "" };
-                    format!("{}={}{mountpoint}", p.name, p.root.as_deref().unwrap_or(&p.path))
+                    let options = features::pool_options(p.options.as_ref(), p.template.is_some() || p.held);
+                    format!("{}={}{options}", p.name, p.root.as_deref().unwrap_or(&p.path))
                 })
                 .collect();
             set_env(container, "STORAGE_POOLS", Some(&entries.join(",")));
@@ -608,6 +619,10 @@ fn from<T: DeserializeOwned>(value: Value) -> Result<T, String> {
 pub fn legacy_namespace() -> &'static str {
     LEGACY_NAMESPACE
 }
+
+#[path = "render_features.rs"]
+mod features;
+pub use features::{CONFIG_FIELDS, QUOTA_CAPABILITY, config_env, field_of_env};
 
 #[cfg(test)]
 #[path = "render_tests.rs"]

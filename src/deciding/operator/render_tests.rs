@@ -439,3 +439,155 @@ fn the_operator_may_change_only_the_cluster_objects_it_makes() {
 }
 
 const OPERATOR_RBAC: &str = include_str!("../../../deploy/operator/rbac.yaml");
+
+// --- The node provisioner's features: spec.config, pool options, several disks, quota,
+// published capacity. ---
+
+#[test]
+fn every_config_field_becomes_its_env_var_and_unset_ones_keep_the_files() {
+    let config = json!({
+        "provisionerName": "hostpath.example.org", "publishCapacity": true,
+        "nodeAffinityKeys": "example.com/disk-serial", "pvCapacity": "filesystem", "dirMode": "0770",
+        "requireMountpoint": true, "pvFinalizer": true, "provisionOnNode": "deny", "reservedSpace": "1Gi",
+        "capacityAccounting": "requests", "maxConcurrency": 4, "orphanSnapshotCopyGrace": "2h",
+        "logFormat": "json", "logLevel": "debug"
+    });
+    let rendered = render(
+        &with_spec(json!({"storagePools": [{"name": "a", "path": "/var/a"}], "config": config})),
+        &environment(),
+    );
+    assert_eq!(rendered.problems, []);
+    let pod = pod(&rendered);
+    let container = node_container(&pod);
+    assert_eq!(CONFIG_FIELDS.len(), config.as_object().expect("object").len(), "a field of spec.config is not tested");
+    for (field, variable) in CONFIG_FIELDS {
+        let value = &config[field];
+        let written = value.as_str().map(str::to_owned).unwrap_or_else(|| value.to_string());
+        assert_eq!(env(container, variable), Some(written.as_str()), "spec.config.{field} -> {variable}");
+    }
+    // Unset: the file's values stay.
+    let plain = render(&with_spec(json!({"storagePools": [{"name": "a", "path": "/var/a"}]})), &environment());
+    let pod = self::pod(&plain);
+    let file = the_files_pod();
+    for variable in ["PROVISIONER_NAME", "PV_CAPACITY", "DIR_MODE", "LOG_FORMAT", "RUST_LOG"] {
+        assert_eq!(env(node_container(&pod), variable), env(node_container(&file), variable), "{variable}");
+    }
+    assert_eq!(env(node_container(&pod), "PUBLISH_CAPACITY"), None);
+}
+
+#[test]
+fn pool_options_and_one_pool_over_several_disks_are_written_into_storage_pools() {
+    let rendered = render(
+        &with_spec(json!({"storagePools": [
+            {"name": "data", "path": "/mnt/disk1", "reserve": "10Gi", "accounting": "requests"},
+            {"name": "data", "path": "/mnt/disk2", "reserve": 1048576, "requireMountpoint": true},
+            {"name": "fast", "path": "/mnt/nvme", "requireMountpoint": false}
+        ]})),
+        &environment(),
+    );
+    assert_eq!(rendered.problems, []);
+    assert_eq!(rendered.served_pools, ["data", "data", "fast"]);
+    let pod = pod(&rendered);
+    assert_eq!(
+        env(node_container(&pod), "STORAGE_POOLS"),
+        Some(
+            "data=/mnt/disk1,reserve=10Gi,accounting=requests,data=/mnt/disk2,reserve=1048576,mountpoint,fast=/mnt/nvme"
+        )
+    );
+    // Each disk is mounted into the pod.
+    let mounts: Vec<_> = node_container(&pod).volume_mounts.iter().flatten().map(|m| m.mount_path.clone()).collect();
+    for path in ["/mnt/disk1", "/mnt/disk2", "/mnt/nvme"] {
+        assert!(mounts.iter().any(|m| m == path), "{path} not mounted: {mounts:?}");
+    }
+    // The binary reads it as one pool over two disks.
+    let pools =
+        crate::config::parse_pool_specs(env(node_container(&pod), "STORAGE_POOLS").expect("set")).expect("parses");
+    assert_eq!(pools.iter().filter(|p| p.name == "data").count(), 2);
+    assert_eq!(pools[0].reserve, Some(10 << 30));
+    assert!(pools[1].require_mountpoint && !pools[2].require_mountpoint);
+}
+
+#[test]
+fn a_pool_name_twice_with_a_claim_template_is_refused_naming_the_rule() {
+    let rendered = render(
+        &with_spec(json!({"storagePools": [
+            {"name": "data", "path": "/mnt/disk1", "pvcTemplate": {"resources": {"requests": {"storage": "1Gi"}}}},
+            {"name": "data", "path": "/mnt/disk2"}
+        ]})),
+        &environment(),
+    );
+    assert!(rendered.blocked() && rendered.objects.is_empty());
+    assert!(rendered.problems[0].message.contains(super::super::spec_rules::message::POOL_NAMES_UNIQUE));
+}
+
+#[test]
+fn the_quota_capability_is_added_to_the_pods_and_their_scc_only_when_enabled() {
+    let environment = Environment { openshift: true, ..environment() };
+    for enabled in [false, true] {
+        let rendered = render(
+            &with_spec(json!({"storagePools": [{"name": "a", "path": "/var/a"}], "quota": {"enabled": enabled}})),
+            &environment,
+        );
+        let pod = pod(&rendered);
+        let added = node_container(&pod)
+            .security_context
+            .as_ref()
+            .and_then(|s| s.capabilities.as_ref())
+            .and_then(|c| c.add.clone())
+            .unwrap_or_default();
+        assert_eq!(added.iter().any(|c| c == QUOTA_CAPABILITY), enabled, "{added:?}");
+        let scc = rendered
+            .objects
+            .iter()
+            .find(|o| o.kind == "SecurityContextConstraints" && o.name == NODE_SCC)
+            .expect("node SCC");
+        let allowed = scc.body["allowedCapabilities"].as_array().expect("allowed").clone();
+        assert_eq!(allowed.contains(&json!(QUOTA_CAPABILITY)), enabled, "{allowed:?}");
+        let mounter = rendered.objects.iter().find(|o| o.name == MOUNTER_SCC && o.kind == "SecurityContextConstraints");
+        assert!(!mounter.expect("mounter SCC").body.to_string().contains(QUOTA_CAPABILITY));
+    }
+}
+
+#[test]
+fn published_capacity_makes_a_csidriver_of_the_provisioner_name_owned_by_the_resource() {
+    let spec = |publish: bool| {
+        json!({"storagePools": [{"name": "a", "path": "/var/a"}],
+               "config": {"provisionerName": "hostpath.example.org", "publishCapacity": publish}})
+    };
+    let rendered = render(&with_spec(spec(true)), &environment());
+    let driver = object(&rendered, "CSIDriver");
+    assert_eq!(
+        (driver.name.as_str(), driver.namespace.as_deref(), driver.plural.as_str()),
+        ("hostpath.example.org", None, "csidrivers")
+    );
+    assert_eq!(driver.body["spec"]["storageCapacity"], json!(true));
+    assert_eq!(driver.body["metadata"]["ownerReferences"][0]["uid"], json!("u-1"));
+    assert_eq!(driver.body["metadata"]["labels"][OWNER_LABEL], json!("hpp"));
+    assert_eq!(env(node_container(&pod(&rendered)), "PUBLISH_CAPACITY"), Some("true"));
+    let off = render(&with_spec(spec(false)), &environment());
+    assert!(off.objects.iter().all(|o| o.kind != "CSIDriver"));
+    // The default name has a '/': no CSIDriver can carry it, refused as the CRD refuses it.
+    let refused = render(
+        &with_spec(json!({"storagePools": [{"name": "a", "path": "/var/a"}], "config": {"publishCapacity": true}})),
+        &environment(),
+    );
+    assert!(refused.blocked());
+    assert!(refused.problems[0].message.contains(super::super::spec_rules::message::PUBLISH_NEEDS_NAME));
+}
+
+#[test]
+fn the_operator_may_manage_the_csidriver_it_makes() {
+    let rbac: Vec<Value> = serde_saphyr::from_multiple(OPERATOR_RBAC).expect("rbac.yaml parses");
+    let cluster_role = rbac.iter().find(|d| d["kind"] == "ClusterRole").expect("ClusterRole");
+    let granted: Vec<String> = cluster_role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| r["resources"].as_array().is_some_and(|rs| rs.contains(&json!("csidrivers"))))
+        .flat_map(|r| r["verbs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    for verb in ["get", "list", "create", "patch", "delete"] {
+        assert!(granted.iter().any(|g| g == verb), "csidrivers: {verb} not granted");
+    }
+}

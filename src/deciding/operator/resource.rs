@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -55,6 +56,65 @@ pub struct Spec {
     /// Named pools, each a directory on the nodes (or a claim mounted there).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub storage_pools: Vec<StoragePool>,
+    // --- The node provisioner's features (the chart's `config` and `quota`) ---
+    /// Settings of the node provisioner, named as the chart's `config` values.
+    #[serde(default, skip_serializing_if = "NodeConfig::is_empty")]
+    pub config: NodeConfig,
+    /// The quota capability (`quota: enforce` classes on btrfs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<Quota>,
+}
+
+/// `spec.config`: the node provisioner's settings, each named as the chart's `config` value it
+/// matches and written into the node DaemonSet as that setting's env var
+/// ([`super::render::CONFIG_FIELDS`]). Unset keeps the binary's default.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioner_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_capacity: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_affinity_keys: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pv_capacity: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_mountpoint: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pv_finalizer: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provision_on_node: Option<String>,
+    /// A quantity; the chart writes it as a string, YAML users may write a number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_space: Option<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_accounting: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphan_snapshot_copy_grace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
+}
+
+impl NodeConfig {
+    pub fn is_empty(&self) -> bool {
+        *self == NodeConfig::default()
+    }
+}
+
+/// `spec.quota`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Quota {
+    /// Gives the node pods CAP_SYS_ADMIN, which btrfs asks to set and destroy qgroup limits.
+    #[serde(default)]
+    pub enabled: bool,
 }
 
 /// `spec.pathConfig`.
@@ -97,6 +157,16 @@ pub struct StoragePool {
     /// The CSI driver's overlay class; accepted, not acted upon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlay_class_name: Option<String>,
+    // --- Per-pool options of STORAGE_POOLS (the chart's pools[]) ---
+    /// Free space kept unallocated in this pool instead of `spec.config.reservedSpace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<IntOrString>,
+    /// free or requests, instead of `spec.config.capacityAccounting`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounting: Option<String>,
+    /// Serve the pool only while a filesystem is mounted at its path (a pool on a claim always is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_mountpoint: Option<bool>,
 }
 
 /// What the operator reports.
@@ -224,22 +294,45 @@ mod tests {
             keys.sort();
             keys
         };
-        assert_eq!(keys(spec), ["featureGates", "imagePullPolicy", "pathConfig", "storagePools", "workload"]);
+        assert_eq!(
+            keys(spec),
+            ["config", "featureGates", "imagePullPolicy", "pathConfig", "quota", "storagePools", "workload"]
+        );
         assert_eq!(keys(&spec["pathConfig"]["properties"]), ["path", "useNamingPrefix"]);
         assert_eq!(keys(&spec["workload"]["properties"]), ["affinity", "nodeSelector", "tolerations"]);
-        assert_eq!(
-            keys(&spec["storagePools"]["items"]["properties"]),
-            ["name", "overlayClassName", "path", "pvcTemplate", "snapshotProvider"]
-        );
+        assert_eq!(keys(&spec["quota"]["properties"]), ["enabled"]);
+        let pool_fields = [
+            "accounting",
+            "name",
+            "overlayClassName",
+            "path",
+            "pvcTemplate",
+            "requireMountpoint",
+            "reserve",
+            "snapshotProvider",
+        ];
+        assert_eq!(keys(&spec["storagePools"]["items"]["properties"]), pool_fields);
         let full = StoragePool {
             name: "a".into(),
             path: "/a".into(),
             pvc_template: Some(Value::Null),
             snapshot_provider: Some(String::new()),
             overlay_class_name: Some(String::new()),
+            reserve: Some(IntOrString::String("1Gi".into())),
+            accounting: Some(String::new()),
+            require_mountpoint: Some(true),
         };
         let written = serde_json::to_value(&full).expect("serialises");
-        assert_eq!(keys(&written), ["name", "overlayClassName", "path", "pvcTemplate", "snapshotProvider"]);
+        assert_eq!(keys(&written), pool_fields);
+        // spec.config: every field of the schema is one the types read and the reverse.
+        let config: NodeConfig = serde_json::from_value(serde_json::json!({
+            "provisionerName": "a", "publishCapacity": true, "nodeAffinityKeys": "k", "pvCapacity": "request",
+            "dirMode": "0777", "requireMountpoint": true, "pvFinalizer": true, "provisionOnNode": "allow",
+            "reservedSpace": "1Gi", "capacityAccounting": "free", "maxConcurrency": 4,
+            "orphanSnapshotCopyGrace": "1h", "logFormat": "text", "logLevel": "info"
+        }))
+        .expect("config reads");
+        assert_eq!(keys(&spec["config"]["properties"]), keys(&serde_json::to_value(&config).expect("serialises")));
         let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
         assert_eq!(
             keys(status),

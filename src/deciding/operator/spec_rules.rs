@@ -19,8 +19,7 @@ pub mod message {
     pub const PATH_CONFIG_SEGMENTS: &str =
         "spec.pathConfig.path must be a directory other than / without . or .. segments, such as /var/hpvolumes";
     pub const PATH_CONFIG_COMMA: &str = "spec.pathConfig.path must not contain a comma, which separates pools in the node provisioner's settings: use a directory without one";
-    pub const POOL_NAMES_UNIQUE: &str =
-        "each spec.storagePools[].name must be unique: rename or remove the duplicate pool";
+    pub const POOL_NAMES_UNIQUE: &str = "a spec.storagePools[].name listed more than once is one pool over several disks, which a pool on a claim cannot be: give each pool with a pvcTemplate a name of its own";
     pub const POOL_PATHS_UNIQUE: &str =
         "each spec.storagePools[].path must be unique: two pools cannot share a directory, give each its own";
     pub const POOL_INSIDE_POOL: &str = "a spec.storagePools[].path lies inside another pool's path: a volume of one would be a directory of the other; use separate directories such as /var/pool-a and /var/pool-b";
@@ -29,9 +28,12 @@ pub mod message {
     pub const POOL_SEGMENTS: &str =
         "spec.storagePools[].path must be a directory other than / without . or .. segments, such as /var/hpvolumes";
     pub const POOL_COMMA: &str = "spec.storagePools[].path must not contain a comma, which separates pools in the node provisioner's settings: use a directory without one";
+    pub const POOL_ACCOUNTING: &str =
+        "spec.storagePools[].accounting must be free or requests (case matters), or left out";
+    pub const PUBLISH_NEEDS_NAME: &str = "spec.config.publishCapacity needs spec.config.provisionerName to be an object name such as hostpath.example.org (kube-scheduler reads published capacity through a CSIDriver of that name)";
 
     /// Every rule's message, in the CRD's order.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 14] = [
         BOTH_FORMS,
         NEITHER_FORM,
         PULL_POLICY,
@@ -44,6 +46,8 @@ pub mod message {
         POOL_ABSOLUTE,
         POOL_SEGMENTS,
         POOL_COMMA,
+        POOL_ACCOUNTING,
+        PUBLISH_NEEDS_NAME,
     ];
 }
 
@@ -74,7 +78,8 @@ pub fn broken_rules(spec: &Spec) -> Vec<&'static str> {
         }
     }
     let count = |f: &dyn Fn(&super::resource::StoragePool) -> bool| pools.iter().filter(|p| f(p)).count();
-    if pools.iter().any(|a| count(&|b| b.name == a.name) != 1) {
+    // A name listed again is one pool over several disks: directories only.
+    if pools.iter().any(|a| a.pvc_template.is_some() && count(&|b| b.name == a.name) != 1) {
         broken.push(POOL_NAMES_UNIQUE);
     }
     if pools.iter().any(|a| count(&|b| b.path == a.path) != 1) {
@@ -95,6 +100,15 @@ pub fn broken_rules(spec: &Spec) -> Vec<&'static str> {
         if pools.iter().any(|pool| breaks(&pool.path)) {
             broken.push(rule);
         }
+    }
+    if pools.iter().any(|p| !matches!(p.accounting.as_deref(), None | Some("free" | "requests"))) {
+        broken.push(POOL_ACCOUNTING);
+    }
+    let config = &spec.config;
+    if config.publish_capacity == Some(true)
+        && !config.provisioner_name.as_deref().is_some_and(crate::deciding::layout::is_dns_subdomain)
+    {
+        broken.push(PUBLISH_NEEDS_NAME);
     }
     broken
 }
@@ -138,8 +152,21 @@ mod tests {
             (serde_json::json!({"pathConfig": {"path": "/"}}), vec![PATH_CONFIG_SEGMENTS]),
             (serde_json::json!({"pathConfig": {"path": "/a,b"}}), vec![PATH_CONFIG_COMMA]),
             (
-                serde_json::json!({"storagePools": [{"name": "a", "path": "/a"}, {"name": "a", "path": "/b"}]}),
+                serde_json::json!({"storagePools": [{"name": "a", "path": "/a", "pvcTemplate": {}}, {"name": "a", "path": "/b"}]}),
                 vec![POOL_NAMES_UNIQUE],
+            ),
+            (
+                serde_json::json!({"storagePools": [{"name": "a", "path": "/a", "accounting": "Requests"}]}),
+                vec![POOL_ACCOUNTING],
+            ),
+            (
+                serde_json::json!({"storagePools": [{"name": "a", "path": "/a"}], "config": {"publishCapacity": true}}),
+                vec![PUBLISH_NEEDS_NAME],
+            ),
+            (
+                serde_json::json!({"storagePools": [{"name": "a", "path": "/a"}],
+                    "config": {"publishCapacity": true, "provisionerName": "kubevirt.io/hostpath-provisioner"}}),
+                vec![PUBLISH_NEEDS_NAME],
             ),
             (
                 serde_json::json!({"storagePools": [{"name": "a", "path": "/a"}, {"name": "b", "path": "/a"}]}),
@@ -164,6 +191,11 @@ mod tests {
             serde_json::json!({"pathConfig": {"path": "/var/hpvolumes"}, "imagePullPolicy": "Always"}),
             serde_json::json!({"storagePools": [{"name": "a", "path": "/var/hp"}, {"name": "b", "path": "/var/hpx"}]}),
             serde_json::json!({"storagePools": [{"name": "a", "path": "/var/..hidden"}], "imagePullPolicy": ""}),
+            // One pool over two disks, with options, and capacity published under an object name.
+            serde_json::json!({"storagePools": [
+                {"name": "data", "path": "/mnt/disk1", "reserve": "1Gi", "accounting": "requests"},
+                {"name": "data", "path": "/mnt/disk2", "reserve": 1024, "requireMountpoint": true}],
+                "config": {"publishCapacity": true, "provisionerName": "hostpath.example.org"}}),
         ] {
             assert!(broken_rules(&spec(value.clone())).is_empty(), "{value}");
         }

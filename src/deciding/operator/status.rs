@@ -294,7 +294,10 @@ fn pool_statuses(observed: &Observed) -> Vec<StoragePoolStatus> {
         .spec
         .storage_pools
         .iter()
-        .map(|pool| {
+        .enumerate()
+        // A name listed again is the same pool on another disk: one status.
+        .filter(|(i, pool)| !observed.resource.spec.storage_pools[..*i].iter().any(|p| p.name == pool.name))
+        .map(|(_, pool)| {
             let served = observed.superseded_by.is_none() && observed.rendered.served_pools.contains(&pool.name);
             if let Some(state) = observed.pools_on_claim.iter().find(|p| p.name == pool.name).filter(|_| served) {
                 let phase = if !state.claims_made {

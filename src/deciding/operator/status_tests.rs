@@ -358,3 +358,15 @@ fn a_refused_resource_says_why_in_degraded_and_keeps_what_the_newer_operator_wro
     again.status = Some(refused.clone());
     assert_eq!(refused_status(&again, &newer, "2026-11-25T19:00:00Z"), refused);
 }
+
+/// A pool listed once per disk is one pool: one status, served and counted once.
+#[test]
+fn a_pool_over_several_disks_has_one_status() {
+    let resource = resource(json!({"storagePools": [
+        {"name": "data", "path": "/mnt/disk1"}, {"name": "fast", "path": "/mnt/ssd"}, {"name": "data", "path": "/mnt/disk2"}
+    ]}));
+    let status = observe(&resource, Some(rolled(2)), NOW);
+    let names: Vec<_> = status.storage_pool_statuses.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["data", "fast"]);
+    assert!(status.storage_pool_statuses.iter().all(|p| p.phase == "Ready"), "{:?}", status.storage_pool_statuses);
+}

@@ -124,25 +124,34 @@
 {{- end }}
 
 {{- /* operator.enabled: the operator makes the node DaemonSet from the HostPathProvisioner
-     resource, so the values that shape the chart's own DaemonSet would be dropped in silence.
-     Refused instead, naming each one set and where its setting goes (docs/operator.md, "The
-     chart's operator mode"). Compared with the chart's own defaults (values.yaml). */}}
+     resource. The values that have a field in the resource are carried into it
+     (hpp.operatorSpec); the others would be dropped in silence, so they are refused, naming
+     each one set and why (docs/operator.md, "The chart's operator mode"). Compared with the
+     chart's own defaults (values.yaml). */}}
 {{- define "hpp.validateOperatorMode" -}}
 {{- $defaults := include "hpp.nodeDefaults" . | fromJson }}
 {{- $where := dict
-  "pools" "spec.storagePools of operator.resource"
   "nodeGroups" "one HostPathProvisioner per group (docs/operator.md)"
-  "config" "the HostPathProvisioner's spec, where it has a field for the setting (docs/operator.md)"
   "extraEnv" "nowhere: the operator sets the node pods' environment from the resource"
   "tolerations" "spec.workload.tolerations of operator.resource"
   "nodeSelector" "spec.workload.nodeSelector of operator.resource"
   "affinity" "spec.workload.affinity of operator.resource"
   "resources" "nowhere: the operator gives the node pods the resources of deploy/legacy"
-  "quota" "nowhere: the operator's DaemonSet has no quota capability yet"
   "updateStrategy" "nowhere: the operator rolls its DaemonSet out itself"
   "priorityClassName" "nowhere: the operator's node pods are system-node-critical"
   "podAnnotations" "nowhere"
   "podLabels" "nowhere"
+}}
+{{- /* config values without a field in the resource (hpp.operatorConfigFields lists those
+     with one). */}}
+{{- $configWhere := dict
+  "useNamingPrefix" "spec.pathConfig.useNamingPrefix of operator.resource"
+  "nodeLeaseSeconds" "nowhere: the operator's node pods tell live peers by the peers Service, not by Leases"
+  "listenAddress" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
+  "metricsPort" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
+  "healthPort" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
+  "reapVolumesOfRemovedNodes" "not in this resource yet (docs/operator.md)"
+  "releaseClaimsOfRemovedNodes" "not in this resource yet (docs/operator.md)"
 }}
 {{- $set := list }}
 {{- range $key := keys $where | sortAlpha }}
@@ -150,7 +159,82 @@
 {{- $set = append $set (printf "%s (in operator mode: %s)" $key (get $where $key)) }}
 {{- end }}
 {{- end }}
-{{- if $set }}
-{{- fail (printf "operator.enabled: the operator makes the node DaemonSet from the HostPathProvisioner resource, so these values of the chart's own DaemonSet would be dropped: %s. Unset them, or install without operator mode" (join "; " $set)) }}
+{{- range $key := keys $configWhere | sortAlpha }}
+{{- if ne (toJson (get $.Values.config $key)) (toJson (get $defaults.config $key)) }}
+{{- $set = append $set (printf "config.%s (in operator mode: %s)" $key (get $configWhere $key)) }}
 {{- end }}
+{{- end }}
+{{- if .Values.csiDriver.create }}
+{{- $set = append $set "csiDriver.create (in operator mode the operator makes the CSIDriver itself when config.publishCapacity is true)" }}
+{{- end }}
+{{- if $set }}
+{{- fail (printf "operator.enabled: the operator makes the node DaemonSet from the HostPathProvisioner resource, which has no field for these values of the chart's own DaemonSet: %s. Unset them, or install without operator mode" (join "; " $set)) }}
+{{- end }}
+{{- end }}
+
+{{- /* The config values the HostPathProvisioner has a field for (spec.config, same names). */}}
+{{- define "hpp.operatorConfigFields" -}}
+["provisionerName", "publishCapacity", "nodeAffinityKeys", "pvCapacity", "dirMode", "requireMountpoint", "pvFinalizer", "provisionOnNode", "reservedSpace", "capacityAccounting", "maxConcurrency", "orphanSnapshotCopyGrace", "logFormat", "logLevel"]
+{{- end }}
+
+{{- /* The spec of the chart's HostPathProvisioner (JSON): operator.resource, with the chart's
+     values that have a field carried into it: config.* into spec.config, quota.enabled into
+     spec.quota, pools into spec.pathConfig (the legacy pool alone) or spec.storagePools. A value
+     set both ways differently, or set with no operator.resource to carry it, is refused. */}}
+{{- define "hpp.operatorSpec" -}}
+{{- $defaults := include "hpp.nodeDefaults" . | fromJson }}
+{{- $spec := deepCopy (.Values.operator.resource | default dict) }}
+{{- $carried := list }}
+{{- $config := deepCopy (get $spec "config" | default dict) }}
+{{- range $key := include "hpp.operatorConfigFields" . | fromJsonArray }}
+{{- $value := get $.Values.config $key }}
+{{- if ne (toJson $value) (toJson (get $defaults.config $key)) }}
+{{- if and (hasKey $config $key) (ne (toJson (get $config $key)) (toJson $value)) }}
+{{- fail (printf "operator.enabled: config.%s and operator.resource.config.%s are both set, differently: set it in one place" $key $key) }}
+{{- end }}
+{{- $_ := set $config $key $value }}
+{{- $carried = append $carried (printf "config.%s" $key) }}
+{{- end }}
+{{- end }}
+{{- if $config }}{{ $_ := set $spec "config" $config }}{{ end }}
+{{- if .Values.quota.enabled }}
+{{- $quota := deepCopy (get $spec "quota" | default dict) }}
+{{- if and (hasKey $quota "enabled") (not $quota.enabled) }}{{ fail "operator.enabled: quota.enabled and operator.resource.quota.enabled are both set, differently: set it in one place" }}{{ end }}
+{{- $_ := set $quota "enabled" true }}
+{{- $_ := set $spec "quota" $quota }}
+{{- $carried = append $carried "quota.enabled" }}
+{{- end }}
+{{- if ne (toJson .Values.pools) (toJson $defaults.pools) }}
+{{- if or (hasKey $spec "storagePools") (hasKey $spec "pathConfig") }}
+{{- fail "operator.enabled: pools and operator.resource's storagePools or pathConfig are both set: set the pools in one place" }}
+{{- end }}
+{{- $pools := list }}
+{{- $legacy := "" }}
+{{- range .Values.pools }}
+{{- if .shared }}{{ fail (printf "operator.enabled: pools: %s has shared: true, which the HostPathProvisioner has no field for (its shared pools are pools on a claim, spec.storagePools[].pvcTemplate)" .name) }}{{ end }}
+{{- if eq (.hostPathType | default "DirectoryOrCreate") "Directory" }}{{ fail (printf "operator.enabled: pools: %s has hostPathType: Directory; the operator's pools are DirectoryOrCreate: remove hostPathType and set requireMountpoint: true to keep volumes off the root disk" .name) }}{{ end }}
+{{- if eq .name "legacy" }}
+{{- $legacy = .path }}
+{{- else }}
+{{- $pool := dict "name" .name "path" .path }}
+{{- if hasKey . "reserve" }}{{ $_ := set $pool "reserve" (toString .reserve) }}{{ end }}
+{{- if hasKey . "accounting" }}{{ $_ := set $pool "accounting" .accounting }}{{ end }}
+{{- if hasKey . "requireMountpoint" }}{{ $_ := set $pool "requireMountpoint" .requireMountpoint }}{{ end }}
+{{- $pools = append $pools $pool }}
+{{- end }}
+{{- end }}
+{{- if and $legacy $pools }}
+{{- fail "operator.enabled: pools has legacy (PV_DIR) and other pools; the HostPathProvisioner serves either spec.pathConfig (legacy alone) or spec.storagePools: rename legacy to carry them all as storage pools" }}
+{{- end }}
+{{- if $legacy }}
+{{- $_ := set $spec "pathConfig" (dict "path" $legacy) }}
+{{- else }}
+{{- $_ := set $spec "storagePools" $pools }}
+{{- end }}
+{{- $carried = append $carried "pools" }}
+{{- end }}
+{{- if and $carried (not .Values.operator.resource) }}
+{{- fail (printf "operator.enabled: the chart carries %s into the HostPathProvisioner it makes from operator.resource, but operator.resource is empty, so there is none: set operator.resource (at least its workload), or set these in the spec of your own resource" (join ", " $carried)) }}
+{{- end }}
+{{- toJson $spec }}
 {{- end }}
