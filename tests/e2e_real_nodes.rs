@@ -47,6 +47,9 @@ use local_volumes::{
     a_pod_of_another_user_writes_into_a_class_owned_volume_through_its_group,
     two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
 };
+#[path = "real_nodes/registry_pull.rs"]
+mod registry_pull;
+use registry_pull::the_provisioner_image_is_pulled_by_reference_from_a_registry;
 #[path = "real_nodes/helm_test.rs"]
 mod helm_test;
 use helm_test::helm_test_provisions_a_volume_a_non_root_pod_writes_into_and_fails_when_it_cannot;
@@ -126,6 +129,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
         a_pod_of_another_user_writes_into_a_class_owned_volume_through_its_group,
         helm_test_provisions_a_volume_a_non_root_pod_writes_into_and_fails_when_it_cannot,
+        the_provisioner_image_is_pulled_by_reference_from_a_registry,
         // Before the other operator scenarios: nothing of the operator is applied yet.
         the_documented_one_step_helm_install_of_the_operator_provisions_a_volume_a_pod_writes,
         the_operator_mounts_a_pool_on_a_claim_of_a_local_pv_and_keeps_it_while_its_volume_lives,

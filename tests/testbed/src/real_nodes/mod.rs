@@ -282,6 +282,20 @@ impl Lane {
         Ok(())
     }
 
+    /// Node 1's containerd pulls images named `name/...` from `registry`, reached at
+    /// 127.0.0.1 and trusted by its CA, as an admin configures a registry mirror
+    /// (`hosts.toml`). Node 1 only: the second node's loopback is its own.
+    pub fn pull_through(&self, name: &str, registry: &crate::registry::Registry) -> Result<()> {
+        let dir = self.layout.dir.join("certs.d").join(name);
+        std::fs::create_dir_all(&dir)?;
+        let hosts = format!(
+            "server = \"https://{name}\"\n\n[host.\"https://127.0.0.1\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+            registry.ca_file().display()
+        );
+        std::fs::write(dir.join("hosts.toml"), hosts)?;
+        Ok(())
+    }
+
     /// Node 1's layout, and the second node's while it runs.
     fn node_layouts(&self) -> Vec<NodeLayout> {
         let mut layouts = vec![self.layout.clone()];

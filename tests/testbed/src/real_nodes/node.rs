@@ -160,10 +160,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{d}/cni/net.d"
+  # Where to pull from and whom to trust, per registry (`hosts.toml` files, read at each pull):
+  # empty unless a scenario names a registry (`Lane::pull_through`).
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{d}/certs.d"
 "#
     );
     let config_path = dir.join("containerd.toml");
     fs::write(&config_path, config)?;
+    fs::create_dir_all(dir.join("certs.d"))?;
     let (program, args) =
         layout.command(PathBuf::from("containerd"), vec!["--config".into(), config_path.display().to_string()]);
     let spec = ProcessSpec {
