@@ -55,8 +55,8 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     shell.set_image_in_kustomization("deploy/operator/kustomization.yaml");
     let found = shell.run(&docs.command("docs/operator.md", section, "kubectl get deployments -A"));
     assert!(found.lines().any(|l| l.starts_with("hostpath-provisioner ")), "found where it runs: {found}");
-    let namespace = [("<namespace>", "hostpath-provisioner")];
-    shell.run_with(&docs.command("docs/operator.md", section, "kubectl -n <namespace> delete deployment"), &namespace);
+    let namespace = [("NAMESPACE", "hostpath-provisioner")];
+    shell.run_with(&docs.command("docs/operator.md", section, "kubectl -n NAMESPACE delete deployment"), &namespace);
     assert!(shell.get(&operator_deployment).is_none());
     // Step 3: the CRD, whose schema another manager wrote, needs --force-conflicts.
     let unforced = shell.cp().run_kubectl(shell.dir(), &["apply", "--server-side", "-k", "deploy/operator"]);
@@ -90,7 +90,10 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
         assert!(why.as_str().is_some_and(|w| w.contains("kubevirt CSI driver")), "{object}");
     }
     let events = shell.kubectl(&["get", "events", "-n", "default", "-o", "json"]);
-    assert!(events.contains("TookOver") && events.contains("DaemonSet hostpath-provisioner-csi"), "{events}");
+    assert!(
+        events.contains("TookOver") && events.contains("DaemonSet hostpath-provisioner/hostpath-provisioner-csi"),
+        "{events}"
+    );
 
     // Going back: this operator stopped and its Deployment and DaemonSet deleted, its finalizer
     // removed, the kubevirt operator's manifest applied over its install.
@@ -152,7 +155,7 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
         &docs.command(
             "docs/operator.md",
             going_back,
-            "kubectl apply --server-side --force-conflicts -n <namespace> -f operator.yaml",
+            "kubectl apply --server-side --force-conflicts -n NAMESPACE -f operator.yaml",
         ),
         &namespace,
     );
@@ -170,7 +173,7 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     assert!(shell.get(&csi_daemonset).is_some() && shell.get(&csi_account).is_some(), "the CSI driver was collected");
     // Once no CSI PV is left, the CSI DaemonSet goes by hand.
     let kept = "What becomes of the kubevirt install";
-    shell.run_with(&docs.command("docs/operator.md", kept, "kubectl -n <namespace> delete daemonset"), &namespace);
+    shell.run_with(&docs.command("docs/operator.md", kept, "kubectl -n NAMESPACE delete daemonset"), &namespace);
     assert!(shell.get(&csi_daemonset).is_none());
     shell.finish();
 }

@@ -228,7 +228,7 @@ pub(super) async fn move_to_this_operator(
         found.lines().any(|l| l.split_whitespace().next() == Some(ns)),
         "the documented command finds the kubevirt operator in {ns}: {found}"
     );
-    run_documented(ctx, &work, &docs, SECTION, "kubectl -n <namespace> delete deployment", &[("<namespace>", ns)])?;
+    run_documented(ctx, &work, &docs, SECTION, "kubectl -n NAMESPACE delete deployment", &[("NAMESPACE", ns)])?;
     run_documented(ctx, &work, &docs, SECTION, "kubectl delete validatingwebhookconfiguration", &[])?;
     run_documented(
         ctx,
@@ -344,16 +344,16 @@ pub(super) async fn go_back(
         work,
         docs,
         GOING_BACK,
-        "kubectl apply --server-side --force-conflicts -n <namespace> -f operator.yaml",
-        &[("<namespace>", ns)],
+        "kubectl apply --server-side --force-conflicts -n NAMESPACE -f operator.yaml",
+        &[("NAMESPACE", ns)],
     )?;
     run_documented(
         ctx,
         work,
         docs,
         GOING_BACK,
-        "kubectl apply --server-side --force-conflicts -n <namespace> -f webhook.yaml",
-        &[("<namespace>", ns)],
+        "kubectl apply --server-side --force-conflicts -n NAMESPACE -f webhook.yaml",
+        &[("NAMESPACE", ns)],
     )?;
     let back = wait_operator_available(ctx, ns, "the kubevirt operator, back").await?;
     ensure!(
