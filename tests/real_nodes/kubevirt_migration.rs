@@ -355,6 +355,14 @@ pub(super) async fn go_back(
         "kubectl apply --server-side --force-conflicts -n NAMESPACE -f webhook.yaml",
         &[("NAMESPACE", ns)],
     )?;
+    if ns != NAMESPACE {
+        // What is left of this operator's install, whose names are not the kubevirt operator's
+        // here (in a shared namespace they are, and stay).
+        let leftovers = "kubectl -n hostpath-provisioner delete serviceaccount,role,rolebinding";
+        run_documented(ctx, work, docs, GOING_BACK, leftovers, &[])?;
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+        ensure!(accounts.get_opt(OPERATOR_DEPLOYMENT).await?.is_none(), "this operator's ServiceAccount removed");
+    }
     let back = wait_operator_available(ctx, ns, "the kubevirt operator, back").await?;
     ensure!(
         back.spec.as_ref().map(|s| &s.selector) == theirs.spec.as_ref().map(|s| &s.selector),
