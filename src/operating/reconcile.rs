@@ -47,11 +47,23 @@ pub async fn reconcile(resource: Arc<HostPathProvisioner>, ctx: Arc<Context>) ->
     let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
     let name = resource.name_any();
     let resource_for_events = resource.clone();
+    // What the kubevirt operator left, read first: where OLM manages that operator, or its pools
+    // on a claim are in another namespace, nothing is changed at all (not even the finalizer).
+    let facts = match super::takeover::read_facts(&ctx.client, &resource).await {
+        Ok(facts) => facts,
+        Err(error) => {
+            publish(&ctx, &resource, EventType::Warning, error.reason(), &error.to_string()).await;
+            return Err(error);
+        }
+    };
+    if let Some(stop) = super::takeover::stop(&ctx.namespace, &facts) {
+        return take_over_stopped(&resource, &ctx, &stop).await;
+    }
     // Deleted while the kubevirt operator's finalizer is still on it (this operator may never
     // have applied it): take over first, so that the garbage collector leaves the CSI driver
     // and nothing waits for a finalizer nobody removes. The change wakes the next reconcile.
     if resource.metadata.deletion_timestamp.is_some() && resource.finalizers().iter().any(|f| f == KUBEVIRT_FINALIZER) {
-        if let Err(error) = take_over(&resource, &ctx, true).await {
+        if let Err(error) = take_over(&resource, &ctx, &facts, true).await {
             publish(&ctx, &resource, EventType::Warning, reason::CLEANUP_FAILED, &error.to_string()).await;
             return Err(error);
         }
@@ -65,7 +77,7 @@ pub async fn reconcile(resource: Arc<HostPathProvisioner>, ctx: Arc<Context>) ->
     }
     let result = finalizer(&api, FINALIZER, resource, |event| async {
         match event {
-            Finalizing::Apply(resource) => apply(&resource, &ctx).await,
+            Finalizing::Apply(resource) => apply(&resource, &ctx, &facts).await,
             Finalizing::Cleanup(resource) => cleanup(&resource, &ctx).await,
         }
     })
@@ -108,7 +120,11 @@ pub fn error_policy(resource: Arc<HostPathProvisioner>, error: &OperatorError, _
     Action::requeue(Duration::from_secs(15))
 }
 
-async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, OperatorError> {
+async fn apply(
+    resource: &HostPathProvisioner,
+    ctx: &Context,
+    facts: &super::takeover::Facts,
+) -> Result<Action, OperatorError> {
     let name = resource.name_any();
     let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
     let all = api.list(&ListParams::default()).await.map_err(|e| OperatorError::api("list HostPathProvisioners", e))?;
@@ -170,7 +186,7 @@ async fn apply(resource: &HostPathProvisioner, ctx: &Context) -> Result<Action, 
         // runs on every selected node (never a node left without a provisioner), the rest stays
         // for its CSI volumes, its finalizer goes.
         let replace_legacy = node_daemonset_applied && rollout.as_ref().is_some_and(status::Rollout::complete);
-        if let Err(error) = take_over(resource, ctx, replace_legacy).await {
+        if let Err(error) = take_over(resource, ctx, facts, replace_legacy).await {
             apply_failure.get_or_insert(error.to_string());
         }
     }
@@ -247,8 +263,13 @@ async fn leave_to_the_newer_operator(
 
 /// Takes the resource over from the kubevirt operator, with an Event saying what was done (a
 /// failure is reported by the caller: in the status while the resource lives).
-async fn take_over(resource: &HostPathProvisioner, ctx: &Context, replace_legacy: bool) -> Result<(), OperatorError> {
-    match super::takeover::take_over(&ctx.client, &ctx.namespace, resource, replace_legacy).await {
+async fn take_over(
+    resource: &HostPathProvisioner,
+    ctx: &Context,
+    facts: &super::takeover::Facts,
+    replace_legacy: bool,
+) -> Result<(), OperatorError> {
+    match super::takeover::take_over(&ctx.client, resource, facts, replace_legacy).await {
         Ok(plan) if plan.is_empty() => Ok(()),
         Ok(plan) => {
             publish(ctx, resource, EventType::Normal, reason::TOOK_OVER, &plan.summary()).await;
@@ -259,6 +280,28 @@ async fn take_over(resource: &HostPathProvisioner, ctx: &Context, replace_legacy
             Err(error)
         }
     }
+}
+
+/// The take-over must not start: the condition `TakeOverStopped` and a Warning Event say why
+/// and what to do (once; nothing is written while they say it already), and the operator looks
+/// again in a minute.
+async fn take_over_stopped(
+    resource: &HostPathProvisioner,
+    ctx: &Context,
+    stop: &crate::deciding::operator::takeover_stop::Stop,
+) -> Result<Action, OperatorError> {
+    match super::takeover::report_stop(&ctx.client, resource, stop).await {
+        Ok(true) => {
+            tracing::warn!(resource = %resource.name_any(), reason = stop.reason, message = %stop.message, "not taking the resource over");
+            publish(ctx, resource, EventType::Warning, stop.reason, &stop.message).await;
+        }
+        Ok(false) => {}
+        Err(error) => {
+            tracing::warn!(resource = %resource.name_any(), %error, "cannot say why the resource is not taken over");
+            return Err(error);
+        }
+    }
+    Ok(Action::requeue(Duration::from_secs(60)))
 }
 
 /// Events and log lines for what changed: a new Degraded reason or message is a Warning (each

@@ -53,7 +53,10 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
 
     // Step 1: the image; step 2: the kubevirt operator's Deployment goes, the resource stays.
     shell.set_image_in_kustomization("deploy/operator/kustomization.yaml");
-    shell.run(&docs.command("docs/operator.md", section, "kubectl -n hostpath-provisioner delete deployment"));
+    let found = shell.run(&docs.command("docs/operator.md", section, "kubectl get deployments -A"));
+    assert!(found.lines().any(|l| l.starts_with("hostpath-provisioner ")), "found where it runs: {found}");
+    let namespace = [("NAMESPACE", "hostpath-provisioner")];
+    shell.run_with(&docs.command("docs/operator.md", section, "kubectl -n NAMESPACE delete deployment"), &namespace);
     assert!(shell.get(&operator_deployment).is_none());
     // Step 3: the CRD, whose schema another manager wrote, needs --force-conflicts.
     let unforced = shell.cp().run_kubectl(shell.dir(), &["apply", "--server-side", "-k", "deploy/operator"]);
@@ -87,7 +90,10 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
         assert!(why.as_str().is_some_and(|w| w.contains("kubevirt CSI driver")), "{object}");
     }
     let events = shell.kubectl(&["get", "events", "-n", "default", "-o", "json"]);
-    assert!(events.contains("TookOver") && events.contains("DaemonSet hostpath-provisioner-csi"), "{events}");
+    assert!(
+        events.contains("TookOver") && events.contains("DaemonSet hostpath-provisioner/hostpath-provisioner-csi"),
+        "{events}"
+    );
 
     // Going back: this operator stopped and its Deployment and DaemonSet deleted, its finalizer
     // removed, the kubevirt operator's manifest applied over its install.
@@ -145,11 +151,14 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     for field in ["observedVersion", "operatorVersion", "targetVersion"] {
         assert!(after["status"].get(field).is_none(), "{field} removed: {after}");
     }
-    shell.run(&docs.command(
-        "docs/operator.md",
-        going_back,
-        "kubectl apply --server-side --force-conflicts -n hostpath-provisioner -f operator.yaml",
-    ));
+    shell.run_with(
+        &docs.command(
+            "docs/operator.md",
+            going_back,
+            "kubectl apply --server-side --force-conflicts -n NAMESPACE -f operator.yaml",
+        ),
+        &namespace,
+    );
     let back = shell.must_get(&operator_deployment);
     assert_eq!(back["spec"]["selector"], theirs["spec"]["selector"], "the kubevirt operator's Deployment");
     assert_eq!(container(&back)["image"], container(&theirs)["image"]);
@@ -164,9 +173,152 @@ async fn coming_from_the_kubevirt_operator_and_going_back_run_as_written() {
     assert!(shell.get(&csi_daemonset).is_some() && shell.get(&csi_account).is_some(), "the CSI driver was collected");
     // Once no CSI PV is left, the CSI DaemonSet goes by hand.
     let kept = "What becomes of the kubevirt install";
-    shell.run(&docs.command("docs/operator.md", kept, "kubectl -n hostpath-provisioner delete daemonset"));
+    shell.run_with(&docs.command("docs/operator.md", kept, "kubectl -n NAMESPACE delete daemonset"), &namespace);
     assert!(shell.get(&csi_daemonset).is_none());
     shell.finish();
+}
+
+/// docs/operator.md, "OpenShift Virtualization and OLM": a kubevirt operator that OLM manages is
+/// never fought. The kubevirt install runs in `openshift-cnv` as OpenShift Virtualization's
+/// does, its Deployment shaped as OLM makes it (OLM's labels and its non-controller owner
+/// reference to the ClusterServiceVersion that lists it; OLM itself is not run here: no registry
+/// serves it to this build). This operator, applied beside it, changes nothing: no finalizer, no
+/// node DaemonSet, the kubevirt objects still owned by the resource, the kubevirt finalizer in
+/// place; the condition `TakeOverStopped` and a Warning Event say why and what to do. Once
+/// OLM's operator is uninstalled (its CSV and the Deployment gone), the take-over runs, there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kubevirt_operator_managed_by_olm_is_never_fought() {
+    let kubevirt = match kubevirt_operator_source() {
+        Ok(dir) => dir,
+        Err(error) => {
+            assert!(!testbed::in_ci(), "CI=true and {error:#}");
+            println!("SKIPPED: {error:#}");
+            return;
+        }
+    };
+    // The DaemonSet controller: this operator's node DaemonSet rolls out (to no node), so the
+    // take-over, once allowed, runs to its end.
+    let shell = Shell::with_controllers("a_kubevirt_operator_managed_by_olm_is_never_fought", &["daemonset"]).await;
+    let cnv = "openshift-cnv";
+    for file in ["operator.yaml", "hostpathprovisioner_legacy_cr.yaml"] {
+        std::fs::copy(kubevirt.join("deploy").join(file), shell.dir().join(file)).expect("copy a kubevirt file");
+    }
+    shell.kubectl(&["create", "namespace", cnv]);
+    shell.kubectl(&["create", "namespace", "hostpath-provisioner"]);
+    shell.kubectl(&["create", "-f", "operator.yaml", "-n", cnv]);
+    let crd = "crd/hostpathprovisioners.hostpathprovisioner.kubevirt.io";
+    shell.kubectl(&["wait", "--for", "condition=Established", crd]);
+    shell.kubectl(&["create", "-f", "hostpathprovisioner_legacy_cr.yaml"]);
+    let resource = ["hostpathprovisioner", "hostpath-provisioner"];
+    let uid = shell.must_get(&resource)["metadata"]["uid"].as_str().expect("uid").to_owned();
+    let finalizer = r#"{"metadata":{"finalizers":["finalizer.delete.hostpath-provisioner"]}}"#;
+    shell.kubectl(&["patch", "hostpathprovisioner", "hostpath-provisioner", "--type", "merge", "-p", finalizer]);
+    shell.copy_in("kubevirt-operator-objects.yaml");
+    shell.edit("kubevirt-operator-objects.yaml", "RESOURCE_UID", &uid);
+    shell.edit("kubevirt-operator-objects.yaml", "namespace: hostpath-provisioner", &format!("namespace: {cnv}"));
+    shell.kubectl(&["create", "-f", "kubevirt-operator-objects.yaml"]);
+    // OLM's ClusterServiceVersion kind (its CRD reduced to what is read here) and OpenShift
+    // Virtualization's CSV, which lists the kubevirt operator's Deployment.
+    let csv_crd = serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "clusterserviceversions.operators.coreos.com"},
+        "spec": {
+            "group": "operators.coreos.com", "scope": "Namespaced",
+            "names": {"plural": "clusterserviceversions", "singular": "clusterserviceversion",
+                      "kind": "ClusterServiceVersion", "listKind": "ClusterServiceVersionList", "shortNames": ["csv"]},
+            "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+        },
+    });
+    std::fs::write(shell.dir().join("csv-crd.json"), csv_crd.to_string()).expect("write");
+    shell.kubectl(&["create", "-f", "csv-crd.json"]);
+    shell.kubectl(&["wait", "--for", "condition=Established", "crd/clusterserviceversions.operators.coreos.com"]);
+    let csv_name = "kubevirt-hyperconverged-operator.v4.16.3";
+    let csv = serde_json::json!({
+        "apiVersion": "operators.coreos.com/v1alpha1", "kind": "ClusterServiceVersion",
+        "metadata": {"name": csv_name, "namespace": cnv},
+        "spec": {
+            "displayName": "OpenShift Virtualization",
+            "install": {"strategy": "deployment", "spec": {"deployments": [
+                {"name": "hco-operator", "spec": {}},
+                {"name": "hostpath-provisioner-operator", "spec": {}},
+            ]}},
+        },
+    });
+    std::fs::write(shell.dir().join("csv.json"), csv.to_string()).expect("write");
+    shell.kubectl(&["create", "-f", "csv.json"]);
+    let csv_uid = shell.must_get(&["csv", csv_name, "-n", cnv])["metadata"]["uid"].as_str().expect("uid").to_owned();
+    // What OLM writes on the Deployments it makes (operator-lifecycle-manager's ownerutil).
+    let olm = serde_json::json!({"metadata": {
+        "labels": {
+            "olm.owner": csv_name, "olm.owner.namespace": cnv, "olm.owner.kind": "ClusterServiceVersion",
+            "olm.deployment-spec-hash": "5c9bd7f8c4", "operators.coreos.com/kubevirt-hyperconverged.openshift-cnv": "",
+        },
+        "ownerReferences": [{
+            "apiVersion": "operators.coreos.com/v1alpha1", "kind": "ClusterServiceVersion", "name": csv_name,
+            "uid": csv_uid, "controller": false, "blockOwnerDeletion": false,
+        }],
+    }});
+    let theirs = ["deployment", "hostpath-provisioner-operator", "-n", cnv];
+    shell.kubectl(&["patch", theirs[0], theirs[1], "-n", cnv, "--type", "merge", "-p", &olm.to_string()]);
+
+    // This operator, applied beside it.
+    shell.set_image_in_kustomization("deploy/operator/kustomization.yaml");
+    shell.kubectl(&["apply", "--server-side", "--force-conflicts", "-k", "deploy/operator"]);
+    let operator = OperatorProcess::start(&shell);
+    let stopped = testbed::wait_for("the condition TakeOverStopped", WAIT, || async {
+        let status = shell.get(&resource).map(|r| r["status"].clone()).unwrap_or_default();
+        let condition =
+            status["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "TakeOverStopped").cloned();
+        anyhow::Ok(condition)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", shell.read("operator.log")));
+    assert_eq!(stopped["reason"], "KubevirtOperatorManagedByOLM", "{stopped}");
+    let message = stopped["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&format!("ClusterServiceVersion {cnv}/{csv_name}")), "{message}");
+    let events = shell.kubectl(&["get", "events", "-n", "default", "-o", "json"]);
+    assert!(events.contains("KubevirtOperatorManagedByOLM"), "a Warning Event: {events}");
+    // Nothing changed, a while later (several reconciles).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = shell.must_get(&resource);
+    assert_eq!(after["metadata"]["finalizers"], serde_json::json!(["finalizer.delete.hostpath-provisioner"]));
+    assert!(shell.get(&["daemonset", "kubevirt-hostpath-provisioner", "-n", "hostpath-provisioner"]).is_none());
+    for owned in ["hostpath-provisioner", "hostpath-provisioner-csi"] {
+        let daemonset = shell.must_get(&["daemonset", owned, "-n", cnv]);
+        assert_eq!(daemonset["metadata"]["ownerReferences"][0]["uid"], uid.as_str(), "{owned} untouched");
+    }
+    let generation = after["metadata"]["generation"].clone();
+    let resource_version = after["metadata"]["resourceVersion"].clone();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        shell.must_get(&resource)["metadata"]["resourceVersion"],
+        resource_version,
+        "the condition is written once (generation {generation})"
+    );
+
+    // OLM's operator uninstalled: its CSV and its Deployment go. The take-over runs, in
+    // openshift-cnv: the legacy DaemonSet deleted and the CSI DaemonSet kept without owner there,
+    // the finalizer replaced.
+    shell.kubectl(&["delete", "csv", csv_name, "-n", cnv]);
+    shell.kubectl(&["delete", theirs[0], theirs[1], "-n", cnv]);
+    testbed::wait_for("the take-over in openshift-cnv", WAIT, || async {
+        let resource = shell.must_get(&resource);
+        let finalizers = resource["metadata"]["finalizers"].clone();
+        let csi = shell.must_get(&["daemonset", "hostpath-provisioner-csi", "-n", cnv]);
+        let legacy = shell.get(&["daemonset", "hostpath-provisioner", "-n", cnv]);
+        let conditions = resource["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        anyhow::Ok(
+            (finalizers == serde_json::json!(["hostpathprovisioner.kubevirt.io/cleanup"])
+                && csi["metadata"].get("ownerReferences").is_none()
+                && legacy.is_none()
+                && !conditions.iter().any(|c| c["type"] == "TakeOverStopped"))
+            .then_some(()),
+        )
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", shell.read("operator.log")));
+    drop(operator);
 }
 
 /// docs/operator.md, "Coming from the kubevirt operator": a resource the kubevirt operator's

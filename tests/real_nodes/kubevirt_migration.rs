@@ -49,12 +49,14 @@ pub(super) const GOING_BACK: &str = "Going back";
 pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_with_its_volumes_two_nodes(
     ctx: &Ctx,
 ) -> Result<()> {
-    let Some(install) = install_kubevirt(ctx).await? else { return Ok(()) };
-    let Install { build, dir, our_image, theirs, started } = &install;
+    // The kubevirt install in a namespace of its own, as many clusters have it: the take-over
+    // finds it by the owner references to the resource, and the way back restores it there.
+    let Some(install) = install_kubevirt(ctx, ELSEWHERE).await? else { return Ok(()) };
+    let Install { build, dir, our_image, theirs, started, ns } = &install;
     // Its `pathConfig` example, on the second node only (the storage node: the kubelet's
     // default root, which the kubevirt DaemonSets hard-code, is there).
     let resource = build.resource("hostpathprovisioner_legacy_cr.yaml", ctx.lane.pool_root())?;
-    create_resource(ctx, dir, resource)?;
+    create_resource(ctx, dir, ns, resource)?;
     // Its webhook answers: a resource with both a pathConfig and pools is refused by it (the
     // kubevirt CRD's schema lets it through).
     let both = json!({
@@ -69,9 +71,9 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
         "the kubevirt webhook refuses a resource with both: {refused:?}"
     );
     for daemonset in [LEGACY_DAEMONSET, CSI_DAEMONSET] {
-        wait_rolled_out(ctx, NAMESPACE, daemonset).await?;
+        wait_rolled_out(ctx, ns, daemonset).await?;
     }
-    wait_driver_registered(ctx).await?;
+    wait_driver_registered(ctx, ns).await?;
     create_csi_class(ctx, dir, &build.source.join("deploy/storageclass-wffc-legacy-csi.yaml"))?;
     println!(
         "    kubevirt operator, legacy provisioner and CSI driver running in {:.1} s",
@@ -85,8 +87,8 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
     let csi = volumes.claim_with_writer("csi-theirs", CSI_CLASS).await?;
     ensure!(csi_driver_of(&csi) == Some(CSI_DRIVER), "csi-theirs is a CSI volume: {:?}", csi.spec);
 
-    let (docs, work) = move_to_this_operator(ctx, dir, our_image).await?;
-    wait_gone::<DaemonSet>(ctx, LEGACY_DAEMONSET).await?;
+    let (docs, work) = move_to_this_operator(ctx, dir, our_image, ns).await?;
+    wait_gone::<DaemonSet>(ctx, ns, LEGACY_DAEMONSET).await?;
     // Every pod kept running with its data; the CSI volume mounts again for a new pod.
     volumes.still_running_with_their_data(&["legacy-theirs", "csi-theirs"]).await?;
     volumes.mounts_again("csi-theirs").await?;
@@ -96,13 +98,15 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
     ensure!(made_by_us(&ours), "legacy-ours made by this provisioner");
     let csi_after = volumes.claim_with_writer("csi-after", CSI_CLASS).await?;
     ensure!(csi_driver_of(&csi_after) == Some(CSI_DRIVER), "csi-after made by the kept CSI driver");
-    // The kubevirt legacy provisioner's volume is reclaimed by this one.
+    // The kubevirt legacy provisioner's volume is reclaimed by this one, and a CSI volume by
+    // the kept CSI driver while this operator is in charge.
     volumes.reclaim("legacy-theirs").await?;
+    volumes.reclaim("csi-theirs").await?;
     println!("    moved to this operator in {:.1} s", started.elapsed().as_secs_f64());
 
-    go_back(ctx, dir, &work, &docs, theirs).await?;
-    wait_rolled_out(ctx, NAMESPACE, LEGACY_DAEMONSET).await?;
-    volumes.still_running_with_their_data(&["csi-theirs", "legacy-ours", "csi-after"]).await?;
+    go_back(ctx, dir, &work, &docs, theirs, ns).await?;
+    wait_rolled_out(ctx, ns, LEGACY_DAEMONSET).await?;
+    volumes.still_running_with_their_data(&["legacy-ours", "csi-after"]).await?;
     volumes.mounts_again("csi-after").await?;
     let go_again = volumes.claim_with_writer("legacy-back", CLASS).await?;
     ensure!(!made_by_us(&go_again), "legacy-back made by the kubevirt legacy provisioner");
@@ -110,13 +114,13 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
     volumes.reclaim("legacy-ours").await?;
 
     // The resource deletes: the kubevirt operator removes its finalizer and its DaemonSets.
-    for claim in ["csi-theirs", "csi-after", "legacy-back"] {
+    for claim in ["csi-after", "legacy-back"] {
         volumes.reclaim(claim).await?;
     }
     kubectl(ctx, dir, &["delete", "hostpathprovisioner", RESOURCE, "--timeout=120s"])?;
-    wait_gone::<DaemonSet>(ctx, LEGACY_DAEMONSET).await?;
+    wait_gone::<DaemonSet>(ctx, ns, LEGACY_DAEMONSET).await?;
     println!("    back to the kubevirt operator and deleted in {:.1} s", started.elapsed().as_secs_f64());
-    uninstall_kubevirt(ctx, dir).await
+    uninstall_kubevirt(ctx, dir, ns).await
 }
 
 /// The kubevirt install, running, and what a scenario needs of it.
@@ -129,12 +133,23 @@ pub(super) struct Install {
     /// The kubevirt operator's Deployment.
     pub(super) theirs: Deployment,
     pub(super) started: Instant,
+    /// The namespace it runs in.
+    pub(super) ns: &'static str,
 }
 
+/// Another namespace than this operator's, for the kubevirt install (one many upstream installs
+/// use); this operator runs in [`NAMESPACE`], where both operators' manifests install.
+pub(super) const ELSEWHERE: &str = "kubevirt-hostpath-provisioner";
+/// The Prometheus Operator's kinds (their CRDs only, no Prometheus): both operators make their
+/// monitoring where these are served.
+const MONITORING_CRDS: [&str; 2] =
+    ["monitoring.coreos.com_prometheusrules.yaml", "monitoring.coreos.com_servicemonitors.yaml"];
+
 /// Builds the kubevirt programs (cached), brings the lane's second node, imports the images,
-/// sets deploy/legacy aside and installs the kubevirt operator as its README says (cert-manager's
-/// part done by the lane); `None` (saying where it runs) unless [`MIGRATION_ENV`] is 1.
-pub(super) async fn install_kubevirt(ctx: &Ctx) -> Result<Option<Install>> {
+/// sets deploy/legacy aside, serves the Prometheus Operator's kinds, and installs the kubevirt
+/// operator as its README says in namespace `ns` (cert-manager's part done by the lane); `None`
+/// (saying where it runs) unless [`MIGRATION_ENV`] is 1.
+pub(super) async fn install_kubevirt(ctx: &Ctx, ns: &'static str) -> Result<Option<Install>> {
     if std::env::var(MIGRATION_ENV).as_deref() != Ok("1") {
         println!("    not here: run by `make test-kubevirt-migration` ({MIGRATION_ENV}=1; its build is long)");
         return Ok(None);
@@ -160,22 +175,30 @@ pub(super) async fn install_kubevirt(ctx: &Ctx) -> Result<Option<Install>> {
     )?;
     // The CSI class name is the same in both examples, with other parameters.
     kubectl(ctx, &dir, &["delete", "storageclass", CSI_CLASS, "--ignore-not-found"])?;
-    std::fs::write(dir.join("namespace.yaml"), build.read("namespace.yaml")?)?;
-    std::fs::write(dir.join("webhook.yaml"), build.webhook_manifest()?)?;
-    std::fs::write(dir.join("operator.yaml"), build.operator_manifest(&images)?)?;
+    let crds = testbed::deploy_tool(testbed::DeployTool::Crds)?;
+    for crd in MONITORING_CRDS {
+        kubectl(ctx, &dir, &["apply", "--server-side", "-f", &crds.join(crd).display().to_string()])?;
+    }
+    for crd in ["prometheusrules", "servicemonitors"] {
+        let established = format!("crd/{crd}.monitoring.coreos.com");
+        kubectl(ctx, &dir, &["wait", "--for", "condition=Established", &established])?;
+    }
+    std::fs::write(dir.join("namespace.yaml"), kubevirt::in_namespace(build.read("namespace.yaml")?, ns)?)?;
+    std::fs::write(dir.join("webhook.yaml"), build.webhook_manifest_in(ns)?)?;
+    std::fs::write(dir.join("operator.yaml"), kubevirt::in_namespace(build.operator_manifest(&images)?, ns)?)?;
     kubectl(ctx, &dir, &["apply", "-f", "namespace.yaml"])?;
-    kubectl(ctx, &dir, &["create", "-f", "webhook.yaml", "-n", NAMESPACE])?;
-    kubectl(ctx, &dir, &["create", "-f", "operator.yaml", "-n", NAMESPACE])?;
-    let theirs = wait_operator_available(ctx, "the kubevirt operator").await?;
-    Ok(Some(Install { build, dir, our_image, theirs, started }))
+    kubectl(ctx, &dir, &["create", "-f", "webhook.yaml", "-n", ns])?;
+    kubectl(ctx, &dir, &["create", "-f", "operator.yaml", "-n", ns])?;
+    let theirs = wait_operator_available(ctx, ns, "the kubevirt operator").await?;
+    Ok(Some(Install { build, dir, our_image, theirs, started, ns }))
 }
 
 /// `resource` (an example of the kubevirt operator) pointed at the storage node and created.
-pub(super) fn create_resource(ctx: &Ctx, dir: &Path, resource: String) -> Result<()> {
+pub(super) fn create_resource(ctx: &Ctx, dir: &Path, ns: &str, resource: String) -> Result<()> {
     let resource = edit(resource, &[("kubernetes.io/os: linux", &format!("kubernetes.io/hostname: {NODE2_NAME}"))])?;
     std::fs::write(dir.join("resource.yaml"), resource)?;
     kubectl(ctx, dir, &["create", "-f", "resource.yaml"])
-        .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)))?;
+        .map_err(|e| e.context(pod_logs(ctx, ns, OPERATOR_DEPLOYMENT)))?;
     Ok(())
 }
 
@@ -186,17 +209,26 @@ fn create_csi_class(ctx: &Ctx, dir: &Path, file: &Path) -> Result<()> {
 
 /// The move, as docs/operator.md says: the image set in deploy/operator (step 1), the kubevirt
 /// operator and its webhook stopped (step 2), this operator applied (step 3), Available with a
-/// `TookOver` Event (step 4); the CSI DaemonSet kept, the finalizer replaced. Returns the
+/// `TookOver` Event (step 4); the CSI DaemonSet kept in `ns` (the kubevirt install's), the
+/// finalizer replaced, the kubevirt monitoring replaced by this operator's. Returns the
 /// documented commands and the directory the steps ran in.
 pub(super) async fn move_to_this_operator(
     ctx: &Ctx,
     dir: &Path,
     our_image: &str,
+    ns: &str,
 ) -> Result<(Vec<testbed::documented_commands::DocumentedCommand>, PathBuf)> {
     let docs = testbed::documented_commands::documented_commands(&ctx.repo)?;
     let work = dir.join("ours");
     copy_deploy(&ctx.repo, &work, our_image)?;
-    run_documented(ctx, &work, &docs, SECTION, "kubectl -n hostpath-provisioner delete deployment", &[])?;
+    // Before: the kubevirt operator's monitoring, made by it in its namespace.
+    wait_monitoring(ctx, &[(ns, "prometheus-hpp-rules")], &[(ns, "service-monitor-hpp")]).await?;
+    let found = run_documented(ctx, &work, &docs, SECTION, "kubectl get deployments -A", &[])?;
+    ensure!(
+        found.lines().any(|l| l.split_whitespace().next() == Some(ns)),
+        "the documented command finds the kubevirt operator in {ns}: {found}"
+    );
+    run_documented(ctx, &work, &docs, SECTION, "kubectl -n NAMESPACE delete deployment", &[("NAMESPACE", ns)])?;
     run_documented(ctx, &work, &docs, SECTION, "kubectl delete validatingwebhookconfiguration", &[])?;
     run_documented(
         ctx,
@@ -206,12 +238,12 @@ pub(super) async fn move_to_this_operator(
         "kubectl apply --server-side --force-conflicts -k deploy/operator",
         &[],
     )?;
-    wait_operator_available(ctx, "this operator").await?;
+    wait_operator_available(ctx, NAMESPACE, "this operator").await?;
     wait_condition(ctx, "Available", "True").await?;
     wait_rolled_out(ctx, NAMESPACE, OUR_DAEMONSET).await?;
     // The take-over's steps land one by one (Available can come before the last of them).
     let events: Api<Event> = Api::namespaced(ctx.lane.client(), "default");
-    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.lane.client(), ns);
     testbed::wait_for(
         "a TookOver Event, the CSI DaemonSet kept without owner, the kubevirt finalizer replaced",
         Duration::from_secs(240),
@@ -230,7 +262,54 @@ pub(super) async fn move_to_this_operator(
     )
     .await
     .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)))?;
+    // After: this operator's monitoring only; the kubevirt operator's, which watched pods that
+    // no longer run, deleted with its metrics Service.
+    let ours = "kubevirt-hostpath-provisioner";
+    wait_monitoring(ctx, &[(NAMESPACE, ours)], &[(NAMESPACE, ours)]).await?;
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(ctx.lane.client(), ns);
+    ensure!(services.get_opt("hpp-prometheus-metrics").await?.is_none(), "the kubevirt metrics Service deleted");
     Ok((docs, work))
+}
+
+/// Waits until the PrometheusRules and ServiceMonitors of the cluster are exactly `rules` and
+/// `monitors` ((namespace, name) each).
+async fn wait_monitoring(ctx: &Ctx, rules: &[(&str, &str)], monitors: &[(&str, &str)]) -> Result<()> {
+    let list = |plural: &'static str, kind: &'static str| async move {
+        let gvk = kube::core::GroupVersionKind::gvk("monitoring.coreos.com", "v1", kind);
+        let api: Api<DynamicObject> =
+            Api::all_with(ctx.lane.client(), &kube::core::ApiResource::from_gvk_with_plural(&gvk, plural));
+        let mut names: Vec<String> = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|o| format!("{}/{}", o.metadata.namespace.unwrap_or_default(), o.metadata.name.unwrap_or_default()))
+            .collect();
+        names.sort();
+        anyhow::Ok(names)
+    };
+    let want = |set: &[(&str, &str)]| {
+        let mut names: Vec<String> = set.iter().map(|(ns, name)| format!("{ns}/{name}")).collect();
+        names.sort();
+        names
+    };
+    let (rules, monitors) = (want(rules), want(monitors));
+    let last = std::sync::Mutex::new((Vec::new(), Vec::new()));
+    testbed::wait_for("the PrometheusRules and ServiceMonitors", LANE_TIMEOUT, || {
+        let (rules, monitors, last) = (&rules, &monitors, &last);
+        async move {
+            let found =
+                (list("prometheusrules", "PrometheusRule").await?, list("servicemonitors", "ServiceMonitor").await?);
+            let done = &found.0 == rules && &found.1 == monitors;
+            *last.lock().expect("not poisoned") = found;
+            anyhow::Ok(done.then_some(()))
+        }
+    })
+    .await
+    .map_err(|e| {
+        let found = last.lock().expect("not poisoned").clone();
+        e.context(format!("wanted rules {rules:?} and monitors {monitors:?}, found {found:?}"))
+    })
 }
 
 /// Going back, as docs/operator.md says, with the kubevirt operator's files it was installed
@@ -241,6 +320,7 @@ pub(super) async fn go_back(
     work: &Path,
     docs: &[testbed::documented_commands::DocumentedCommand],
     theirs: &Deployment,
+    ns: &str,
 ) -> Result<()> {
     run_documented(
         ctx,
@@ -252,6 +332,7 @@ pub(super) async fn go_back(
     )?;
     run_documented(ctx, work, docs, GOING_BACK, "kubectl -n hostpath-provisioner delete daemonset", &[])?;
     run_documented(ctx, work, docs, GOING_BACK, "kubectl -n hostpath-provisioner delete deployment -l", &[])?;
+    run_documented(ctx, work, docs, GOING_BACK, "kubectl -n hostpath-provisioner delete prometheusrule", &[])?;
     let name = [("<name>", RESOURCE)];
     run_documented(ctx, work, docs, GOING_BACK, "kubectl patch hostpathprovisioner <name> --type", &name)?;
     run_documented(ctx, work, docs, GOING_BACK, "kubectl patch hostpathprovisioner <name> --subresource", &name)?;
@@ -263,31 +344,45 @@ pub(super) async fn go_back(
         work,
         docs,
         GOING_BACK,
-        "kubectl apply --server-side --force-conflicts -n hostpath-provisioner -f operator.yaml",
-        &[],
+        "kubectl apply --server-side --force-conflicts -n NAMESPACE -f operator.yaml",
+        &[("NAMESPACE", ns)],
     )?;
     run_documented(
         ctx,
         work,
         docs,
         GOING_BACK,
-        "kubectl apply --server-side --force-conflicts -n hostpath-provisioner -f webhook.yaml",
-        &[],
+        "kubectl apply --server-side --force-conflicts -n NAMESPACE -f webhook.yaml",
+        &[("NAMESPACE", ns)],
     )?;
-    let back = wait_operator_available(ctx, "the kubevirt operator, back").await?;
+    if ns != NAMESPACE {
+        // What is left of this operator's install, whose names are not the kubevirt operator's
+        // here (in a shared namespace they are, and stay).
+        let leftovers = "kubectl -n hostpath-provisioner delete serviceaccount,role,rolebinding";
+        run_documented(ctx, work, docs, GOING_BACK, leftovers, &[])?;
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+        ensure!(accounts.get_opt(OPERATOR_DEPLOYMENT).await?.is_none(), "this operator's ServiceAccount removed");
+    }
+    let back = wait_operator_available(ctx, ns, "the kubevirt operator, back").await?;
     ensure!(
         back.spec.as_ref().map(|s| &s.selector) == theirs.spec.as_ref().map(|s| &s.selector),
         "its own Deployment again"
     );
-    wait_rolled_out(ctx, NAMESPACE, CSI_DAEMONSET).await?;
+    wait_rolled_out(ctx, ns, CSI_DAEMONSET).await?;
+    // The kubevirt operator's monitoring back, made by it; this operator's gone.
+    wait_monitoring(ctx, &[(ns, "prometheus-hpp-rules")], &[(ns, "service-monitor-hpp")]).await?;
     Ok(())
 }
 
-/// As the lane was: the kubevirt install out, the CSI class gone, deploy/legacy back.
-pub(super) async fn uninstall_kubevirt(ctx: &Ctx, dir: &Path) -> Result<()> {
-    kubectl(ctx, dir, &["delete", "-f", "operator.yaml", "-n", NAMESPACE, "--ignore-not-found", "--wait"])?;
-    kubectl(ctx, dir, &["delete", "-f", "webhook.yaml", "-n", NAMESPACE, "--ignore-not-found"])?;
+/// As the lane was: the kubevirt install out, the CSI class and the monitoring kinds gone,
+/// deploy/legacy back.
+pub(super) async fn uninstall_kubevirt(ctx: &Ctx, dir: &Path, ns: &str) -> Result<()> {
+    kubectl(ctx, dir, &["delete", "-f", "operator.yaml", "-n", ns, "--ignore-not-found", "--wait"])?;
+    kubectl(ctx, dir, &["delete", "-f", "webhook.yaml", "-n", ns, "--ignore-not-found"])?;
     kubectl(ctx, dir, &["delete", "storageclass", CSI_CLASS, "--ignore-not-found"])?;
+    for crd in ["prometheusrules", "servicemonitors"] {
+        kubectl(ctx, dir, &["delete", "crd", &format!("{crd}.monitoring.coreos.com"), "--ignore-not-found"])?;
+    }
     ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
     Ok(())
 }
@@ -349,8 +444,8 @@ fn copy_deploy(repo: &Path, work: &Path, image: &str) -> Result<()> {
     Ok(())
 }
 
-async fn wait_operator_available(ctx: &Ctx, what: &str) -> Result<Deployment> {
-    let deployments: Api<Deployment> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+async fn wait_operator_available(ctx: &Ctx, ns: &str, what: &str) -> Result<Deployment> {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.lane.client(), ns);
     testbed::wait_until(
         &format!("{what} available"),
         Duration::from_secs(240),
@@ -358,7 +453,7 @@ async fn wait_operator_available(ctx: &Ctx, what: &str) -> Result<Deployment> {
         |d| d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0) >= 1,
     )
     .await
-    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)).context(ctx.lane.log_tails(30)))
+    .map_err(|e| e.context(pod_logs(ctx, ns, OPERATOR_DEPLOYMENT)).context(ctx.lane.log_tails(30)))
 }
 
 pub(super) async fn wait_rolled_out(ctx: &Ctx, ns: &str, name: &str) -> Result<DaemonSet> {
@@ -380,15 +475,15 @@ pub(super) async fn wait_rolled_out(ctx: &Ctx, ns: &str, name: &str) -> Result<D
     .map_err(|e| e.context(pod_logs(ctx, ns, name)).context(ctx.lane.log_tails(30)))
 }
 
-pub(super) async fn wait_gone<K>(ctx: &Ctx, name: &str) -> Result<()>
+pub(super) async fn wait_gone<K>(ctx: &Ctx, ns: &str, name: &str) -> Result<()>
 where
     K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let api: Api<K> = Api::namespaced(ctx.lane.client(), NAMESPACE);
-    testbed::wait_for(&format!("{name} gone"), LANE_TIMEOUT, || async {
+    let api: Api<K> = Api::namespaced(ctx.lane.client(), ns);
+    testbed::wait_for(&format!("{ns}/{name} gone"), LANE_TIMEOUT, || async {
         anyhow::Ok(api.get_opt(name).await?.is_none().then_some(()))
     })
     .await
@@ -396,7 +491,7 @@ where
 
 /// The kubelet of the storage node lists the CSI driver in its CSINode (the registrar did its
 /// part).
-pub(super) async fn wait_driver_registered(ctx: &Ctx) -> Result<()> {
+pub(super) async fn wait_driver_registered(ctx: &Ctx, ns: &str) -> Result<()> {
     let nodes: Api<k8s_openapi::api::storage::v1::CSINode> = Api::all(ctx.lane.client());
     testbed::wait_for(&format!("{CSI_DRIVER} registered on {NODE2_NAME}"), LANE_TIMEOUT, || async {
         let node = nodes.get_opt(NODE2_NAME).await?;
@@ -404,7 +499,7 @@ pub(super) async fn wait_driver_registered(ctx: &Ctx) -> Result<()> {
         anyhow::Ok(drivers.iter().any(|d| d.name == CSI_DRIVER).then_some(()))
     })
     .await
-    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, CSI_DAEMONSET)))
+    .map_err(|e| e.context(pod_logs(ctx, ns, CSI_DAEMONSET)))
 }
 
 async fn wait_condition(ctx: &Ctx, kind: &str, status: &str) -> Result<()> {

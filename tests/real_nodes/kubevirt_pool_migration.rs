@@ -32,8 +32,10 @@ const MOUNT_TARGET: &str = "hostpathprovisioner.kubevirt.io/mount-target";
 pub(super) async fn a_kubevirt_operator_cluster_with_a_pool_on_a_claim_moves_and_back_with_its_mount_two_nodes(
     ctx: &Ctx,
 ) -> Result<()> {
-    let Some(install) = install_kubevirt(ctx).await? else { return Ok(()) };
-    let Install { build, dir, our_image, theirs, started } = &install;
+    // In this operator's namespace: pools on a claim cannot move to another one (a pod mounts
+    // only a claim of its own namespace; docs/operator.md says so).
+    let Some(install) = install_kubevirt(ctx, NAMESPACE).await? else { return Ok(()) };
+    let Install { build, dir, our_image, theirs, started, .. } = &install;
     // Two pools on claims, each on a disk of the node: one claim per node (ReadWriteOnce) and
     // one for all nodes (ReadWriteMany, named `-shared`).
     let mut pools = Vec::new();
@@ -47,9 +49,9 @@ pub(super) async fn a_kubevirt_operator_cluster_with_a_pool_on_a_claim_moves_and
     let (before, rest) = resource.split_once("  storagePools:\n").context("the example has storagePools")?;
     let (_, after) = rest.split_once("  workload:\n").context("the example has a workload")?;
     let entries: String = pools.iter().map(ClaimPool::resource_entry).collect();
-    create_resource(ctx, dir, format!("{before}  storagePools:\n{entries}  workload:\n{after}"))?;
+    create_resource(ctx, dir, NAMESPACE, format!("{before}  storagePools:\n{entries}  workload:\n{after}"))?;
     wait_rolled_out(ctx, NAMESPACE, CSI_DAEMONSET).await?;
-    wait_driver_registered(ctx).await?;
+    wait_driver_registered(ctx, NAMESPACE).await?;
     let csi_example = std::fs::read_to_string(build.source.join("deploy/storageclass-wffc-csi.yaml"))?;
     let mut theirs_by_pool = Vec::new();
     for pool in &pools {
@@ -76,7 +78,7 @@ pub(super) async fn a_kubevirt_operator_cluster_with_a_pool_on_a_claim_moves_and
         pool.volumes.on_the_disk(&pool.disk, "csi-theirs").await?;
     }
 
-    let (docs, work) = move_to_this_operator(ctx, dir, our_image).await?;
+    let (docs, work) = move_to_this_operator(ctx, dir, our_image, NAMESPACE).await?;
     let documented = documented_class(&ctx.repo)?;
     for (pool, (mounter, claim)) in pools.iter().zip(&theirs_by_pool) {
         // The same claim, adopted where it is mounted; this operator's mounter in place of the
@@ -124,7 +126,7 @@ pub(super) async fn a_kubevirt_operator_cluster_with_a_pool_on_a_claim_moves_and
     }
     println!("    moved to this operator in {:.1} s", started.elapsed().as_secs_f64());
 
-    go_back(ctx, dir, &work, &docs, theirs).await?;
+    go_back(ctx, dir, &work, &docs, theirs, NAMESPACE).await?;
     for (pool, (mounter, claim)) in pools.iter().zip(&theirs_by_pool) {
         let back = wait_mounter_available(ctx, &pool.mounter_name(), "the kubevirt pool mounter, back").await?;
         ensure!(
@@ -151,7 +153,7 @@ pub(super) async fn a_kubevirt_operator_cluster_with_a_pool_on_a_claim_moves_and
     // Its cleanup Jobs unmounted the pools; the claims stay, as the kubevirt operator leaves
     // its pool claims (it never deletes one).
     for (pool, (_, claim)) in pools.iter().zip(&theirs_by_pool) {
-        wait_gone::<Deployment>(ctx, &pool.mounter_name()).await?;
+        wait_gone::<Deployment>(ctx, NAMESPACE, &pool.mounter_name()).await?;
         ensure!(!pool.mounted(ctx)?, "the kubevirt cleanup Job unmounted {}", pool.target().display());
         let left = pool.claims(ctx).get(&pool.claim_name()).await?;
         ensure!(
@@ -166,7 +168,7 @@ pub(super) async fn a_kubevirt_operator_cluster_with_a_pool_on_a_claim_moves_and
     for pool in &pools {
         pool.remove(ctx, dir, &work, &documented.1).await?;
     }
-    uninstall_kubevirt(ctx, dir).await
+    uninstall_kubevirt(ctx, dir, NAMESPACE).await
 }
 
 /// A pool of the resource on a claim of a disk of its own on the storage node.

@@ -11,3 +11,4 @@ pub mod resource;
 pub mod spec_rules;
 pub mod status;
 pub mod takeover;
+pub mod takeover_stop;

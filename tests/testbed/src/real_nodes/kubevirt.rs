@@ -42,7 +42,7 @@ pub const NAMESPACE: &str = "hostpath-provisioner";
 /// The operator's Deployment and the webhook Secret its pod mounts.
 pub const OPERATOR_DEPLOYMENT: &str = "hostpath-provisioner-operator";
 const WEBHOOK_SECRET: &str = "hostpath-provisioner-operator-webhook-service-cert";
-const WEBHOOK_SERVICE_DNS: &str = "hostpath-provisioner-operator-webhook-service.hostpath-provisioner.svc";
+const WEBHOOK_SERVICE: &str = "hostpath-provisioner-operator-webhook-service";
 /// The DaemonSets the operator makes for a `pathConfig` resource: the legacy provisioner and
 /// the CSI driver with its sidecars.
 pub const LEGACY_DAEMONSET: &str = "hostpath-provisioner";
@@ -246,8 +246,15 @@ impl KubevirtBuild {
     /// `deploy/webhook.yaml` without its cert-manager objects, with the CA cert-manager would
     /// inject, and the Secret its `Certificate` would produce (`ca_pem`: that certificate).
     pub fn webhook_manifest(&self) -> Result<String> {
-        let upstream = self.read("webhook.yaml")?;
-        let (cert, key) = self_signed_webhook_certificate()?;
+        self.webhook_manifest_in(NAMESPACE)
+    }
+
+    /// [`Self::webhook_manifest`] for an install in `namespace`: its objects, the webhook's
+    /// service reference and the certificate's name moved there, as a user installing the
+    /// operator in another namespace edits them.
+    pub fn webhook_manifest_in(&self, namespace: &str) -> Result<String> {
+        let upstream = in_namespace(self.read("webhook.yaml")?, namespace)?;
+        let (cert, key) = self_signed_webhook_certificate(&format!("{WEBHOOK_SERVICE}.{namespace}.svc"))?;
         let kept: Vec<&str> = upstream.split("\n---\n").filter(|doc| !doc.contains("cert-manager.io/v1")).collect();
         ensure!(
             kept.len() == 2,
@@ -262,7 +269,7 @@ impl KubevirtBuild {
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/tls",
-            "metadata": {"name": WEBHOOK_SECRET, "namespace": NAMESPACE},
+            "metadata": {"name": WEBHOOK_SECRET, "namespace": namespace},
             "stringData": {"tls.crt": cert, "tls.key": key, "ca.crt": cert},
         });
         Ok(format!("{}\n---\n{with_ca}", serde_json::to_string(&secret)?))
@@ -287,6 +294,25 @@ impl KubevirtBuild {
     }
 }
 
+/// A file of the operator's `deploy/` (its Namespace, operator or webhook manifest) moved from
+/// its namespace to `namespace`: every `namespace:` field, the Namespace's name, the webhook
+/// Service's DNS name and cert-manager's reference to the certificate. Unchanged for its own.
+pub fn in_namespace(text: String, namespace: &str) -> Result<String> {
+    if namespace == NAMESPACE {
+        return Ok(text);
+    }
+    let mut moved = text
+        .replace(&format!("namespace: {NAMESPACE}\n"), &format!("namespace: {namespace}\n"))
+        .replace(&format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc"), &format!("{WEBHOOK_SERVICE}.{namespace}.svc"))
+        .replace(&format!("inject-ca-from: {NAMESPACE}/"), &format!("inject-ca-from: {namespace}/"));
+    if moved.contains("kind: Namespace") {
+        moved = moved.replace(&format!("name: {NAMESPACE}\n"), &format!("name: {namespace}\n"));
+    }
+    ensure!(!moved.contains(&format!("namespace: {NAMESPACE}\n")), "a namespace left unmoved");
+    ensure!(moved != text, "nothing named the namespace {NAMESPACE}");
+    Ok(moved)
+}
+
 /// Replaces each `from` (which must occur) by its `to`.
 fn edit(mut text: String, edits: &[(String, String)]) -> Result<String> {
     for (from, to) in edits {
@@ -298,10 +324,10 @@ fn edit(mut text: String, edits: &[(String, String)]) -> Result<String> {
 
 /// What cert-manager's self-signed `Issuer` makes for the webhook's `Certificate`: a
 /// certificate for the Service's DNS name, signed by its own key (PEM certificate and key).
-fn self_signed_webhook_certificate() -> Result<(String, String)> {
+fn self_signed_webhook_certificate(dns: &str) -> Result<(String, String)> {
     let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(vec![WEBHOOK_SERVICE_DNS.to_owned()])?;
-    params.distinguished_name.push(DnType::CommonName, WEBHOOK_SERVICE_DNS);
+    let mut params = CertificateParams::new(vec![dns.to_owned()])?;
+    params.distinguished_name.push(DnType::CommonName, dns);
     let cert = params.self_signed(&key)?;
     Ok((cert.pem(), key.serialize_pem()))
 }
