@@ -3,6 +3,7 @@
 
 pub mod claim_actions;
 pub mod claim_facts;
+pub mod claim_release;
 pub mod claims;
 pub mod clones;
 pub mod context;

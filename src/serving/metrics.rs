@@ -229,8 +229,9 @@ pub struct Metrics {
     pub duplicate_affinity_labels: Counter,
     /// PV objects of removed nodes deleted (`--reap-volumes-of-removed-nodes`).
     pub reaped_volumes: Counter,
-    /// Claims released from removed nodes' PVs (`--release-claims-of-removed-nodes`).
-    pub released_claims: Counter,
+    /// 1 when `RELEASE_CLAIMS_OF_REMOVED_NODES` is set on this node pod and ignored (node pods
+    /// never delete claims; the releaser Deployment does).
+    pub release_claims_setting_ignored: Gauge,
     /// Pool size in bytes.
     pub pool_capacity_bytes: Family<PoolLabel, Gauge>,
     /// Pool free bytes (available to unprivileged users, as statvfs f_bavail).
@@ -306,7 +307,7 @@ impl Metrics {
         let refused_paths = Counter::default();
         let duplicate_affinity_labels = Counter::default();
         let reaped_volumes = Counter::default();
-        let released_claims = Counter::default();
+        let release_claims_setting_ignored = Gauge::default();
         let pool_capacity_bytes = Family::<PoolLabel, Gauge>::default();
         let pool_free_bytes = Family::<PoolLabel, Gauge>::default();
         let watch_restarts = Family::<WatchLabel, Counter>::default();
@@ -352,9 +353,9 @@ impl Metrics {
             reaped_volumes.clone(),
         );
         registry.register(
-            "released_claims",
-            "Claims bound to PVs of nodes whose Node object was gone past --release-claims-of-removed-nodes, deleted after their PV was set to Retain",
-            released_claims.clone(),
+            "release_claims_setting_ignored",
+            "1 when RELEASE_CLAIMS_OF_REMOVED_NODES is set on this node pod: ignored, node pods never delete claims (the release-claims-of-removed-nodes Deployment does)",
+            release_claims_setting_ignored.clone(),
         );
         registry.register(
             "pool_capacity_bytes",
@@ -432,7 +433,7 @@ impl Metrics {
             refused_paths,
             duplicate_affinity_labels,
             reaped_volumes,
-            released_claims,
+            release_claims_setting_ignored,
             pool_capacity_bytes,
             pool_free_bytes,
             pool_usable,

@@ -55,6 +55,11 @@ pub struct Spec {
     /// Named pools, each a directory on the nodes (or a claim mounted there).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub storage_pools: Vec<StoragePool>,
+    /// Our extension: how long a node's Node object is gone before the claims bound to its PVs
+    /// are released, by the claim releaser Deployment (`render::claim_releaser`); unset, empty
+    /// or `off`: none is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_claims_of_removed_nodes: Option<String>,
 }
 
 /// `spec.pathConfig`.
@@ -224,7 +229,17 @@ mod tests {
             keys.sort();
             keys
         };
-        assert_eq!(keys(spec), ["featureGates", "imagePullPolicy", "pathConfig", "storagePools", "workload"]);
+        assert_eq!(
+            keys(spec),
+            [
+                "featureGates",
+                "imagePullPolicy",
+                "pathConfig",
+                "releaseClaimsOfRemovedNodes",
+                "storagePools",
+                "workload"
+            ]
+        );
         assert_eq!(keys(&spec["pathConfig"]["properties"]), ["path", "useNamingPrefix"]);
         assert_eq!(keys(&spec["workload"]["properties"]), ["affinity", "nodeSelector", "tolerations"]);
         assert_eq!(
