@@ -70,16 +70,14 @@ pub struct ReleaseArgs {
 pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
     let args = ReleaseArgs::parse_from(argv);
     init_logging(&args.log_format);
+    // The daemon's grammar (config::parse_grace), but never off: this Deployment runs to release.
     let grace = match crate::config::parse_grace("RELEASE_CLAIMS_OF_REMOVED_NODES", &args.after) {
         Ok(Some(grace)) => grace,
-        Ok(None) => {
+        Ok(None) | Err(_) => {
             eprintln!(
-                "hostpath-provisioner {SUBCOMMAND}: configuration error: RELEASE_CLAIMS_OF_REMOVED_NODES (--after) is empty or off: give a positive duration such as 24h, or do not run this Deployment"
+                "hostpath-provisioner {SUBCOMMAND}: configuration error: RELEASE_CLAIMS_OF_REMOVED_NODES (flag --after): invalid value {:?}: a positive duration such as 24h, 90m or 1h 30m (to release no claim, do not run this Deployment)",
+                args.after
             );
-            return EXIT_CONFIG;
-        }
-        Err(error) => {
-            eprintln!("hostpath-provisioner {SUBCOMMAND}: configuration error: {error}");
             return EXIT_CONFIG;
         }
     };
