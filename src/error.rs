@@ -29,7 +29,8 @@ pub mod reason {
     /// Warning: a terminating every-node PV waits for nodes whose provisioner is not running.
     pub const WAITING_FOR_NODES: &str = "WaitingForNodes";
     /// Warning, on a released label-pinned PV: other live nodes carry its value, and this one
-    /// holds no directory for it; the PV is kept.
+    /// holds no directory for it; the PV is kept. Also on a Node whose own value of a served
+    /// `nodeAffinityKey` other live nodes carry (looked for at start and every 5 minutes).
     pub const DUPLICATE_AFFINITY_LABEL: &str = "DuplicateAffinityLabel";
     /// Warning, on this node's Node object: its CSIStorageCapacity objects cannot be written.
     pub const CAPACITY_PUBLISH_FAILED: &str = "CapacityPublishFailed";

@@ -138,6 +138,22 @@ pub fn setting_findings(release_claims_setting_ignored: Option<&str>) -> Vec<Fin
         .collect()
 }
 
+/// This node's affinity labels that other live nodes carry too (`nodeAffinityKey`).
+pub fn affinity_findings(
+    node: &str,
+    shared: &[crate::deciding::node_affinity::duplicate::SharedLabel],
+) -> Vec<Finding> {
+    shared
+        .iter()
+        .map(|label| Finding {
+            severity: Severity::Warning,
+            pool: None,
+            check: "affinity_label_shared",
+            message: crate::deciding::node_affinity::duplicate::shared_label_note(node, label),
+        })
+        .collect()
+}
+
 fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Finding>) {
     let mut add = |severity, check, message: String| {
         found.push(Finding { severity, pool: Some(pool.name.clone()), check, message });

@@ -168,6 +168,7 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
     let (node, provisioner, require_mountpoint) =
         (config.node_name.clone(), config.provisioner_name.clone(), config.require_mountpoint);
     let release_claims_setting_ignored = config.release_claims_setting_ignored.clone();
+    let shared_affinity = cluster.as_ref().map(|c| c.shared_affinity.clone()).unwrap_or_default();
     let pools = tokio::task::spawn_blocking(move || {
         config.pools.iter().map(|pool| inspect::pool_report(pool, &config, cluster.as_ref())).collect()
     });
@@ -180,6 +181,7 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
     };
     let mut findings = assess::findings(&pools, &api, require_mountpoint);
     findings.extend(assess::setting_findings(release_claims_setting_ignored.as_deref()));
+    findings.extend(assess::affinity_findings(&node, &shared_affinity));
     let exit_code = assess::exit_code(&findings, &api);
     let report = Report { node, provisioner, api, pools, findings, exit_code };
     match output {

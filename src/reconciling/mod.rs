@@ -1,6 +1,7 @@
 //! The reconcilers (fetch, decide, act) and the wiring that feeds them: watches, stores, the
 //! shared context, background tasks.
 
+pub mod affinity_duplicates;
 pub mod claim_actions;
 pub mod claim_facts;
 pub mod claim_release;

@@ -227,6 +227,8 @@ pub struct Metrics {
     pub refused_paths: Counter,
     /// Label-pinned PVs kept because other live nodes carry their value (each look counts).
     pub duplicate_affinity_labels: Counter,
+    /// This node's affinity labels (`key=value`) that other live nodes carry too, at the last look.
+    pub affinity_labels_shared: Gauge,
     /// PV objects of removed nodes deleted (`--reap-volumes-of-removed-nodes`).
     pub reaped_volumes: Counter,
     /// 1 when `RELEASE_CLAIMS_OF_REMOVED_NODES` is set on this node pod and ignored (node pods
@@ -306,6 +308,7 @@ impl Metrics {
         let delete_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 18));
         let refused_paths = Counter::default();
         let duplicate_affinity_labels = Counter::default();
+        let affinity_labels_shared = Gauge::default();
         let reaped_volumes = Counter::default();
         let release_claims_setting_ignored = Gauge::default();
         let pool_capacity_bytes = Family::<PoolLabel, Gauge>::default();
@@ -346,6 +349,11 @@ impl Metrics {
             "duplicate_affinity_labels",
             "Looks at a released label-pinned PV kept because other live nodes carry its value",
             duplicate_affinity_labels.clone(),
+        );
+        registry.register(
+            "affinity_labels_shared",
+            "This node's nodeAffinityKey labels (key=value) that other live nodes carry too, at the last look (every 5 minutes)",
+            affinity_labels_shared.clone(),
         );
         registry.register(
             "reaped_volumes",
@@ -432,6 +440,7 @@ impl Metrics {
             delete_seconds,
             refused_paths,
             duplicate_affinity_labels,
+            affinity_labels_shared,
             reaped_volumes,
             release_claims_setting_ignored,
             pool_capacity_bytes,

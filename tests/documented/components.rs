@@ -210,7 +210,9 @@ fn workload_env(objects: &[Value], component: &str) -> Vec<(String, String)> {
     env.iter().filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned()))).collect()
 }
 
-/// [`binary_verdict`] for `component`'s workload: the releaser runs its subcommand.
+/// Starts the binary with `vars` alone, as `component`'s workload runs it (the releaser with its
+/// subcommand): exit code 2 and the message for a configuration it refuses; for one it accepts,
+/// the failure to find a cluster (no kubeconfig), so nothing runs.
 fn workload_verdict(component: &str, vars: &[(String, String)]) -> (Option<i32>, String) {
     let subcommand = (component == RELEASER_COMPONENT).then_some("release-claims-of-removed-nodes");
     let output = Command::new(env!("CARGO_BIN_EXE_hostpath-provisioner"))
@@ -223,17 +225,6 @@ fn workload_verdict(component: &str, vars: &[(String, String)]) -> (Option<i32>,
     (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
-/// Starts the provisioner with `vars` alone: exit code 2 and the message for a configuration it
-/// refuses; for one it accepts, the failure to find a cluster (no kubeconfig), so nothing runs.
-fn binary_verdict(vars: &[(String, String)]) -> (Option<i32>, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_hostpath-provisioner"))
-        .env_clear()
-        .envs(vars.iter().map(|(k, v)| (k, v)))
-        .env("KUBECONFIG", "/nonexistent/hostpath-provisioner-test-kubeconfig")
-        .output()
-        .expect("run the provisioner");
-    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
-}
 
 #[test]
 fn each_kustomize_component_renders_with_deploy_legacy_and_the_binary_starts_with_its_env() {
