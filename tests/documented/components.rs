@@ -225,7 +225,6 @@ fn workload_verdict(component: &str, vars: &[(String, String)]) -> (Option<i32>,
     (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
-
 #[test]
 fn each_kustomize_component_renders_with_deploy_legacy_and_the_binary_starts_with_its_env() {
     let shell = Shell::without_cluster(
