@@ -32,6 +32,8 @@ Subcommands (without one, the daemon runs):
   check-volume DIR  Check that the volume mounted at DIR can be written and read (the Helm chart's test pod)
   operator          Serve HostPathProvisioner resources: deploy and run the node provisioner they describe (docs/operator.md)
   pool-mount        Bind-mount a pool's claim onto the pool path and keep it there (the operator's node pods)
+  release-claims-of-removed-nodes
+                    Release the claims bound to PVs of nodes gone past a grace period (its own Deployment, the only one that may delete claims)
 `hostpath-provisioner <subcommand> --help` describes each, but check-volume.";
 
 /// Raw command line, before validation.
@@ -138,8 +140,8 @@ pub struct Args {
     #[arg(long, env = "REAP_VOLUMES_OF_REMOVED_NODES", default_value = "", value_name = "DURATION")]
     pub reap_volumes_of_removed_nodes: String,
 
-    /// Off unless set: release the bound claims of a node whose Node object has been gone this long, e.g. 1h: its PVs are set to Retain (the data stays for the node's return), then the claims are deleted so that their workloads' new claims are provisioned on other nodes. Needs the delete verb on claims (docs/operating.md).
-    #[arg(long, env = "RELEASE_CLAIMS_OF_REMOVED_NODES", default_value = "", value_name = "DURATION")]
+    /// Not acted upon by the node daemon: the claims of removed nodes are released by the `release-claims-of-removed-nodes` subcommand, run as a Deployment of its own (docs/operating.md). Set here (an install from before), it is reported (log, Event on the Node, metric, doctor) and ignored.
+    #[arg(long, env = "RELEASE_CLAIMS_OF_REMOVED_NODES", default_value = "", value_name = "DURATION", hide = true)]
     pub release_claims_of_removed_nodes: String,
 
     /// How long a snapshot copy whose HostPathSnapshot is gone stays on its node before it is moved to the trash (it is reported at once), e.g. 1h.
@@ -304,9 +306,10 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How long a Node object must be gone before its Released PVs are deleted (off: `None`).
     pub reap_volumes_of_removed_nodes: Option<std::time::Duration>,
-    /// How long a Node object must be gone before the claims bound to its volumes are released
-    /// (off: `None`).
-    pub release_claims_of_removed_nodes: Option<std::time::Duration>,
+    /// `RELEASE_CLAIMS_OF_REMOVED_NODES` as set on the node daemon (an install from before the
+    /// claim releaser ran apart): never acted upon here, only reported. Any value but empty or
+    /// `off`, unparsed: a value the releaser would refuse must not stop provisioning either.
+    pub release_claims_setting_ignored: Option<String>,
     /// How long a snapshot copy without its snapshot stays before it is trashed.
     pub orphan_snapshot_copy_grace: std::time::Duration,
     /// Node label keys a class's `nodeAffinityKey` may name.
@@ -473,10 +476,8 @@ impl Args {
                 "REAP_VOLUMES_OF_REMOVED_NODES",
                 &self.reap_volumes_of_removed_nodes,
             )?,
-            release_claims_of_removed_nodes: parse_grace(
-                "RELEASE_CLAIMS_OF_REMOVED_NODES",
-                &self.release_claims_of_removed_nodes,
-            )?,
+            release_claims_setting_ignored: Some(self.release_claims_of_removed_nodes.trim().to_owned())
+                .filter(|value| !value.is_empty() && value != "off"),
             orphan_snapshot_copy_grace: parse_grace("ORPHAN_SNAPSHOT_COPY_GRACE", &self.orphan_snapshot_copy_grace)?
                 .ok_or_else(|| {
                     invalid(
@@ -494,7 +495,7 @@ impl Args {
 /// a positive duration written as `24h`, `90m`, `1h 30m` or ISO 8601 `PT24H` (jiff's parser,
 /// already in the build through k8s-openapi). How long is safe is the admin's call
 /// (docs/operating.md): a node re-created under the same name within it keeps its volumes.
-fn parse_grace(name: &'static str, value: &str) -> Result<Option<std::time::Duration>, ConfigError> {
+pub fn parse_grace(name: &'static str, value: &str) -> Result<Option<std::time::Duration>, ConfigError> {
     let value = value.trim();
     if value.is_empty() || value == "off" {
         return Ok(None);

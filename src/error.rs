@@ -29,7 +29,8 @@ pub mod reason {
     /// Warning: a terminating every-node PV waits for nodes whose provisioner is not running.
     pub const WAITING_FOR_NODES: &str = "WaitingForNodes";
     /// Warning, on a released label-pinned PV: other live nodes carry its value, and this one
-    /// holds no directory for it; the PV is kept.
+    /// holds no directory for it; the PV is kept. Also on a Node whose own value of a served
+    /// `nodeAffinityKey` other live nodes carry (looked for at start and every 5 minutes).
     pub const DUPLICATE_AFFINITY_LABEL: &str = "DuplicateAffinityLabel";
     /// Warning, on this node's Node object: its CSIStorageCapacity objects cannot be written.
     pub const CAPACITY_PUBLISH_FAILED: &str = "CapacityPublishFailed";
@@ -44,13 +45,16 @@ pub mod reason {
     /// Warning, on a PV: deleted because its node's Node object was gone past
     /// `--reap-volumes-of-removed-nodes` (names the node).
     pub const REMOVED_NODE_VOLUME_DELETED: &str = "RemovedNodeVolumeDeleted";
-    /// Warning, on a PV and on its claim: the claim was deleted because the PV's node's Node
-    /// object was gone past `--release-claims-of-removed-nodes` (names the node; the PV was set
-    /// to Retain first, so the data stays on that node).
+    /// Warning, on a PV and on its claim, from the `release-claims-of-removed-nodes` Deployment:
+    /// the claim was deleted because the PV's node's Node object was gone past the grace period
+    /// (names the node; the PV was set to Retain first, so the data stays on that node).
     pub const REMOVED_NODE_CLAIM_RELEASED: &str = "RemovedNodeClaimReleased";
     /// Warning, on a PV of a removed node: its claim could not be deleted (with the API
     /// server's answer; a 403 names the missing RBAC rule). The PV is Retain already.
     pub const REMOVED_NODE_CLAIM_NOT_RELEASED: &str = "RemovedNodeClaimNotReleased";
+    /// Warning, on a Node: `RELEASE_CLAIMS_OF_REMOVED_NODES` is set on its provisioner pod (an
+    /// install from before) and ignored: node pods never delete claims.
+    pub const RELEASE_CLAIMS_SETTING_IGNORED: &str = "ReleaseClaimsSettingIgnored";
     /// Normal, on a `HostPathSnapshot`: the copy is complete (with its method and size).
     pub const SNAPSHOT_READY: &str = "SnapshotReady";
     /// Warning, on a `HostPathSnapshot`: it cannot be taken now, or at all (with the reason).

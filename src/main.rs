@@ -17,9 +17,11 @@ fn main() -> anyhow::Result<()> {
 async fn run() -> anyhow::Result<()> {
     // Subcommands: `doctor` (this node's storage health), `readyz` (the daemon's /readyz answer,
     // for kubectl exec), `check-volume DIR` (the Helm chart's test pod), `operator` (the operator
-    // of HostPathProvisioner resources, src/operating) and `pool-mount` (its per-node mounter),
+    // of HostPathProvisioner resources, src/operating), `pool-mount` (its per-node mounter) and
+    // `release-claims-of-removed-nodes` (the one Deployment that may delete claims),
     // listed in the daemon's --help (config::SUBCOMMANDS_HELP). Anything else is the daemon,
     // whose command line takes no positional argument.
+    use hostpath_provisioner::reconciling::claim_release;
     use hostpath_provisioner::{doctor, operating};
     let subcommand = std::env::args_os().nth(1);
     let exit_code = match subcommand.as_ref().and_then(|arg| arg.to_str()) {
@@ -28,6 +30,7 @@ async fn run() -> anyhow::Result<()> {
         Some(doctor::volume_check::SUBCOMMAND) => Some(doctor::volume_check::main(std::env::args_os().skip(2))),
         Some(operating::SUBCOMMAND) => Some(operating::main(std::env::args_os().skip(1)).await),
         Some(operating::pool_mount::SUBCOMMAND) => Some(operating::pool_mount::main(std::env::args_os().skip(1)).await),
+        Some(claim_release::SUBCOMMAND) => Some(claim_release::main(std::env::args_os().skip(1)).await),
         _ => None,
     };
     if let Some(code) = exit_code {

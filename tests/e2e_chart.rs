@@ -406,8 +406,6 @@ fn values_the_binary_refuses_at_start_are_refused_at_render_time_naming_the_valu
         ("config: {reapVolumesOfRemovedNodes: PT0S}", "\"PT0S\"", &[("REAP_VOLUMES_OF_REMOVED_NODES", "PT0S")]),
         ("config: {reapVolumesOfRemovedNodes: 30m1h}", "'30m1h'", &[("REAP_VOLUMES_OF_REMOVED_NODES", "30m1h")]),
         ("config: {reapVolumesOfRemovedNodes: 1d}", "'1d'", &[("REAP_VOLUMES_OF_REMOVED_NODES", "1d")]),
-        ("config: {releaseClaimsOfRemovedNodes: 0m}", "\"0m\"", &[("RELEASE_CLAIMS_OF_REMOVED_NODES", "0m")]),
-        ("config: {releaseClaimsOfRemovedNodes: 1d}", "'1d'", &[("RELEASE_CLAIMS_OF_REMOVED_NODES", "1d")]),
         ("config: {dirMode: \"77777\"}", "'77777'", &[("DIR_MODE", "77777")]),
         ("config: {nodeAffinityKeys: \"/disk\"}", "'/disk'", &[("NODE_AFFINITY_KEYS", "/disk")]),
         (
@@ -504,34 +502,111 @@ fn a_pool_listed_once_per_disk_mounts_every_disk() {
 
 /// What the chart renders, the binary starts with: the shipped values files, and the accepted
 /// spellings of the settings whose grammar the chart now checks.
-/// Deleting claims is a right the provisioner gets only with `config.releaseClaimsOfRemovedNodes`.
+/// No node pod may delete claims, whatever the values: `config.releaseClaimsOfRemovedNodes` adds
+/// the claim releaser, one Deployment whose ServiceAccount alone is bound to `delete` on claims,
+/// with the rules of the kustomize component's file; its pods are not the node pods' Services'.
 #[test]
-fn the_provisioner_may_delete_claims_only_when_it_releases_those_of_removed_nodes() {
-    let claim_verbs = |values: &str| -> Vec<String> {
-        let objects = render(values, &[]);
-        let roles = of_kind(&objects, "ClusterRole");
-        let rules = roles.iter().flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default());
-        let claims: Vec<Value> = rules
-            .filter(|rule| rule["resources"].as_array().is_some_and(|r| r.contains(&"persistentvolumeclaims".into())))
-            .collect();
-        assert_eq!(claims.len(), 1, "{values}: one rule for claims");
-        claims[0]["verbs"]
-            .as_array()
-            .expect("verbs")
-            .iter()
-            .map(|v| v.as_str().unwrap_or_default().to_owned())
-            .collect()
+fn no_node_pod_may_delete_claims_and_the_claim_releaser_alone_may_when_asked_for() {
+    let grants_claim_delete = |role: &Value| {
+        role["rules"].as_array().into_iter().flatten().any(|rule| {
+            let has =
+                |key: &str, value: &str| rule[key].as_array().into_iter().flatten().any(|v| v == value || v == "*");
+            has("resources", "persistentvolumeclaims") && has("verbs", "delete")
+        })
     };
-    for off in
-        ["config: {}", "config: {releaseClaimsOfRemovedNodes: \"\"}", "config: {releaseClaimsOfRemovedNodes: \"off\"}"]
-    {
-        assert!(!claim_verbs(off).contains(&"delete".to_owned()), "{off}");
+    let releaser = format!("{RELEASE}-hostpath-provisioner-claim-releaser");
+    for values in [
+        "config: {}",
+        "config: {releaseClaimsOfRemovedNodes: \"\"}",
+        "config: {releaseClaimsOfRemovedNodes: \"off\"}",
+        "config: {releaseClaimsOfRemovedNodes: 1h}",
+        "config: {releaseClaimsOfRemovedNodes: 1h, reapVolumesOfRemovedNodes: 24h}",
+    ] {
+        let rendered = render(values, &[]);
+        let on = values.contains("1h");
+        for role in of_kind(&rendered, "ClusterRole") {
+            assert_eq!(grants_claim_delete(role), name(role) == releaser, "{values}: {role}");
+        }
+        for daemonset in of_kind(&rendered, "DaemonSet") {
+            assert!(!daemonset.to_string().contains("RELEASE_CLAIMS_OF_REMOVED_NODES"), "{values}: {daemonset}");
+        }
+        let deployments: Vec<&Value> =
+            of_kind(&rendered, "Deployment").into_iter().filter(|d| name(d) == releaser).collect();
+        assert_eq!(deployments.len(), usize::from(on), "{values}");
+        if !on {
+            continue;
+        }
+        // The rules of deploy/components/release-claims-of-removed-nodes/claim-releaser.yaml.
+        let file = std::fs::read_to_string(
+            repo().join("deploy/components/release-claims-of-removed-nodes/claim-releaser.yaml"),
+        )
+        .expect("the component's file");
+        let component = objects(&file);
+        let component_role = component.iter().find(|o| o["kind"] == "ClusterRole").expect("the component's role");
+        let role = of_kind(&rendered, "ClusterRole").into_iter().find(|r| name(r) == releaser).expect("releaser role");
+        assert_eq!(role["rules"], component_role["rules"]);
+        let binding = of_kind(&rendered, "ClusterRoleBinding")
+            .into_iter()
+            .find(|b| name(b) == releaser)
+            .expect("releaser binding");
+        assert_eq!(binding["roleRef"]["name"], releaser.as_str());
+        assert_eq!(
+            binding["subjects"],
+            serde_json::json!([{"kind": "ServiceAccount", "name": releaser, "namespace": "hpp"}])
+        );
+        let deployment = deployments[0];
+        assert_eq!(deployment["spec"]["replicas"], 1);
+        assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+        let pod = &deployment["spec"]["template"];
+        assert_eq!(pod["spec"]["serviceAccountName"], releaser.as_str());
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(container["args"], serde_json::json!(["release-claims-of-removed-nodes"]));
+        let env: Vec<(String, String)> = container["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned())))
+            .collect();
+        assert!(env.contains(&("RELEASE_CLAIMS_OF_REMOVED_NODES".to_owned(), "1h".to_owned())), "{env:?}");
+        // The node pods' Services select by their labels; the releaser's pods must not match.
+        for service in of_kind(&rendered, "Service") {
+            let selector = service["spec"]["selector"].as_object().expect("selector");
+            assert!(
+                !selector.iter().all(|(k, v)| &pod["metadata"]["labels"][k] == v),
+                "{}: selects the releaser's pods",
+                name(service)
+            );
+        }
+        // The subcommand starts with that environment (no cluster here: it fails on the client).
+        let (code, said) = releaser_verdict(&env);
+        assert!(code != CONFIGURATION_ERROR && !said.contains("configuration error"), "{code:?} {said}");
     }
-    let on = claim_verbs("config: {releaseClaimsOfRemovedNodes: 1h}");
-    assert!(on.contains(&"delete".to_owned()) && on.contains(&"watch".to_owned()), "{on:?}");
-    let objects = render("config: {releaseClaimsOfRemovedNodes: 1h}", &[]);
-    let env = rendered_env(&objects);
-    assert!(env.contains(&("RELEASE_CLAIMS_OF_REMOVED_NODES".to_owned(), "1h".to_owned())), "{env:?}");
+    // A value the releaser refuses is refused at render time.
+    for (values, value) in
+        [("config: {releaseClaimsOfRemovedNodes: 0m}", "\"0m\""), ("config: {releaseClaimsOfRemovedNodes: 1d}", "'1d'")]
+    {
+        let said = refusal(&format!("{values}\n"));
+        assert!(said.contains(value), "{values}: the refusal names {value}:\n{said}");
+        let bare = value.trim_matches(|c| c == '"' || c == '\'');
+        let (code, said) = releaser_verdict(&[("RELEASE_CLAIMS_OF_REMOVED_NODES".into(), bare.into())]);
+        assert!(
+            code == CONFIGURATION_ERROR && said.contains("RELEASE_CLAIMS_OF_REMOVED_NODES"),
+            "{value}: {code:?} {said}"
+        );
+    }
+}
+
+/// Runs `hostpath-provisioner release-claims-of-removed-nodes` with `vars` alone (its kubeconfig
+/// does not exist, so nothing is ever released).
+fn releaser_verdict(vars: &[(String, String)]) -> (Option<i32>, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_hostpath-provisioner"))
+        .arg("release-claims-of-removed-nodes")
+        .env_clear()
+        .envs(vars.iter().map(|(k, v)| (k, v)))
+        .env("KUBECONFIG", "/nonexistent/hostpath-provisioner-test-kubeconfig")
+        .output()
+        .expect("run the releaser");
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
 #[test]

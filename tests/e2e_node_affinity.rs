@@ -174,3 +174,52 @@ async fn a_node_with_a_copied_disk_label_and_no_directory_never_lets_the_holders
     env.wait_pv_gone(&pv_name).await;
     wait_path_gone(&dir).await;
 }
+
+/// Two live nodes carrying one value are reported before any volume is reclaimed: the node that
+/// starts second finds the first at once and says so on its Node, in its log and metrics, and
+/// `doctor` on it says so too.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_live_nodes_with_one_value_are_reported_at_start_before_any_volume_is_reclaimed() {
+    let mut env = TestEnv::start("affinity-shared", 0).await;
+    let serial = env.group.clone();
+    let (first, second) = (format!("{}-a", env.group), format!("{}-b", env.group));
+    let mut pools = Vec::new();
+    for name in [&first, &second] {
+        let pool = testbed::pool_root_for(env.cp, name);
+        std::fs::create_dir_all(&pool).unwrap();
+        node_on(&mut env, name, &[(KEY, &serial)], &pool, |spec| spec.env("NODE_AFFINITY_KEYS", KEY)).await;
+        pools.push(pool);
+    }
+    let node_uid = Api::<Node>::all(env.client.clone()).get(&second).await.unwrap().metadata.uid.unwrap();
+    let note = env.wait_event("default", &node_uid, "DuplicateAffinityLabel").await;
+    assert!(
+        note.contains(&format!("{KEY}={serial}")) && note.contains(&format!("live node(s) {first}")),
+        "names the label and the other node: {note}"
+    );
+    let log = env.nodes[1].provisioner.log_tail(200);
+    assert!(log.lines().any(|l| l.contains("WARN") && l.contains(&format!("so do live node(s) {first}"))), "{log}");
+    let metrics = env.nodes[1].provisioner.metrics().await.unwrap();
+    assert!(metrics.lines().any(|l| l == "hostpath_provisioner_affinity_labels_shared 1"), "{metrics}");
+
+    let output = std::process::Command::new(binary())
+        .args(["doctor", "--output", "json", "--node-name", &second, "--kubeconfig"])
+        .arg(env.cp.kubeconfig_path())
+        .arg("--pv-dir")
+        .arg(&pools[1])
+        .env_clear()
+        .env("NODE_AFFINITY_KEYS", KEY)
+        .env("PROVISIONER_NAME", &env.provisioner)
+        .env("NODE_LEASE_SECONDS", "4")
+        .output()
+        .expect("doctor");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)));
+    let finding = report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["check"] == "affinity_label_shared")
+        .unwrap_or_else(|| panic!("no affinity_label_shared finding: {report:#}"));
+    assert_eq!(finding["severity"], "warning");
+    assert!(finding["message"].as_str().unwrap_or_default().contains(&first), "{finding}");
+}

@@ -6,6 +6,8 @@
 //! the operator and a resource in one `helm install` on a fresh cluster, and that operator,
 //! acting with the chart's RBAC alone, brings the resource to Available.
 
+#[path = "operator/claim_releaser.rs"]
+mod claim_releaser;
 mod common;
 #[path = "operator/pools_on_a_claim.rs"]
 mod pools_on_a_claim;
@@ -461,6 +463,9 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     })
     .await;
     assert!(rolled.metadata.generation.expect("generation") > generation, "the template changed");
+
+    // spec.releaseClaimsOfRemovedNodes: the claim releaser, with rights no node pod holds.
+    claim_releaser::is_made_with_its_own_rights_and_removed_with_the_field(&env, &name).await;
 
     // The acting replica stops (it releases the Lease); the standby takes over and acts.
     assert!(!second.log().contains("holding the operator Lease"), "two replicas acting:\n{}", second.log());

@@ -12,7 +12,8 @@ use common::*;
 const OPERATING: &str = include_str!("../docs/operating.md");
 
 /// The subcommands the binary has (its `--help` lists them).
-const SUBCOMMANDS: [&str; 5] = ["doctor", "readyz", "check-volume", "operator", "pool-mount"];
+const SUBCOMMANDS: [&str; 6] =
+    ["doctor", "readyz", "check-volume", "operator", "pool-mount", "release-claims-of-removed-nodes"];
 
 /// The commands of a Markdown text: each inline code span (a paragraph's lines joined) and each
 /// line of a fenced block.

@@ -665,6 +665,47 @@ async fn requests_accounting_counts_a_snapshots_byte_copy_as_promised() {
     env.wait_bound("more").await;
 }
 
+/// With requests accounting, a byte copy may not take room promised to a volume its pod has not
+/// written yet: free space alone would let it, and that pod's writes, within its request, would
+/// then take the pool below its reserve. The copy waits, saying why, and is made once the
+/// promise goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_accounting_keeps_a_byte_copy_out_of_room_promised_to_unwritten_volumes() {
+    let mut env = TestEnv::start("snap-promised", 0).await;
+    // A provisioner name of its own: the cluster-wide answers (a snapshot of nothing) come
+    // from this test's node, not from a node of another test whose lease outlives it.
+    env.own_provisioner();
+    install_crd(&env);
+    let node = format!("{}-n", env.group);
+    let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
+    env.add_node(&node, &|spec| spec.env("CAPACITY_ACCOUNTING", "requests").env("RESERVED_SPACE", "0")).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "data", &class, "1Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("data").await);
+    // A volume that leaves 8 MiB unpromised and writes nothing, then 12 MiB in the source: the
+    // free space still holds a 12 MiB copy, the unpromised room does not.
+    let st = rustix::fs::statvfs(&disk.dir).unwrap();
+    let total_mib = (st.f_blocks * st.f_bsize) >> 20;
+    let big = total_mib - 1 - 8;
+    env.create_claim(fixtures::claim(&env.ns, "big", &class, &format!("{big}Mi")).provision_on_node(&node)).await;
+    env.wait_bound("big").await;
+    write_mib(&source.join("data"), 12);
+    let free = common::capacity::available_bytes(&disk.dir);
+    assert!(free > 14 << 20, "the free space alone would hold the copy: {free}");
+    take(&env, "copy", "data").await;
+    let waiting = testbed::wait_for("the copy waiting for room", TIMEOUT, || async {
+        let status = snapshots(&env).get("copy").await?.status.unwrap_or_default();
+        assert!(!status.ready_to_use, "copied into room promised to volume big");
+        anyhow::Ok(status.message.filter(|m| m.contains("waits until there is room")))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    assert!(waiting.contains("12 MiB") && waiting.contains("not promised"), "{waiting}");
+    // The promise goes: the copy is made.
+    env.delete_claim("big").await;
+    wait_ready(&env, "copy").await;
+}
+
 /// Published capacity offers what a claim can get: with requests accounting a snapshot's byte
 /// copy is promised space there too, as in the provisioning check, so kube-scheduler is not
 /// offered room the node would refuse.

@@ -8,7 +8,10 @@
 //! counted in full until it ends) and the byte copies kept (snapshots, which requests
 //! accounting counts as promised space). A copy starts only when it fits beside the reserve and
 //! the copies in flight, under the ledger's lock, so that copies started at once see each
-//! other. Pure bookkeeping; the caller passes the free space.
+//! other. Pure bookkeeping; the caller passes the room: the free space beyond the reserve and,
+//! with requests accounting, no more than the space not promised (`capacity::PoolRoom::room`).
+//! Free space alone would let a copy take room promised to a volume its pod has not written
+//! yet; that pod's writes, within its request, would then take the pool below its reserve.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +21,7 @@ use crate::deciding::capacity::Size;
 /// A copy that does not fit now (it waits; nothing of it is written).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{what} needs {} and pool {pool} at {} on node {node} has {} free beyond its reserve of {}{}: it waits until there is room",
+    "{what} needs {} and pool {pool} at {} on node {node} has {} free beyond its reserve of {} (with requests accounting, and not promised to its volumes){}: it waits until there is room",
     Size(*.needed),
     .root.display(),
     Size(*.free_beyond_reserve),
@@ -33,7 +36,9 @@ pub struct NoRoomForCopy {
     pub node: String,
     /// Bytes the copy will write.
     pub needed: u64,
-    /// Free bytes beyond the reserve, as statvfs tells them now.
+    /// Free bytes beyond the reserve, as statvfs tells them now, and with requests accounting no
+    /// more than what is not promised to the pool's volumes and kept copies
+    /// (`capacity::PoolRoom::room`): a copy must not take room a volume's pod may still write.
     pub free_beyond_reserve: u64,
     pub reserve: u64,
     /// Bytes the other copies in flight on the root will still write.
@@ -97,6 +102,30 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    /// Under requests accounting, room promised to volumes not written yet is no room for a
+    /// copy: a 64 MiB pool, 8 MiB reserve, 40 MiB promised to a volume that wrote nothing (so
+    /// 56 MiB free beyond the reserve): a 20 MiB copy would leave the volume's pod 36 MiB for its
+    /// 40 MiB, and its writes would take the pool 4 MiB into the reserve. It waits; 16 MiB fits.
+    #[test]
+    fn a_copy_never_takes_room_promised_to_volumes_not_written_yet() {
+        use crate::deciding::capacity::PoolRoom;
+        let root = Path::new("/var/hpvolumes");
+        let pool = |promised| PoolRoom { available: 64 * MIB, total: 64 * MIB, reserved: 8 * MIB, promised };
+        let free_only = pool(None).room();
+        let requests = pool(Some(40 * MIB)).room();
+        assert_eq!((free_only, requests), (56 * MIB, 16 * MIB));
+        let mut ledger = CopyLedger::default();
+        assert!(ledger.start("big", root, 20 * MIB, free_only).is_ok(), "free space alone lets it through");
+        ledger.end("big");
+        assert_eq!(ledger.start("big", root, 20 * MIB, requests), Err(0), "the unpromised room does not");
+        assert!(ledger.start("fits", root, 16 * MIB, requests).is_ok());
+        // Once kept, the copy is promised too: the next copy's room shrinks by it.
+        ledger.end("fits");
+        ledger.keep("fits", root, 16 * MIB);
+        let next = pool(Some(40 * MIB + ledger.kept_bytes(root))).room();
+        assert_eq!(ledger.start("next", root, MIB, next), Err(0));
+    }
 
     #[test]
     fn copies_started_together_see_each_other_and_never_pass_the_free_space() {

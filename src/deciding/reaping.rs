@@ -1,10 +1,10 @@
 //! Volumes of nodes that are gone. A node-shaped PV whose owner's Node object was deleted and
-//! stayed deleted past a grace period can never be reclaimed by its owner. Two opt-in answers,
-//! one node speaking for the cluster:
+//! stayed deleted past a grace period can never be reclaimed by its owner. Two opt-in answers:
 //!
-//! - `--reap-volumes-of-removed-nodes`: a `Released` PV stays so forever; its PV object is
-//!   deleted (the data went with the node).
-//! - `--release-claims-of-removed-nodes`: a `Bound` PV keeps its claim, and the claim's workload
+//! - `--reap-volumes-of-removed-nodes`, one node speaking for the cluster: a `Released` PV stays
+//!   so forever; its PV object is deleted (the data went with the node).
+//! - `release-claims-of-removed-nodes`, the subcommand run as a Deployment of its own (the only
+//!   holder of `delete` on claims; node pods never delete claims): a `Bound` PV keeps its claim, and the claim's workload
 //!   (a StatefulSet's pod) waits for a node that is gone. The PV is set to `Retain` first, so that
 //!   nothing deletes the data, not even the node's own provisioner if the node comes back; then
 //!   the claim is deleted, and the workload's controller makes a new one, provisioned where its

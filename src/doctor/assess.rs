@@ -122,6 +122,38 @@ pub fn findings(pools: &[PoolReport], api: &ApiCheck, require_mountpoint: bool) 
     found
 }
 
+/// The node's settings that are set and ignored: `RELEASE_CLAIMS_OF_REMOVED_NODES` on a node pod
+/// (node pods never delete claims; the release-claims-of-removed-nodes Deployment does).
+pub fn setting_findings(release_claims_setting_ignored: Option<&str>) -> Vec<Finding> {
+    release_claims_setting_ignored
+        .map(|value| Finding {
+            severity: Severity::Warning,
+            pool: None,
+            check: "release_claims_setting_ignored",
+            message: format!(
+                "RELEASE_CLAIMS_OF_REMOVED_NODES={value} is set on the node pod and ignored: node pods never delete claims. Remove it from the DaemonSet and install the release-claims-of-removed-nodes Deployment (docs/operating.md, \"Claims of removed nodes\")"
+            ),
+        })
+        .into_iter()
+        .collect()
+}
+
+/// This node's affinity labels that other live nodes carry too (`nodeAffinityKey`).
+pub fn affinity_findings(
+    node: &str,
+    shared: &[crate::deciding::node_affinity::duplicate::SharedLabel],
+) -> Vec<Finding> {
+    shared
+        .iter()
+        .map(|label| Finding {
+            severity: Severity::Warning,
+            pool: None,
+            check: "affinity_label_shared",
+            message: crate::deciding::node_affinity::duplicate::shared_label_note(node, label),
+        })
+        .collect()
+}
+
 fn pool_findings(pool: &PoolReport, require_mountpoint: bool, found: &mut Vec<Finding>) {
     let mut add = |severity, check, message: String| {
         found.push(Finding { severity, pool: Some(pool.name.clone()), check, message });

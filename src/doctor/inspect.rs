@@ -37,6 +37,8 @@ pub struct ClusterFacts {
     pub affinity: Vec<crate::deciding::node_affinity::AffinityLabel>,
     /// UIDs of every HostPathSnapshot (none without the CRD: its objects went with it).
     pub snapshot_uids: HashSet<String>,
+    /// This node's affinity labels that other live nodes carry too.
+    pub shared_affinity: Vec<crate::deciding::node_affinity::duplicate::SharedLabel>,
 }
 
 /// The API check: `Ok(None)` when there is no API access to ask (no kubeconfig, not in a pod).
@@ -72,12 +74,49 @@ async fn list(config: &Config) -> Result<ClusterFacts, DoctorError> {
         Err(kube::Error::Api(status)) if status.code == 404 => HashSet::new(),
         Err(source) => return Err(DoctorError::Api { op: "list HostPathSnapshots", source }),
     };
-    let node = Api::<Node>::all(client).get_opt(&config.node_name).await.map_err(api("get this node's Node"))?;
+    let node =
+        Api::<Node>::all(client.clone()).get_opt(&config.node_name).await.map_err(api("get this node's Node"))?;
     let labels = node.and_then(|n| n.metadata.labels).unwrap_or_default();
     let hostname = labels.get(crate::keys::HOSTNAME_LABEL).cloned().unwrap_or_else(|| config.node_name.clone());
     let affinity = crate::deciding::node_affinity::served_labels(&config.node_affinity_keys, &labels);
     let claim_uids = claims.into_iter().filter_map(|c| c.metadata.uid).collect();
-    Ok(ClusterFacts { pvs, claim_uids, hostname, affinity, snapshot_uids })
+    let shared_affinity = if affinity.is_empty() {
+        Vec::new()
+    } else {
+        shared_affinity(&client, config, &affinity)
+            .await
+            .map_err(api("look for other live nodes with this node's affinity labels"))?
+    };
+    Ok(ClusterFacts { pvs, claim_uids, hostname, affinity, snapshot_uids, shared_affinity })
+}
+
+/// This node's affinity labels that other live nodes carry (as the daemon's
+/// `reconciling::affinity_duplicates` looks: the live nodes as the daemon sees them, one GET each).
+async fn shared_affinity(
+    client: &kube::Client,
+    config: &Config,
+    affinity: &[crate::deciding::node_affinity::AffinityLabel],
+) -> Result<Vec<crate::deciding::node_affinity::duplicate::SharedLabel>, kube::Error> {
+    let membership = crate::reconciling::membership::Membership::new(
+        client.clone(),
+        &config.namespace,
+        &config.provisioner_name,
+        &config.node_name,
+        config.node_lease,
+        config.peer_service.as_deref(),
+    );
+    let nodes = Api::<Node>::all(client.clone());
+    let mut labels = Vec::new();
+    for live in membership.live().await? {
+        if let Some(node) = nodes.get_opt(&live.node).await? {
+            labels.push((live.node, node.metadata.labels.unwrap_or_default()));
+        }
+    }
+    Ok(crate::deciding::node_affinity::duplicate::shared_labels(
+        &config.node_name,
+        affinity,
+        labels.iter().map(|(node, labels)| (node.as_str(), labels)),
+    ))
 }
 
 /// Lists every object in pages, so a large cluster is not one huge response.

@@ -50,6 +50,7 @@ pub const SUBCOMMAND: &str = "doctor";
     mut_arg("namespace", |a| a.hide(true)),
     mut_arg("peer_service", |a| a.hide(true)),
     mut_arg("reap_volumes_of_removed_nodes", |a| a.hide(true)),
+    // Hidden in the daemon's help too; read only to say that it is ignored (assess::setting_findings).
     mut_arg("release_claims_of_removed_nodes", |a| a.hide(true)),
     mut_arg("orphan_snapshot_copy_grace", |a| a.hide(true)),
     mut_arg("node_lease_seconds", |a| a.hide(true)),
@@ -166,6 +167,8 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
     };
     let (node, provisioner, require_mountpoint) =
         (config.node_name.clone(), config.provisioner_name.clone(), config.require_mountpoint);
+    let release_claims_setting_ignored = config.release_claims_setting_ignored.clone();
+    let shared_affinity = cluster.as_ref().map(|c| c.shared_affinity.clone()).unwrap_or_default();
     let pools = tokio::task::spawn_blocking(move || {
         config.pools.iter().map(|pool| inspect::pool_report(pool, &config, cluster.as_ref())).collect()
     });
@@ -176,7 +179,9 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
             return assess::EXIT_INCOMPLETE;
         }
     };
-    let findings = assess::findings(&pools, &api, require_mountpoint);
+    let mut findings = assess::findings(&pools, &api, require_mountpoint);
+    findings.extend(assess::setting_findings(release_claims_setting_ignored.as_deref()));
+    findings.extend(assess::affinity_findings(&node, &shared_affinity));
     let exit_code = assess::exit_code(&findings, &api);
     let report = Report { node, provisioner, api, pools, findings, exit_code };
     match output {

@@ -18,6 +18,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::error::{OperatorError, reason};
 use crate::deciding::event;
+use crate::deciding::operator::claim_releaser;
 use crate::deciding::operator::render::{Desired, Environment, OWNER_LABEL, Rendered, render};
 use crate::deciding::operator::resource::{HostPathProvisioner, Status};
 use crate::deciding::operator::status::{self, Observed, Rollout};
@@ -171,6 +172,12 @@ async fn apply(
         && let Err(error) = super::node_settings::prune_capacity_drivers(&ctx.client, resource, &rendered).await
     {
         apply_failure.get_or_insert(error);
+    }
+    if superseded_by.is_none()
+        && !rendered.objects.is_empty()
+        && let Err(message) = remove_unasked_claim_releaser(resource, ctx, &rendered, &environment).await
+    {
+        apply_failure.get_or_insert(message);
     }
     let node_daemonset_applied = daemonset_applied && apply_failure.is_none();
     let mut pools = super::pool_claims::Outcome::default();
@@ -424,9 +431,47 @@ async fn rollout(ctx: &Context, rendered: &Rendered) -> Result<Option<Rollout>, 
     }))
 }
 
+/// `spec.releaseClaimsOfRemovedNodes` turned off: the claim releaser an earlier spec made goes
+/// (only objects this resource made: its owner reference), its ClusterRole with it, so that no
+/// identity keeps `delete` on claims nobody asked for.
+async fn remove_unasked_claim_releaser(
+    resource: &HostPathProvisioner,
+    ctx: &Context,
+    rendered: &Rendered,
+    environment: &Environment,
+) -> Result<(), String> {
+    let made = claim_releaser::made_objects(environment);
+    if rendered.objects.iter().any(|o| o.kind == "Deployment" && o.name == claim_releaser::NAME) {
+        return Ok(());
+    }
+    let uid = resource.uid().unwrap_or_default();
+    for probe in &made {
+        let api = api_for(&ctx.client, probe);
+        let existing =
+            api.get_opt(&probe.name).await.map_err(|e| format!("read {} {}: {e}", probe.kind, probe.name))?;
+        let Some(existing) = existing else { continue };
+        if !existing.owner_references().iter().any(|r| r.uid == uid) {
+            continue;
+        }
+        match api.delete(&probe.name, &DeleteParams::background()).await {
+            Ok(_) => tracing::info!(
+                resource = %resource.name_any(),
+                kind = %probe.kind,
+                name = %probe.name,
+                "removed: spec.releaseClaimsOfRemovedNodes is off"
+            ),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(format!("delete {} {}: {error}", probe.kind, probe.name)),
+        }
+    }
+    Ok(())
+}
+
 /// The kinds a resource may have made, with where they live.
-const MADE_KINDS: [(&str, &str, &str, bool); 11] = [
+const MADE_KINDS: [(&str, &str, &str, bool); 12] = [
     ("apps/v1", "DaemonSet", "daemonsets", true),
+    // The claim releaser (spec.releaseClaimsOfRemovedNodes).
+    ("apps/v1", "Deployment", "deployments", true),
     ("v1", "ServiceAccount", "serviceaccounts", true),
     ("rbac.authorization.k8s.io/v1", "Role", "roles", true),
     ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", true),

@@ -221,6 +221,26 @@ impl Context {
         self.config.pools.iter().find(|p| p.root == root).and_then(|p| p.reserve).unwrap_or(self.config.reserved_bytes)
     }
 
+    /// Room a byte copy (a snapshot's, a restore's) may take on `root` now, given its statvfs
+    /// `available` and `total` bytes: the free space beyond the reserve and, with requests
+    /// accounting, no more than what is not promised to the pool's volumes and kept copies. A
+    /// copy must not take room promised to a volume whose pod has not written yet: that volume's
+    /// writes would later take the pool below its reserve (deciding::copy_room).
+    pub fn copy_room(&self, root: &std::path::Path, available: u64, total: u64) -> u64 {
+        let requests = self
+            .config
+            .pools
+            .iter()
+            .find(|p| p.root == root)
+            .is_some_and(|p| p.accounting == Some(crate::deciding::capacity::CapacityAccounting::Requests));
+        let promised = requests.then(|| {
+            let volumes: Vec<_> = self.volumes.iter().flat_map(|store| store.state()).collect();
+            let kept = self.copies.lock().unwrap_or_else(|e| e.into_inner()).kept_bytes(root);
+            crate::deciding::volume::promised_bytes(volumes.iter().map(|pv| pv.as_ref()), root).saturating_add(kept)
+        });
+        crate::deciding::capacity::PoolRoom { available, total, reserved: self.reserve_of(root), promised }.room()
+    }
+
     /// Forgets the backoff of `key` after a success.
     pub fn reset_retry(&self, key: &str) {
         self.backoffs.lock().unwrap_or_else(|e| e.into_inner()).remove(key);

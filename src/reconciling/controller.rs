@@ -22,7 +22,8 @@ use crate::reconciling::claim_actions::object_key;
 use crate::reconciling::context::Context;
 use crate::reconciling::published_capacity::{self, Publisher};
 use crate::reconciling::{
-    claims, orphans, pattern_records, reaping, settling, snapshot_copies, snapshots, stranded, upkeep, volumes, watches,
+    affinity_duplicates, claims, orphans, pattern_records, reaping, settling, snapshot_copies, snapshots, stranded,
+    upkeep, volumes, watches,
 };
 use crate::serving::health::{self, Health, Watch};
 use crate::serving::heap;
@@ -240,6 +241,7 @@ pub async fn run(
     tokio::spawn(upkeep::purge_trash(ctx.clone()));
     tokio::spawn(snapshot_copies::sweep(ctx.clone()));
     tokio::spawn(reaping::run(ctx.clone()));
+    tokio::spawn(affinity_duplicates::run(ctx.clone()));
     tokio::spawn(stranded::watch_for_no_provisioner(ctx.clone()));
 
     tracing::info!(node = %config.node_name, provisioner = %config.provisioner_name, "hostpath-provisioner running");

@@ -1,8 +1,10 @@
 //! The reconcilers (fetch, decide, act) and the wiring that feeds them: watches, stores, the
 //! shared context, background tasks.
 
+pub mod affinity_duplicates;
 pub mod claim_actions;
 pub mod claim_facts;
+pub mod claim_release;
 pub mod claims;
 pub mod clones;
 pub mod context;

@@ -68,7 +68,8 @@ async fn make_volume(
             if byte_copy {
                 let needed = pool.snapshot_copy_bytes(snapshot_dir)?;
                 let reserve = ctx.reserve_of(pool.path());
-                let free_beyond_reserve = pool.stats()?.available_bytes.saturating_sub(reserve);
+                let stats = pool.stats()?;
+                let free_beyond_reserve = ctx.copy_room(pool.path(), stats.available_bytes, stats.go_total_bytes);
                 let started = ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).start(
                     &copy_id,
                     pool.path(),

@@ -1,22 +1,27 @@
-//! `--reap-volumes-of-removed-nodes` and `--release-claims-of-removed-nodes`: the node that speaks
-//! for the cluster looks, once per pass, for PVs of ours whose node's Node object is gone; past
-//! the grace period it deletes the Released ones, and releases the claims of the Bound ones
-//! (`deciding::reaping` decides). Off unless configured.
+//! `--reap-volumes-of-removed-nodes`: the node that speaks for the cluster looks, once per pass,
+//! for Released PVs of ours whose node's Node object is gone, and past the grace period deletes
+//! them (`deciding::reaping` decides). Off unless configured. Deleting PVs is a right every node
+//! pod holds anyway (for its own volumes), so this stays here.
+//!
+//! Releasing the claims of removed nodes does not: deleting claims is a right no node pod holds,
+//! and the `release-claims-of-removed-nodes` subcommand does it from a Deployment of its own
+//! (`reconciling::claim_release`). A node whose DaemonSet still sets
+//! `RELEASE_CLAIMS_OF_REMOVED_NODES` (an install from before) ignores it and says so: a log line,
+//! a Warning Event on its Node, a metric and a doctor line; provisioning goes on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 
 use crate::deciding::kept_volume::KeptVolume;
-use crate::deciding::reaping::{Graces, ReapFacts, Release, owners_to_check, plan_reaping};
+use crate::deciding::reaping::{Graces, ReapFacts, owners_to_check, plan_reaping};
 use crate::deciding::topology::{self, Acting};
 use crate::error::reason;
 use crate::keys;
-use crate::reconciling::claim_actions::claim_ref_of;
 use crate::reconciling::context::Context;
 
 /// The key the cluster-wide ranking picks the speaking node by.
@@ -26,16 +31,13 @@ const MAX_PASS_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Runs the passes for as long as the provisioner runs.
 pub async fn run(ctx: Arc<Context>) {
-    let graces =
-        Graces { reap: ctx.config.reap_volumes_of_removed_nodes, release: ctx.config.release_claims_of_removed_nodes };
-    let Some(shortest) = [graces.reap, graces.release].into_iter().flatten().min() else { return };
-    let interval = (shortest / 4).clamp(Duration::from_secs(1), MAX_PASS_INTERVAL);
-    if let Some(grace) = graces.reap {
-        tracing::info!(grace = ?grace, "deleting the Released PVs of nodes gone for longer than the grace period");
+    if let Some(value) = ctx.config.release_claims_setting_ignored.clone() {
+        report_ignored_release_setting(&ctx, &value).await;
     }
-    if let Some(grace) = graces.release {
-        tracing::info!(grace = ?grace, "releasing the bound claims of nodes gone for longer than the grace period");
-    }
+    let graces = Graces { reap: ctx.config.reap_volumes_of_removed_nodes, release: None };
+    let Some(grace) = graces.reap else { return };
+    let interval = (grace / 4).clamp(Duration::from_secs(1), MAX_PASS_INTERVAL);
+    tracing::info!(grace = ?grace, "deleting the Released PVs of nodes gone for longer than the grace period");
     let mut absent_since = BTreeMap::new();
     loop {
         tokio::time::sleep(interval).await;
@@ -79,9 +81,6 @@ async fn pass(
     for (node, left) in &plan.waiting {
         tracing::debug!(%node, left = ?left, "a node with volumes is gone; waiting out the grace period");
     }
-    for release in &plan.release {
-        release_claim(ctx, &pvs, release, graces.release.unwrap_or_default()).await?;
-    }
     for reap in &plan.reap {
         let Some(pv) = listed.iter().find(|pv| pv.metadata.name.as_deref() == Some(&reap.pv)) else { continue };
         let note = format!(
@@ -111,72 +110,23 @@ async fn pass(
     Ok(Some(plan.absent_since))
 }
 
-/// Releases one claim from a gone node's PV: the PV to Retain first (a JSON patch that tests the
-/// resourceVersion the plan saw), then the claim deleted with its uid as precondition. A write
-/// refused because the object changed or went (409, 404, 422) leaves the rest to the next pass,
-/// which decides again on what it finds.
-async fn release_claim(
-    ctx: &Context,
-    pvs: &Api<KeptVolume>,
-    release: &Release,
-    grace: Duration,
-) -> Result<(), kube::Error> {
-    let pv_ref = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("PersistentVolume".into()),
-        name: Some(release.pv.clone()),
-        uid: Some(release.pv_uid.clone()),
-        ..Default::default()
-    };
-    let claim_ref = claim_ref_of(&release.claim_namespace, &release.claim_name, &release.claim_uid);
-    let claim = format!("{}/{}", release.claim_namespace, release.claim_name);
-    if release.retain_first {
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
-            { "op": "test", "path": "/metadata/resourceVersion", "value": release.pv_resource_version },
-            { "op": "replace", "path": "/spec/persistentVolumeReclaimPolicy", "value": "Retain" },
-        ]))
-        .expect("a valid JSON patch");
-        match pvs.patch(&release.pv, &PatchParams::default(), &Patch::Json::<()>(patch)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 || e.code == 422 => return Ok(()),
-            Err(error) => return Err(error),
-        }
-        tracing::info!(pv = %release.pv, node = %release.node, %claim, "set the PV of a removed node to Retain before releasing its claim");
-    }
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &release.claim_namespace);
-    let preconditions = Preconditions { uid: Some(release.claim_uid.clone()), resource_version: None };
-    match claims
-        .delete(&release.claim_name, &DeleteParams { preconditions: Some(preconditions), ..Default::default() })
-        .await
-    {
-        Ok(_) => {}
-        // Gone already, or a new claim of the same name: nothing of ours to release.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
-        Err(error) => {
-            let why = if matches!(&error, kube::Error::Api(e) if e.code == 403) {
-                " (the provisioner's ClusterRole needs `delete` on persistentvolumeclaims; docs/operating.md, \"Claims of removed nodes\")"
-            } else {
-                ""
-            };
-            let note = format!(
-                "claim {claim} not released: {error}{why}; PV {} is Retain, its data stays, and the next pass tries again",
-                release.pv
-            );
-            ctx.warn(&pv_ref, reason::REMOVED_NODE_CLAIM_NOT_RELEASED, "Release", note).await;
-            return Err(error);
-        }
-    }
+/// `RELEASE_CLAIMS_OF_REMOVED_NODES` on a node pod (an install from before the releaser ran
+/// apart): never acted upon, said once at start (a log line, a Warning Event on this node's Node,
+/// the metric `hostpath_provisioner_release_claims_setting_ignored`; `doctor` says it too).
+/// Provisioning goes on: failing here would take every node's provisioning down on an upgrade.
+async fn report_ignored_release_setting(ctx: &Context, value: &str) {
     let note = format!(
-        "claim {claim} released: node {} has had no Node object for longer than {grace:?} \
-         (--release-claims-of-removed-nodes); PV {} is Retain and its data stays on that node, \
-         for the node's return or an admin; a new claim of the workload is provisioned where its pod runs now",
-        release.node, release.pv
+        "RELEASE_CLAIMS_OF_REMOVED_NODES={value} is set on this node's provisioner and ignored: node pods never \
+         delete claims; the claims of removed nodes are released by the release-claims-of-removed-nodes \
+         Deployment, whose ServiceAccount alone may delete claims. Remove the variable from the DaemonSet and \
+         install that Deployment (docs/operating.md, \"Claims of removed nodes\")"
     );
-    tracing::warn!(pv = %release.pv, node = %release.node, %claim, "released the claim of a removed node's volume");
-    ctx.metrics.released_claims.inc();
-    ctx.warn(&claim_ref, reason::REMOVED_NODE_CLAIM_RELEASED, "Release", note.clone()).await;
-    ctx.warn(&pv_ref, reason::REMOVED_NODE_CLAIM_RELEASED, "Release", note).await;
-    Ok(())
+    tracing::warn!(value, "{note}");
+    ctx.metrics.release_claims_setting_ignored.set(1);
+    match ctx.node_ref().await {
+        Ok(node) => ctx.warn(&node, reason::RELEASE_CLAIMS_SETTING_IGNORED, "Configure", note).await,
+        Err(error) => tracing::warn!(%error, "cannot read this node's Node object to report the ignored setting"),
+    }
 }
 
 /// Removes our deletion-protection finalizer, which only the PV's (gone) owner would remove.

@@ -204,7 +204,8 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             if byte_copy {
                 let needed = pool.bytes_under(&source_dir)?;
                 let reserve = ctx.reserve_of(&root);
-                let free_beyond_reserve = pool.stats()?.available_bytes.saturating_sub(reserve);
+                let stats = pool.stats()?;
+                let free_beyond_reserve = ctx.copy_room(&root, stats.available_bytes, stats.go_total_bytes);
                 let started = ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).start(
                     &uid,
                     &root,

@@ -227,10 +227,13 @@ pub struct Metrics {
     pub refused_paths: Counter,
     /// Label-pinned PVs kept because other live nodes carry their value (each look counts).
     pub duplicate_affinity_labels: Counter,
+    /// This node's affinity labels (`key=value`) that other live nodes carry too, at the last look.
+    pub affinity_labels_shared: Gauge,
     /// PV objects of removed nodes deleted (`--reap-volumes-of-removed-nodes`).
     pub reaped_volumes: Counter,
-    /// Claims released from removed nodes' PVs (`--release-claims-of-removed-nodes`).
-    pub released_claims: Counter,
+    /// 1 when `RELEASE_CLAIMS_OF_REMOVED_NODES` is set on this node pod and ignored (node pods
+    /// never delete claims; the releaser Deployment does).
+    pub release_claims_setting_ignored: Gauge,
     /// Pool size in bytes.
     pub pool_capacity_bytes: Family<PoolLabel, Gauge>,
     /// Pool free bytes (available to unprivileged users, as statvfs f_bavail).
@@ -305,8 +308,9 @@ impl Metrics {
         let delete_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 18));
         let refused_paths = Counter::default();
         let duplicate_affinity_labels = Counter::default();
+        let affinity_labels_shared = Gauge::default();
         let reaped_volumes = Counter::default();
-        let released_claims = Counter::default();
+        let release_claims_setting_ignored = Gauge::default();
         let pool_capacity_bytes = Family::<PoolLabel, Gauge>::default();
         let pool_free_bytes = Family::<PoolLabel, Gauge>::default();
         let watch_restarts = Family::<WatchLabel, Counter>::default();
@@ -347,14 +351,19 @@ impl Metrics {
             duplicate_affinity_labels.clone(),
         );
         registry.register(
+            "affinity_labels_shared",
+            "This node's nodeAffinityKey labels (key=value) that other live nodes carry too, at the last look (every 5 minutes)",
+            affinity_labels_shared.clone(),
+        );
+        registry.register(
             "reaped_volumes",
             "Released PVs of nodes whose Node object was gone past --reap-volumes-of-removed-nodes, deleted",
             reaped_volumes.clone(),
         );
         registry.register(
-            "released_claims",
-            "Claims bound to PVs of nodes whose Node object was gone past --release-claims-of-removed-nodes, deleted after their PV was set to Retain",
-            released_claims.clone(),
+            "release_claims_setting_ignored",
+            "1 when RELEASE_CLAIMS_OF_REMOVED_NODES is set on this node pod: ignored, node pods never delete claims (the release-claims-of-removed-nodes Deployment does)",
+            release_claims_setting_ignored.clone(),
         );
         registry.register(
             "pool_capacity_bytes",
@@ -431,8 +440,9 @@ impl Metrics {
             delete_seconds,
             refused_paths,
             duplicate_affinity_labels,
+            affinity_labels_shared,
             reaped_volumes,
-            released_claims,
+            release_claims_setting_ignored,
             pool_capacity_bytes,
             pool_free_bytes,
             pool_usable,

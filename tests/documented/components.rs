@@ -2,7 +2,9 @@
 //! settings, as the doc writes them, listing every component of deploy/components next to
 //! deploy/legacy; applied, then upgraded by the documented command once the next release's
 //! deploy/ replaced the old, with each feature still on. And each component rendered alone with
-//! deploy/legacy, its environment given to the binary, which must start with it.
+//! deploy/legacy, its environment given to the binary, which must start with it. The claim
+//! releaser's component adds a Deployment of its own (the only identity that may delete claims)
+//! and leaves the node pods' DaemonSet and ClusterRole as they are.
 
 use super::*;
 
@@ -20,12 +22,17 @@ const SETTINGS: [(&str, &str); 5] = [
     ("DISK_1", "/mnt/disk1"),
     ("DISK_2", "/mnt/disk2"),
 ];
-/// Each component, with the settings it reads that become variables of the DaemonSet.
+/// Each component, with the settings it reads that become variables of its workload (the node
+/// DaemonSet, or for release-claims-of-removed-nodes the claim releaser's Deployment).
 const COMPONENTS: [(&str, &[&str]); 3] = [
     ("release-claims-of-removed-nodes", &["RELEASE_CLAIMS_OF_REMOVED_NODES"]),
     ("node-affinity-keys", &["NODE_AFFINITY_KEYS"]),
     ("several-disks", &["STORAGE_POOLS"]),
 ];
+/// The component whose workload is a Deployment of its own, and that Deployment.
+const RELEASER_COMPONENT: &str = "release-claims-of-removed-nodes";
+const RELEASER: &str = "kubevirt-hostpath-provisioner-claim-releaser";
+const RELEASER_DEPLOYMENT: [&str; 4] = ["deployment", RELEASER, "-n", "kubevirt-hostpath-provisioner"];
 /// The extra variable the doc's generic patch sets.
 const PATCHED: (&str, &str) = ("ORPHAN_SNAPSHOT_COPY_GRACE", "24h");
 
@@ -84,10 +91,11 @@ fn assert_features_on(shell: &Shell, tag: &str) {
     let daemonset = shell.must_get(&LEGACY_DAEMONSET);
     let container = container(&daemonset);
     assert_eq!(container["image"], format!("{REGISTRY}/hostpath-provisioner:{tag}"));
-    for (_, keys) in COMPONENTS {
+    for (component, keys) in COMPONENTS {
         for key in keys {
             let value = SETTINGS.iter().find(|(k, _)| k == key).expect("a setting").1;
-            assert_eq!(env_value(container, key), Some(value), "{key} in {}", container["env"]);
+            let expected = (component != RELEASER_COMPONENT).then_some(value);
+            assert_eq!(env_value(container, key), expected, "{key} in {}", container["env"]);
         }
     }
     assert_eq!(env_value(container, PATCHED.0), Some(PATCHED.1), "{}", container["env"]);
@@ -100,10 +108,18 @@ fn assert_features_on(shell: &Shell, tag: &str) {
         let mount = mounts.iter().find(|m| m["name"] == volume["name"]).unwrap_or_else(|| panic!("{disk} mount"));
         assert_eq!(mount["mountPath"], disk);
     }
-    // release-claims-of-removed-nodes: delete on claims.
+    // release-claims-of-removed-nodes: the claim releaser, with the release's image, alone
+    // allowed to delete claims; the node pods never are.
+    let releaser = shell.must_get(&RELEASER_DEPLOYMENT);
+    let releaser_container = &releaser["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(releaser_container["image"], format!("{REGISTRY}/hostpath-provisioner:{tag}"));
+    assert_eq!(env_value(releaser_container, "RELEASE_CLAIMS_OF_REMOVED_NODES"), Some("24h"));
+    assert_eq!(releaser["spec"]["template"]["spec"]["serviceAccountName"], RELEASER);
     let role = shell.must_get(&["clusterrole", "kubevirt-hostpath-provisioner"]);
-    assert!(grants(&role, "persistentvolumeclaims", "delete"), "{role}");
-    assert!(!daemonset.to_string().contains(UNSET), "{daemonset}");
+    assert!(!grants(&role, "persistentvolumeclaims", "delete"), "{role}");
+    let releaser_role = shell.must_get(&["clusterrole", RELEASER]);
+    assert!(grants(&releaser_role, "persistentvolumeclaims", "delete"), "{releaser_role}");
+    assert!(!daemonset.to_string().contains(UNSET) && !releaser.to_string().contains(UNSET), "{daemonset}");
     // The settings are the build's, not an object of the cluster.
     assert!(
         shell.get(&["configmap", "hostpath-provisioner-settings", "-n", "kubevirt-hostpath-provisioner"]).is_none()
@@ -129,17 +145,20 @@ async fn the_kustomize_components_install_and_upgrade_as_written() {
     std::fs::remove_dir_all(shell.dir().join("deploy")).expect("remove the old release");
     copy_tree(&repo().join("deploy"), &shell.dir().join("deploy"));
     shell.edit("deploy/legacy/kustomization.yaml", "newTag: \"0.1.0\"", "newTag: \"0.2.0\"");
+    shell.edit(
+        &format!("deploy/components/{RELEASER_COMPONENT}/kustomization.yaml"),
+        "newTag: \"0.1.0\"",
+        "newTag: \"0.2.0\"",
+    );
     let out = shell.run(&docs.command("docs/install.md", UPGRADE_SECTION, "kubectl apply -k my-hostpath-provisioner"));
     assert!(out.contains("daemonset.apps/kubevirt-hostpath-provisioner configured"), "{out}");
     assert_features_on(&shell, "0.2.0");
 
-    // What the doc warns of: deploy/legacy alone takes the components' additions away (so the
-    // checks above would see a lost feature).
+    // What the doc warns of: deploy/legacy alone takes the components' additions to the
+    // DaemonSet away (so the checks above would see a lost feature).
     shell.kubectl(&["apply", "-k", "deploy/legacy"]);
-    let role = shell.must_get(&["clusterrole", "kubevirt-hostpath-provisioner"]);
-    assert!(!grants(&role, "persistentvolumeclaims", "delete"), "{role}");
     let daemonset = shell.must_get(&LEGACY_DAEMONSET);
-    assert_eq!(env_value(container(&daemonset), "RELEASE_CLAIMS_OF_REMOVED_NODES"), None);
+    assert_eq!(env_value(container(&daemonset), "NODE_AFFINITY_KEYS"), None);
     shell.finish();
 }
 
@@ -177,10 +196,27 @@ fn rendered_env(objects: &[Value]) -> Vec<(String, String)> {
     vars
 }
 
-/// Starts the provisioner with `vars` alone: exit code 2 and the message for a configuration it
-/// refuses; for one it accepts, the failure to find a cluster (no kubeconfig), so nothing runs.
-fn binary_verdict(vars: &[(String, String)]) -> (Option<i32>, String) {
+/// The environment of `component`'s workload: the claim releaser's Deployment for its
+/// component, else the node DaemonSet's (with what the downward API would give).
+fn workload_env(objects: &[Value], component: &str) -> Vec<(String, String)> {
+    if component != RELEASER_COMPONENT {
+        return rendered_env(objects);
+    }
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == RELEASER)
+        .expect("the claim releaser's Deployment");
+    let env = container(deployment)["env"].as_array().expect("env");
+    env.iter().filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned()))).collect()
+}
+
+/// Starts the binary with `vars` alone, as `component`'s workload runs it (the releaser with its
+/// subcommand): exit code 2 and the message for a configuration it refuses; for one it accepts,
+/// the failure to find a cluster (no kubeconfig), so nothing runs.
+fn workload_verdict(component: &str, vars: &[(String, String)]) -> (Option<i32>, String) {
+    let subcommand = (component == RELEASER_COMPONENT).then_some("release-claims-of-removed-nodes");
     let output = Command::new(env!("CARGO_BIN_EXE_hostpath-provisioner"))
+        .args(subcommand)
         .env_clear()
         .envs(vars.iter().map(|(k, v)| (k, v)))
         .env("KUBECONFIG", "/nonexistent/hostpath-provisioner-test-kubeconfig")
@@ -201,19 +237,28 @@ fn each_kustomize_component_renders_with_deploy_legacy_and_the_binary_starts_wit
         let dir = format!("only-{component}");
         write_one_component(&shell, &dir, component, &settings);
         let objects = render(&shell, &dir).unwrap_or_else(|e| panic!("{component}: {e}"));
-        let vars = rendered_env(&objects);
+        let vars = workload_env(&objects, component);
+        let daemonset_vars = workload_env(&objects, "");
         for key in &all_keys {
             let value = vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
             let expected = keys.contains(key).then(|| SETTINGS.iter().find(|(k, _)| k == key).expect("setting").1);
             assert_eq!(value, expected, "{component}: {key}");
         }
+        assert!(
+            !daemonset_vars.iter().any(|(k, _)| k == "RELEASE_CLAIMS_OF_REMOVED_NODES"),
+            "{component}: the node pods never get it"
+        );
         assert!(!objects.iter().any(|o| o["metadata"]["name"] == "hostpath-provisioner-settings"), "{component}");
-        let role = objects
-            .iter()
-            .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "kubevirt-hostpath-provisioner")
-            .expect("the ClusterRole");
-        assert_eq!(grants(role, "persistentvolumeclaims", "delete"), component == "release-claims-of-removed-nodes");
-        let (code, said) = binary_verdict(&vars);
+        for role in objects.iter().filter(|o| o["kind"] == "ClusterRole") {
+            assert_eq!(
+                grants(role, "persistentvolumeclaims", "delete"),
+                role["metadata"]["name"] == RELEASER,
+                "{component}: only the releaser's role may delete claims: {role}"
+            );
+        }
+        let releasers = objects.iter().filter(|o| o["metadata"]["name"] == RELEASER && o["kind"] == "Deployment");
+        assert_eq!(releasers.count(), usize::from(component == RELEASER_COMPONENT), "{component}");
+        let (code, said) = workload_verdict(component, &vars);
         assert!(code != CONFIGURATION_ERROR && said.contains("KUBECONFIG"), "{component}: {code:?} {said}");
 
         // A value the binary refuses, given in the settings, reaches it: it exits 2 naming it.
@@ -224,7 +269,8 @@ fn each_kustomize_component_renders_with_deploy_legacy_and_the_binary_starts_wit
         );
         let dir = format!("broken-{component}");
         write_one_component(&shell, &dir, component, &broken);
-        let (code, said) = binary_verdict(&rendered_env(&render(&shell, &dir).expect("renders")));
+        let (code, said) =
+            workload_verdict(component, &workload_env(&render(&shell, &dir).expect("renders"), component));
         assert!(code == CONFIGURATION_ERROR && said.contains(key), "{component} with {key}={REFUSED}: {code:?} {said}");
 
         // A setting left out fails the build, naming it.
@@ -270,13 +316,40 @@ fn over_the_node_groups_two_components_and_the_patch_set_every_groups_daemonset_
     assert_eq!(daemonsets.len(), 2, "the two groups of deploy/node-groups");
     for daemonset in daemonsets {
         let name = daemonset["metadata"]["name"].as_str().expect("name");
-        for key in ["RELEASE_CLAIMS_OF_REMOVED_NODES", "NODE_AFFINITY_KEYS"] {
-            let value = SETTINGS.iter().find(|(k, _)| *k == key).expect("setting").1;
-            assert_eq!(env_value(container(daemonset), key), Some(value), "{name}: {key}");
-        }
+        let value = SETTINGS.iter().find(|(k, _)| *k == "NODE_AFFINITY_KEYS").expect("setting").1;
+        assert_eq!(env_value(container(daemonset), "NODE_AFFINITY_KEYS"), Some(value), "{name}");
+        assert_eq!(env_value(container(daemonset), "RELEASE_CLAIMS_OF_REMOVED_NODES"), None, "{name}");
         assert_eq!(env_value(container(daemonset), PATCHED.0), Some(PATCHED.1), "{name}: the doc's patch");
         assert!(!daemonset.to_string().contains(UNSET), "{daemonset}");
     }
+    // One claim releaser for all the groups, in their namespace, with their image.
+    let releasers: Vec<&Value> =
+        objects.iter().filter(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == RELEASER).collect();
+    assert_eq!(releasers.len(), 1, "one claim releaser");
+    assert_eq!(env_value(container(releasers[0]), "RELEASE_CLAIMS_OF_REMOVED_NODES"), Some("24h"));
+    assert_eq!(container(releasers[0])["image"], container(daemonsets_image_source(&objects))["image"]);
     let error = render(&shell, "groups-disks").expect_err("several-disks over the node groups");
     assert!(error.contains("multiple matches"), "{error}");
+}
+
+/// The node DaemonSet whose image the releaser's must be.
+fn daemonsets_image_source(objects: &[Value]) -> &Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "kubevirt-hostpath-provisioner")
+        .expect("deploy/legacy's DaemonSet")
+}
+
+/// The claim releaser's component names the node pods' image exactly as deploy/legacy does (a
+/// release changes both), so that the user's own `images:` entry sets the registry on both.
+#[test]
+fn the_claim_releasers_image_is_deploy_legacys() {
+    let images = |file: &str| -> Value {
+        let text = std::fs::read_to_string(repo().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let kustomization: Value = serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+        kustomization["images"].clone()
+    };
+    let legacy = images("deploy/legacy/kustomization.yaml");
+    assert!(legacy.as_array().is_some_and(|l| !l.is_empty()), "{legacy}");
+    assert_eq!(images(&format!("deploy/components/{RELEASER_COMPONENT}/kustomization.yaml")), legacy);
 }

@@ -1,53 +1,94 @@
-//! A node removed from the cluster with a StatefulSet's volume on it: with
-//! `--release-claims-of-removed-nodes`, the StatefulSet's pod comes back on the other real node
-//! with a new volume, and the old PV is kept (`Retain`) for the data on the removed node.
+//! A node removed from the cluster with a StatefulSet's volume on it: with the claim releaser
+//! (deploy/components/release-claims-of-removed-nodes, its own Deployment and ServiceAccount) on
+//! the remaining node, the StatefulSet's pod comes back on the other real node with a new volume,
+//! and the old PV is kept (`Retain`) for the data on the removed node. The node pods' own
+//! ServiceAccount may not delete claims.
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use testbed::real_nodes::images::BUSYBOX_IMAGE;
-use testbed::real_nodes::{DEPLOY_DAEMONSET, DEPLOY_NAMESPACE, LANE_TIMEOUT, NODE2_NAME};
+use testbed::real_nodes::{DEPLOY_NAMESPACE, LANE_TIMEOUT, NODE2_NAME};
 
 use super::{CLASS, Ctx};
 
-/// The deploy's ClusterRole (deploy/legacy/rbac.yaml).
-const CLUSTER_ROLE: &str = "kubevirt-hostpath-provisioner";
 const GRACE: &str = "5s";
+/// The claim releaser's objects, as the kustomize component adds them.
+const CLAIM_RELEASER: &str = "deploy/components/release-claims-of-removed-nodes/claim-releaser.yaml";
+const RELEASER: &str = "kubevirt-hostpath-provisioner-claim-releaser";
+/// deploy/legacy's ServiceAccount, the node pods'.
+const NODE_SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-admin";
 
-/// Adds or takes back `delete` on claims in the deploy's ClusterRole, as docs/operating.md
-/// tells an admin of `deploy/legacy` to.
-async fn claims_delete_verb(ctx: &Ctx, granted: bool) -> Result<()> {
-    let roles: Api<ClusterRole> = Api::all(ctx.lane.client());
-    let mut role = roles.get(CLUSTER_ROLE).await?;
-    let rule = role
-        .rules
-        .iter_mut()
-        .flatten()
-        .find(|r| r.resources.iter().flatten().any(|r| r == "persistentvolumeclaims"))
-        .context("the ClusterRole's rule for claims")?;
-    rule.verbs.retain(|v| v != "delete");
-    if granted {
-        rule.verbs.push("delete".into());
+/// Applies the claim releaser's objects of the component's file with the lane's image and
+/// `GRACE`, its pod kept on the first node (the second is the one removed), and waits until it
+/// runs.
+async fn deploy_claim_releaser(ctx: &Ctx) -> Result<()> {
+    let image = ctx.deployed().await?;
+    let text = std::fs::read_to_string(ctx.repo.join(CLAIM_RELEASER))?;
+    let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text)?;
+    let node1 = ctx.lane.node_name().to_string();
+    for mut object in documents.into_iter().filter(|d| d.is_object()) {
+        if object["kind"] == "Deployment" {
+            let pod = &mut object["spec"]["template"]["spec"];
+            pod["nodeSelector"]["kubernetes.io/hostname"] = json!(node1);
+            let container = &mut pod["containers"][0];
+            container["image"] = json!(image);
+            container["imagePullPolicy"] = json!("Never");
+            for variable in container["env"].as_array_mut().into_iter().flatten() {
+                if variable["name"] == "RELEASE_CLAIMS_OF_REMOVED_NODES" {
+                    variable["value"] = json!(GRACE);
+                }
+            }
+        }
+        let file = tempfile::NamedTempFile::new()?;
+        std::fs::write(file.path(), serde_json::to_string(&object)?)?;
+        let path = file.path().to_str().context("utf-8 path")?;
+        ctx.lane.cp().run_kubectl(&ctx.repo, &["apply", "--server-side", "--force-conflicts", "-f", path])?;
     }
-    roles.replace(CLUSTER_ROLE, &PostParams::default(), &role).await?;
+    let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), DEPLOY_NAMESPACE);
+    let selector = ListParams::default().labels(&format!("k8s-app={RELEASER}"));
+    testbed::wait_for("the claim releaser running", LANE_TIMEOUT, || async {
+        let running = pods
+            .list(&selector)
+            .await?
+            .items
+            .into_iter()
+            .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
+        anyhow::Ok(running.then_some(()))
+    })
+    .await
+    .map_err(|e| e.context(ctx.provisioner_logs()))?;
     Ok(())
 }
 
-/// `kubectl set env` on the deploy's DaemonSet, then its rollout.
-async fn set_release_env(ctx: &Ctx, value: Option<&str>) -> Result<()> {
-    let setting = match value {
-        Some(value) => format!("RELEASE_CLAIMS_OF_REMOVED_NODES={value}"),
-        None => "RELEASE_CLAIMS_OF_REMOVED_NODES-".to_string(),
-    };
-    ctx.lane.cp().run_kubectl(
-        &ctx.repo,
-        &["-n", DEPLOY_NAMESPACE, "set", "env", &format!("daemonset/{DEPLOY_DAEMONSET}"), &setting],
-    )?;
-    ctx.lane.wait_daemonset_rolled_out().await?;
+/// Removes what [`deploy_claim_releaser`] applied.
+async fn remove_claim_releaser(ctx: &Ctx) -> Result<()> {
+    for what in [
+        vec!["-n", DEPLOY_NAMESPACE, "delete", "deployment", RELEASER, "--ignore-not-found"],
+        vec!["-n", DEPLOY_NAMESPACE, "delete", "serviceaccount", RELEASER, "--ignore-not-found"],
+        vec!["delete", "clusterrolebinding", RELEASER, "--ignore-not-found"],
+        vec!["delete", "clusterrole", RELEASER, "--ignore-not-found"],
+    ] {
+        ctx.lane.cp().run_kubectl(&ctx.repo, &what)?;
+    }
     Ok(())
+}
+
+/// Whether the API server lets ServiceAccount `account` of the deploy's namespace delete claims
+/// in `ns`.
+async fn may_delete_claims(ctx: &Ctx, ns: &str, account: &str) -> Result<bool> {
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {
+            "user": format!("system:serviceaccount:{DEPLOY_NAMESPACE}:{account}"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{DEPLOY_NAMESPACE}")],
+            "resourceAttributes": {"verb": "delete", "resource": "persistentvolumeclaims", "namespace": ns}
+        }
+    }))?;
+    let answer = Api::<SubjectAccessReview>::all(ctx.lane.client()).create(&PostParams::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 /// One replica that prefers node 2, writes the node it first ran on into its volume and stays.
@@ -124,9 +165,10 @@ pub async fn a_statefulset_whose_node_is_removed_comes_back_on_the_other_node_wi
 ) -> Result<()> {
     super::two_nodes::two_nodes(ctx).await?;
     let node1 = ctx.lane.node_name().to_string();
-    claims_delete_verb(ctx, true).await?;
-    set_release_env(ctx, Some(GRACE)).await?;
+    deploy_claim_releaser(ctx).await?;
     let ns = ctx.namespace("removed").await?;
+    ensure!(!may_delete_claims(ctx, &ns, NODE_SERVICE_ACCOUNT).await?, "the node pods may not delete claims");
+    ensure!(may_delete_claims(ctx, &ns, RELEASER).await?, "the claim releaser may");
     let sets: Api<StatefulSet> = Api::namespaced(ctx.lane.client(), &ns);
     sets.create(&PostParams::default(), &stateful_set(&ns)?).await?;
     let (old_claim, old_pv) = running_on(ctx, &ns, NODE2_NAME).await?;
@@ -165,7 +207,6 @@ pub async fn a_statefulset_whose_node_is_removed_comes_back_on_the_other_node_wi
     let dir = ctx.delete_claim_and_wait_reclaimed(&ns, "data-web-0").await?;
     ensure!(!dir.exists(), "the new volume is reclaimed as usual");
     pvs.delete(&old_pv_name, &DeleteParams::default()).await?;
-    set_release_env(ctx, None).await?;
-    claims_delete_verb(ctx, false).await?;
+    remove_claim_releaser(ctx).await?;
     Ok(())
 }

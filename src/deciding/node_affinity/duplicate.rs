@@ -43,9 +43,91 @@ pub fn duplicate_note(me: &str, annotation: &str, others: &[String]) -> String {
     )
 }
 
+/// One of this node's own labels that other live nodes carry too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedLabel {
+    /// The label (`key=value`), as this node carries it.
+    pub label: super::AffinityLabel,
+    /// The other live nodes carrying it, sorted.
+    pub others: Vec<String>,
+}
+
+/// The labels of `mine` (this node's, of the served keys) that other live nodes carry, checked
+/// at start and periodically, not only when a volume is reclaimed: two live nodes with one value
+/// both draw the pinned volumes' pods, and on reclaim the one without the directory must keep the
+/// PV. `live` holds each live node with its Node's labels (`me` may be among them; a node listed
+/// twice counts once). Sorted by label.
+pub fn shared_labels<'a>(
+    me: &str,
+    mine: &[super::AffinityLabel],
+    live: impl IntoIterator<Item = (&'a str, &'a std::collections::BTreeMap<String, String>)> + Clone,
+) -> Vec<SharedLabel> {
+    let mut shared: Vec<SharedLabel> = mine
+        .iter()
+        .filter(|label| !label.value.is_empty())
+        .filter_map(|label| {
+            let carriers = live
+                .clone()
+                .into_iter()
+                .filter(|(_, labels)| labels.get(&label.key) == Some(&label.value))
+                .map(|(node, _)| node);
+            match when_pinned_missing(me, carriers) {
+                WhenPinnedMissing::NoOtherHolder => None,
+                WhenPinnedMissing::Wait { others } => Some(SharedLabel { label: label.clone(), others }),
+            }
+        })
+        .collect();
+    shared.sort_by(|a, b| a.label.cmp(&b.label));
+    shared
+}
+
+/// The Warning note on this node's Node when others carry one of its labels.
+pub fn shared_label_note(me: &str, shared: &SharedLabel) -> String {
+    format!(
+        "node {me} carries {} and so do live node(s) {}: each takes the volumes pinned to that value as its own and \
+         draws their pods, though only one holds the disk (on reclaim, the others keep the PV). Give each disk its own \
+         value, remove the label from the nodes without that disk, and use a key under node-restriction.kubernetes.io/ \
+         that a kubelet cannot set on itself",
+        shared.label.annotation(),
+        shared.others.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn a_value_of_this_node_that_another_live_node_carries_is_reported_with_those_nodes() {
+        use super::super::AffinityLabel;
+        let disk = AffinityLabel { key: "example.com/disk".into(), value: "sn-1".into() };
+        let rack = AffinityLabel { key: "example.com/rack".into(), value: "r7".into() };
+        let mine = [disk.clone(), rack.clone()];
+        let a = labels(&[("example.com/disk", "sn-1"), ("example.com/rack", "r7")]);
+        let b = labels(&[("example.com/disk", "sn-1"), ("example.com/rack", "r8")]);
+        let c = labels(&[("example.com/disk", "sn-2"), ("example.com/rack", "r7"), ("other", "sn-1")]);
+        let d = labels(&[("example.com/disk", "sn-1")]);
+        // Alone, or only unlike values and other keys: nothing.
+        assert_eq!(shared_labels("a", &mine, [("a", &a)]), []);
+        assert_eq!(shared_labels("a", std::slice::from_ref(&disk), [("a", &a), ("c", &c)]), []);
+        // The disk value on b and d, the rack value on c; a listed twice and itself never counted.
+        let shared = shared_labels("a", &mine, [("d", &d), ("a", &a), ("b", &b), ("c", &c), ("a", &a), ("b", &b)]);
+        assert_eq!(
+            shared,
+            [
+                SharedLabel { label: disk, others: vec!["b".into(), "d".into()] },
+                SharedLabel { label: rack, others: vec!["c".into()] },
+            ]
+        );
+        let note = shared_label_note("a", &shared[0]);
+        assert!(note.contains("example.com/disk=sn-1") && note.contains("live node(s) b, d"), "{note}");
+        // A node serving no label never reports.
+        assert_eq!(shared_labels("a", &[], [("a", &a), ("b", &b)]), []);
+    }
 
     #[test]
     fn a_node_without_the_directory_waits_while_another_live_node_carries_the_value() {

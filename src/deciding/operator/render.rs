@@ -199,6 +199,14 @@ pub fn render(resource: &HostPathProvisioner, environment: &Environment) -> Rend
             return rendered;
         }
     };
+    // spec.releaseClaimsOfRemovedNodes (super::claim_releaser).
+    let release_claims = match super::claim_releaser::requested(resource) {
+        Ok(grace) => grace,
+        Err(problem) => {
+            rendered.problems.push(problem);
+            return rendered;
+        }
+    };
     let mut pools = served_pools(resource, &mut rendered.problems);
     for pool in pools.iter_mut().filter(|p| p.template.is_some()) {
         if let Some((_, root)) = environment.pool_roots.iter().find(|(name, _)| *name == pool.name) {
@@ -239,7 +247,13 @@ pub fn render(resource: &HostPathProvisioner, environment: &Environment) -> Rend
             Some(PoolOnClaim { name: p.name.clone(), path: p.path.clone(), template })
         })
         .collect();
-    match objects(resource, environment, &placement, &pools) {
+    let objects = objects(resource, environment, &placement, &pools).and_then(|mut objects| {
+        if let Some(grace) = &release_claims {
+            objects.extend(super::claim_releaser::objects(resource, environment, grace)?);
+        }
+        Ok(objects)
+    });
+    match objects {
         Ok(objects) => {
             rendered.placement = objects
                 .iter()
@@ -544,6 +558,11 @@ fn daemonset(
     Ok(daemonset)
 }
 
+/// `imagePullSecrets` naming `secrets`, as JSON; None for none.
+pub(super) fn pull_secrets_json(secrets: &[String]) -> Option<Value> {
+    pull_secrets(secrets).and_then(|s| serde_json::to_value(s).ok())
+}
+
 /// `imagePullSecrets` naming `secrets`; None for none.
 fn pull_secrets(secrets: &[String]) -> Option<Vec<LocalObjectReference>> {
     Some(secrets.iter().map(|name| LocalObjectReference { name: name.clone() }).collect())
@@ -577,7 +596,11 @@ pub fn owner_reference(resource: &HostPathProvisioner) -> OwnerReference {
     }
 }
 
-fn desired(resource: &HostPathProvisioner, plural: &str, object: &impl Serialize) -> Result<Desired, String> {
+pub(super) fn desired(
+    resource: &HostPathProvisioner,
+    plural: &str,
+    object: &impl Serialize,
+) -> Result<Desired, String> {
     let mut body = serde_json::to_value(object).map_err(|e| e.to_string())?;
     let owner = serde_json::to_value(owner_reference(resource)).map_err(|e| e.to_string())?;
     let metadata = body.get_mut("metadata").and_then(Value::as_object_mut).ok_or("object without metadata")?;
@@ -598,7 +621,7 @@ fn desired(resource: &HostPathProvisioner, plural: &str, object: &impl Serialize
 }
 
 /// The YAML documents of an embedded file, comments and empty documents dropped.
-fn documents(text: &str, file: &str) -> Result<Vec<Value>, String> {
+pub(super) fn documents(text: &str, file: &str) -> Result<Vec<Value>, String> {
     let documents: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| format!("{file}: {e}"))?;
     Ok(documents.into_iter().filter(|d| d.is_object()).collect())
 }

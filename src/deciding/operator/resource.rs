@@ -63,6 +63,11 @@ pub struct Spec {
     /// The quota capability (`quota: enforce` classes on btrfs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<Quota>,
+    /// Our extension: how long a node's Node object is gone before the claims bound to its PVs
+    /// are released, by the claim releaser Deployment (`render::claim_releaser`); unset, empty
+    /// or `off`: none is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_claims_of_removed_nodes: Option<String>,
 }
 
 /// `spec.config`: the node provisioner's settings, each named as the chart's `config` value it
@@ -296,7 +301,16 @@ mod tests {
         };
         assert_eq!(
             keys(spec),
-            ["config", "featureGates", "imagePullPolicy", "pathConfig", "quota", "storagePools", "workload"]
+            [
+                "config",
+                "featureGates",
+                "imagePullPolicy",
+                "pathConfig",
+                "quota",
+                "releaseClaimsOfRemovedNodes",
+                "storagePools",
+                "workload"
+            ]
         );
         assert_eq!(keys(&spec["pathConfig"]["properties"]), ["path", "useNamingPrefix"]);
         assert_eq!(keys(&spec["workload"]["properties"]), ["affinity", "nodeSelector", "tolerations"]);
