@@ -33,11 +33,50 @@ const NAMED: [&str; 6] =
     ["snapshots", "several disks", "released claims", "node-affinity keys", "published capacity", "quota"];
 /// Settings every install sets for the user, on every path.
 const INSTALL_SET: [&str; 4] = ["NODE_NAME", "POD_NAMESPACE", "PEER_SERVICE", "KUBECONFIG"];
-/// Releasing and reaping claims of removed nodes move to a Deployment of their own in work
-/// landing separately: their rows are written as that work's expectation and only their form is
-/// checked here (to be derived once it lands).
-const LEFT_FOR_THE_RELEASE_WORK: [&str; 3] =
-    ["setting `REAP_VOLUMES_OF_REMOVED_NODES`", "setting `RELEASE_CLAIMS_OF_REMOVED_NODES`", "released claims"];
+/// Releasing the claims of removed nodes is not a setting of the node pods on any path but a
+/// Deployment of its own (the claim releaser): its rows are derived from the releaser's sources
+/// by `the_claim_releaser_rows_are_the_releasers_sources`, not by the node pods' settings.
+const LEFT_FOR_THE_RELEASE_WORK: [&str; 2] = ["setting `RELEASE_CLAIMS_OF_REMOVED_NODES`", "released claims"];
+
+#[test]
+fn the_claim_releaser_rows_are_the_releasers_sources() {
+    let rows = table();
+    let component = "release-claims-of-removed-nodes";
+    let facts = [
+        (
+            HELM,
+            read(&format!("{CHART}/templates/claim-releaser.yaml"))
+                .contains(".Values.config.releaseClaimsOfRemovedNodes"),
+            "`config.releaseClaimsOfRemovedNodes`".to_owned(),
+        ),
+        (
+            OPERATOR_MODE,
+            operator_mode("config: {releaseClaimsOfRemovedNodes: 1h}")
+                .is_ok_and(|spec| spec["releaseClaimsOfRemovedNodes"] == "1h"),
+            "carried into `spec.releaseClaimsOfRemovedNodes`".to_owned(),
+        ),
+        (
+            KUSTOMIZE,
+            repo().join("deploy/components").join(component).join("claim-releaser.yaml").is_file(),
+            format!("component `{component}`"),
+        ),
+        (
+            RESOURCE,
+            yaml("deploy/operator/crd.yaml")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                ["properties"]
+                .get("releaseClaimsOfRemovedNodes")
+                .is_some(),
+            "`spec.releaseClaimsOfRemovedNodes`".to_owned(),
+        ),
+    ];
+    for row in LEFT_FOR_THE_RELEASE_WORK {
+        for (column, holds, names) in &facts {
+            let cell = cell(&rows, row, *column);
+            assert!(*holds, "{row}, column {column}: the source it names does not make the releaser");
+            assert!(cell.starts_with("yes (separate Deployment)") && cell.contains(names.as_str()), "{row}: {cell}");
+        }
+    }
+}
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -11,7 +11,7 @@ use super::{Desired, desired, set_env, untyped};
 
 /// `spec.config`'s fields and the env var of the node binary each one sets, in the schema's
 /// order. The chart's `config` values of the same names set the same variables.
-pub const CONFIG_FIELDS: [(&str, &str); 14] = [
+pub const CONFIG_FIELDS: [(&str, &str); 15] = [
     ("provisionerName", "PROVISIONER_NAME"),
     ("publishCapacity", "PUBLISH_CAPACITY"),
     ("nodeAffinityKeys", "NODE_AFFINITY_KEYS"),
@@ -24,6 +24,7 @@ pub const CONFIG_FIELDS: [(&str, &str); 14] = [
     ("capacityAccounting", "CAPACITY_ACCOUNTING"),
     ("maxConcurrency", "MAX_CONCURRENCY"),
     ("orphanSnapshotCopyGrace", "ORPHAN_SNAPSHOT_COPY_GRACE"),
+    ("reapVolumesOfRemovedNodes", "REAP_VOLUMES_OF_REMOVED_NODES"),
     ("logFormat", "LOG_FORMAT"),
     ("logLevel", "RUST_LOG"),
 ];
@@ -45,7 +46,7 @@ pub fn field_of_env(env: &str) -> Option<String> {
 pub fn config_env(config: &NodeConfig) -> Vec<(&'static str, String)> {
     let text = |v: &Option<String>| v.clone();
     let switch = |v: &Option<bool>| v.map(|b| b.to_string());
-    let values: [Option<String>; 14] = [
+    let values: [Option<String>; 15] = [
         text(&config.provisioner_name),
         switch(&config.publish_capacity),
         text(&config.node_affinity_keys),
@@ -58,6 +59,7 @@ pub fn config_env(config: &NodeConfig) -> Vec<(&'static str, String)> {
         text(&config.capacity_accounting),
         config.max_concurrency.map(|n| n.to_string()),
         text(&config.orphan_snapshot_copy_grace),
+        text(&config.reap_volumes_of_removed_nodes),
         text(&config.log_format),
         text(&config.log_level),
     ];

@@ -450,7 +450,7 @@ fn every_config_field_becomes_its_env_var_and_unset_ones_keep_the_files() {
         "nodeAffinityKeys": "example.com/disk-serial", "pvCapacity": "filesystem", "dirMode": "0770",
         "requireMountpoint": true, "pvFinalizer": true, "provisionOnNode": "deny", "reservedSpace": "1Gi",
         "capacityAccounting": "requests", "maxConcurrency": 4, "orphanSnapshotCopyGrace": "2h",
-        "logFormat": "json", "logLevel": "debug"
+        "reapVolumesOfRemovedNodes": "24h", "logFormat": "json", "logLevel": "debug"
     });
     let rendered = render(
         &with_spec(json!({"storagePools": [{"name": "a", "path": "/var/a"}], "config": config})),

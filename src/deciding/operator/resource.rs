@@ -102,6 +102,8 @@ pub struct NodeConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orphan_snapshot_copy_grace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reap_volumes_of_removed_nodes: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_format: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
@@ -343,7 +345,8 @@ mod tests {
             "provisionerName": "a", "publishCapacity": true, "nodeAffinityKeys": "k", "pvCapacity": "request",
             "dirMode": "0777", "requireMountpoint": true, "pvFinalizer": true, "provisionOnNode": "allow",
             "reservedSpace": "1Gi", "capacityAccounting": "free", "maxConcurrency": 4,
-            "orphanSnapshotCopyGrace": "1h", "logFormat": "text", "logLevel": "info"
+            "orphanSnapshotCopyGrace": "1h", "reapVolumesOfRemovedNodes": "24h", "logFormat": "text",
+            "logLevel": "info"
         }))
         .expect("config reads");
         assert_eq!(keys(&spec["config"]["properties"]), keys(&serde_json::to_value(&config).expect("serialises")));

@@ -150,8 +150,6 @@
   "listenAddress" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
   "metricsPort" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
   "healthPort" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
-  "reapVolumesOfRemovedNodes" "not in this resource yet (docs/operator.md)"
-  "releaseClaimsOfRemovedNodes" "not in this resource yet (docs/operator.md)"
 }}
 {{- $set := list }}
 {{- range $key := keys $where | sortAlpha }}
@@ -174,7 +172,7 @@
 
 {{- /* The config values the HostPathProvisioner has a field for (spec.config, same names). */}}
 {{- define "hpp.operatorConfigFields" -}}
-["provisionerName", "publishCapacity", "nodeAffinityKeys", "pvCapacity", "dirMode", "requireMountpoint", "pvFinalizer", "provisionOnNode", "reservedSpace", "capacityAccounting", "maxConcurrency", "orphanSnapshotCopyGrace", "logFormat", "logLevel"]
+["provisionerName", "publishCapacity", "nodeAffinityKeys", "pvCapacity", "dirMode", "requireMountpoint", "pvFinalizer", "provisionOnNode", "reservedSpace", "capacityAccounting", "maxConcurrency", "orphanSnapshotCopyGrace", "reapVolumesOfRemovedNodes", "logFormat", "logLevel"]
 {{- end }}
 
 {{- /* The spec of the chart's HostPathProvisioner (JSON): operator.resource, with the chart's
@@ -197,6 +195,15 @@
 {{- end }}
 {{- end }}
 {{- if $config }}{{ $_ := set $spec "config" $config }}{{ end }}
+{{- /* The claim releaser is a field of its own (the operator makes its Deployment). */}}
+{{- $release := .Values.config.releaseClaimsOfRemovedNodes | default "" | trim }}
+{{- if and $release (ne $release "off") }}
+{{- if and (hasKey $spec "releaseClaimsOfRemovedNodes") (ne (toString (get $spec "releaseClaimsOfRemovedNodes")) $release) }}
+{{- fail "operator.enabled: config.releaseClaimsOfRemovedNodes and operator.resource.releaseClaimsOfRemovedNodes are both set, differently: set it in one place" }}
+{{- end }}
+{{- $_ := set $spec "releaseClaimsOfRemovedNodes" $release }}
+{{- $carried = append $carried "config.releaseClaimsOfRemovedNodes" }}
+{{- end }}
 {{- if .Values.quota.enabled }}
 {{- $quota := deepCopy (get $spec "quota" | default dict) }}
 {{- if and (hasKey $quota "enabled") (not $quota.enabled) }}{{ fail "operator.enabled: quota.enabled and operator.resource.quota.enabled are both set, differently: set it in one place" }}{{ end }}
