@@ -1018,7 +1018,7 @@ fn operator_mode_carries_the_values_the_resource_has_fields_for_into_it() {
     };
     let chart_values = "config: {provisionerName: hpp.example.com, publishCapacity: true, nodeAffinityKeys: example.com/disk, \
          pvCapacity: request, dirMode: \"0770\", requireMountpoint: true, pvFinalizer: true, provisionOnNode: deny, \
-         reservedSpace: 1Gi, capacityAccounting: requests, maxConcurrency: 4, orphanSnapshotCopyGrace: 2h, \
+         reservedSpace: 1Gi, capacityAccounting: requests, maxConcurrency: 4, orphanSnapshotCopyGrace: 2h, reapVolumesOfRemovedNodes: 24h, \
          logFormat: json, logLevel: debug}\n\
          quota: {enabled: true}\n\
          pools: [{name: data, path: /mnt/d1, reserve: 1Gi, accounting: free}, {name: data, path: /mnt/d2, requireMountpoint: true}]\n";
