@@ -204,7 +204,9 @@ pub fn check_source(
     let pools = clone.pools;
     let owner = match volume::volume_shape(pv, pools) {
         // Pinned to a label this node carries: this node's, whichever node made it.
-        VolumeShape::Node if crate::deciding::node_affinity::holds(pv, me) == Some(true) => Some(me.node.clone()),
+        VolumeShape::Node if crate::deciding::node_affinity::holds(pv, &me.affinity) == Some(true) => {
+            Some(me.node.clone())
+        }
         VolumeShape::Node => volume::owner_node(pv).map(str::to_owned),
         VolumeShape::Shared => None,
         VolumeShape::EveryNode => return SourceVerdict::Refuse(CloneRefusal::EveryNode(name.to_owned())),

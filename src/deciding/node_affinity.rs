@@ -11,7 +11,6 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::deciding::identity::Identity;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout;
 use crate::keys;
@@ -106,15 +105,17 @@ pub fn pinned_label(pv: &KeptVolume) -> Option<AffinityLabel> {
     pv.annotations.get(ANNOTATION).and_then(AffinityLabel::parse)
 }
 
-/// Whether this node holds a PV pinned to a label: it carries that label with that value, and
-/// serves its key. `None` for a PV pinned to a node name.
-pub fn holds(pv: &KeptVolume, me: &Identity) -> Option<bool> {
-    pinned_label(pv).map(|label| me.affinity.contains(&label))
+/// Whether this node, carrying `mine` (its served labels, `Identity::affinity`), holds a PV
+/// pinned to a label: it carries that label with that value, and serves its key. `None` for a
+/// PV pinned to a node name.
+pub fn holds(pv: &KeptVolume, mine: &[AffinityLabel]) -> Option<bool> {
+    pinned_label(pv).map(|label| mine.contains(&label))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deciding::identity::Identity;
     use crate::test_fixtures::{me, pv};
 
     fn label(key: &str, value: &str) -> AffinityLabel {
@@ -274,12 +275,12 @@ mod tests {
         pinned.annotations = [(ANNOTATION, "example.com/disk=sn-1")].into();
         let mut with_disk = me();
         with_disk.affinity = vec![label("example.com/disk", "sn-1")];
-        assert_eq!(holds(&pinned, &with_disk), Some(true));
-        assert_eq!(holds(&pinned, &me()), Some(false));
+        assert_eq!(holds(&pinned, &with_disk.affinity), Some(true));
+        assert_eq!(holds(&pinned, &me().affinity), Some(false));
         let mut other_disk = me();
         other_disk.affinity = vec![label("example.com/disk", "sn-2")];
-        assert_eq!(holds(&pinned, &other_disk), Some(false));
+        assert_eq!(holds(&pinned, &other_disk.affinity), Some(false));
         let by_name = pv("/var/hpvolumes/pvc-x", "Released").owner_annotation("old-node").build();
-        assert_eq!(holds(&by_name, &with_disk), None);
+        assert_eq!(holds(&by_name, &with_disk.affinity), None);
     }
 }

@@ -217,7 +217,7 @@ pub fn decide_volume(
 /// (`nodeAffinityKey`, whichever node made it), else named by its owner annotation, or for PVs
 /// older than that annotation by the node's hostname label value.
 pub fn is_mine(pv: &KeptVolume, me: &Identity, my_hostname: &str) -> bool {
-    if let Some(held) = crate::deciding::node_affinity::holds(pv, me) {
+    if let Some(held) = crate::deciding::node_affinity::holds(pv, &me.affinity) {
         return held;
     }
     owner_node(pv).is_some_and(|owner| owner == me.node || (!has_owner_annotation(pv) && owner == my_hostname))

@@ -44,7 +44,7 @@ pub fn identity_to_rewrite(pv: &crate::deciding::kept_volume::KeptVolume, me: &I
     let local = pv.spec.as_ref().is_some_and(|s| s.local.is_some());
     let ours = pv.annotations.get(keys::PROVISIONED_BY) == Some(me.provisioner.as_str());
     let plain = pv.annotations.get(keys::PROVISIONER_IDENTITY) == Some(me.provisioner.as_str());
-    let mine = crate::deciding::node_affinity::holds(pv, me)
+    let mine = crate::deciding::node_affinity::holds(pv, &me.affinity)
         .unwrap_or_else(|| crate::deciding::volume::owner_node(pv) == Some(me.node.as_str()));
     (local && ours && plain && mine).then(|| identity_of(VolumeType::Local, &me.provisioner))
 }

@@ -18,7 +18,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::error::{OperatorError, reason};
 use crate::deciding::event;
-use crate::deciding::operator::claim_releaser;
+use crate::deciding::operator::render::claim_releaser;
 use crate::deciding::operator::render::{Desired, Environment, OWNER_LABEL, Rendered, render};
 use crate::deciding::operator::resource::{HostPathProvisioner, Status};
 use crate::deciding::operator::status::{self, Observed, Rollout};

@@ -170,7 +170,7 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVolume) ->
         .is_some_and(|c| c.provisioner == ctx.me.provisioner && c.allow_volume_expansion == Some(true));
     let shape = volume_shape(pv, &ctx.config.pools);
     let acting_here = match shape {
-        VolumeShape::Node => match crate::deciding::node_affinity::holds(pv, &ctx.me) {
+        VolumeShape::Node => match crate::deciding::node_affinity::holds(pv, &ctx.me.affinity) {
             Some(held) => held,
             None => match owner_node(pv) {
                 Some(node) => node == ctx.me.node || node == ctx.my_hostname().await,

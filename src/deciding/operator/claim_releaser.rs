@@ -9,8 +9,8 @@
 
 use serde_json::{Value, json};
 
-use super::render::{Desired, Environment, Problem, desired, documents, pull_secrets_json};
-use super::resource::HostPathProvisioner;
+use super::super::resource::HostPathProvisioner;
+use super::{Desired, Environment, Problem, desired, documents, pull_secrets_json};
 
 const CLAIM_RELEASER: &str =
     include_str!("../../../deploy/components/release-claims-of-removed-nodes/claim-releaser.yaml");

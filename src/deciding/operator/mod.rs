@@ -2,7 +2,6 @@
 //! resource makes ([`render`]), the status it reports ([`status`]), and which operator replica
 //! acts ([`lease`]); the core objects it embeds are read strictly ([`embedded`]). Pure: the I/O is in `crate::operating`.
 
-pub mod claim_releaser;
 pub mod embedded;
 pub mod lease;
 pub mod pool_claims;

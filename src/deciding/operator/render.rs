@@ -199,8 +199,8 @@ pub fn render(resource: &HostPathProvisioner, environment: &Environment) -> Rend
             return rendered;
         }
     };
-    // spec.releaseClaimsOfRemovedNodes (super::claim_releaser).
-    let release_claims = match super::claim_releaser::requested(resource) {
+    // spec.releaseClaimsOfRemovedNodes (claim_releaser).
+    let release_claims = match claim_releaser::requested(resource) {
         Ok(grace) => grace,
         Err(problem) => {
             rendered.problems.push(problem);
@@ -249,7 +249,7 @@ pub fn render(resource: &HostPathProvisioner, environment: &Environment) -> Rend
         .collect();
     let objects = objects(resource, environment, &placement, &pools).and_then(|mut objects| {
         if let Some(grace) = &release_claims {
-            objects.extend(super::claim_releaser::objects(resource, environment, grace)?);
+            objects.extend(claim_releaser::objects(resource, environment, grace)?);
         }
         Ok(objects)
     });
@@ -643,6 +643,10 @@ pub fn legacy_namespace() -> &'static str {
     LEGACY_NAMESPACE
 }
 
+/// The claim releaser a resource makes (`spec.releaseClaimsOfRemovedNodes`): part of what a
+/// resource renders, so a module of this one.
+#[path = "claim_releaser.rs"]
+pub mod claim_releaser;
 #[path = "render_features.rs"]
 mod features;
 pub use features::{CONFIG_FIELDS, QUOTA_CAPABILITY, config_env, field_of_env};
