@@ -77,7 +77,12 @@ const RELEASER_SERVICE_ACCOUNT: &str = "kubevirt-hostpath-provisioner-claim-rele
 
 /// `kubectl apply -k` of a user's kustomization (docs/install.md, "Optional features: kustomize
 /// components"): deploy/legacy, its settings, and `components` of deploy/components.
+///
+/// The tests of this file share the control plane and run at once: two first applies of the
+/// same objects race (the loser's create fails with AlreadyExists), so they take turns.
 fn apply_user_kustomization(env: &TestEnv, components: &[&str]) {
+    static ONE_APPLY_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_APPLY_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = tempfile::tempdir().expect("temp dir");
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     std::os::unix::fs::symlink(repo.join("deploy"), dir.path().join("deploy")).expect("link deploy");
