@@ -90,9 +90,9 @@ async fn the_opt_in_csidriver_passes_server_side_dry_run_and_stays_out_of_the_ku
     let env = TestEnv::start("csidriver", 0).await;
     let rendered = kubectl(&env, &["kustomize", "deploy/legacy"]);
     assert!(!rendered.contains("kind: CSIDriver"), "capacity publishing is opt-in");
-    let out = kubectl(&env, &["apply", "--dry-run=server", "-f", "deploy/legacy/csidriver-capacity.yaml"]);
+    let file = "deploy/components/published-capacity/csidriver.yaml";
+    let out = kubectl(&env, &["apply", "--dry-run=server", "-f", file]);
     assert!(out.contains("csidriver.storage.k8s.io/hostpath.example.org"), "{out}");
-    assert!(out.contains("storageclass.storage.k8s.io/hostpath-capacity-aware"), "{out}");
     assert!(out.lines().all(|l| l.trim().is_empty() || l.contains("(server dry run)")), "{out}");
 }
 

@@ -526,7 +526,7 @@ async fn the_kustomize_installs_and_their_additions_run_as_written() {
     let out = shell.run(&docs.command(
         "docs/sizes.md",
         "Capacity-aware scheduling",
-        "kubectl apply -f deploy/legacy/csidriver",
+        "kubectl apply -f deploy/components/published-capacity/csidriver.yaml",
     ));
     assert!(out.contains("csidriver.storage.k8s.io/") && out.contains(" created"), "{out}");
     shell.finish();

@@ -396,8 +396,10 @@ fn the_kustomize_cells_are_the_components_and_files_that_exist() {
         components.contains_key("several-disks") && cell(&rows, "several disks", KUSTOMIZE).contains("`several-disks`")
     );
     assert!(cell(&rows, "node-affinity keys", KUSTOMIZE) == cell(&rows, &setting_row("NODE_AFFINITY_KEYS"), KUSTOMIZE));
-    assert!(read("deploy/legacy/csidriver-capacity.yaml").contains("storageCapacity: true"));
-    assert!(cell(&rows, "published capacity", KUSTOMIZE).contains("`deploy/legacy/csidriver-capacity.yaml`"));
+    // published capacity: the component brings the CSIDriver (what it renders is checked with
+    // the doc's settings in tests/documented/components.rs).
+    assert!(read("deploy/components/published-capacity/csidriver.yaml").contains("storageCapacity: true"));
+    assert!(cell(&rows, "published capacity", KUSTOMIZE).contains("component `published-capacity`"));
     // quota: the component adds the capability to the container and to the SCC where there is one.
     assert!(cell(&rows, "quota", KUSTOMIZE).contains("component `quota`"));
     for base in ["deploy/legacy", "deploy/openshift"] {

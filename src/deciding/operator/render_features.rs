@@ -32,7 +32,7 @@ pub const CONFIG_FIELDS: [(&str, &str); 15] = [
 /// The capability btrfs asks to set and destroy qgroup limits (`spec.quota.enabled`).
 pub const QUOTA_CAPABILITY: &str = "SYS_ADMIN";
 
-const CAPACITY_DRIVER: &str = include_str!("../../../deploy/legacy/csidriver-capacity.yaml");
+const CAPACITY_DRIVER: &str = include_str!("../../../deploy/components/published-capacity/csidriver.yaml");
 
 /// The spec field that sets `env` (`spec.config.pvCapacity` for PV_CAPACITY), for messages.
 pub fn field_of_env(env: &str) -> Option<String> {
@@ -126,14 +126,14 @@ pub fn apply_to_scc(resource: &HostPathProvisioner, scc: &mut Value) {
 }
 
 /// With `spec.config.publishCapacity`: the CSIDriver named like the provisioner that makes
-/// kube-scheduler read the published capacity (deploy/legacy/csidriver-capacity.yaml, renamed).
+/// kube-scheduler read the published capacity (the kustomize component's, renamed).
 pub fn capacity_driver(resource: &HostPathProvisioner) -> Result<Option<Desired>, String> {
     let config = &resource.spec.config;
     if config.publish_capacity != Some(true) {
         return Ok(None);
     }
     let name = config.provisioner_name.clone().ok_or("spec.config.publishCapacity: no provisionerName")?;
-    let mut driver = untyped(CAPACITY_DRIVER, "csidriver-capacity.yaml")?;
+    let mut driver = untyped(CAPACITY_DRIVER, "csidriver.yaml")?;
     driver["metadata"]["name"] = json!(name);
     desired(resource, "csidrivers", &driver).map(Some)
 }
