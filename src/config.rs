@@ -83,6 +83,10 @@ pub struct Args {
     #[arg(long, env = "PROVISIONER_NAME", default_value = "kubevirt.io/hostpath-provisioner")]
     pub provisioner_name: String,
 
+    /// A second provisioner name this node also serves, for classes placed by published capacity: a DNS name such as hostpath.example.org, which names the CSIDriver kube-scheduler reads capacity through. With it, PROVISIONER_NAME may keep its '/' (kubevirt.io/hostpath-provisioner) and its classes and volumes stay as they are.
+    #[arg(long, env = "CAPACITY_PROVISIONER_NAME", value_name = "NAME")]
+    pub capacity_provisioner_name: Option<String>,
+
     /// Kubeconfig for out-of-cluster runs (default: the usual lookup, then the in-cluster service
     /// account); several files separated by ':' are merged as kubectl does (the first file wins).
     #[arg(long, env = "KUBECONFIG")]
@@ -252,7 +256,7 @@ pub enum ConfigError {
     #[error(
         "PUBLISH_CAPACITY: needs PROVISIONER_NAME to be a valid object name such as {CSIDRIVER_NAME_EXAMPLE} \
          (kube-scheduler reads published capacity only through a CSIDriver object named like the provisioner), \
-         not {0:?}"
+         not {0:?}; or keep it and set CAPACITY_PROVISIONER_NAME to such a name for the classes to place by capacity"
     )]
     PublishCapacityNeedsObjectName(String),
 }
@@ -280,6 +284,8 @@ pub struct Config {
     pub use_naming_prefix: bool,
     /// Provisioner name.
     pub provisioner_name: String,
+    /// The second name served, for classes placed by published capacity.
+    pub capacity_provisioner_name: Option<String>,
     /// Explicit kubeconfig files, merged in order (empty: in-cluster or the usual lookup).
     pub kubeconfig: Vec<PathBuf>,
     /// PV capacity mode.
@@ -437,7 +443,19 @@ impl Args {
                 "a qualified name such as kubevirt.io/hostpath-provisioner (an optional DNS subdomain and '/', then up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)",
             ));
         }
-        if publish_capacity && !layout::is_dns_subdomain(&self.provisioner_name) {
+        let capacity_provisioner_name =
+            self.capacity_provisioner_name.map(|n| n.trim().to_owned()).filter(|n| !n.is_empty());
+        if let Some(name) = &capacity_provisioner_name
+            && (!layout::is_dns_subdomain(name) || *name == self.provisioner_name)
+        {
+            return Err(invalid(
+                "CAPACITY_PROVISIONER_NAME",
+                name,
+                "a DNS name such as hostpath.example.org (it names a CSIDriver object), other than PROVISIONER_NAME",
+            ));
+        }
+        if publish_capacity && capacity_provisioner_name.is_none() && !layout::is_dns_subdomain(&self.provisioner_name)
+        {
             return Err(ConfigError::PublishCapacityNeedsObjectName(self.provisioner_name));
         }
         let metrics_addr = parse_addr("METRICS_ADDR", &self.metrics_addr)?;
@@ -460,6 +478,7 @@ impl Args {
             peer_service,
             use_naming_prefix: self.use_naming_prefix,
             provisioner_name: self.provisioner_name,
+            capacity_provisioner_name,
             kubeconfig: self.kubeconfig.as_deref().map(split_kubeconfig_paths).unwrap_or_default(),
             pv_capacity,
             dir_mode,

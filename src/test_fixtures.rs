@@ -24,7 +24,7 @@ pub const OTHER_NODE: &str = "node-b";
 pub const UID: &str = "0b5c7f8e-6a4d-4e1f-9c2b-3d4e5f607182";
 
 pub fn me() -> Identity {
-    Identity { provisioner: PROVISIONER.into(), node: NODE.into(), affinity: Vec::new() }
+    Identity { provisioner: PROVISIONER.into(), node: NODE.into(), affinity: Vec::new(), capacity_provisioner: None }
 }
 
 pub fn config() -> DecisionConfig {

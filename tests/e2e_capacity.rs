@@ -133,6 +133,70 @@ async fn with_published_capacity_the_scheduler_places_a_claim_too_big_for_one_no
     }
 }
 
+/// `CAPACITY_PROVISIONER_NAME`: one DaemonSet keeps its first name with a '/' (as
+/// `kubevirt.io/hostpath-provisioner`, which no CSIDriver can be named, and which a migrated
+/// kubevirt install keeps) and also serves a DNS name for the classes to place by capacity:
+/// those get published capacity, kube-scheduler places their pods on the node with room, and
+/// their volumes are made and reclaimed under that name. The first name's classes work as
+/// before, with nothing published for them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_provisioner_name_places_its_classes_by_capacity_while_the_first_keeps_its_slash() {
+    let mut env = TestEnv::start("capname", 0).await;
+    env.own_provisioner();
+    assert!(env.provisioner.contains('/'), "{}", env.provisioner);
+    let capacity_name = format!("{}.hostpath.test", env.group);
+    let _driver = CsiDriver::create(&env, &capacity_name).await;
+    let (small, big) = (format!("{}-small", env.group), format!("{}-big", env.group));
+    let small_disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &small), 32, None);
+    let second = capacity_name.clone();
+    let settings = move |spec: testbed::ProvisionerSpec| {
+        spec.env("PUBLISH_CAPACITY", "true").env("CAPACITY_PROVISIONER_NAME", &second)
+    };
+    env.add_node(&small, &settings).await;
+    env.add_node(&big, &settings).await;
+    let placed = format!("{}-placed", env.group);
+    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(env.client.clone())
+        .create(&Default::default(), &fixtures::storage_class(&placed, &capacity_name).build())
+        .await
+        .expect("create the class of the second name");
+    let plain = env.class("plain", |c| c).await;
+
+    let objects = wait_published(&env, &placed, &[&small, &big]).await;
+    assert!(bytes_of(objects[&small].capacity.as_ref()) < 32 << 20);
+    assert!(published(&env, &plain).await.is_empty(), "no CSIDriver can read the first name's objects");
+
+    // Too big for the small node: placed on the big one by the scheduler, made under the second
+    // name, with no hand-back.
+    let large = env.create_claim(fixtures::claim(&env.ns, "large", &placed, "100Mi")).await;
+    env.create_pod("large-app", "large").await;
+    let pv = env.wait_bound("large").await;
+    let annotations = pv.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations["kubevirt.io/provisionOnNode"], big);
+    assert_eq!(annotations["pv.kubernetes.io/provisioned-by"], capacity_name);
+    assert!(
+        env.events_for(&env.ns, &uid(&large)).await.iter().all(|e| e.reason.as_deref() != Some("ProvisioningFailed")),
+        "no hand-back"
+    );
+    assert!(entries(&small_disk.dir).iter().all(|e| e == "lost+found"), "nothing made on the small node");
+
+    // The first name serves its classes as before.
+    env.create_claim(fixtures::claim(&env.ns, "small-one", &plain, "1Mi")).await;
+    env.create_pod("small-app", "small-one").await;
+    let first = env.wait_bound("small-one").await;
+    assert_eq!(first.metadata.annotations.unwrap()["pv.kubernetes.io/provisioned-by"], env.provisioner);
+
+    // The second name's volume is reclaimed: its PV and its directory go.
+    let dir = std::path::PathBuf::from(pv.spec.as_ref().unwrap().host_path.as_ref().unwrap().path.clone());
+    assert!(dir.is_dir());
+    env.delete_pod("large-app").await;
+    env.delete_claim("large").await;
+    env.wait_pv_gone(pv.metadata.name.as_deref().unwrap()).await;
+    wait_path_gone(&dir).await;
+    for node in &mut env.nodes {
+        node.provisioner.terminate();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn published_capacity_is_quiet_at_idle_and_removed_on_clean_shutdown_after_a_kill_and_when_turned_off() {
     let mut env = TestEnv::start("pubgone", 0).await;

@@ -345,6 +345,26 @@ fn publish_capacity_is_off_by_default_and_needs_a_provisioner_name_that_is_an_ob
 }
 
 #[test]
+fn a_capacity_provisioner_name_lets_the_first_name_keep_its_slash_and_must_name_an_object() {
+    let c =
+        parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "--capacity-provisioner-name", "hostpath.example.org"])
+            .unwrap();
+    assert!(c.publish_capacity);
+    assert_eq!(c.provisioner_name, "kubevirt.io/hostpath-provisioner");
+    assert_eq!(c.capacity_provisioner_name.as_deref(), Some("hostpath.example.org"));
+    assert_eq!(parse_on_node(&["--pv-dir", "/p"]).unwrap().capacity_provisioner_name, None, "opt-in");
+    for refused in ["example.org/hostpath", "Hostpath.Example.org", "kubevirt.io/hostpath-provisioner"] {
+        let e = parse_on_node(&["--pv-dir", "/p", "--capacity-provisioner-name", refused]).unwrap_err().to_string();
+        assert!(e.starts_with("CAPACITY_PROVISIONER_NAME: ") && e.contains(refused), "{e}");
+    }
+    let same = ["--pv-dir", "/p", "--provisioner-name", "hostpath.example.org"];
+    let e = parse_on_node(&[&same[..], &["--capacity-provisioner-name", "hostpath.example.org"]].concat())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("other than PROVISIONER_NAME"), "{e}");
+}
+
+#[test]
 fn rust_log_that_does_not_parse_is_refused_naming_it() {
     use std::ffi::OsStr;
     assert!(log_filter(None).is_ok());

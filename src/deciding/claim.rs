@@ -52,7 +52,7 @@ pub fn claim_interest(meta: &ObjectMeta, me: &Identity) -> Interest {
         // provisionOnNode wins over selected-node under any binding mode (as in the Go build).
         return if node == me.node { Interest::Candidate } else { Interest::Elsewhere(node.to_owned()) };
     }
-    let ours = storage_provisioner(meta) == Some(me.provisioner.as_str());
+    let ours = storage_provisioner(meta).is_some_and(|p| me.serves(p));
     match annotation(meta, keys::SELECTED_NODE) {
         // The scheduler placed it here: stage 2 reads the class rather than waiting for the PV
         // controller to copy its provisioner onto the claim (docs/architecture.md, which node acts).
@@ -81,6 +81,9 @@ pub struct ProvisionPlan {
     pub pool: layout::PoolPath,
     /// Class name to record on the PV.
     pub class_name: String,
+    /// The class's `provisioner`, one of the names this process serves: the PV's
+    /// `provisioned-by`, so that the volume stays with that name.
+    pub provisioner: String,
     /// Reclaim policy from the class (`Delete` when unset).
     pub reclaim_policy: String,
     /// The claim's access modes.
@@ -177,7 +180,7 @@ pub fn decide_claim(
     let Some(class) = class else {
         return Decision::Skip(SkipReason::ClassNotFound(class_name.to_owned()));
     };
-    if class.provisioner != me.provisioner {
+    if !me.serves(&class.provisioner) {
         return Decision::Skip(SkipReason::OtherProvisioner);
     }
     let binding_mode = BindingMode::of(class);
@@ -193,7 +196,7 @@ pub fn decide_claim(
         match binding_mode {
             // The PV controller marks an Immediate claim of ours once it gave up binding it to an
             // existing PV; only then is it ours to provision.
-            BindingMode::Immediate if storage_provisioner(meta) != Some(me.provisioner.as_str()) => {
+            BindingMode::Immediate if !storage_provisioner(meta).is_some_and(|p| me.serves(p)) => {
                 return Decision::Skip(SkipReason::NotYetSelected);
             }
             BindingMode::Immediate => match &request {
@@ -331,7 +334,7 @@ fn plan(
     pinned_by_annotation: bool,
 ) -> Result<ProvisionPlan, Refusal> {
     if spec.volume_mode.as_deref() == Some("Block") {
-        return Err(Refusal::Block(me.provisioner.clone()));
+        return Err(Refusal::Block(class.provisioner.clone()));
     }
     if spec.selector.is_some() {
         return Err(Refusal::Selector);
@@ -381,6 +384,7 @@ fn plan(
         affinity,
         pool,
         class_name: class_name.to_owned(),
+        provisioner: class.provisioner.clone(),
         reclaim_policy: class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
         access_modes,
         request: storage,

@@ -189,7 +189,7 @@ pub fn check_source(
             "source claim {name:?} is bound to PV {pv_name:?}, which is not visible yet"
         ));
     };
-    let ours = pv.annotations.get(keys::PROVISIONED_BY) == Some(me.provisioner.as_str());
+    let ours = pv.annotations.get(keys::PROVISIONED_BY).is_some_and(|p| me.serves(p));
     if !ours {
         return SourceVerdict::Refuse(CloneRefusal::NotOurs {
             source_claim: name.to_owned(),

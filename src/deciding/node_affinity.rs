@@ -217,7 +217,6 @@ mod tests {
         let pv = crate::deciding::volume_spec::build_pv(
             &plan,
             &pinned,
-            &with_disk("sn-1"),
             &node,
             k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
         );
@@ -265,8 +264,8 @@ mod tests {
         released.annotations.insert(keys::PROVISIONED_BY, provisioner);
         released.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Delete".into());
         plain.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Delete".into());
-        assert_eq!(owners_to_check(std::slice::from_ref(&plain), provisioner, on).len(), 1, "the control case");
-        assert!(owners_to_check(std::slice::from_ref(&released), provisioner, on).is_empty());
+        assert_eq!(owners_to_check(std::slice::from_ref(&plain), &[provisioner], on).len(), 1, "the control case");
+        assert!(owners_to_check(std::slice::from_ref(&released), &[provisioner], on).is_empty());
     }
 
     #[test]

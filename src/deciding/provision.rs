@@ -82,7 +82,7 @@ pub fn facts_needed(
     me: &Identity,
     config: &DecisionConfig,
 ) -> FactsNeeded {
-    let Some(class) = class.filter(|class| class.provisioner == me.provisioner) else {
+    let Some(class) = class.filter(|class| me.serves(&class.provisioner)) else {
         return FactsNeeded::default();
     };
     let request = class_request(class, "", config).ok();

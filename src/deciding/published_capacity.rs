@@ -78,7 +78,7 @@ pub fn object_name(provisioner_hash: &str, node: &str, class: &str) -> String {
 /// are offered). An `everyNode` class gets each node's own free space, the only figure a node
 /// knows; the scheduler checks the node it places the first consumer on.
 pub fn wanted(
-    provisioner: &str,
+    provisioners: &[&str],
     provisioner_hash: &str,
     node: &str,
     classes: &[StorageClass],
@@ -87,7 +87,7 @@ pub fn wanted(
 ) -> Vec<Wanted> {
     let mut wanted: Vec<Wanted> = classes
         .iter()
-        .filter(|class| class.provisioner == provisioner)
+        .filter(|class| provisioners.contains(&class.provisioner.as_str()))
         .filter_map(|class| {
             let name = class.metadata.name.as_deref()?;
             let request = class_request(class, name, config).ok()?;
@@ -266,7 +266,7 @@ mod tests {
         pools: Vec<PoolPath>,
         space: &[PoolSpace],
     ) -> Vec<(String, String, u64)> {
-        wanted(PROVISIONER, "abcd1234", ME, classes, &config(pools), space)
+        wanted(&[PROVISIONER], "abcd1234", ME, classes, &config(pools), space)
             .into_iter()
             .map(|w| (w.class, w.pool, w.bytes))
             .collect()

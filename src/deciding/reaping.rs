@@ -33,8 +33,8 @@ pub struct ReapFacts<'a> {
     pub now: Instant,
     /// Which answers are on, after how long.
     pub graces: Graces,
-    /// Our provisioner name: only PVs it made are considered.
-    pub provisioner: &'a str,
+    /// Our provisioner names: only PVs made under one of them are considered.
+    pub provisioners: &'a [&'a str],
 }
 
 /// How long a node must stay missing before each answer; `None`: that answer is off.
@@ -107,7 +107,7 @@ enum Answer {
 pub fn plan_reaping(facts: &ReapFacts<'_>) -> ReapPlan {
     let mut plan = ReapPlan::default();
     for pv in facts.pvs {
-        let Some((owner, answer)) = candidate(pv, facts.provisioner, facts.graces) else { continue };
+        let Some((owner, answer)) = candidate(pv, facts.provisioners, facts.graces) else { continue };
         if facts.nodes.contains(owner) {
             continue;
         }
@@ -164,8 +164,8 @@ pub fn plan_reaping(facts: &ReapFacts<'_>) -> ReapPlan {
 }
 
 /// The owners whose Node objects the reconciler must look up (one GET each) for this pass.
-pub fn owners_to_check<'a>(pvs: &'a [KeptVolume], provisioner: &str, graces: Graces) -> BTreeSet<&'a str> {
-    pvs.iter().filter_map(|pv| candidate(pv, provisioner, graces)).map(|(owner, _)| owner).collect()
+pub fn owners_to_check<'a>(pvs: &'a [KeptVolume], provisioners: &[&str], graces: Graces) -> BTreeSet<&'a str> {
+    pvs.iter().filter_map(|pv| candidate(pv, provisioners, graces)).map(|(owner, _)| owner).collect()
 }
 
 /// The owner of a PV this provisioner made for one node, and what its absence may lead to
@@ -176,8 +176,9 @@ pub fn owners_to_check<'a>(pvs: &'a [KeptVolume], provisioner: &str, graces: Gra
 ///
 /// Only PVs that name their node in `kubevirt.io/provisionOnNode` (every PV since 2019): older
 /// ones name a hostname label value, which is not a Node name that a lookup could disprove.
-fn candidate<'a>(pv: &'a KeptVolume, provisioner: &str, graces: Graces) -> Option<(&'a str, Answer)> {
-    if pv.annotations.get(keys::PROVISIONED_BY) != Some(provisioner) {
+fn candidate<'a>(pv: &'a KeptVolume, provisioners: &[&str], graces: Graces) -> Option<(&'a str, Answer)> {
+    let provisioned_by = pv.annotations.get(keys::PROVISIONED_BY)?;
+    if !provisioners.contains(&provisioned_by) {
         return None;
     }
     pv.annotations.get(keys::PROVISION_ON_NODE)?;
@@ -230,7 +231,7 @@ mod tests {
             absent_since: absent,
             now,
             graces: REAP_ONLY,
-            provisioner: PROVISIONER,
+            provisioners: &[PROVISIONER],
         })
     }
 
@@ -271,7 +272,7 @@ mod tests {
             absent_since: &first.absent_since,
             now: start + Duration::from_secs(700),
             graces: REAP_ONLY,
-            provisioner: PROVISIONER,
+            provisioners: &[PROVISIONER],
         });
         assert!(back.reap.is_empty() && back.absent_since.is_empty(), "{back:?}");
         let gone_again = plan(&pvs, &back.absent_since, start + Duration::from_secs(800));
@@ -282,7 +283,7 @@ mod tests {
     fn a_pv_naming_its_node_only_by_hostname_affinity_is_never_reaped() {
         let mut legacy = crate::test_fixtures::pv("/var/hpvolumes/pvc-old", "Released").hostname_affinity(GONE).build();
         legacy.metadata.name = Some("pvc-old".into());
-        assert!(owners_to_check(std::slice::from_ref(&legacy), PROVISIONER, BOTH).is_empty());
+        assert!(owners_to_check(std::slice::from_ref(&legacy), &[PROVISIONER], BOTH).is_empty());
         let start = Instant::now();
         let absent = BTreeMap::from([(GONE.to_owned(), start)]);
         assert!(plan(&[legacy], &absent, start + Duration::from_secs(601)).reap.is_empty());
@@ -315,7 +316,7 @@ mod tests {
 
     fn plan_with(pvs: &[KeptVolume], graces: Graces, absent: &BTreeMap<String, Instant>, now: Instant) -> ReapPlan {
         let nodes: BTreeSet<String> = [NODE.to_owned()].into();
-        plan_reaping(&ReapFacts { pvs, nodes: &nodes, absent_since: absent, now, graces, provisioner: PROVISIONER })
+        plan_reaping(&ReapFacts { pvs, nodes: &nodes, absent_since: absent, now, graces, provisioners: &[PROVISIONER] })
     }
 
     #[test]
@@ -365,8 +366,8 @@ mod tests {
         assert!(releasing.reap.is_empty());
         assert_eq!(releasing.release.len(), 1);
         assert!(plan_with(&pvs, Graces::default(), &absent, later) == ReapPlan::default());
-        assert!(owners_to_check(&pvs, PROVISIONER, Graces::default()).is_empty());
-        assert_eq!(owners_to_check(&pvs, PROVISIONER, release_only), [GONE].into());
+        assert!(owners_to_check(&pvs, &[PROVISIONER], Graces::default()).is_empty());
+        assert_eq!(owners_to_check(&pvs, &[PROVISIONER], release_only), [GONE].into());
     }
 
     #[test]
@@ -444,7 +445,7 @@ mod tests {
                             absent_since: &absent,
                             now: start + Duration::from_secs(10),
                             graces: grace,
-                            provisioner: PROVISIONER,
+                            provisioners: &[PROVISIONER],
                         });
                         assert!(plan.reap.is_empty());
                         for release in plan.release {

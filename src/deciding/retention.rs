@@ -89,7 +89,7 @@ pub fn trim_claim(claim: &mut PersistentVolumeClaim) {
 /// build, or shared or every-node: the volume reconciler decides on those), or one still unbound
 /// that names a claim (deciding::static_binding looks for such PVs before provisioning).
 pub fn keep_unlabelled_volume(pv: &KeptVolume, me: &Identity) -> bool {
-    let ours = pv.annotations.get(keys::PROVISIONED_BY) == Some(me.provisioner.as_str())
+    let ours = pv.annotations.get(keys::PROVISIONED_BY).is_some_and(|p| me.serves(p))
         || pv.annotations.contains_key(keys::PROVISIONER_IDENTITY);
     let pre_bound = pv.spec.as_ref().is_some_and(|s| s.claim_ref.is_some())
         && pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound");

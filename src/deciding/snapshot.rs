@@ -231,7 +231,7 @@ pub fn source_state(
     let claimed_by = [keys::STORAGE_PROVISIONER, keys::STORAGE_PROVISIONER_BETA]
         .iter()
         .find_map(|key| claim.metadata.annotations.as_ref()?.get(*key));
-    if let Some(other) = claimed_by.filter(|p| **p != me.provisioner) {
+    if let Some(other) = claimed_by.filter(|p| !me.serves(p)) {
         return SourceState::Elsewhere(format!("provisioner {other}"));
     }
     if claim.metadata.deletion_timestamp.is_some() {
@@ -242,7 +242,7 @@ pub fn source_state(
     };
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
     match pv.annotations.get(keys::PROVISIONED_BY) {
-        Some(ours) if ours == me.provisioner => {}
+        Some(ours) if me.serves(ours) => {}
         Some(other) => return SourceState::Elsewhere(format!("provisioner {other}")),
         // Nobody's (a PV made by hand): every instance says the same words, so none rewrites
         // another's status.

@@ -304,7 +304,7 @@ fn outside_my_pools(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], live: &[
 /// An every-node volume has a copy on each node: each node keeps its own in step with the PV.
 fn decide_every_node_volume(pv: &KeptVolume, me: &Identity, pools: &[PoolPath], live: &[LiveNode]) -> VolumeDecision {
     let provisioned_by = pv.annotations.get(keys::PROVISIONED_BY);
-    if provisioned_by != Some(&me.provisioner) {
+    if !provisioned_by.is_some_and(|p| me.serves(p)) {
         return VolumeDecision::Ignore(Ignore::NotOurs);
     }
     let key = pv.metadata.name.as_deref().unwrap_or_default();
@@ -366,7 +366,7 @@ fn retained_but_protected(pv: &KeptVolume, me: &Identity) -> bool {
         && is_protected(pv)
         && pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound")
         && pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()) != Some("Delete")
-        && provisioned_by == Some(&me.provisioner)
+        && provisioned_by.is_some_and(|p| me.serves(p))
 }
 
 /// The silent reasons not to delete a PV at all.
@@ -388,7 +388,7 @@ fn not_to_delete(pv: &KeptVolume, me: &Identity) -> Option<Ignore> {
         return Some(Ignore::NotDeletePolicy);
     }
     let provisioned_by = pv.annotations.get(keys::PROVISIONED_BY);
-    if provisioned_by != Some(&me.provisioner) {
+    if !provisioned_by.is_some_and(|p| me.serves(p)) {
         return Some(Ignore::NotOurs);
     }
     None

@@ -42,11 +42,11 @@ pub fn identity_of(volume_type: VolumeType, provisioner: &str) -> String {
 /// Only the owning node rewrites it, so that nodes do not write the same PV together.
 pub fn identity_to_rewrite(pv: &crate::deciding::kept_volume::KeptVolume, me: &Identity) -> Option<String> {
     let local = pv.spec.as_ref().is_some_and(|s| s.local.is_some());
-    let ours = pv.annotations.get(keys::PROVISIONED_BY) == Some(me.provisioner.as_str());
-    let plain = pv.annotations.get(keys::PROVISIONER_IDENTITY) == Some(me.provisioner.as_str());
+    let provisioned_by = pv.annotations.get(keys::PROVISIONED_BY).filter(|p| me.serves(p))?;
+    let plain = pv.annotations.get(keys::PROVISIONER_IDENTITY) == Some(provisioned_by);
     let mine = crate::deciding::node_affinity::holds(pv, &me.affinity)
         .unwrap_or_else(|| crate::deciding::volume::owner_node(pv) == Some(me.node.as_str()));
-    (local && ours && plain && mine).then(|| identity_of(VolumeType::Local, &me.provisioner))
+    (local && plain && mine).then(|| identity_of(VolumeType::Local, provisioned_by))
 }
 
 /// The node a volume is placed on.
@@ -63,13 +63,12 @@ pub struct NodeFacts {
 pub fn build_pv(
     plan: &ProvisionPlan,
     claim: &PersistentVolumeClaim,
-    me: &Identity,
     node: &NodeFacts,
     capacity: Quantity,
 ) -> PersistentVolume {
     let mut annotations = BTreeMap::from([
-        (keys::PROVISIONED_BY.to_owned(), me.provisioner.clone()),
-        (keys::PROVISIONER_IDENTITY.to_owned(), identity_of(plan.volume_type, &me.provisioner)),
+        (keys::PROVISIONED_BY.to_owned(), plan.provisioner.clone()),
+        (keys::PROVISIONER_IDENTITY.to_owned(), identity_of(plan.volume_type, &plan.provisioner)),
     ]);
     // The kubelet adds this gid to the supplemental groups of every pod using the volume, so a
     // class's group reaches its pods without each pod naming it.
@@ -194,7 +193,7 @@ mod tests {
         let claim = claim("hpp").selected(NODE).access_modes(&["ReadWriteOncePod"]).build();
         let plan = plan_for(&claim);
         assert_eq!(plan.binding_mode, BindingMode::WaitForFirstConsumer);
-        let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        let pv = build_pv(&plan, &claim, &node(), Quantity("1Gi".into()));
 
         assert_eq!(pv.metadata.name.as_deref(), Some(format!("pvc-{UID}").as_str()));
         let ann = pv.metadata.annotations.as_ref().unwrap();
@@ -244,7 +243,7 @@ mod tests {
         let Decision::Provision(plan) = decide_in(&with_params(&[("volumeType", "local")]), &claim) else {
             panic!("provisioned")
         };
-        let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        let pv = build_pv(&plan, &claim, &node(), Quantity("1Gi".into()));
         let spec = pv.spec.as_ref().unwrap();
         assert!(spec.host_path.is_none(), "one volume source only");
         assert_eq!(spec.local.as_ref().unwrap().path, format!("/var/hpvolumes/pvc-{UID}"));
@@ -259,7 +258,7 @@ mod tests {
             layout::accept_delete_path(&format!("/var/hpvolumes/pvc-{UID}"), &plan.pv_name, &config().pools).is_ok()
         );
         let hostpath = match decide_in(&with_params(&[("volumeType", "hostPath")]), &claim) {
-            Decision::Provision(plan) => build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into())),
+            Decision::Provision(plan) => build_pv(&plan, &claim, &node(), Quantity("1Gi".into())),
             other => panic!("{other:?}"),
         };
         assert!(hostpath.spec.as_ref().unwrap().local.is_none());
@@ -278,7 +277,7 @@ mod tests {
         let Decision::Provision(plan) = decide_in(&with_params(&[("volumeType", "local")]), &claim) else {
             panic!("provisioned")
         };
-        let mut old = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        let mut old = build_pv(&plan, &claim, &node(), Quantity("1Gi".into()));
         old.metadata.annotations.as_mut().unwrap().insert(keys::PROVISIONER_IDENTITY.into(), PROVISIONER.into());
         let kept = |pv: &PersistentVolume| crate::deciding::kept_volume::KeptVolume::from(pv.clone());
         assert_eq!(identity_to_rewrite(&kept(&old), &me()), Some(format!("{PROVISIONER}/local")));
@@ -286,11 +285,42 @@ mod tests {
         assert_eq!(identity_to_rewrite(&kept(&old), &other_node), None, "not its node");
         let other_provisioner = Identity { provisioner: "example.com/other".into(), ..me() };
         assert_eq!(identity_to_rewrite(&kept(&old), &other_provisioner), None);
-        let current = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        let current = build_pv(&plan, &claim, &node(), Quantity("1Gi".into()));
         assert_eq!(identity_to_rewrite(&kept(&current), &me()), None, "already rewritten");
         let Decision::Provision(plain) = decide_in(&with_params(&[]), &claim) else { panic!("provisioned") };
-        let hostpath = build_pv(&plain, &claim, &me(), &node(), Quantity("1Gi".into()));
+        let hostpath = build_pv(&plain, &claim, &node(), Quantity("1Gi".into()));
         assert_eq!(identity_to_rewrite(&kept(&hostpath), &me()), None, "a hostPath PV keeps the plain name");
+    }
+
+    /// `CAPACITY_PROVISIONER_NAME`: a class of the second name is provisioned under that name
+    /// (so kube-scheduler's capacity check and the PV's deletion follow it), and that PV, once
+    /// Released, is deleted by this node; a node serving only the first name leaves it alone.
+    #[test]
+    fn a_class_of_the_capacity_name_gets_a_pv_of_that_name_which_this_node_deletes() {
+        const CAPACITY: &str = "hostpath.example.org";
+        let both = Identity { capacity_provisioner: Some(CAPACITY.into()), ..me() };
+        let mut c = class("placed", "WaitForFirstConsumer");
+        c.provisioner = CAPACITY.into();
+        let claim = claim("placed").selected(NODE).build();
+        let Decision::Provision(plan) = decide_claim(&claim, Some(&c), &both, &config(), &[]) else {
+            panic!("a class of the second name is ours")
+        };
+        assert!(matches!(decide_claim(&claim, Some(&c), &me(), &config(), &[]), Decision::Skip(_)), "not without it");
+        let mut pv = build_pv(&plan, &claim, &node(), Quantity("1Gi".into()));
+        let annotations = pv.metadata.annotations.as_ref().unwrap();
+        assert_eq!(annotations[keys::PROVISIONED_BY], CAPACITY);
+        assert_eq!(annotations[keys::PROVISIONER_IDENTITY], CAPACITY);
+        pv.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
+            phase: Some("Released".into()),
+            ..Default::default()
+        });
+        pv.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Delete".into());
+        let kept = crate::deciding::kept_volume::KeptVolume::from(pv);
+        let pools = config().pools;
+        let decide =
+            |me: &Identity| crate::deciding::volume::decide_volume(&kept, me, "node-a.example.com", &pools, &[]);
+        assert!(matches!(decide(&both), crate::deciding::volume::VolumeDecision::Delete(_)), "{:?}", decide(&both));
+        assert!(matches!(decide(&me()), crate::deciding::volume::VolumeDecision::Ignore(_)), "{:?}", decide(&me()));
     }
 
     #[test]
@@ -324,7 +354,7 @@ mod tests {
             let Decision::Provision(plan) = decide_in(&with_params(&[("nodeLocalSharing", "true")]), &claim) else {
                 panic!("{mode} with sharing is provisioned")
             };
-            let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+            let pv = build_pv(&plan, &claim, &node(), Quantity("1Gi".into()));
             let spec = pv.spec.unwrap();
             assert_eq!(spec.access_modes, Some(vec![mode.to_owned()]));
             assert!(spec.node_affinity.is_some(), "every user of the volume is on its node");
@@ -336,7 +366,7 @@ mod tests {
         // What we write must be what we later agree to delete.
         let claim = claim("hpp").selected(NODE).build();
         let plan = plan_for(&claim);
-        let pv = build_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()));
+        let pv = build_pv(&plan, &claim, &node(), Quantity("1Gi".into()));
         let path = pv.spec.unwrap().host_path.unwrap().path;
         let accepted = layout::accept_delete_path(&path, &plan.pv_name, &config().pools).unwrap();
         assert_eq!(accepted.dir_name, plan.dir_name);

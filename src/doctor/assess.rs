@@ -40,7 +40,7 @@ const CONTAINER_FILE_TYPE: &str = "container_file_t";
 /// pinned to this node (by annotation, or by hostname affinity for PVs older than it), on a shared
 /// pool, or every-node (a copy on each node).
 pub fn volume_here(pv: &KeptVolume, me: &Identity, my_hostname: &str, pools: &[PoolPath]) -> Option<AcceptedPath> {
-    if pv.annotations.get(keys::PROVISIONED_BY) != Some(me.provisioner.as_str()) {
+    if !pv.annotations.get(keys::PROVISIONED_BY).is_some_and(|p| me.serves(p)) {
         return None;
     }
     if pv.metadata.deletion_timestamp.is_some() {

@@ -247,6 +247,7 @@ fn volumes_report(
         provisioner: config.provisioner_name.clone(),
         node: config.node_name.clone(),
         affinity: cluster.affinity.clone(),
+        capacity_provisioner: config.capacity_provisioner_name.clone(),
     };
     let pv_names: HashSet<String> = cluster.pvs.iter().filter_map(|pv| pv.metadata.name.clone()).collect();
     let present: HashSet<&str> = entries.iter().map(String::as_str).collect();

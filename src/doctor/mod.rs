@@ -77,11 +77,12 @@ pub struct DoctorArgs {
 
 /// The flags the doctor acts on, the only ones its help shows: the daemon's settings that go
 /// into the report, and its own.
-pub const DOCTOR_READS: [&str; 10] = [
+pub const DOCTOR_READS: [&str; 11] = [
     "--node-name",
     "--pv-dir",
     "--pool",
     "--provisioner-name",
+    "--capacity-provisioner-name",
     "--kubeconfig",
     "--require-mountpoint",
     "--reserved-space",

@@ -152,7 +152,7 @@ impl Releaser {
         let listed = pvs.list(&ListParams::default()).await?.items;
         // One GET per owner of a bound PV of ours (few), rather than a list of every Node.
         let mut existing = BTreeSet::new();
-        for owner in owners_to_check(&listed, &self.provisioner, graces) {
+        for owner in owners_to_check(&listed, &[self.provisioner.as_str()], graces) {
             if Api::<Node>::all(self.client.clone()).get_metadata_opt(owner).await?.is_some() {
                 existing.insert(owner.to_owned());
             }
@@ -163,7 +163,7 @@ impl Releaser {
             absent_since,
             now: Instant::now(),
             graces,
-            provisioner: &self.provisioner,
+            provisioners: &[self.provisioner.as_str()],
         });
         for (node, left) in &plan.waiting {
             tracing::info!(%node, left = ?left, "a node with bound volumes is gone; waiting out the grace period");

@@ -91,7 +91,12 @@ impl Context {
         health: Arc<Health>,
         affinity: Vec<crate::deciding::node_affinity::AffinityLabel>,
     ) -> Self {
-        let me = Identity { provisioner: config.provisioner_name.clone(), node: config.node_name.clone(), affinity };
+        let me = Identity {
+            provisioner: config.provisioner_name.clone(),
+            capacity_provisioner: config.capacity_provisioner_name.clone(),
+            node: config.node_name.clone(),
+            affinity,
+        };
         let decision = DecisionConfig {
             use_naming_prefix: config.use_naming_prefix,
             pools: config.pools.clone(),
@@ -372,6 +377,7 @@ mod tests {
             provisioner: "kubevirt.io/hostpath-provisioner".into(),
             node: "node-a".into(),
             affinity: Vec::new(),
+            capacity_provisioner: None,
         };
         let regarding = ObjectReference {
             api_version: Some("v1".into()),

@@ -23,7 +23,7 @@ pub async fn record_earlier_directories(ctx: &Context) {
         .iter()
         .flat_map(|store| store.state())
         .filter(|pv| pv.annotations.contains_key(keys::PATH_PATTERN))
-        .filter(|pv| pv.annotations.get(keys::PROVISIONED_BY) == Some(ctx.me.provisioner.as_str()))
+        .filter(|pv| pv.annotations.get(keys::PROVISIONED_BY).is_some_and(|p| ctx.me.serves(p)))
         .filter(|pv| owner_node(pv) == Some(ctx.me.node.as_str()))
         .collect();
     for pv in pvs {

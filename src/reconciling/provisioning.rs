@@ -174,7 +174,7 @@ pub async fn provision(
         }
         Some(Placing::Refuse(_)) => unreachable!("the plan never provisions a refused directory"),
     };
-    let pv = build_pv(plan, claim, &ctx.me, &node, Quantity(provision.capacity.clone()));
+    let pv = build_pv(plan, claim, &node, Quantity(provision.capacity.clone()));
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let claim_uid = claim.metadata.uid.as_deref().unwrap_or_default();
     match pvs.create(&PostParams::default(), &pv).await {

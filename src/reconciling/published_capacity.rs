@@ -153,7 +153,7 @@ pub async fn withdraw(ctx: &Context, publisher: &Publisher) {
 /// no other node would remove while this node is alive. Only for a provisioner name that can
 /// have a CSIDriver (no object can exist otherwise), so default installs make no call.
 pub async fn withdraw_leftovers(ctx: &Context) {
-    if !layout::is_dns_subdomain(&ctx.me.provisioner) {
+    if ctx.me.publishable_names().is_empty() {
         return;
     }
     let publisher = Publisher::new(ctx);
@@ -231,7 +231,7 @@ async fn publish(ctx: &Context, publisher: &Publisher) -> bool {
     };
     let classes: Vec<_> = ctx.classes.state().iter().map(|c| (**c).clone()).collect();
     let wanted = published_capacity::wanted(
-        &ctx.me.provisioner,
+        &ctx.me.publishable_names(),
         ctx.membership.provisioner_hash(),
         &ctx.me.node,
         &classes,

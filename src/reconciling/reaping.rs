@@ -65,7 +65,8 @@ async fn pass(
     // One GET per owner of a Released PV (few), rather than a list of every Node: the
     // provisioner's RBAC has nodes `get` only.
     let mut existing = BTreeSet::new();
-    for owner in owners_to_check(&listed, &ctx.me.provisioner, graces) {
+    let provisioners = ctx.me.names();
+    for owner in owners_to_check(&listed, &provisioners, graces) {
         if Api::<Node>::all(ctx.client.clone()).get_metadata_opt(owner).await?.is_some() {
             existing.insert(owner.to_owned());
         }
@@ -76,7 +77,7 @@ async fn pass(
         absent_since,
         now: Instant::now(),
         graces,
-        provisioner: &ctx.me.provisioner,
+        provisioners: &provisioners,
     });
     for (node, left) in &plan.waiting {
         tracing::debug!(%node, left = ?left, "a node with volumes is gone; waiting out the grace period");

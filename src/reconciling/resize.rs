@@ -167,7 +167,7 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVolume) ->
     let class_allows = ctx
         .classes
         .get(&ObjectRef::new(&class_name))
-        .is_some_and(|c| c.provisioner == ctx.me.provisioner && c.allow_volume_expansion == Some(true));
+        .is_some_and(|c| ctx.me.serves(&c.provisioner) && c.allow_volume_expansion == Some(true));
     let shape = volume_shape(pv, &ctx.config.pools);
     let acting_here = match shape {
         VolumeShape::Node => match crate::deciding::node_affinity::holds(pv, &ctx.me.affinity) {

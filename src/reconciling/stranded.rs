@@ -59,7 +59,7 @@ pub async fn watch_for_no_provisioner(ctx: Arc<Context>) {
                         .class
                         .as_deref()
                         .and_then(|class| ctx.classes.get(&ObjectRef::new(class)))
-                        .is_some_and(|class| class.provisioner == ctx.me.provisioner);
+                        .is_some_and(|class| ctx.me.serves(&class.provisioner));
                     let (seen, next) = look(&claim, &ctx.me.node, live, ours);
                     if seen == Look::Explain {
                         explain(ctx, &claim).await;

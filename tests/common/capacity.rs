@@ -19,14 +19,15 @@ pub async fn publishing_provisioner(env: &mut TestEnv) -> CsiDriver {
     CsiDriver::create(env, &env.provisioner).await
 }
 
-/// The CSIDriver of a test, deleted when dropped.
+/// The CSIDriver of a test (named `name`, as the chart, the component and the operator make it),
+/// deleted when dropped.
 pub struct CsiDriver {
     api: Api<k8s_openapi::api::storage::v1::CSIDriver>,
     name: String,
 }
 
 impl CsiDriver {
-    async fn create(env: &TestEnv, name: &str) -> CsiDriver {
+    pub async fn create(env: &TestEnv, name: &str) -> CsiDriver {
         let driver: k8s_openapi::api::storage::v1::CSIDriver = serde_json::from_value(serde_json::json!({
             "apiVersion": "storage.k8s.io/v1",
             "kind": "CSIDriver",

@@ -476,7 +476,12 @@ fn an_immediate_clone_whose_source_node_runs_no_provisioner_is_explained_by_one_
     let plans: Vec<ClaimPlan> = [NODE, OTHER_NODE]
         .iter()
         .map(|node| {
-            let me = Identity { provisioner: PROVISIONER.into(), node: (*node).into(), affinity: Vec::new() };
+            let me = Identity {
+                provisioner: PROVISIONER.into(),
+                node: (*node).into(),
+                affinity: Vec::new(),
+                capacity_provisioner: None,
+            };
             let mut f = facts(&claim, Some(&class), &cfg, &me, ready(&pool));
             f.live = &live;
             f.source = Some(SourceFacts { name: "src", claim: Some(&source), pv: Some(&there), is_quota_volume: None });
@@ -523,7 +528,12 @@ fn a_shared_immediate_claim_is_made_by_one_live_node_and_the_others_look_again()
     let plans: Vec<ClaimPlan> = [NODE, OTHER_NODE]
         .iter()
         .map(|node| {
-            let me = Identity { provisioner: PROVISIONER.into(), node: (*node).into(), affinity: Vec::new() };
+            let me = Identity {
+                provisioner: PROVISIONER.into(),
+                node: (*node).into(),
+                affinity: Vec::new(),
+                capacity_provisioner: None,
+            };
             let mut f = facts(&claim, Some(&shared), &cfg, &me, ready(&pool));
             f.live = &live;
             plan_claim(&f)
