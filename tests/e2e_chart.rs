@@ -1016,7 +1016,7 @@ fn operator_mode_carries_the_values_the_resource_has_fields_for_into_it() {
     use hostpath_provisioner::deciding::operator::render::{
         CONFIG_FIELDS, Environment, NODE_CONTAINER, render as operator_render,
     };
-    let chart_values = "config: {provisionerName: hpp.example.com, publishCapacity: true, nodeAffinityKeys: example.com/disk, \
+    let chart_values = "config: {provisionerName: hpp.example.com, capacityProvisionerName: placed.example.com, publishCapacity: true, nodeAffinityKeys: example.com/disk, \
          pvCapacity: request, dirMode: \"0770\", requireMountpoint: true, pvFinalizer: true, provisionOnNode: deny, \
          reservedSpace: 1Gi, capacityAccounting: requests, maxConcurrency: 4, orphanSnapshotCopyGrace: 2h, reapVolumesOfRemovedNodes: 24h, \
          logFormat: json, logLevel: debug}\n\
@@ -1038,7 +1038,8 @@ fn operator_mode_carries_the_values_the_resource_has_fields_for_into_it() {
     let rendered = operator_render(&resource, &environment);
     assert_eq!(rendered.problems, [], "{:?}", resource.spec);
     let operator_daemonset = rendered.objects.iter().find(|o| o.kind == "DaemonSet").expect("DaemonSet").body.clone();
-    assert!(rendered.objects.iter().any(|o| o.kind == "CSIDriver" && o.name == "hpp.example.com"));
+    // Named after the second name, as the chart names its own.
+    assert!(rendered.objects.iter().any(|o| o.kind == "CSIDriver" && o.name == "placed.example.com"));
     let chart = render(chart_values, &[]);
     let chart_env = rendered_env(&chart);
     let container = operator_daemonset["spec"]["template"]["spec"]["containers"]
@@ -1076,4 +1077,52 @@ fn operator_mode_carries_the_values_the_resource_has_fields_for_into_it() {
     // Defaults carry nothing: the resource is operator.resource as written.
     let plain = operator_resource("operator: {enabled: true, resource: {storagePools: [{name: a, path: /a}]}}\n");
     assert!(plain.spec.config.is_empty() && plain.spec.quota.is_none());
+}
+
+/// `config.capacityProvisionerName`: the nodes serve it beside `config.provisionerName`, which
+/// keeps its '/'; the CSIDriver is named after it, and only the classes marked
+/// `placedByCapacity` are of it. Refused at render: a marked class without the name, the same
+/// name twice, and publishing with neither name able to name a CSIDriver.
+#[test]
+fn a_capacity_provisioner_name_places_the_marked_classes_and_names_the_csidriver() {
+    let objects = render(
+        "config: {publishCapacity: true, capacityProvisionerName: hostpath.example.org}\ncsiDriver: {create: true}\n\
+         storageClasses: [{name: plain}, {name: placed, placedByCapacity: true}]\n",
+        &[],
+    );
+    let env = rendered_env(&objects);
+    let value = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    assert_eq!(value("CAPACITY_PROVISIONER_NAME"), Some("hostpath.example.org"));
+    assert_eq!(value("PROVISIONER_NAME"), Some("kubevirt.io/hostpath-provisioner"));
+    assert_eq!(value("PUBLISH_CAPACITY"), Some("true"));
+    let drivers = of_kind(&objects, "CSIDriver");
+    assert_eq!(drivers.len(), 1);
+    assert_eq!(drivers[0]["metadata"]["name"], "hostpath.example.org");
+    let classes = of_kind(&objects, "StorageClass");
+    let provisioner_of =
+        |name: &str| classes.iter().find(|c| c["metadata"]["name"] == name).expect("class")["provisioner"].clone();
+    assert_eq!(provisioner_of("plain"), "kubevirt.io/hostpath-provisioner");
+    assert_eq!(provisioner_of("placed"), "hostpath.example.org");
+    // Unset, the binary gets an empty value, which it reads as unset.
+    let plain = render("", &[]);
+    assert_eq!(
+        rendered_env(&plain).iter().find(|(k, _)| k == "CAPACITY_PROVISIONER_NAME").map(|(_, v)| v.as_str()),
+        Some("")
+    );
+
+    for (values, says) in [
+        (
+            "storageClasses: [{name: placed, placedByCapacity: true}]",
+            "placedByCapacity needs config.capacityProvisionerName",
+        ),
+        (
+            "config: {provisionerName: hostpath.example.org, capacityProvisionerName: hostpath.example.org}",
+            "other than config.provisionerName",
+        ),
+        ("config: {capacityProvisionerName: kubevirt.io/other}", "capacityProvisionerName"),
+        ("config: {publishCapacity: true}", "config.publishCapacity needs config.capacityProvisionerName"),
+    ] {
+        let said = refusal(&format!("{values}\n"));
+        assert!(said.contains(says), "{values}: {said}");
+    }
 }

@@ -265,6 +265,7 @@ fn non_default(key: &str) -> Value {
         "orphanSnapshotCopyGrace" => json!("2h"),
         "releaseClaimsOfRemovedNodes" => json!("1h"),
         "reapVolumesOfRemovedNodes" => json!("24h"),
+        "capacityProvisionerName" => json!("hostpath.example.org"),
         other => panic!("no value other than the default for config.{other}: add one here"),
     }
 }

@@ -21,20 +21,18 @@ const SETTINGS: [(&str, &str); 6] = [
     ("STORAGE_POOLS", "data=/mnt/disk1,data=/mnt/disk2"),
     ("DISK_1", "/mnt/disk1"),
     ("DISK_2", "/mnt/disk2"),
-    ("PROVISIONER_NAME", "hostpath.example.org"),
+    ("CAPACITY_PROVISIONER_NAME", "hostpath.example.org"),
 ];
 /// Each component, with the settings it reads that become variables of its workload (the node
 /// DaemonSet, or for release-claims-of-removed-nodes the claim releaser's Deployment).
-const COMPONENTS: [(&str, &[&str]); 3] = [
+const COMPONENTS: [(&str, &[&str]); 4] = [
     ("release-claims-of-removed-nodes", &["RELEASE_CLAIMS_OF_REMOVED_NODES"]),
     ("node-affinity-keys", &["NODE_AFFINITY_KEYS"]),
     ("several-disks", &["STORAGE_POOLS"]),
+    ("published-capacity", &["CAPACITY_PROVISIONER_NAME"]),
 ];
-/// The component for new installs only, commented out in the doc's kustomization: it renames
-/// the provisioner, which an existing install's classes cannot follow.
-const PUBLISHED_CAPACITY: &str = "published-capacity";
-/// The line of the doc's kustomization a new install uncomments to use it.
-const PUBLISHED_CAPACITY_LINE: &str = "  # - ../deploy/components/published-capacity\n";
+/// published-capacity's class, of the second provisioner name.
+const CAPACITY_CLASS: &str = "hostpath-provisioner-capacity-aware";
 /// The component whose workload is a Deployment of its own, and that Deployment.
 const RELEASER_COMPONENT: &str = "release-claims-of-removed-nodes";
 const RELEASER: &str = "kubevirt-hostpath-provisioner-claim-releaser";
@@ -126,6 +124,18 @@ fn assert_features_on(shell: &Shell, tag: &str) {
     let releaser_role = shell.must_get(&["clusterrole", RELEASER]);
     assert!(grants(&releaser_role, "persistentvolumeclaims", "delete"), "{releaser_role}");
     assert!(!daemonset.to_string().contains(UNSET) && !releaser.to_string().contains(UNSET), "{daemonset}");
+    // published-capacity: the nodes serve the second name beside the first, which stays; the
+    // CSIDriver of that name turns the scheduler's check on for its class.
+    let second = SETTINGS.iter().find(|(k, _)| *k == "CAPACITY_PROVISIONER_NAME").expect("setting").1;
+    assert_eq!(env_value(container, "PUBLISH_CAPACITY"), Some("true"));
+    assert_eq!(env_value(container, "PROVISIONER_NAME"), Some("kubevirt.io/hostpath-provisioner"));
+    let driver = shell.must_get(&["csidriver", second]);
+    assert_eq!(driver["spec"]["storageCapacity"], true, "{driver}");
+    assert_eq!(shell.must_get(&["storageclass", CAPACITY_CLASS])["provisioner"], second);
+    assert_eq!(
+        shell.must_get(&["storageclass", "hostpath-provisioner"])["provisioner"],
+        "kubevirt.io/hostpath-provisioner"
+    );
     // The settings are the build's, not an object of the cluster.
     assert!(
         shell.get(&["configmap", "hostpath-provisioner-settings", "-n", "kubevirt-hostpath-provisioner"]).is_none()
@@ -358,74 +368,4 @@ fn the_claim_releasers_image_is_deploy_legacys() {
     let legacy = images("deploy/legacy/kustomization.yaml");
     assert!(legacy.as_array().is_some_and(|l| !l.is_empty()), "{legacy}");
     assert_eq!(images(&format!("deploy/components/{RELEASER_COMPONENT}/kustomization.yaml")), legacy);
-}
-
-/// The value of `key` in the doc's settings.
-fn setting(key: &str) -> &'static str {
-    SETTINGS.iter().find(|(k, _)| *k == key).unwrap_or_else(|| panic!("no setting {key}")).1
-}
-
-/// A new install with every component, `published-capacity` uncommented as the doc's
-/// kustomization says for one, applied by the doc's command: the provisioner name of the
-/// settings is on the DaemonSet (with the switch), names a CSIDriver that turns the scheduler's
-/// capacity check on, and is every StorageClass's `provisioner`; the other components' features
-/// are on too. The binary starts with that environment; a name that cannot name a CSIDriver
-/// reaches it and is refused, a missing one fails the build. An install of deploy/legacy over it
-/// is refused by the API server at the classes, as the doc warns.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_new_install_with_the_published_capacity_component_names_the_provisioner_everywhere() {
-    const TEST: &str = "a_new_install_with_the_published_capacity_component_names_the_provisioner_everywhere";
-    let docs = Docs::load();
-    let mut shell = Shell::with_cluster(TEST).await;
-    write_user_files(&shell);
-    let kustomization = format!("{USER_DIR}/kustomization.yaml");
-    shell.edit(&kustomization, PUBLISHED_CAPACITY_LINE, &PUBLISHED_CAPACITY_LINE.replace("# ", ""));
-    let out = shell.run(&docs.command("docs/install.md", SECTION, "kubectl apply -k my-hostpath-provisioner"));
-    assert!(out.lines().all(|l| l.ends_with(" created")), "{out}");
-    assert_features_on(&shell, "0.1.0");
-
-    let name = setting("PROVISIONER_NAME");
-    let daemonset = shell.must_get(&LEGACY_DAEMONSET);
-    assert_eq!(env_value(container(&daemonset), "PROVISIONER_NAME"), Some(name));
-    assert_eq!(env_value(container(&daemonset), "PUBLISH_CAPACITY"), Some("true"));
-    let driver = shell.must_get(&["csidriver", name]);
-    assert_eq!(driver["spec"]["storageCapacity"], true, "{driver}");
-    let classes = shell.must_get(&["storageclasses"]);
-    let ours: Vec<&Value> = classes["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .filter(|c| c["metadata"]["labels"]["app.kubernetes.io/name"] == "hostpath-provisioner")
-        .collect();
-    assert!(!ours.is_empty(), "{classes}");
-    for class in ours {
-        assert_eq!(class["provisioner"], name, "{class}");
-    }
-
-    // The environment reaches the binary, which starts with it.
-    let objects = render(&shell, USER_DIR).unwrap_or_else(|e| panic!("{e}"));
-    let (code, said) = workload_verdict(PUBLISHED_CAPACITY, &rendered_env(&objects));
-    assert!(code != CONFIGURATION_ERROR && said.contains("KUBECONFIG"), "{code:?} {said}");
-    let settings = shell.read(&format!("{USER_DIR}/settings.yaml"));
-    // A name that cannot name a CSIDriver is refused by the binary, naming the setting.
-    let broken =
-        settings.replace(&format!("PROVISIONER_NAME: {name}"), "PROVISIONER_NAME: kubevirt.io/hostpath-provisioner");
-    write_one_component(&shell, "broken-capacity", PUBLISHED_CAPACITY, &broken);
-    let objects = render(&shell, "broken-capacity").expect("renders");
-    let (code, said) = workload_verdict(PUBLISHED_CAPACITY, &rendered_env(&objects));
-    assert!(code == CONFIGURATION_ERROR && said.contains("PROVISIONER_NAME"), "{code:?} {said}");
-    // A missing one fails the build, naming it.
-    let missing: String = settings
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("PROVISIONER_NAME:"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    write_one_component(&shell, "unset-capacity", PUBLISHED_CAPACITY, &missing);
-    let error = render(&shell, "unset-capacity").expect_err("a missing setting fails the build");
-    assert!(error.contains("data.PROVISIONER_NAME"), "{error}");
-
-    // What the doc warns of: the classes' `provisioner` cannot change afterwards.
-    let ran = shell.bash("kubectl apply -k deploy/legacy");
-    assert!(!ran.success && ran.stderr.contains("provisioner"), "{}\n{}", ran.stdout, ran.stderr);
-    shell.finish();
 }

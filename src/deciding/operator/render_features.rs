@@ -11,8 +11,9 @@ use super::{Desired, desired, set_env, untyped};
 
 /// `spec.config`'s fields and the env var of the node binary each one sets, in the schema's
 /// order. The chart's `config` values of the same names set the same variables.
-pub const CONFIG_FIELDS: [(&str, &str); 15] = [
+pub const CONFIG_FIELDS: [(&str, &str); 16] = [
     ("provisionerName", "PROVISIONER_NAME"),
+    ("capacityProvisionerName", "CAPACITY_PROVISIONER_NAME"),
     ("publishCapacity", "PUBLISH_CAPACITY"),
     ("nodeAffinityKeys", "NODE_AFFINITY_KEYS"),
     ("pvCapacity", "PV_CAPACITY"),
@@ -46,8 +47,9 @@ pub fn field_of_env(env: &str) -> Option<String> {
 pub fn config_env(config: &NodeConfig) -> Vec<(&'static str, String)> {
     let text = |v: &Option<String>| v.clone();
     let switch = |v: &Option<bool>| v.map(|b| b.to_string());
-    let values: [Option<String>; 15] = [
+    let values: [Option<String>; 16] = [
         text(&config.provisioner_name),
+        text(&config.capacity_provisioner_name),
         switch(&config.publish_capacity),
         text(&config.node_affinity_keys),
         text(&config.pv_capacity),
@@ -132,7 +134,10 @@ pub fn capacity_driver(resource: &HostPathProvisioner) -> Result<Option<Desired>
     if config.publish_capacity != Some(true) {
         return Ok(None);
     }
-    let name = config.provisioner_name.clone().ok_or("spec.config.publishCapacity: no provisionerName")?;
+    // Named after the second name when there is one: the first may keep its '/'.
+    let name = (config.capacity_provisioner_name.clone())
+        .or_else(|| config.provisioner_name.clone())
+        .ok_or("spec.config.publishCapacity: no capacityProvisionerName or provisionerName")?;
     let mut driver = untyped(CAPACITY_DRIVER, "csidriver.yaml")?;
     driver["metadata"]["name"] = json!(name);
     desired(resource, "csidrivers", &driver).map(Some)

@@ -447,7 +447,7 @@ const OPERATOR_RBAC: &str = include_str!("../../../deploy/operator/rbac.yaml");
 fn every_config_field_becomes_its_env_var_and_unset_ones_keep_the_files() {
     let config = json!({
         "provisionerName": "hostpath.example.org", "publishCapacity": true,
-        "nodeAffinityKeys": "example.com/disk-serial", "pvCapacity": "filesystem", "dirMode": "0770",
+        "capacityProvisionerName": "placed.example.org", "nodeAffinityKeys": "example.com/disk-serial", "pvCapacity": "filesystem", "dirMode": "0770",
         "requireMountpoint": true, "pvFinalizer": true, "provisionOnNode": "deny", "reservedSpace": "1Gi",
         "capacityAccounting": "requests", "maxConcurrency": 4, "orphanSnapshotCopyGrace": "2h",
         "reapVolumesOfRemovedNodes": "24h", "logFormat": "json", "logLevel": "debug"
@@ -573,6 +573,21 @@ fn published_capacity_makes_a_csidriver_of_the_provisioner_name_owned_by_the_res
     );
     assert!(refused.blocked());
     assert!(refused.problems[0].message.contains(super::super::spec_rules::message::PUBLISH_NEEDS_NAME));
+}
+
+/// A migrated kubevirt install keeps `kubevirt.io/hostpath-provisioner` and places new classes by
+/// capacity under a second name: the nodes get both, the CSIDriver is named after the second.
+#[test]
+fn a_capacity_provisioner_name_names_the_csidriver_and_lets_the_first_name_keep_its_slash() {
+    let spec = json!({"storagePools": [{"name": "a", "path": "/var/a"}],
+        "config": {"publishCapacity": true, "capacityProvisionerName": "hostpath.example.org"}});
+    let rendered = render(&with_spec(spec), &environment());
+    assert!(!rendered.blocked(), "{:?}", rendered.problems);
+    assert_eq!(object(&rendered, "CSIDriver").name, "hostpath.example.org");
+    let pod = pod(&rendered);
+    let container = node_container(&pod);
+    assert_eq!(env(container, "CAPACITY_PROVISIONER_NAME"), Some("hostpath.example.org"));
+    assert_eq!(env(container, "PROVISIONER_NAME"), Some("kubevirt.io/hostpath-provisioner"), "the file's, kept");
 }
 
 #[test]

@@ -79,6 +79,8 @@ pub struct NodeConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provisioner_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_provisioner_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publish_capacity: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_affinity_keys: Option<String>,
@@ -342,7 +344,8 @@ mod tests {
         assert_eq!(keys(&written), pool_fields);
         // spec.config: every field of the schema is one the types read and the reverse.
         let config: NodeConfig = serde_json::from_value(serde_json::json!({
-            "provisionerName": "a", "publishCapacity": true, "nodeAffinityKeys": "k", "pvCapacity": "request",
+            "provisionerName": "a", "capacityProvisionerName": "b", "publishCapacity": true, "nodeAffinityKeys": "k",
+            "pvCapacity": "request",
             "dirMode": "0777", "requireMountpoint": true, "pvFinalizer": true, "provisionOnNode": "allow",
             "reservedSpace": "1Gi", "capacityAccounting": "free", "maxConcurrency": 4,
             "orphanSnapshotCopyGrace": "1h", "reapVolumesOfRemovedNodes": "24h", "logFormat": "text",

@@ -30,7 +30,7 @@ pub mod message {
     pub const POOL_COMMA: &str = "spec.storagePools[].path must not contain a comma, which separates pools in the node provisioner's settings: use a directory without one";
     pub const POOL_ACCOUNTING: &str =
         "spec.storagePools[].accounting must be free or requests (case matters), or left out";
-    pub const PUBLISH_NEEDS_NAME: &str = "spec.config.publishCapacity needs spec.config.provisionerName to be an object name such as hostpath.example.org (kube-scheduler reads published capacity through a CSIDriver of that name)";
+    pub const PUBLISH_NEEDS_NAME: &str = "spec.config.publishCapacity needs spec.config.capacityProvisionerName, or spec.config.provisionerName, to be an object name such as hostpath.example.org (kube-scheduler reads published capacity through a CSIDriver of that name)";
 
     /// Every rule's message, in the CRD's order.
     pub const ALL: [&str; 14] = [
@@ -105,8 +105,10 @@ pub fn broken_rules(spec: &Spec) -> Vec<&'static str> {
         broken.push(POOL_ACCOUNTING);
     }
     let config = &spec.config;
+    let object_name = |name: &Option<String>| name.as_deref().is_some_and(crate::deciding::layout::is_dns_subdomain);
     if config.publish_capacity == Some(true)
-        && !config.provisioner_name.as_deref().is_some_and(crate::deciding::layout::is_dns_subdomain)
+        && !object_name(&config.capacity_provisioner_name)
+        && !object_name(&config.provisioner_name)
     {
         broken.push(PUBLISH_NEEDS_NAME);
     }
@@ -196,6 +198,9 @@ mod tests {
                 {"name": "data", "path": "/mnt/disk1", "reserve": "1Gi", "accounting": "requests"},
                 {"name": "data", "path": "/mnt/disk2", "reserve": 1024, "requireMountpoint": true}],
                 "config": {"publishCapacity": true, "provisionerName": "hostpath.example.org"}}),
+            // The first name kept, capacity published under a second.
+            serde_json::json!({"pathConfig": {"path": "/var/hpvolumes"},
+                "config": {"publishCapacity": true, "capacityProvisionerName": "hostpath.example.org"}}),
         ] {
             assert!(broken_rules(&spec(value.clone())).is_empty(), "{value}");
         }

@@ -113,8 +113,11 @@
 {{- if not (regexMatch "[1-9]" $grace) }}
 {{- fail (printf "config.orphanSnapshotCopyGrace %q is zero or empty: give a positive duration such as 1h" $grace) }}
 {{- end }}
-{{- if and .Values.config.publishCapacity (not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$" .Values.config.provisionerName)) }}
-{{- fail (printf "config.publishCapacity needs config.provisionerName to be an object name such as hostpath.example.org (kube-scheduler reads published capacity through a CSIDriver of that name), not %q" .Values.config.provisionerName) }}
+{{- if and .Values.config.publishCapacity (not .Values.config.capacityProvisionerName) (not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$" .Values.config.provisionerName)) }}
+{{- fail (printf "config.publishCapacity needs config.capacityProvisionerName, or config.provisionerName, to be an object name such as hostpath.example.org (kube-scheduler reads published capacity through a CSIDriver of that name), not %q" .Values.config.provisionerName) }}
+{{- end }}
+{{- if and .Values.config.capacityProvisionerName (eq .Values.config.capacityProvisionerName .Values.config.provisionerName) }}
+{{- fail "config.capacityProvisionerName: a second name, other than config.provisionerName" }}
 {{- end }}
 {{- range $service := list (include "hpp.peersService" .) (include "hpp.metricsService" .) }}
 {{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $service) }}
@@ -172,7 +175,7 @@
 
 {{- /* The config values the HostPathProvisioner has a field for (spec.config, same names). */}}
 {{- define "hpp.operatorConfigFields" -}}
-["provisionerName", "publishCapacity", "nodeAffinityKeys", "pvCapacity", "dirMode", "requireMountpoint", "pvFinalizer", "provisionOnNode", "reservedSpace", "capacityAccounting", "maxConcurrency", "orphanSnapshotCopyGrace", "reapVolumesOfRemovedNodes", "logFormat", "logLevel"]
+["provisionerName", "capacityProvisionerName", "publishCapacity", "nodeAffinityKeys", "pvCapacity", "dirMode", "requireMountpoint", "pvFinalizer", "provisionOnNode", "reservedSpace", "capacityAccounting", "maxConcurrency", "orphanSnapshotCopyGrace", "reapVolumesOfRemovedNodes", "logFormat", "logLevel"]
 {{- end }}
 
 {{- /* The spec of the chart's HostPathProvisioner (JSON): operator.resource, with the chart's
