@@ -1,0 +1,272 @@
+//! On real loop devices, as root, in a temporary directory: every loop and node a test makes is
+//! removed by a guard, even when the test fails. Without root or loop devices the tests say
+//! SKIPPED, and fail under `CI=true`.
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, symlink};
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+fn usable() -> bool {
+    let ok = rustix::process::geteuid().is_root() && Path::new("/dev/loop-control").exists();
+    if !ok {
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+            "Block volume tests need root and /dev/loop-control"
+        );
+        eprintln!("SKIPPED: Block volume tests need root and /dev/loop-control");
+    }
+    ok
+}
+
+/// A pool with one volume directory and a device directory in a temporary directory; on drop,
+/// detaches every loop whose backing file is one of the files it made.
+struct Fixture {
+    tmp: tempfile::TempDir,
+    dir: OwnedFd,
+    host: LoopHost,
+    devices: DeviceDir,
+    node: VolumeDirName,
+    made: std::cell::RefCell<Vec<FileId>>,
+}
+
+impl Fixture {
+    fn new() -> Option<Self> {
+        if !usable() {
+            return None;
+        }
+        let tmp = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(tmp.path().join("pool/pvc-1")).expect("mkdir");
+        let dir = rustix::fs::open(tmp.path().join("pool/pvc-1"), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .expect("open");
+        let devices = DeviceDir::open(&tmp.path().join("dev")).expect("device dir");
+        let node = VolumeDirName::new("pvc-0b5c7f8e-6a4d-4e1f-9c2b-3d4e5f607182").unwrap();
+        Some(Fixture { tmp, dir, host: LoopHost::host(), devices, node, made: Default::default() })
+    }
+
+    fn dir_path(&self) -> PathBuf {
+        self.tmp.path().join("pool/pvc-1")
+    }
+
+    fn file_path(&self) -> PathBuf {
+        self.dir_path().join(BACKING_FILE)
+    }
+
+    fn node_path(&self) -> PathBuf {
+        self.tmp.path().join("dev").join(self.node.as_str())
+    }
+
+    fn create(&self, size: u64, allocation: Allocation) -> (OwnedFd, FileId) {
+        let (fd, id) = create_backing(self.dir.as_fd(), &self.dir_path(), size, allocation).expect("create");
+        self.made.borrow_mut().push(id);
+        (fd, id)
+    }
+
+    /// A file outside the volume (a host disk image, another volume's file), guarded too.
+    fn outside_file(&self, name: &str) -> (fs::File, FileId) {
+        let path = self.tmp.path().join(name);
+        let file = fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("create");
+        file.set_len(4 * MIB).expect("size");
+        let id = loop_ioctl::file_id(&file).expect("stat");
+        self.made.borrow_mut().push(id);
+        (file, id)
+    }
+
+    fn expose(&self, volume: Volume) -> Result<AttachedLoop, PoolError> {
+        expose(&self.host, &self.devices, self.dir.as_fd(), &self.dir_path(), volume, &self.node, true)
+    }
+
+    fn release(&self, volume: Volume) -> Result<Detached, PoolError> {
+        release(&self.host, &self.devices, self.dir.as_fd(), &self.dir_path(), volume, &self.node)
+    }
+
+    fn loops_on(&self, id: FileId) -> Vec<u32> {
+        self.host
+            .loops()
+            .expect("loops")
+            .into_iter()
+            .filter(|l| l.facts.backing == id)
+            .map(|l| l.facts.number)
+            .collect()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        for id in self.made.borrow().iter() {
+            for number in self.loops_on(*id) {
+                let _ = self.host.detach(number, *id);
+            }
+        }
+    }
+}
+
+fn recorded(id: FileId) -> Volume {
+    Volume { recorded_inode: Some(id.ino) }
+}
+
+#[test]
+fn a_sparse_volume_is_attached_exposed_written_and_released_leaving_no_loop_and_no_node() {
+    let Some(fx) = Fixture::new() else { return };
+    let (_fd, id) = fx.create(8 * MIB, Allocation::Sparse);
+    let meta = fs::metadata(fx.file_path()).expect("stat");
+    assert_eq!((meta.len(), meta.mode() & 0o777), (8 * MIB, 0o600));
+    assert!(meta.blocks() * 512 < MIB, "sparse: {} blocks", meta.blocks());
+
+    let exposed = fx.expose(Volume { recorded_inode: None }).expect("expose while provisioning");
+    assert_eq!(exposed.facts.backing, id);
+    assert_eq!((exposed.facts.offset, exposed.facts.size_limit), (0, 0));
+    assert!(exposed.direct_io, "ext4 takes direct I/O");
+    let node = fs::symlink_metadata(fx.node_path()).expect("node");
+    assert!(node.file_type().is_block_device());
+    assert_eq!(
+        (rustix::fs::major(node.rdev()), rustix::fs::minor(node.rdev())),
+        exposed.facts.device,
+        "the node is the loop's device"
+    );
+    let size = fs::read_to_string(format!("/sys/block/loop{}/size", exposed.facts.number)).expect("size");
+    assert_eq!(size.trim().parse::<u64>().unwrap() * 512, 8 * MIB);
+    // No autoclear: the loop outlives every opener.
+    let flags = loop_ioctl::status(fx.host.open_checked(exposed.facts.number, id).unwrap().as_fd()).unwrap().lo_flags;
+    assert_eq!(flags & loop_ioctl::LO_FLAGS_AUTOCLEAR, 0);
+
+    // What is written through the node lands in the volume's file.
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    {
+        let mut device = fs::OpenOptions::new().write(true).open(fx.node_path()).expect("open node");
+        device.seek(SeekFrom::Start(MIB)).unwrap();
+        device.write_all(&pattern).unwrap();
+        device.sync_all().unwrap();
+    }
+    let mut back = vec![0; 4096];
+    let mut file = fs::File::open(fx.file_path()).unwrap();
+    file.seek(SeekFrom::Start(MIB)).unwrap();
+    file.read_exact(&mut back).unwrap();
+    assert_eq!(back, pattern);
+
+    // Exposed again (a restart): the same loop, the node kept, no second loop.
+    let again = fx.expose(recorded(id)).expect("expose again");
+    assert_eq!(again.facts.number, exposed.facts.number);
+    assert_eq!(fx.loops_on(id), vec![exposed.facts.number]);
+
+    assert_eq!(fx.release(recorded(id)).expect("release"), Detached::Now);
+    assert!(fx.loops_on(id).is_empty(), "no loop left");
+    assert!(fs::symlink_metadata(fx.node_path()).is_err(), "no node left");
+    // Released twice: nothing to do.
+    assert_eq!(fx.release(recorded(id)).expect("release again"), Detached::Now);
+}
+
+#[test]
+fn a_full_volume_is_allocated_and_grows_online() {
+    let Some(fx) = Fixture::new() else { return };
+    let (fd, id) = fx.create(4 * MIB, Allocation::Full);
+    assert!(fs::metadata(fx.file_path()).unwrap().blocks() * 512 >= 4 * MIB, "every block allocated");
+    let exposed = fx.expose(recorded(id)).expect("expose");
+    grow_backing(fd.as_fd(), &fx.dir_path(), 12 * MIB, Allocation::Full).expect("grow");
+    fx.host.refresh_capacity(exposed.facts.number, id).expect("capacity");
+    let size = fs::read_to_string(format!("/sys/block/loop{}/size", exposed.facts.number)).expect("size");
+    assert_eq!(size.trim().parse::<u64>().unwrap() * 512, 12 * MIB, "the loop sees the new size");
+    // Never shrunk.
+    grow_backing(fd.as_fd(), &fx.dir_path(), MIB, Allocation::Sparse).expect("grow to less");
+    assert_eq!(fs::metadata(fx.file_path()).unwrap().len(), 12 * MIB);
+    fx.release(recorded(id)).expect("release");
+}
+
+#[test]
+fn a_symlink_at_the_backing_file_reaches_nothing_outside_the_volume() {
+    let Some(fx) = Fixture::new() else { return };
+    // "A host disk", attached by someone else.
+    let (disk, disk_id) = fx.outside_file("host-disk.img");
+    let theirs = fx.host.attach(disk.as_fd(), false).expect("their loop");
+    symlink(fx.tmp.path().join("host-disk.img"), fx.file_path()).unwrap();
+    let refused = fx.expose(Volume { recorded_inode: Some(disk_id.ino) }).unwrap_err();
+    assert!(matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::Symlink, .. }), "{refused}");
+    assert!(fs::symlink_metadata(fx.node_path()).is_err(), "no node made");
+    assert_eq!(fx.loops_on(disk_id), vec![theirs.facts.number], "no loop attached to the target");
+    let refused = fx.release(Volume { recorded_inode: Some(disk_id.ino) }).unwrap_err();
+    assert!(matches!(refused, PoolError::BlockRefused { .. }), "{refused}");
+    assert_eq!(fx.loops_on(disk_id), vec![theirs.facts.number], "their loop is not detached");
+    // Creating the file on the symlink is refused too.
+    let refused = create_backing(fx.dir.as_fd(), &fx.dir_path(), MIB, Allocation::Sparse).unwrap_err();
+    assert!(matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::Symlink, .. }), "{refused}");
+    assert_eq!(disk.metadata().unwrap().len(), 4 * MIB, "the target is untouched");
+}
+
+#[test]
+fn a_backing_file_replaced_under_its_name_is_neither_exposed_nor_detached() {
+    let Some(fx) = Fixture::new() else { return };
+    let (_fd, ours) = fx.create(4 * MIB, Allocation::Sparse);
+    let exposed = fx.expose(recorded(ours)).expect("expose");
+    // Someone moves the file aside, puts another in its place and attaches it.
+    fs::rename(fx.file_path(), fx.tmp.path().join("moved.img")).unwrap();
+    fs::remove_file(fx.node_path()).unwrap();
+    let (other, other_id) = fx.outside_file("other.img");
+    drop(other);
+    fs::rename(fx.tmp.path().join("other.img"), fx.file_path()).unwrap();
+    let theirs = fx.host.attach(fs::File::open(fx.file_path()).unwrap().as_fd(), false).expect("their loop");
+    for refused in [fx.expose(recorded(ours)).map(|_| ()), fx.release(recorded(ours)).map(|_| ())] {
+        let refused = refused.unwrap_err();
+        assert!(matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::Replaced { .. }, .. }), "{refused}");
+    }
+    assert!(fs::symlink_metadata(fx.node_path()).is_err(), "no node made for the replacement");
+    assert_eq!(fx.loops_on(ours), vec![exposed.facts.number], "our loop is not detached meanwhile");
+    assert_eq!(fx.loops_on(other_id), vec![theirs.facts.number], "the loop on the replacement is left alone");
+    // The file back in its place: the volume's own loop again, never the stranger's.
+    fs::rename(fx.file_path(), fx.tmp.path().join("other.img")).unwrap();
+    fs::rename(fx.tmp.path().join("moved.img"), fx.file_path()).unwrap();
+    assert_eq!(fx.expose(recorded(ours)).expect("expose").facts.number, exposed.facts.number);
+    fx.release(recorded(ours)).expect("release");
+    assert_eq!(fx.loops_on(other_id), vec![theirs.facts.number], "still left alone");
+}
+
+#[test]
+fn a_second_loop_on_our_file_is_not_exposed_and_both_are_detached_on_release() {
+    let Some(fx) = Fixture::new() else { return };
+    let (fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    let first = fx.host.attach(fd.as_fd(), true).expect("first");
+    let second = fx.host.attach(fd.as_fd(), true).expect("second, by someone else");
+    let refused = fx.expose(recorded(id)).unwrap_err();
+    assert!(
+        matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::AttachedMoreThanOnce(_), .. }),
+        "{refused}"
+    );
+    assert!(fs::symlink_metadata(fx.node_path()).is_err());
+    fx.release(recorded(id)).expect("release");
+    assert!(fx.loops_on(id).is_empty(), "loop{} and loop{} detached", first.facts.number, second.facts.number);
+}
+
+#[test]
+fn a_stale_node_or_a_symlink_at_the_nodes_name_is_replaced_without_following_it() {
+    let Some(fx) = Fixture::new() else { return };
+    let (_fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    let (target, target_id) = fx.outside_file("target.img");
+    drop(target);
+    symlink(fx.tmp.path().join("target.img"), fx.node_path()).unwrap();
+    let exposed = fx.expose(recorded(id)).expect("expose");
+    let node = fs::symlink_metadata(fx.node_path()).unwrap();
+    assert!(node.file_type().is_block_device());
+    assert_eq!(fs::metadata(fx.tmp.path().join("target.img")).unwrap().len(), 4 * MIB, "target untouched");
+    assert!(fx.loops_on(target_id).is_empty());
+    // A node of another loop number (from before a restart) is replaced by the right one.
+    fs::remove_file(fx.node_path()).unwrap();
+    let stale = (exposed.facts.device.0, exposed.facts.device.1 + 1000);
+    fx.devices.apply(&fx.node, NodeAction::Make, stale).unwrap();
+    fx.expose(recorded(id)).expect("expose");
+    let rdev = fs::symlink_metadata(fx.node_path()).unwrap().rdev();
+    assert_eq!((rustix::fs::major(rdev), rustix::fs::minor(rdev)), exposed.facts.device);
+    fx.release(recorded(id)).expect("release");
+}
+
+#[test]
+fn a_loop_that_changed_since_the_decision_is_not_detached() {
+    let Some(fx) = Fixture::new() else { return };
+    let (_fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    let (other, other_id) = fx.outside_file("other.img");
+    let theirs = fx.host.attach(other.as_fd(), false).expect("their loop");
+    let err = fx.host.detach(theirs.facts.number, id).unwrap_err();
+    assert!(matches!(err, PoolError::LoopChanged { .. }), "{err}");
+    assert_eq!(fx.loops_on(other_id), vec![theirs.facts.number]);
+}
