@@ -26,6 +26,7 @@ use crate::deciding::topology::Topology;
 use crate::deciding::volume_spec::{NodeFacts, build_pv};
 use crate::keys;
 
+pub mod kept;
 pub mod loop_safety;
 
 /// The directory on the host's devtmpfs holding one device node per attached Block volume.

@@ -17,7 +17,8 @@ use crate::deciding::block::loop_safety::{
     self, Attachment, BackingFile, FileId, LoopFacts, LoopRefusal, NodeAction, NodeEntry, Volume,
 };
 use crate::deciding::block::{Allocation, BACKING_FILE};
-use crate::filesystem::{PoolError, VolumeDirName, fs_error};
+use crate::filesystem::root::{DirOpen, Subvolumes};
+use crate::filesystem::{PoolError, PoolRoot, VolumeDirName, fs_error};
 
 mod loop_ioctl;
 
@@ -368,6 +369,20 @@ impl DeviceDir {
                 refusal: LoopRefusal::DirectoryAtNode,
             }),
             Err(e) => Err(fs_error("remove a device node", self.path.join(name.as_str()), e)),
+        }
+    }
+}
+
+impl PoolRoot {
+    /// Opens the volume directory `name` that holds a Block volume's backing file, as every
+    /// volume operation does: beneath the root, never following a symlink nor entering a
+    /// mount. `None` when it is not there.
+    pub fn open_block_volume_dir(&self, name: &VolumeDirName) -> Result<Option<OwnedFd>, PoolError> {
+        let path = self.volume_path(name);
+        match self.open_dir_beneath(self.fd.as_fd(), name.as_str(), &|| path.clone(), Subvolumes::Refuse)? {
+            DirOpen::Opened(fd, _) => Ok(Some(fd)),
+            DirOpen::Gone => Ok(None),
+            DirOpen::NotDirectory => Err(PoolError::VolumeNotDirectory { path }),
         }
     }
 }

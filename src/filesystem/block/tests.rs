@@ -40,8 +40,8 @@ impl Fixture {
         }
         let tmp = tempfile::tempdir().expect("tempdir");
         fs::create_dir_all(tmp.path().join("pool/pvc-1")).expect("mkdir");
-        let dir = rustix::fs::open(tmp.path().join("pool/pvc-1"), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-            .expect("open");
+        let pool = PoolRoot::open("test", &tmp.path().join("pool")).expect("pool");
+        let dir = pool.open_block_volume_dir(&VolumeDirName::new("pvc-1").unwrap()).expect("open").expect("there");
         let devices = DeviceDir::open(&tmp.path().join("dev")).expect("device dir");
         let node = VolumeDirName::new("pvc-0b5c7f8e-6a4d-4e1f-9c2b-3d4e5f607182").unwrap();
         Some(Fixture { tmp, dir, host: LoopHost::host(), devices, node, made: Default::default() })
@@ -269,4 +269,17 @@ fn a_loop_that_changed_since_the_decision_is_not_detached() {
     let err = fx.host.detach(theirs.facts.number, id).unwrap_err();
     assert!(matches!(err, PoolError::LoopChanged { .. }), "{err}");
     assert_eq!(fx.loops_on(other_id), vec![theirs.facts.number]);
+}
+
+#[test]
+fn the_volume_directory_is_opened_beneath_the_pool_without_following_a_symlink() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    fs::create_dir_all(tmp.path().join("pool")).unwrap();
+    fs::create_dir_all(tmp.path().join("elsewhere")).unwrap();
+    symlink(tmp.path().join("elsewhere"), tmp.path().join("pool/pvc-2")).unwrap();
+    let pool = PoolRoot::open("test", &tmp.path().join("pool")).expect("pool");
+    let name = |n: &str| VolumeDirName::new(n).unwrap();
+    assert!(pool.open_block_volume_dir(&name("pvc-1")).expect("missing").is_none());
+    let refused = pool.open_block_volume_dir(&name("pvc-2")).unwrap_err();
+    assert!(matches!(refused, PoolError::VolumeNotDirectory { .. }), "{refused}");
 }
