@@ -26,6 +26,7 @@ use crate::deciding::topology::Topology;
 use crate::deciding::volume_spec::{NodeFacts, build_pv};
 use crate::keys;
 
+pub mod claim;
 pub mod kept;
 pub mod loop_safety;
 
