@@ -95,11 +95,18 @@ impl LoopHost {
         Ok(loops)
     }
 
-    /// Loop `number`'s facts, `None` when nothing is attached to it (or it vanished).
+    /// Loop `number`'s facts, `None` when nothing is attached to it (or it vanished). A loop
+    /// still attached whose node cannot be opened (no `/dev/loopN`, or one of another device)
+    /// is an error, never left out: a loop on a volume's file that went unseen would have the
+    /// file attached a second time.
     fn read_loop(&self, number: u32) -> Result<Option<AttachedLoop>, Errno> {
         let fd = match loop_ioctl::open_loop(&self.dev, &self.sys_block, number, OFlags::RDONLY) {
             Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::NXIO | Errno::NODEV) => return Ok(None),
+            Err(Errno::NXIO) => return Ok(None),
+            Err(e @ (Errno::NOENT | Errno::NODEV)) => {
+                let attached = self.sys_block.join(format!("loop{number}/loop/backing_file")).exists();
+                return if attached { Err(e) } else { Ok(None) };
+            }
             Err(e) => return Err(e),
         };
         Ok(self.facts_of(fd.as_fd(), number)?.map(|(facts, direct_io)| AttachedLoop {
@@ -399,6 +406,14 @@ pub fn expose(
     direct_io: bool,
 ) -> Result<AttachedLoop, PoolError> {
     let refused = |refusal| PoolError::BlockRefused { path: dir_path.join(BACKING_FILE), refusal };
+    // Two exposures of one volume at once (a provisioner starting while the previous one still
+    // runs) would each find no loop and each attach one: they take turns on a lock of the
+    // volume directory, held by a description of its own and released when it closes. Not on
+    // the backing file: the loop keeps the very description it was given, and a lock on it
+    // would be held for as long as the loop is attached.
+    let _turn = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .and_then(|turn| rustix::fs::flock(&turn, rustix::fs::FlockOperation::LockExclusive).map(|()| turn))
+        .map_err(|e| fs_error("lock the volume directory", dir_path.to_owned(), e))?;
     let (file, fd) = open_backing(dir, dir_path)?;
     let mut loops = host.loops()?;
     let facts: Vec<LoopFacts> = loops.iter().map(|l| l.facts.clone()).collect();

@@ -31,7 +31,7 @@ struct Fixture {
     host: LoopHost,
     devices: DeviceDir,
     node: VolumeDirName,
-    made: std::cell::RefCell<Vec<FileId>>,
+    made: std::sync::Mutex<Vec<FileId>>,
 }
 
 impl Fixture {
@@ -62,7 +62,7 @@ impl Fixture {
 
     fn create(&self, size: u64, allocation: Allocation) -> (OwnedFd, FileId) {
         let (fd, id) = create_backing(self.dir.as_fd(), &self.dir_path(), size, allocation).expect("create");
-        self.made.borrow_mut().push(id);
+        self.made.lock().unwrap().push(id);
         (fd, id)
     }
 
@@ -72,7 +72,7 @@ impl Fixture {
         let file = fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("create");
         file.set_len(4 * MIB).expect("size");
         let id = loop_ioctl::file_id(&file).expect("stat");
-        self.made.borrow_mut().push(id);
+        self.made.lock().unwrap().push(id);
         (file, id)
     }
 
@@ -103,7 +103,7 @@ impl Fixture {
         let dir = self.pool.open_block_volume_dir(&dir_name).expect("open").expect("there");
         let dir_path = self.pool.volume_path(&dir_name);
         let (_fd, id) = create_backing(dir.as_fd(), &dir_path, 4 * MIB, Allocation::Sparse).expect("create");
-        self.made.borrow_mut().push(id);
+        self.made.lock().unwrap().push(id);
         let node = VolumeDirName::new(&format!("pvc-{n:08}-6a4d-4e1f-9c2b-3d4e5f607182")).unwrap();
         (dir, dir_path, node, id)
     }
@@ -111,7 +111,7 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        for id in self.made.borrow().iter() {
+        for id in self.made.lock().unwrap().iter() {
             for number in self.loops_on(*id) {
                 let _ = self.host.detach(number, *id);
             }
@@ -367,4 +367,26 @@ fn after_a_reboot_each_volume_is_exposed_on_its_own_data_and_never_on_a_loop_tha
     for (dir, path, node, id) in [(&dir_a, &path_a, &node_a, id_a), (&dir_b, &path_b, &node_b, id_b)] {
         release(&fx.host, &fx.devices, dir.as_fd(), path, recorded(id), node).expect("release");
     }
+}
+
+#[test]
+fn two_exposures_of_one_volume_at_once_attach_one_loop() {
+    let Some(fx) = Fixture::new() else { return };
+    let (_fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    let numbers: Vec<u32> = std::thread::scope(|s| {
+        let exposing: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    // Each its own descriptors, as two processes would have.
+                    let dir = fx.pool.open_block_volume_dir(&VolumeDirName::new("pvc-1").unwrap()).unwrap().unwrap();
+                    let devices = DeviceDir::open(&fx.tmp.path().join("dev")).unwrap();
+                    expose(&fx.host, &devices, dir.as_fd(), &fx.dir_path(), recorded(id), &fx.node, true)
+                })
+            })
+            .collect();
+        exposing.into_iter().map(|t| t.join().unwrap().expect("exposed").facts.number).collect()
+    });
+    assert_eq!(fx.loops_on(id).len(), 1, "one loop: {:?}", fx.loops_on(id));
+    assert!(numbers.iter().all(|n| *n == numbers[0]), "{numbers:?}");
+    fx.release(recorded(id)).expect("release");
 }
