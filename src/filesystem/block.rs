@@ -367,6 +367,24 @@ impl DeviceDir {
         }
     }
 
+    /// The names in the directory (for [`loop_safety::stale_nodes`]).
+    pub fn names(&self) -> Result<Vec<String>, PoolError> {
+        let listing =
+            rustix::fs::openat(&self.fd, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+                .and_then(rustix::fs::Dir::new)
+                .map_err(|e| fs_error("list the device node directory", self.path.clone(), e))?;
+        let mut names = Vec::new();
+        for entry in listing {
+            let entry = entry.map_err(|e| fs_error("list the device node directory", self.path.clone(), e))?;
+            let name = entry.file_name().to_string_lossy();
+            if name != "." && name != ".." {
+                names.push(name.into_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     /// Unlinks node `name` (any non-directory, as a name: never followed or opened).
     pub fn remove(&self, name: &VolumeDirName) -> Result<(), PoolError> {
         match rustix::fs::unlinkat(&self.fd, name.as_str(), AtFlags::empty()) {

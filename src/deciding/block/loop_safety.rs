@@ -218,3 +218,15 @@ pub fn remove_node(entry: NodeEntry) -> Result<bool, LoopRefusal> {
 
 #[cfg(test)]
 mod tests;
+
+/// The entries of the device directory to unlink at start-up: every node named for no Block PV
+/// this node serves (its volume was deleted while the provisioner was down, or a reboot kept
+/// nothing but the name): left, it would name whatever loop later takes its number. Entries
+/// not shaped like a PV name are not ours and stay.
+pub fn stale_nodes<'a>(entries: &'a [String], served: &[&str]) -> Vec<&'a str> {
+    entries
+        .iter()
+        .map(String::as_str)
+        .filter(|name| crate::deciding::layout::uid_from_pv_name(name).is_some() && !served.contains(name))
+        .collect()
+}

@@ -390,3 +390,18 @@ fn two_exposures_of_one_volume_at_once_attach_one_loop() {
     assert!(numbers.iter().all(|n| *n == numbers[0]), "{numbers:?}");
     fx.release(recorded(id)).expect("release");
 }
+
+#[test]
+fn stale_nodes_are_listed_and_unlinked_and_other_entries_stay() {
+    let Some(fx) = Fixture::new() else { return };
+    let gone = VolumeDirName::new("pvc-11111111-2222-3333-4444-555555555555").unwrap();
+    fx.devices.apply(&fx.node, NodeAction::Make, (7, 4000)).unwrap();
+    fx.devices.apply(&gone, NodeAction::Make, (7, 4001)).unwrap();
+    fs::write(fx.tmp.path().join("dev/notes"), b"not ours").unwrap();
+    let names = fx.devices.names().unwrap();
+    assert_eq!(names, vec!["notes".to_owned(), fx.node.to_string(), gone.to_string()]);
+    for stale in loop_safety::stale_nodes(&names, &[fx.node.as_str()]) {
+        fx.devices.remove(&VolumeDirName::new(stale).unwrap()).unwrap();
+    }
+    assert_eq!(fx.devices.names().unwrap(), vec!["notes".to_owned(), fx.node.to_string()]);
+}

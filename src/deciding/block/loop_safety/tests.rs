@@ -173,3 +173,12 @@ fn the_node_is_kept_made_or_replaced_and_a_directory_is_never_removed() {
     assert_eq!(remove_node(NodeEntry::Other), Ok(true));
     assert_eq!(remove_node(NodeEntry::Directory), Err(LoopRefusal::DirectoryAtNode));
 }
+
+#[test]
+fn nodes_named_for_no_served_volume_are_stale_and_other_names_are_not_ours() {
+    let served = "pvc-0b5c7f8e-6a4d-4e1f-9c2b-3d4e5f607182";
+    let gone = "pvc-11111111-2222-3333-4444-555555555555";
+    let entries = [served.to_owned(), gone.to_owned(), "sda".to_owned(), "pvc-x".to_owned()];
+    assert_eq!(stale_nodes(&entries, &[served]), vec![gone]);
+    assert_eq!(stale_nodes(&entries, &[]), vec![served, gone]);
+}
