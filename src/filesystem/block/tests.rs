@@ -405,3 +405,21 @@ fn stale_nodes_are_listed_and_unlinked_and_other_entries_stay() {
     }
     assert_eq!(fx.devices.names().unwrap(), vec!["notes".to_owned(), fx.node.to_string()]);
 }
+
+#[test]
+fn a_device_still_open_is_detached_at_its_last_close_and_release_says_so() {
+    let Some(fx) = Fixture::new() else { return };
+    let (_fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    fx.expose(recorded(id)).expect("expose");
+    let pod = fs::File::open(fx.node_path()).expect("a pod holds the device");
+    assert_eq!(fx.release(recorded(id)).expect("release"), Detached::AtLastClose);
+    assert!(fs::symlink_metadata(fx.node_path()).is_err(), "the node is gone at once");
+    assert_eq!(fx.loops_on(id).len(), 1, "still attached while open");
+    drop(pod);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !fx.loops_on(id).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(fx.loops_on(id).is_empty(), "detached at the last close");
+    assert_eq!(fx.release(recorded(id)).expect("release again"), Detached::Now);
+}
