@@ -1,6 +1,7 @@
 //! Pure decisions: functions from plain data (claim metadata, classes, PVs, configuration, the
 //! live nodes) to a decision value. Nothing here calls the API or touches the disk.
 
+pub mod block;
 pub mod capacity;
 pub mod claim;
 pub mod class;

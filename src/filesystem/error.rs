@@ -322,6 +322,22 @@ pub enum PoolError {
         /// The requested mode.
         mode: u32,
     },
+    /// A Block volume's loop device was not exposed or not detached: the facts read about its
+    /// backing file or its loops do not prove them the volume's (`deciding::block::loop_safety`).
+    #[error("Block volume {}: {refusal}; nothing was attached, exposed or detached", .path.display())]
+    BlockRefused {
+        /// The backing file.
+        path: PathBuf,
+        /// Why.
+        refusal: crate::deciding::block::loop_safety::LoopRefusal,
+    },
+    /// A loop device changed between the check and the act (detached, or attached to another
+    /// file by someone else): nothing was done to it, and the next attempt looks again.
+    #[error("loop{number} changed while it was being checked; nothing was done to it (retried)")]
+    LoopChanged {
+        /// N of `/dev/loopN`.
+        number: u32,
+    },
 }
 
 impl PoolError {
@@ -341,7 +357,8 @@ impl PoolError {
             // Whoever put something in its place may take it away: looked at again with backoff.
             | PoolError::BookkeepingReplaced { .. }
             // The next attempt looks at the place again and decides anew.
-            | PoolError::PatternPlaceTaken { .. } => true,
+            | PoolError::PatternPlaceTaken { .. }
+            | PoolError::LoopChanged { .. } => true,
             PoolError::Io { source, .. } => errno_is_retryable(*source),
             PoolError::InvalidRootPath { .. }
             | PoolError::RootMissing { .. }
@@ -363,7 +380,8 @@ impl PoolError {
             | PoolError::MissingCapability { .. }
             | PoolError::MarkerUnsupported { .. }
             | PoolError::NotMarkedFor { .. }
-            | PoolError::InvalidMode { .. } => false,
+            | PoolError::InvalidMode { .. }
+            | PoolError::BlockRefused { .. } => false,
         }
     }
 
@@ -398,6 +416,8 @@ impl PoolError {
             PoolError::MarkerUnsupported { .. } => "marker_unsupported",
             PoolError::NotMarkedFor { .. } => "not_marked_for_pv",
             PoolError::PatternPlaceTaken { .. } => "pattern_place_taken",
+            PoolError::BlockRefused { .. } => "block_refused",
+            PoolError::LoopChanged { .. } => "loop_changed",
         }
     }
 }

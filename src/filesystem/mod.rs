@@ -204,6 +204,7 @@ use error::fs_error;
 pub use marker::{MAKING_PREFIX, MARKER_XATTR, Marker};
 use root::{DirOpen, Subvolumes};
 pub use root::{PoolRoot, RootOrigin};
+pub mod block;
 mod clone;
 pub mod mount_table;
 pub mod os_disk;

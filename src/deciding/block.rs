@@ -1,0 +1,154 @@
+//! Raw block volumes from the pool (issue #47): where a Block volume's backing file and device
+//! node live, and the PV that names the node. Pure.
+//!
+//! A Block volume is a volume directory like any other (`<pool>/<dir>/`), holding one file,
+//! [`BACKING_FILE`], attached to a loop device. Keeping the directory, rather than a file
+//! directly under the pool root, keeps every rule that already guards volumes: the directory's
+//! name ties it to the PV ([`crate::deciding::layout::accept_delete_path`]), deletion moves the
+//! directory to the trash and removes it by descriptor, the reaper and the capacity listings see
+//! one more directory, a project quota applies to it.
+//!
+//! The PV names a device node on the host's devtmpfs, [`DEVICE_DIR`]`/<pv-name>`, never
+//! `/dev/loopN`: loop numbers change across reboots and restarts, and a node on devtmpfs is gone
+//! at reboot, so a pod started before the provisioner re-attached its file finds no device and
+//! waits instead of opening whatever loop took the number. The node is made only after the
+//! loop's backing file was checked by inode ([`loop_safety`]).
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{LocalVolumeSource, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::deciding::claim::ProvisionPlan;
+use crate::deciding::identity::Identity;
+use crate::deciding::layout;
+use crate::deciding::topology::Topology;
+use crate::deciding::volume_spec::{NodeFacts, build_pv};
+use crate::keys;
+
+pub mod claim;
+pub mod kept;
+pub mod loop_safety;
+
+/// The directory on the host's devtmpfs holding one device node per attached Block volume.
+pub const DEVICE_DIR: &str = "/dev/hostpath-provisioner";
+
+/// The backing file's name inside its volume directory. Not `disk.img`, the name KubeVirt gives
+/// a VM disk inside a Filesystem volume, so that the two are never confused in a listing.
+pub const BACKING_FILE: &str = "block.img";
+
+/// PV annotation: the backing file's inode number, recorded when the file was made. The file at
+/// the path is this volume's only while it is a regular file with this inode on the pool's
+/// filesystem: a file put in its place (same name, other inode) is never attached nor exposed.
+pub const BACKING_INODE_ANNOTATION: &str = "hostpath-provisioner.kubevirt.io/block-backing-inode";
+
+/// PV annotation: the volume directory holding the backing file (as a hostPath PV's path), read
+/// by deletion, which accepts it by the same rules as a directory volume's.
+pub const BACKING_DIR_ANNOTATION: &str = "hostpath-provisioner.kubevirt.io/block-backing-dir";
+
+/// The StorageClass parameter choosing how the backing file is allocated.
+pub const ALLOCATION_PARAMETER: &str = "allocation";
+
+/// How the backing file's blocks are allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allocation {
+    /// A sparse file: blocks are allocated as the workload writes (the default; the pool may be
+    /// overcommitted, as directory volumes are).
+    Sparse,
+    /// Every block allocated up front (`fallocate`): a write never fails for want of room.
+    Full,
+}
+
+impl Allocation {
+    /// The class's `allocation` parameter (absent: sparse); the error lists what is accepted.
+    pub fn parse(value: Option<&str>) -> Result<Self, &'static str> {
+        match value {
+            None | Some("sparse") => Ok(Self::Sparse),
+            Some("full") => Ok(Self::Full),
+            Some(_) => Err("sparse, full"),
+        }
+    }
+}
+
+/// Why a Block volume's path or PV is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BlockPathRefusal {
+    /// The PV name is not `pvc-<uid>`, so no node name can be derived from it safely.
+    #[error("PV name {0:?} is not pvc-<uid>; a block device node is only named after a claim UID")]
+    ForeignPvName(String),
+    /// A Block volume must be pinned to its node: the loop and its node exist there only.
+    #[error("a Block volume lives on one node's loop device; topology {0} cannot hold it")]
+    NotNodeTopology(Topology),
+    /// The PV's path is not this volume's node (a host device, another volume's node, `..`).
+    #[error("path {path:?} is not {expected:?}, the only device node a Block PV {pv} may name")]
+    NotItsNode {
+        /// The refused path.
+        path: String,
+        /// The node this PV's name gives.
+        expected: String,
+        /// The PV name.
+        pv: String,
+    },
+}
+
+/// The device node of PV `pv_name`: `/dev/hostpath-provisioner/pvc-<uid>`. Only a `pvc-<uid>`
+/// name is accepted, so the node is a single component of known characters.
+pub fn device_node_path(pv_name: &str) -> Result<PathBuf, BlockPathRefusal> {
+    layout::uid_from_pv_name(pv_name)
+        .map(|_| Path::new(DEVICE_DIR).join(pv_name))
+        .ok_or_else(|| BlockPathRefusal::ForeignPvName(pv_name.to_owned()))
+}
+
+/// The backing file of a Block volume in directory `dir_name` of the pool at `pool_root`.
+pub fn backing_file_path(pool_root: &Path, dir_name: &str) -> PathBuf {
+    pool_root.join(dir_name).join(BACKING_FILE)
+}
+
+/// Accepts `path`, read from a PV's `spec.local.path`, as the device node of PV `pv_name`, or
+/// refuses it. Compared as text after lexical normalisation: the only path a Block PV of ours
+/// may name is its own node, so a forged PV naming `/dev/sda`, another volume's node or a path
+/// climbing out of [`DEVICE_DIR`] is refused before anything is made, detached or removed.
+pub fn accept_device_path(path: &str, pv_name: &str) -> Result<PathBuf, BlockPathRefusal> {
+    let expected = device_node_path(pv_name)?;
+    match layout::normalise(path) {
+        Ok(normal) if normal == expected => Ok(expected),
+        _ => Err(BlockPathRefusal::NotItsNode {
+            path: path.to_owned(),
+            expected: expected.to_string_lossy().into_owned(),
+            pv: pv_name.to_owned(),
+        }),
+    }
+}
+
+/// The PV of a Block volume: as [`build_pv`] would write it for a `local` volume, with
+/// `volumeMode: Block`, `spec.local.path` its device node, pinned to the node, and the two
+/// annotations that tie it to its backing file (`backing_inode` as made).
+pub fn build_block_pv(
+    plan: &ProvisionPlan,
+    claim: &PersistentVolumeClaim,
+    me: &Identity,
+    node: &NodeFacts,
+    capacity: Quantity,
+    backing_inode: u64,
+) -> Result<PersistentVolume, BlockPathRefusal> {
+    if plan.topology != Topology::Node {
+        return Err(BlockPathRefusal::NotNodeTopology(plan.topology));
+    }
+    let device = device_node_path(&plan.pv_name)?;
+    let local_plan = ProvisionPlan { volume_type: crate::deciding::class::VolumeType::Local, ..plan.clone() };
+    let mut pv = build_pv(&local_plan, claim, me, node, capacity);
+    let annotations = pv.metadata.annotations.get_or_insert_default();
+    annotations.insert(BACKING_INODE_ANNOTATION.to_owned(), backing_inode.to_string());
+    annotations
+        .insert(BACKING_DIR_ANNOTATION.to_owned(), plan.pool.root.join(&plan.dir_name).to_string_lossy().into_owned());
+    // An fsGroup means nothing to a raw device, and the kubelet would try to apply it.
+    annotations.remove(keys::VOLUME_GID);
+    let spec = pv.spec.get_or_insert_default();
+    spec.volume_mode = Some("Block".into());
+    spec.host_path = None;
+    spec.local = Some(LocalVolumeSource { path: device.to_string_lossy().into_owned(), fs_type: None });
+    Ok(pv)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,139 @@
+//! Whether a `volumeMode: Block` claim can be served, and how (issue #47). Pure. Not yet asked by
+//! `deciding::claim`: Block claims are refused there until provisioning, deletion and start-up
+//! carry Block volumes out (see the module above).
+
+use crate::deciding::block::{ALLOCATION_PARAMETER, Allocation};
+use crate::deciding::class::ClassRequest;
+use crate::deciding::quota::QuotaMode;
+use crate::deciding::topology::Topology;
+
+/// The node setting that turns Block volumes on: they need the host's `/dev` and
+/// `/dev/loop-control`, more privilege than directory volumes, so each install opts in.
+pub const SETTING: &str = "--block-volumes";
+
+/// A Block claim accepted: how its backing file is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRequest {
+    /// The class's `allocation` parameter.
+    pub allocation: Allocation,
+}
+
+/// Why a Block claim is refused (a `ProvisioningFailed` event saying what to change).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BlockClaimRefusal {
+    /// The install did not opt in.
+    #[error(
+        "Block volumes are off on this install: the provisioner needs the host's /dev and loop devices for them; turn them on with {SETTING} (or use volumeMode Filesystem)"
+    )]
+    Disabled,
+    /// Not a node volume: the loop device exists on one node only.
+    #[error(
+        "a Block volume is a loop device of one node; StorageClass {class} has topology {topology}, use topology node"
+    )]
+    Topology {
+        /// The class.
+        class: String,
+        /// Its topology.
+        topology: Topology,
+    },
+    /// A clone or a restore: not yet for Block volumes.
+    #[error("a Block claim cannot have a dataSource yet (clones and snapshots of Block volumes are not supported)")]
+    DataSource,
+    /// A quota class: the backing file's size already is the volume's limit.
+    #[error(
+        "StorageClass {0} sets quota=enforce; a Block volume's size is its backing file's and needs no quota: use a class without quota"
+    )]
+    Quota(String),
+    /// A `pathPattern` class: a Block volume's directory is named after its claim UID only.
+    #[error(
+        "StorageClass {0} sets pathPattern; Block volumes are named after their claim UID only: use a class without pathPattern"
+    )]
+    PathPattern(String),
+    /// An `allocation` value outside its set.
+    #[error("StorageClass {class} has {ALLOCATION_PARAMETER}={value:?}; accepted: {accepted}")]
+    Allocation {
+        /// The class.
+        class: String,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        accepted: &'static str,
+    },
+}
+
+/// Whether a Block claim of class `class` (read into `request`, its `allocation` parameter
+/// `allocation`) is served, on an install where Block volumes are `enabled`.
+pub fn accept_block_claim(
+    enabled: bool,
+    class: &str,
+    request: &ClassRequest,
+    allocation: Option<&str>,
+    has_data_source: bool,
+) -> Result<BlockRequest, BlockClaimRefusal> {
+    if !enabled {
+        return Err(BlockClaimRefusal::Disabled);
+    }
+    if request.topology != Topology::Node {
+        return Err(BlockClaimRefusal::Topology { class: class.to_owned(), topology: request.topology });
+    }
+    if has_data_source {
+        return Err(BlockClaimRefusal::DataSource);
+    }
+    if request.quota == QuotaMode::Enforce {
+        return Err(BlockClaimRefusal::Quota(class.to_owned()));
+    }
+    if request.path_pattern.is_some() {
+        return Err(BlockClaimRefusal::PathPattern(class.to_owned()));
+    }
+    let allocation = Allocation::parse(allocation).map_err(|accepted| BlockClaimRefusal::Allocation {
+        class: class.to_owned(),
+        value: allocation.unwrap_or_default().to_owned(),
+        accepted,
+    })?;
+    Ok(BlockRequest { allocation })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deciding::class::class_request;
+    use crate::test_fixtures::*;
+
+    fn request(params: &[(&str, &str)]) -> ClassRequest {
+        let mut c = class("hpp", "WaitForFirstConsumer");
+        c.parameters = Some(params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        class_request(&c, "hpp", &config()).expect("a valid class")
+    }
+
+    #[test]
+    fn a_block_claim_is_served_only_when_the_install_opted_in() {
+        let plain = request(&[]);
+        let refused = accept_block_claim(false, "hpp", &plain, None, false).unwrap_err();
+        assert_eq!(refused, BlockClaimRefusal::Disabled);
+        assert!(refused.to_string().contains("--block-volumes"), "names the setting: {refused}");
+        assert_eq!(
+            accept_block_claim(true, "hpp", &plain, None, false),
+            Ok(BlockRequest { allocation: Allocation::Sparse })
+        );
+        assert_eq!(
+            accept_block_claim(true, "hpp", &plain, Some("full"), false),
+            Ok(BlockRequest { allocation: Allocation::Full })
+        );
+    }
+
+    #[test]
+    fn what_a_block_volume_cannot_be_is_refused_saying_what_to_change() {
+        let plain = request(&[]);
+        for (request, allocation, data_source, says) in [
+            (request(&[("topology", "shared")]), None, false, "use topology node"),
+            (request(&[("topology", "everyNode")]), None, false, "use topology node"),
+            (plain.clone(), None, true, "dataSource"),
+            (request(&[("quota", "enforce")]), None, false, "without quota"),
+            (request(&[("pathPattern", "{namespace}_{claim}")]), None, false, "without pathPattern"),
+            (plain.clone(), Some("thick"), false, "accepted: sparse, full"),
+        ] {
+            let refused = accept_block_claim(true, "hpp", &request, allocation, data_source).unwrap_err();
+            assert!(refused.to_string().contains(says), "{refused}");
+        }
+    }
+}

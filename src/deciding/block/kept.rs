@@ -1,0 +1,177 @@
+//! A Block PV read back from the API (start-up re-attaches it, deletion releases it): its
+//! paths checked before anything is done for it. Pure.
+//!
+//! The PV is the only record of where a Block volume's file and node are, and it can be
+//! forged (or edited) by whoever may write PVs. So every path on it is accepted by the rules
+//! that made it: the node must be this PV's own node under [`super::DEVICE_DIR`], the backing
+//! directory a volume directory directly under a pool root named for this PV's claim, and the
+//! inode a number. Whether the PV is ours and this node's is decided as for every PV, before.
+
+use std::path::PathBuf;
+
+use crate::deciding::block::loop_safety::Volume;
+use crate::deciding::block::{BACKING_DIR_ANNOTATION, BACKING_INODE_ANNOTATION, BlockPathRefusal, accept_device_path};
+use crate::deciding::kept_volume::KeptVolume;
+use crate::deciding::layout::{self, AcceptedPath, PathRefusal, PoolPath};
+
+/// A Block PV's checked paths.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockVolumeRef {
+    /// The PV name, also the node's name in the device directory.
+    pub pv_name: String,
+    /// The device node.
+    pub node_path: PathBuf,
+    /// The volume directory holding the backing file.
+    pub backing_dir: AcceptedPath,
+    /// What the backing file must be.
+    pub volume: Volume,
+}
+
+/// Why a Block PV is not acted on (an Event on the PV; nothing attached, exposed or removed).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BlockPvRefusal {
+    /// Not a `spec.local` PV: the only kind of Block PV this provisioner writes.
+    #[error("Block PV {0} has no spec.local path; this provisioner writes Block volumes as local PVs only")]
+    NotLocal(String),
+    /// The device node path is not this PV's.
+    #[error("{0}")]
+    Node(#[from] BlockPathRefusal),
+    /// The backing directory is not a volume directory of this PV.
+    #[error("Block PV {pv}: annotation {BACKING_DIR_ANNOTATION}: {refusal}")]
+    BackingDir {
+        /// The PV name.
+        pv: String,
+        /// Why.
+        refusal: PathRefusal,
+    },
+    /// An annotation is missing or not what this provisioner writes.
+    #[error("Block PV {pv}: annotation {annotation} is {found:?}; it is written when the volume is made")]
+    Annotation {
+        /// The PV name.
+        pv: String,
+        /// The annotation.
+        annotation: &'static str,
+        /// What it holds.
+        found: Option<String>,
+    },
+}
+
+/// `None` when `pv` is not a Block PV; else its checked paths, or why they are refused.
+pub fn block_volume(pv: &KeptVolume, pools: &[PoolPath]) -> Option<Result<BlockVolumeRef, BlockPvRefusal>> {
+    let spec = pv.spec.as_ref()?;
+    (spec.volume_mode.as_deref() == Some("Block")).then(|| {
+        let pv_name = pv.metadata.name.clone().unwrap_or_default();
+        let local = spec.local.as_ref().ok_or_else(|| BlockPvRefusal::NotLocal(pv_name.clone()))?;
+        let node_path = accept_device_path(&local.path, &pv_name)?;
+        let annotation = |annotation: &'static str| {
+            pv.annotations.get(annotation).ok_or_else(|| BlockPvRefusal::Annotation {
+                pv: pv_name.clone(),
+                annotation,
+                found: None,
+            })
+        };
+        let dir = annotation(BACKING_DIR_ANNOTATION)?;
+        let backing_dir = layout::accept_delete_path(dir, &pv_name, pools)
+            .map_err(|refusal| BlockPvRefusal::BackingDir { pv: pv_name.clone(), refusal })?;
+        let inode = annotation(BACKING_INODE_ANNOTATION)?;
+        let recorded_inode = inode.parse::<u64>().map_err(|_| BlockPvRefusal::Annotation {
+            pv: pv_name.clone(),
+            annotation: BACKING_INODE_ANNOTATION,
+            found: Some(inode.to_owned()),
+        })?;
+        Ok(BlockVolumeRef { pv_name, node_path, backing_dir, volume: Volume { recorded_inode: Some(recorded_inode) } })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::*;
+    use crate::deciding::claim::{Decision, decide_claim};
+    use crate::deciding::volume_spec::NodeFacts;
+    use crate::test_fixtures::*;
+
+    fn block_pv() -> PersistentVolume {
+        let claim = claim("hpp").selected(NODE).build();
+        let Decision::Provision(plan) =
+            decide_claim(&claim, Some(&class("hpp", "WaitForFirstConsumer")), &me(), &config(), &[])
+        else {
+            panic!("provisioned")
+        };
+        let node = NodeFacts { name: NODE.into(), hostname: NODE.into() };
+        crate::deciding::block::build_block_pv(&plan, &claim, &me(), &node, Quantity("1Gi".into()), 4242).unwrap()
+    }
+
+    fn read(pv: &PersistentVolume) -> Option<Result<BlockVolumeRef, BlockPvRefusal>> {
+        block_volume(&KeptVolume::from(pv.clone()), &config().pools)
+    }
+
+    fn edited(edit: impl FnOnce(&mut PersistentVolume)) -> BlockPvRefusal {
+        let mut pv = block_pv();
+        edit(&mut pv);
+        read(&pv).expect("a Block PV").expect_err("refused")
+    }
+
+    #[test]
+    fn a_block_pv_as_written_is_read_back_with_its_paths() {
+        let found = read(&block_pv()).unwrap().unwrap();
+        assert_eq!(found.pv_name, format!("pvc-{UID}"));
+        assert_eq!(found.node_path, PathBuf::from(format!("/dev/hostpath-provisioner/pvc-{UID}")));
+        assert_eq!(found.backing_dir.root, PathBuf::from("/var/hpvolumes"));
+        assert_eq!(found.backing_dir.dir_name, format!("pvc-{UID}"));
+        assert_eq!(found.volume, Volume { recorded_inode: Some(4242) });
+        let mut filesystem = block_pv();
+        filesystem.spec.as_mut().unwrap().volume_mode = Some("Filesystem".into());
+        assert_eq!(read(&filesystem), None, "not a Block PV");
+    }
+
+    #[test]
+    fn a_forged_block_pv_is_refused_before_anything_is_done() {
+        let other = "pvc-11111111-2222-3333-4444-555555555555";
+        let set_path = |path: String| {
+            move |pv: &mut PersistentVolume| pv.spec.as_mut().unwrap().local.as_mut().unwrap().path = path
+        };
+        // A host device, another volume's node.
+        assert!(matches!(edited(set_path("/dev/sda".into())), BlockPvRefusal::Node(_)));
+        assert!(matches!(
+            edited(set_path(format!("/dev/hostpath-provisioner/{other}"))),
+            BlockPvRefusal::Node(BlockPathRefusal::NotItsNode { .. })
+        ));
+        assert!(matches!(
+            edited(|pv| {
+                let spec = pv.spec.as_mut().unwrap();
+                spec.host_path =
+                    Some(k8s_openapi::api::core::v1::HostPathVolumeSource { path: "/dev/sda".into(), type_: None });
+                spec.local = None;
+            }),
+            BlockPvRefusal::NotLocal(_)
+        ));
+        let set_annotation = |key: &'static str, value: String| {
+            move |pv: &mut PersistentVolume| {
+                pv.metadata.annotations.as_mut().unwrap().insert(key.to_owned(), value);
+            }
+        };
+        // Another volume's directory, a directory outside the pools, the pool root itself.
+        for dir in [format!("/var/hpvolumes/{other}"), "/etc".to_owned(), "/var/hpvolumes".to_owned()] {
+            assert!(
+                matches!(
+                    edited(set_annotation(BACKING_DIR_ANNOTATION, dir.clone())),
+                    BlockPvRefusal::BackingDir { .. }
+                ),
+                "{dir}"
+            );
+        }
+        assert!(matches!(
+            edited(set_annotation(BACKING_INODE_ANNOTATION, "-1".into())),
+            BlockPvRefusal::Annotation { annotation: BACKING_INODE_ANNOTATION, found: Some(_), .. }
+        ));
+        assert!(matches!(
+            edited(|pv| {
+                pv.metadata.annotations.as_mut().unwrap().remove(BACKING_INODE_ANNOTATION);
+            }),
+            BlockPvRefusal::Annotation { found: None, .. }
+        ));
+    }
+}
