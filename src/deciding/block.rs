@@ -20,7 +20,6 @@ use k8s_openapi::api::core::v1::{LocalVolumeSource, PersistentVolume, Persistent
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::deciding::claim::ProvisionPlan;
-use crate::deciding::identity::Identity;
 use crate::deciding::layout;
 use crate::deciding::topology::Topology;
 use crate::deciding::volume_spec::{NodeFacts, build_pv};
@@ -126,7 +125,6 @@ pub fn accept_device_path(path: &str, pv_name: &str) -> Result<PathBuf, BlockPat
 pub fn build_block_pv(
     plan: &ProvisionPlan,
     claim: &PersistentVolumeClaim,
-    me: &Identity,
     node: &NodeFacts,
     capacity: Quantity,
     backing_inode: u64,
@@ -136,7 +134,7 @@ pub fn build_block_pv(
     }
     let device = device_node_path(&plan.pv_name)?;
     let local_plan = ProvisionPlan { volume_type: crate::deciding::class::VolumeType::Local, ..plan.clone() };
-    let mut pv = build_pv(&local_plan, claim, me, node, capacity);
+    let mut pv = build_pv(&local_plan, claim, node, capacity);
     let annotations = pv.metadata.annotations.get_or_insert_default();
     annotations.insert(BACKING_INODE_ANNOTATION.to_owned(), backing_inode.to_string());
     annotations

@@ -101,7 +101,7 @@ mod tests {
             panic!("provisioned")
         };
         let node = NodeFacts { name: NODE.into(), hostname: NODE.into() };
-        crate::deciding::block::build_block_pv(&plan, &claim, &me(), &node, Quantity("1Gi".into()), 4242).unwrap()
+        crate::deciding::block::build_block_pv(&plan, &claim, &node, Quantity("1Gi".into()), 4242).unwrap()
     }
 
     fn read(pv: &PersistentVolume) -> Option<Result<BlockVolumeRef, BlockPvRefusal>> {

@@ -56,7 +56,7 @@ fn a_block_pv_naming_a_host_device_or_another_volumes_node_is_refused() {
 fn a_block_pv_is_a_local_pv_of_the_device_node_pinned_to_the_node() {
     let claim = claim("hpp").selected(NODE).block().build();
     let plan = plan();
-    let pv = build_block_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()), 4242).unwrap();
+    let pv = build_block_pv(&plan, &claim, &node(), Quantity("1Gi".into()), 4242).unwrap();
     let spec = pv.spec.as_ref().unwrap();
     assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
     assert!(spec.host_path.is_none());
@@ -80,7 +80,7 @@ fn a_block_volume_is_only_node_shaped() {
     for topology in [Topology::Shared, Topology::EveryNode] {
         let plan = ProvisionPlan { topology, ..plan() };
         assert_eq!(
-            build_block_pv(&plan, &claim, &me(), &node(), Quantity("1Gi".into()), 1),
+            build_block_pv(&plan, &claim, &node(), Quantity("1Gi".into()), 1),
             Err(BlockPathRefusal::NotNodeTopology(topology))
         );
     }
