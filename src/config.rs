@@ -40,7 +40,7 @@ Subcommands (without one, the daemon runs):
 #[derive(Clone, Debug, Parser)]
 #[command(
     name = "hostpath-provisioner",
-    version,
+    version = crate::serving::build_info::VERSION_AND_COMMIT,
     about = "Dynamic hostPath PersistentVolume provisioner (drop-in for the kubevirt legacy provisioner)",
     after_help = SUBCOMMANDS_HELP
 )]

@@ -77,6 +77,12 @@ async fn library_metrics_count_provisions_refusals_and_deletions_by_class() {
     let build_info =
         format!(r#"hostpath_provisioner_build_info{{version="{}",commit="{commit}"}}"#, env!("CARGO_PKG_VERSION"));
     assert_eq!(sample(&metrics, &build_info), Some(1.0), "{build_info} in\n{metrics}");
+    // `--version` says the same (docs/upgrading.md reads it from a running pod).
+    let said = std::process::Command::new(binary()).arg("--version").output().expect("--version");
+    assert_eq!(
+        String::from_utf8_lossy(&said.stdout).trim(),
+        format!("hostpath-provisioner {} (commit {commit})", env!("CARGO_PKG_VERSION"))
+    );
     let log = std::fs::read_to_string(env.nodes[0].provisioner.log_path()).expect("provisioner log");
     assert!(
         log.lines().any(|l| l.contains("hostpath-provisioner starting") && l.contains(&commit)),
