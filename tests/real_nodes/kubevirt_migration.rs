@@ -102,6 +102,9 @@ pub(super) async fn a_kubevirt_operator_cluster_moves_to_this_operator_and_back_
     // the kept CSI driver while this operator is in charge.
     volumes.reclaim("legacy-theirs").await?;
     volumes.reclaim("csi-theirs").await?;
+    // The capacity tracking the CSI driver gave, on the migrated install (docs/kubevirt.md,
+    // "Placing VM disks by free space"); turned off again before going back.
+    places_by_capacity(ctx, dir, &volumes).await?;
     println!("    moved to this operator in {:.1} s", started.elapsed().as_secs_f64());
 
     go_back(ctx, dir, &work, &docs, theirs, ns).await?;
@@ -632,6 +635,77 @@ impl Volumes<'_> {
         .await
         .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, "")))
     }
+}
+
+/// The second provisioner name of docs/kubevirt.md, "Placing VM disks by free space".
+const CAPACITY_NAME: &str = "hostpath.example.org";
+
+/// With `spec.config.publishCapacity` and `capacityProvisionerName` on the migrated resource: the
+/// operator makes the CSIDriver of the second name and rolls the nodes out with it, the storage
+/// node publishes its room for a WaitForFirstConsumer class of that name, kube-scheduler refuses
+/// a pod whose claim no node has room for (it read the published capacity), and places one that
+/// fits, whose volume this provisioner makes under the second name. Then off again: the
+/// CSIDriver goes, the class's volume is reclaimed.
+async fn places_by_capacity(ctx: &Ctx, dir: &Path, volumes: &Volumes<'_>) -> Result<()> {
+    use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass};
+    let on = json!({"spec": {"config": {"publishCapacity": true, "capacityProvisionerName": CAPACITY_NAME}}});
+    kubectl(ctx, dir, &["patch", "hostpathprovisioner", RESOURCE, "--type", "merge", "-p", &on.to_string()])?;
+    let drivers: Api<CSIDriver> = Api::all(ctx.lane.client());
+    testbed::wait_for("the CSIDriver of the second name", LANE_TIMEOUT, || async {
+        anyhow::Ok(drivers.get_opt(CAPACITY_NAME).await?.filter(|d| d.spec.storage_capacity == Some(true)))
+    })
+    .await?;
+    let class = "placed-by-capacity";
+    let placed = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": class},
+        "provisioner": CAPACITY_NAME, "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Delete"});
+    let classes: Api<StorageClass> = Api::all(ctx.lane.client());
+    classes.create(&PostParams::default(), &serde_json::from_value(placed)?).await?;
+    let capacities: Api<CSIStorageCapacity> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+    testbed::wait_for("the storage node's room published for the class", LANE_TIMEOUT, || async {
+        let listed = capacities.list(&ListParams::default()).await?.items;
+        anyhow::Ok(listed.iter().any(|c| c.storage_class_name == class && c.capacity.is_some()).then_some(()))
+    })
+    .await
+    .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OUR_DAEMONSET)))?;
+
+    // A claim no node has room for: the scheduler itself says so, and nothing is made.
+    let ns = volumes.ns.as_str();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
+    claims.create(&PostParams::default(), &fixtures::claim(ns, "too-big", class, "1Ei").build()).await?;
+    let pod = PodRun::new(ns, "too-big", "sleep 3600").claim("too-big").on_node(NODE2_NAME).build();
+    let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), ns);
+    let uid = pods.create(&PostParams::default(), &pod).await?.metadata.uid.unwrap_or_default();
+    let events: Api<Event> = Api::namespaced(ctx.lane.client(), ns);
+    testbed::wait_for("the scheduler refusing the pod for want of storage", LANE_TIMEOUT, || async {
+        let listed = events.list(&ListParams::default().fields(&format!("involvedObject.uid={uid}"))).await?.items;
+        anyhow::Ok(
+            listed
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("FailedScheduling")
+                        && e.message.as_deref().is_some_and(|m| m.contains("did not have enough free storage"))
+                })
+                .then_some(()),
+        )
+    })
+    .await?;
+    pods.delete("too-big", &DeleteParams::default()).await?;
+    claims.delete("too-big", &DeleteParams::default()).await?;
+
+    // One that fits: placed, and made by this provisioner under the second name.
+    let pv = volumes.claim_with_writer("placed", class).await?;
+    let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get("pv.kubernetes.io/provisioned-by"));
+    ensure!(made_by_us(&pv) && provisioned_by.map(String::as_str) == Some(CAPACITY_NAME), "{:?}", pv.metadata);
+    volumes.reclaim("placed").await?;
+    classes.delete(class, &DeleteParams::default()).await?;
+    let off = json!({"spec": {"config": null}});
+    kubectl(ctx, dir, &["patch", "hostpathprovisioner", RESOURCE, "--type", "merge", "-p", &off.to_string()])?;
+    testbed::wait_for("the CSIDriver removed with publishing off", LANE_TIMEOUT, || async {
+        anyhow::Ok(drivers.get_opt(CAPACITY_NAME).await?.is_none().then_some(()))
+    })
+    .await?;
+    wait_rolled_out(ctx, NAMESPACE, OUR_DAEMONSET).await?;
+    Ok(())
 }
 
 /// Replaces each `from` (which must occur) by its `to`.
