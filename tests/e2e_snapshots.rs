@@ -749,3 +749,87 @@ async fn published_capacity_counts_a_snapshots_byte_copy_as_promised() {
     snapshots(&env).delete("copy", &DeleteParams::default()).await.expect("delete");
     offered(16).await;
 }
+
+/// With requests accounting, a volume counts the byte copies in flight as promised (and a copy
+/// the volumes being made: deciding::copy_room, whose model enumerates the orders of both). A
+/// snapshot of 39 MiB in 10,000 small files (a copy that lasts), then, while it is being copied,
+/// three 24Mi claims, on a 128 MiB pool with a 16 MiB reserve: the copy fits and the claims do
+/// not beside it. Each claim let through is written to its request, as its pod may; the free
+/// space, sampled throughout, never falls below the reserve. Volumes blind to the copy in flight
+/// are let through and take the pool below its reserve.
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_planned_during_a_byte_copy_never_take_the_pool_below_its_reserve() {
+    let mut env = TestEnv::start("snap-inflight", 0).await;
+    env.own_provisioner();
+    install_crd(&env);
+    let node = format!("{}-n", env.group);
+    let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 128, None);
+    let reserve = format!("{RESERVE_MIB}Mi");
+    env.add_node(&node, &|spec| spec.env("CAPACITY_ACCOUNTING", "requests").env("RESERVED_SPACE", &reserve)).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "data", &class, "40Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("data").await);
+    // 10,000 files of 4 KiB (39 MiB, within the claim's request): a byte copy of them takes a
+    // while, long enough for the claims below to be planned while it is in flight.
+    let files = source.join("files");
+    std::fs::create_dir(&files).unwrap();
+    for i in 0..10_000 {
+        std::fs::write(files.join(format!("f{i}")), [b'x'; 4096]).unwrap();
+    }
+    // On disk now, so that the free space read below is what the node reads.
+    assert!(std::process::Command::new("sync").status().unwrap().success());
+    let reserve_bytes = RESERVE_MIB << 20;
+    let free = common::capacity::available_bytes(&disk.dir);
+    assert!(free > reserve_bytes + (40 << 20), "the copy fits: {free}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_free_space(disk.dir.clone(), stop.clone());
+    take(&env, "copy", "data").await;
+    testbed::wait_for("the copy in flight", TIMEOUT, || async {
+        let status = snapshots(&env).get("copy").await?.status.unwrap_or_default();
+        assert!(!status.ready_to_use, "the copy ended before the claims were asked: make it last longer");
+        anyhow::Ok((status.message.as_deref() == Some("being copied")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    let claims = ["v1", "v2", "v3"];
+    let made = futures::future::join_all(
+        claims
+            .iter()
+            .map(|name| env.create_claim(fixtures::claim(&env.ns, name, &class, "24Mi").provision_on_node(&node))),
+    )
+    .await;
+    let claim_uids: Vec<String> = made.iter().map(uid).collect();
+    wait_ready(&env, "copy").await;
+    // Each claim is bound or refused for room.
+    let bound = testbed::wait_for("every claim bound or refused", TIMEOUT, || async {
+        let mut bound = Vec::new();
+        for (name, claim_uid) in claims.iter().zip(&claim_uids) {
+            let claim = env.claims().get(name).await?;
+            if claim.status.and_then(|s| s.phase).as_deref() == Some("Bound") {
+                bound.push(*name);
+            } else if env.our_event(&env.ns, claim_uid, "ProvisioningFailed").await.is_none() {
+                return anyhow::Ok(None);
+            }
+        }
+        Ok(Some(bound))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+    // Every volume let through is written to its request, as its pod may.
+    for name in &bound {
+        let written = std::fs::write(host_path(&env.wait_bound(name).await).join("data"), vec![0x5a; 24 << 20]);
+        assert!(written.is_ok(), "volume {name} could not be written to its request: {written:?} (bound: {bound:?})");
+    }
+    let least = {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    };
+    // A little slack for the filesystem's own metadata of the directories made.
+    assert!(
+        least + (1 << 20) >= reserve_bytes,
+        "free space fell to {least} bytes, below the reserve {reserve_bytes}: claims bound {bound:?}"
+    );
+    let refused = env.wait_event(&env.ns, &claim_uids[0], "ProvisioningFailed").await;
+    assert!(refused.contains("unpromised space"), "{refused}");
+}

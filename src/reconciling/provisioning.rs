@@ -69,14 +69,10 @@ async fn make_volume(
                 let needed = pool.snapshot_copy_bytes(snapshot_dir)?;
                 let reserve = ctx.reserve_of(pool.path());
                 let stats = pool.stats()?;
-                let free_beyond_reserve = ctx.copy_room(pool.path(), stats.available_bytes, stats.go_total_bytes);
-                let started = ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).start(
-                    &copy_id,
-                    pool.path(),
-                    needed,
-                    free_beyond_reserve,
-                );
-                if let Err(in_flight) = started {
+                // Its own volume's promise is not counted against it: the copy fills that volume.
+                let (available, total) = (stats.available_bytes, stats.go_total_bytes);
+                let started = ctx.start_copy(&copy_id, pool.path(), needed, &provision.plan.pv_name, available, total);
+                if let Err((free_beyond_reserve, in_flight)) = started {
                     return Err(ClaimError::NoRoomForCopy(NoRoomForCopy {
                         what: format!("the restore of snapshot {snapshot:?}"),
                         pool: pool.name().to_owned(),
