@@ -32,6 +32,7 @@ use crate::deciding::reaping::{Graces, ReapFacts, Release, owners_to_check, plan
 use crate::error::reason;
 use crate::reconciling::claim_actions::claim_ref_of;
 use crate::reconciling::context::truncate_utf8;
+use crate::serving::lifecycle::{init_logging, shutdown_signal};
 
 /// The subcommand's name, the first argument.
 pub const SUBCOMMAND: &str = "release-claims-of-removed-nodes";
@@ -280,30 +281,4 @@ async fn client(args: &ReleaseArgs) -> Result<kube::Client, String> {
         config.headers.push((hyper::header::USER_AGENT, value));
     }
     kube::Client::try_from(config).map_err(|e| e.to_string())
-}
-
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false);
-    if format.eq_ignore_ascii_case("json") {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term.recv() => {},
-    }
 }
