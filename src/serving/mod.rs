@@ -10,4 +10,5 @@ pub mod metrics;
 #[cfg(test)]
 mod monitoring_files;
 pub mod process;
+pub mod releaser;
 pub mod waiting_claims;
