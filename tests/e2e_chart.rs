@@ -568,6 +568,17 @@ fn no_node_pod_may_delete_claims_and_the_claim_releaser_alone_may_when_asked_for
             .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned())))
             .collect();
         assert!(env.contains(&("RELEASE_CLAIMS_OF_REMOVED_NODES".to_owned(), "1h".to_owned())), "{env:?}");
+        // Its probes and metrics port are the component's (/healthz, /readyz on the binary's
+        // default LISTEN_ADDR port).
+        let component_deployment =
+            component.iter().find(|o| o["kind"] == "Deployment").expect("the component's Deployment");
+        let component_container = &component_deployment["spec"]["template"]["spec"]["containers"][0];
+        for field in ["ports", "livenessProbe", "readinessProbe"] {
+            assert_eq!(container[field], component_container[field], "{field}");
+        }
+        assert_eq!(container["ports"][0]["containerPort"], 8080);
+        assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
         // The node pods' Services select by their labels; the releaser's pods must not match.
         for service in of_kind(&rendered, "Service") {
             let selector = service["spec"]["selector"].as_object().expect("selector");

@@ -450,3 +450,53 @@ async fn a_copy_killed_then_its_clone_deleted_does_not_keep_the_source_protected
     wait_source_released(&env).await;
     assert_eq!(in_staging(), 0, "the unfinished copy was swept at start-up");
 }
+
+/// A clone's byte copy writes what its source holds, whatever the claim requests, so it is
+/// checked for room as a snapshot's or a restore's copy is (deciding::copy_room): a 1Mi clone of
+/// a claim whose pod wrote 30 MiB (no quota), on a 64 MiB ext4 pool with a 16 MiB reserve, waits
+/// with `ProvisioningFailed` saying so; nothing of it is written and the free space, sampled
+/// throughout, never falls below the reserve.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clone_whose_source_holds_more_than_fits_waits_for_room_and_never_takes_the_pool_below_its_reserve() {
+    let mut env = TestEnv::start("clone-room", 0).await;
+    let node = format!("{}-n", env.group);
+    let disk = LoopFs::mount(&testbed::pool_root_for(env.cp, &node), 64, None);
+    env.add_node(&node, &|spec| spec.env("RESERVED_SPACE", "16Mi")).await;
+    let class = env.class("imm", |c| c.immediate()).await;
+    env.create_claim(fixtures::claim(&env.ns, "source", &class, "1Mi").provision_on_node(&node)).await;
+    let source = host_path(&env.wait_bound("source").await);
+    let block: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let mut file = std::fs::File::create(source.join("data")).expect("data");
+    for _ in 0..30 {
+        std::io::Write::write_all(&mut file, &block).expect("write");
+    }
+    file.sync_all().expect("sync");
+    let reserve = 16u64 << 20;
+    let free = common::capacity::available_bytes(&disk.dir);
+    assert!(free > reserve && free - reserve < 30 << 20, "the copy does not fit beside the reserve: {free}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (dir, stop) = (disk.dir.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut least = u64::MAX;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                least = least.min(common::capacity::available_bytes(&dir));
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            least
+        })
+    };
+    let mut clone = clone_claim(&env, "copy", &class, "1Mi", "source");
+    clone.metadata.annotations = Some([("kubevirt.io/provisionOnNode".to_owned(), node.clone())].into());
+    let clone = env.claims().create(&PostParams::default(), &clone).await.expect("create clone");
+    let note = env.wait_event(&env.ns, clone.metadata.uid.as_deref().unwrap(), "ProvisioningFailed").await;
+    assert!(note.contains("the clone of claim \"source\"") && note.contains("waits until there is room"), "{note}");
+    let least = {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    };
+    assert!(least + (1 << 20) >= reserve, "free space fell to {least} bytes, below the reserve {reserve}");
+    let clone_dir = disk.dir.join(format!("pvc-{}", clone.metadata.uid.as_deref().unwrap()));
+    assert!(!clone_dir.exists(), "nothing of the clone written: {}", clone_dir.display());
+}

@@ -464,6 +464,32 @@ async fn the_one_file_install_runs_as_written_with_your_image() {
     let out =
         shell.run(&docs.command("docs/install.md", "3b. One file", "kubectl -n kubevirt-hostpath-provisioner rollout"));
     assert!(out.contains("successfully rolled out"), "{out}");
+
+    // The claim releaser, turned on as the one file's users are told: the component's objects
+    // with the DaemonSet's image and the duration; its account alone may delete claims.
+    let section = "The claim releaser with the one file";
+    let created = shell.run(&docs.command("docs/install.md", section, "sed -e "));
+    assert_eq!(created.lines().filter(|l| l.ends_with(" created")).count(), 4, "{created}");
+    let releaser =
+        ["deployment", "kubevirt-hostpath-provisioner-claim-releaser", "-n", "kubevirt-hostpath-provisioner"];
+    let deployment = shell.must_get(&releaser);
+    let releaser_container = container(&deployment);
+    assert_eq!(releaser_container["image"], format!("{REGISTRY}/hostpath-provisioner:0.1.0"));
+    assert_eq!(env_value(releaser_container, "RELEASE_CLAIMS_OF_REMOVED_NODES"), Some("24h"), "{releaser_container}");
+    let may_delete_claims = |shell: &Shell, account: &str| {
+        let asked = format!(
+            "kubectl auth can-i delete persistentvolumeclaims -A --as=system:serviceaccount:kubevirt-hostpath-provisioner:{account}"
+        );
+        shell.bash(&asked).stdout.trim() == "yes"
+    };
+    assert!(
+        may_delete_claims(&shell, "kubevirt-hostpath-provisioner-claim-releaser"),
+        "the releaser may delete claims"
+    );
+    assert!(!may_delete_claims(&shell, "kubevirt-hostpath-provisioner-admin"), "the node pods may not");
+    shell.run(&docs.command("docs/install.md", section, "kubectl delete -f"));
+    shell.wait_gone(&releaser).await;
+    assert!(!may_delete_claims(&shell, "kubevirt-hostpath-provisioner-claim-releaser"), "its rights go with it");
     shell.finish();
 }
 

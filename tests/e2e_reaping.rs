@@ -145,20 +145,31 @@ async fn may_delete_claims(env: &TestEnv, namespace: &str, account: &str) -> boo
 }
 
 /// `hostpath-provisioner release-claims-of-removed-nodes`, run as its Deployment's pod would be:
-/// with a token of the component's ServiceAccount. Stopped when dropped.
+/// with a token of the component's ServiceAccount, serving its probes and metrics on a port of
+/// its own. Stopped when dropped.
 struct Releaser {
     child: std::process::Child,
     log: std::path::PathBuf,
+    addr: std::net::SocketAddr,
 }
 
 impl Releaser {
     async fn start(env: &TestEnv, after: &str) -> Releaser {
-        let kubeconfig = service_account_kubeconfig(env, RELEASER_SERVICE_ACCOUNT).await;
-        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-releaser.log", env.group));
+        Releaser::start_as(env, after, RELEASER_SERVICE_ACCOUNT).await
+    }
+
+    /// The releaser under ServiceAccount `account` of deploy/legacy's namespace.
+    async fn start_as(env: &TestEnv, after: &str, account: &str) -> Releaser {
+        let kubeconfig = service_account_kubeconfig(env, account).await;
+        let log =
+            std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-releaser-{account}.log", env.group));
         let file = std::fs::File::create(&log).expect("releaser log");
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], testbed::free_port().expect("a free port")));
         let child = std::process::Command::new(binary())
             .args(["release-claims-of-removed-nodes", "--after", after, "--kubeconfig"])
             .arg(&kubeconfig)
+            .arg("--listen")
+            .arg(addr.to_string())
             .env("PROVISIONER_NAME", &env.provisioner)
             .env("POD_NAME", format!("{}-releaser", env.group))
             .env("RUST_LOG", "info,hostpath_provisioner=debug")
@@ -166,12 +177,27 @@ impl Releaser {
             .stderr(file)
             .spawn()
             .expect("start the releaser");
-        Releaser { child, log }
+        Releaser { child, log, addr }
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until GET `path` answers `status` with a body `accept` returns something for.
+    async fn wait_answer<T>(&self, path: &str, status: u16, accept: impl Fn(&str) -> Option<T>) -> T {
+        testbed::wait_for(&format!("the releaser's {path} answering {status}"), TIMEOUT, || async {
+            let (code, body) = testbed::http_get(self.addr, path).await?;
+            anyhow::Ok(if code == status { accept(&body) } else { None })
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.log()))
+    }
+}
+
+/// The value of `series` (a name with its labels, if any) in a `/metrics` text.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 impl Drop for Releaser {
@@ -235,12 +261,42 @@ async fn the_claim_releaser_releases_the_bound_claims_of_a_removed_node_keeps_th
     // stays bound to a volume no pod can reach any more.
     env.node_mut(&removed).provisioner.terminate();
     Api::<Node>::all(env.client.clone()).delete(&removed, &DeleteParams::default()).await.expect("delete Node");
+
+    // Run under the node pods' ServiceAccount, the releaser cannot delete the claim: it is
+    // alive (/healthz), not ready, /readyz says the last error, and /metrics counts it.
+    let refused = Releaser::start_as(&env, "3s", DEPLOY_SERVICE_ACCOUNT).await;
+    refused.wait_answer("/healthz", 200, |body| (body == "ok\n").then_some(())).await;
+    let why = refused
+        .wait_answer("/readyz", 503, |body| body.contains("the last pass failed").then(|| body.to_owned()))
+        .await;
+    assert!(why.contains("forbidden"), "says why: {why}");
+    let metrics = refused.wait_answer("/metrics", 200, |body| Some(body.to_owned())).await;
+    assert!(sample(&metrics, "hostpath_provisioner_claim_release_failed_passes_total") >= Some(1.0), "{metrics}");
+    assert!(
+        sample(&metrics, "hostpath_provisioner_claim_release_last_error_timestamp_seconds") > Some(1e9),
+        "{metrics}"
+    );
+    assert_eq!(sample(&metrics, "hostpath_provisioner_claims_released_total"), Some(0.0), "{metrics}");
+    assert_eq!(sample(&metrics, "hostpath_provisioner_ready"), Some(0.0), "{metrics}");
+    assert!(env.claims().get_opt("data").await.unwrap().is_some(), "the node pods' account deletes no claim");
+    drop(refused);
+
     let releaser = Releaser::start(&env, "3s").await;
     testbed::wait_for("the claim released", TIMEOUT, || async {
         anyhow::Ok(env.claims().get_opt("data").await?.is_none().then_some(()))
     })
     .await
     .unwrap_or_else(|e| panic!("the claim of the removed node's volume is deleted: {e:#}\n{}", releaser.log()));
+    // Its metrics count the claim released; its passes succeed, so it is ready.
+    let metrics = releaser
+        .wait_answer("/metrics", 200, |body| {
+            (sample(body, "hostpath_provisioner_claims_released_total") == Some(1.0)).then(|| body.to_owned())
+        })
+        .await;
+    assert_eq!(sample(&metrics, "hostpath_provisioner_claim_release_failed_passes_total"), Some(0.0), "{metrics}");
+    assert_eq!(sample(&metrics, "hostpath_provisioner_claim_release_last_error_timestamp_seconds"), Some(0.0));
+    assert!(metrics.contains("hostpath_provisioner_build_info{") && metrics.contains("process_cpu_seconds_total"));
+    releaser.wait_answer("/readyz", 200, |body| (body == "ok\n").then_some(())).await;
     let released = env.wait_pv_phase(&pv_name, "Released").await;
     assert_eq!(
         released.spec.as_ref().unwrap().persistent_volume_reclaim_policy.as_deref(),

@@ -12,6 +12,14 @@
 //! with requests accounting, no more than the space not promised (`capacity::PoolRoom::room`).
 //! Free space alone would let a copy take room promised to a volume its pod has not written
 //! yet; that pod's writes, within its request, would then take the pool below its reserve.
+//!
+//! Copies and volumes being made see each other, both ways: with requests accounting a copy's
+//! room leaves out what the volumes being made will hold (`deciding::reservations`: planned, their
+//! PV not in the watch cache yet), and a volume's check counts the copies in flight as promised and takes
+//! them off the free space ([`CopyLedger::promised_for_volume`],
+//! [`CopyLedger::available_for_volume`]). Both checks run under the provisioning ledger's lock,
+//! so that a copy and a volume decided at the same time see each other; `copy_room/model.rs`
+//! enumerates the orders of copies and provisions against a pool and its reserve.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -43,6 +51,16 @@ pub struct NoRoomForCopy {
     pub reserve: u64,
     /// Bytes the other copies in flight on the root will still write.
     pub in_flight: u64,
+}
+
+/// What a root with requests accounting has promised to volumes, as the caller reads it: the
+/// requests of the volumes its watch cache shows, and of the volumes being made that the cache
+/// does not show yet (`deciding::reservations`), the volume being decided (a restore's own) left
+/// out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumePromises {
+    pub cached: u64,
+    pub being_made: u64,
 }
 
 /// The byte copies of a node, by root.
@@ -81,6 +99,50 @@ impl CopyLedger {
         self.in_flight.remove(id);
     }
 
+    /// Room a byte copy may take on `root`, given its statvfs `available` and `total` bytes and
+    /// its `reserve`: the free space beyond the reserve and, with requests accounting
+    /// (`volumes`), no more than what is promised neither to volumes (cached or being made) nor
+    /// to kept copies. [`CopyLedger::start`] then checks it beside the copies in flight.
+    pub fn room_for_copy(
+        &self,
+        root: &Path,
+        available: u64,
+        total: u64,
+        reserve: u64,
+        volumes: Option<VolumePromises>,
+    ) -> u64 {
+        let promised = volumes.map(|v| v.cached.saturating_add(v.being_made).saturating_add(self.kept_bytes(root)));
+        crate::deciding::capacity::PoolRoom { available, total, reserved: reserve, promised }.room()
+    }
+
+    /// What a new volume's check counts as promised on `root` (requests accounting): the
+    /// volumes', the kept copies', and what the copies in flight will write. Free space alone
+    /// would not show a copy that has written little yet; the volume would be promised room the
+    /// copy then fills.
+    pub fn promised_for_volume(&self, root: &Path, volumes: VolumePromises) -> u64 {
+        volumes
+            .cached
+            .saturating_add(volumes.being_made)
+            .saturating_add(self.kept_bytes(root))
+            .saturating_add(self.in_flight_bytes(root, ""))
+    }
+
+    /// The free space a new volume's check sees on `root` (requests accounting): `available`
+    /// less what the copies in flight will write, counted in full until they end (as a copy's
+    /// own check counts them). The promise term alone is measured against the filesystem's size,
+    /// which its own metadata makes larger than what can be written: a copy that has written
+    /// little yet must take its room from the free space too.
+    pub fn available_for_volume(&self, root: &Path, available: u64) -> u64 {
+        available.saturating_sub(self.in_flight_bytes(root, ""))
+    }
+
+    /// Copy `id` ended and made snapshot `uid`'s byte copy of `bytes` on `root`: kept from the
+    /// same instant it stops being in flight, so that no check in between counts it nowhere.
+    pub fn end_and_keep(&mut self, id: &str, uid: &str, root: &Path, bytes: u64) {
+        self.keep(uid, root, bytes);
+        self.end(id);
+    }
+
     /// Snapshot `uid` keeps a byte copy of `bytes` on `root`.
     pub fn keep(&mut self, uid: &str, root: &Path, bytes: u64) {
         self.kept.insert(uid.to_owned(), (root.to_owned(), bytes));
@@ -96,6 +158,9 @@ impl CopyLedger {
         self.kept.values().filter(|(r, _)| r == root).map(|(_, bytes)| *bytes).fold(0, u64::saturating_add)
     }
 }
+
+#[cfg(test)]
+mod model;
 
 #[cfg(test)]
 mod tests {

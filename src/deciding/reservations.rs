@@ -54,7 +54,8 @@ impl Reservations {
         self.by_pv.insert(pv.to_owned(), Reservation { pool: pool.to_owned(), bytes, since: now });
     }
 
-    /// Forgets `pv`: its attempt failed, so nothing was promised.
+    /// Forgets `pv`: its attempt failed, so nothing was promised; or the watch cache shows its PV,
+    /// which counts from there (an entry kept would count again once that PV is deleted).
     pub fn release(&mut self, pv: &str) {
         self.by_pv.remove(pv);
     }

@@ -29,6 +29,7 @@ use kube::runtime::{Controller, watcher};
 
 use crate::deciding::operator::render::{NODE_CONTAINER, OWNER_LABEL};
 use crate::deciding::operator::resource::{self, HostPathProvisioner};
+use crate::serving::lifecycle::{init_logging, shutdown_signal};
 use error::OperatorError;
 
 /// The subcommand's name, the first argument.
@@ -234,30 +235,4 @@ async fn client(args: &OperatorArgs) -> Result<kube::Client, String> {
             .map_err(|e| e.to_string())?
     };
     kube::Client::try_from(config).map_err(|e| e.to_string())
-}
-
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false);
-    if format.eq_ignore_ascii_case("json") {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term.recv() => {},
-    }
 }

@@ -11,6 +11,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 
 use crate::deciding::class::claim_class_name;
+use crate::deciding::copy_room::VolumePromises;
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{normalise, pv_name};
 use crate::deciding::path_pattern::{self, ClaimIdentity, DirectoryFacts, Found, OwnerRecord};
@@ -131,7 +132,8 @@ impl Gathered {
         // burst on a busy machine promised one volume too many).
         let snapshot: std::collections::HashSet<&str> =
             volumes.iter().filter_map(|pv| pv.metadata.name.as_deref()).collect();
-        // Byte copies of snapshots kept on a root take room no volume's request counts.
+        // Byte copies of snapshots kept on a root take room no volume's request counts, and so
+        // will the copies in flight (deciding::copy_room).
         let copies = ctx.copies.lock().unwrap_or_else(|e| e.into_inner());
         for root in &mut self.roots {
             let Some(facts) = &mut root.read else { continue };
@@ -139,8 +141,9 @@ impl Gathered {
                 volumes.iter().map(|pv| pv.as_ref()).filter(|pv| pv.metadata.name.as_deref() != Some(own.as_str()));
             let cached = promised_bytes(others, &root.root);
             let in_flight = ledger.outstanding(&root.root.to_string_lossy(), &own, |name| snapshot.contains(name), now);
-            let kept_copies = copies.kept_bytes(&root.root);
-            facts.promised_bytes = Some(cached.saturating_add(in_flight).saturating_add(kept_copies));
+            let volumes = VolumePromises { cached, being_made: in_flight };
+            facts.promised_bytes = Some(copies.promised_for_volume(&root.root, volumes));
+            facts.available_bytes = copies.available_for_volume(&root.root, facts.available_bytes);
         }
     }
 

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -32,6 +33,8 @@ use crate::deciding::reaping::{Graces, ReapFacts, Release, owners_to_check, plan
 use crate::error::reason;
 use crate::reconciling::claim_actions::claim_ref_of;
 use crate::reconciling::context::truncate_utf8;
+use crate::serving::lifecycle::{init_logging, shutdown_signal};
+use crate::serving::releaser::ReleaserAnswers;
 
 /// The subcommand's name, the first argument.
 pub const SUBCOMMAND: &str = "release-claims-of-removed-nodes";
@@ -64,6 +67,9 @@ pub struct ReleaseArgs {
     /// Logs: text or json; RUST_LOG sets the level.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// Address serving /healthz, /readyz and /metrics (host:port, or :port).
+    #[arg(long = "listen", env = "LISTEN_ADDR", default_value = "0.0.0.0:8080")]
+    pub listen: String,
 }
 
 /// Runs the subcommand; returns the process exit code.
@@ -81,6 +87,27 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
             return EXIT_CONFIG;
         }
     };
+    let listen = match crate::config::parse_addr("LISTEN_ADDR", &args.listen) {
+        Ok(Some(addr)) => addr,
+        Ok(None) | Err(_) => {
+            eprintln!(
+                "hostpath-provisioner {SUBCOMMAND}: configuration error: LISTEN_ADDR (flag --listen): invalid value {:?}: host:port such as 0.0.0.0:8080 or :8080 (its probes and metrics are served there)",
+                args.listen
+            );
+            return EXIT_CONFIG;
+        }
+    };
+    // Bound before anything else: a taken port fails the start rather than leaving a pod whose
+    // probes can never pass.
+    let listener = match crate::serving::health::bind(listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("hostpath-provisioner {SUBCOMMAND}: cannot listen on {listen}: {error}");
+            return 1;
+        }
+    };
+    let answers = Arc::new(ReleaserAnswers::new());
+    tokio::spawn(crate::serving::health::serve_answers(listener, answers.clone()));
     let client = match client(&args).await {
         Ok(client) => client,
         Err(error) => {
@@ -97,6 +124,7 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         provisioner: args.provisioner_name,
         instance: args.pod_name,
         grace,
+        answers,
     };
     tracing::info!(
         version = crate::serving::build_info::VERSION,
@@ -121,6 +149,8 @@ struct Releaser {
     /// This replica's name in Events written outside the recorder.
     instance: String,
     grace: Duration,
+    /// What it serves: the outcome of its passes, its metrics.
+    answers: Arc<ReleaserAnswers>,
 }
 
 impl Releaser {
@@ -130,7 +160,9 @@ impl Releaser {
         // only delays.
         let mut absent_since = BTreeMap::new();
         loop {
-            match self.pass(&absent_since).await {
+            let passed = self.pass(&absent_since).await;
+            self.answers.pass_ended(passed.as_ref().map(|_| ()).map_err(ToString::to_string));
+            match passed {
                 Ok(next) => absent_since = next,
                 Err(error) => {
                     let why = if matches!(&error, kube::Error::Api(e) if e.code == 403) {
@@ -231,6 +263,7 @@ impl Releaser {
             release.node, self.grace, release.pv
         );
         tracing::warn!(pv = %release.pv, node = %release.node, %claim, "released the claim of a removed node's volume");
+        self.answers.claims_released.inc();
         self.warn(&claim_ref, reason::REMOVED_NODE_CLAIM_RELEASED, note.clone()).await;
         self.warn(&pv_ref, reason::REMOVED_NODE_CLAIM_RELEASED, note).await;
         Ok(())
@@ -282,28 +315,18 @@ async fn client(args: &ReleaseArgs) -> Result<kube::Client, String> {
     kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false);
-    if format.eq_ignore_ascii_case("json") {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term.recv() => {},
+    /// The Deployments (component, chart, operator) probe and scrape port 8080 without setting
+    /// LISTEN_ADDR: the subcommand's default must be that port.
+    #[test]
+    fn the_default_listen_address_is_the_deployments_port() {
+        let args = ReleaseArgs::try_parse_from(["release", "--after", "1h"]).expect("args");
+        let listen = crate::config::parse_addr("LISTEN_ADDR", &args.listen).unwrap().unwrap();
+        let component = include_str!("../../deploy/components/release-claims-of-removed-nodes/claim-releaser.yaml");
+        assert!(component.contains(&format!("containerPort: {}", listen.port())), "{listen}");
+        assert!(!component.contains("name: LISTEN_ADDR"), "the Deployment relies on the default");
     }
 }

@@ -15,7 +15,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use crate::config::Config;
-use crate::deciding::copy_room::CopyLedger;
+use crate::deciding::copy_room::{CopyLedger, VolumePromises};
 use crate::deciding::event;
 use crate::deciding::identity::Identity;
 use crate::deciding::kept_volume::KeptVolume;
@@ -226,24 +226,48 @@ impl Context {
         self.config.pools.iter().find(|p| p.root == root).and_then(|p| p.reserve).unwrap_or(self.config.reserved_bytes)
     }
 
-    /// Room a byte copy (a snapshot's, a restore's) may take on `root` now, given its statvfs
-    /// `available` and `total` bytes: the free space beyond the reserve and, with requests
-    /// accounting, no more than what is not promised to the pool's volumes and kept copies. A
-    /// copy must not take room promised to a volume whose pod has not written yet: that volume's
-    /// writes would later take the pool below its reserve (deciding::copy_room).
-    pub fn copy_room(&self, root: &std::path::Path, available: u64, total: u64) -> u64 {
+    /// Starts byte copy `id` (a snapshot's, a restore's) of `needed` bytes on `root` when it
+    /// fits, given the root's statvfs `available` and `total` bytes: beside the reserve, the
+    /// other copies in flight and, with requests accounting, what is promised to the pool's
+    /// volumes (those the watch caches show and those being made, `own_pv` left out: a restore's
+    /// copy fills its own volume) and to kept copies (deciding::copy_room). Decided under the
+    /// provisioning ledger's lock, as a volume's plan is, so that a copy and a volume decided at
+    /// the same time see each other. `Err((room, in_flight))` when it does not fit: the room
+    /// beyond the reserve and promises, and what the other copies in flight take of it.
+    pub fn start_copy(
+        &self,
+        id: &str,
+        root: &std::path::Path,
+        needed: u64,
+        own_pv: &str,
+        available: u64,
+        total: u64,
+    ) -> Result<(), (u64, u64)> {
         let requests = self
             .config
             .pools
             .iter()
             .find(|p| p.root == root)
             .is_some_and(|p| p.accounting == Some(crate::deciding::capacity::CapacityAccounting::Requests));
-        let promised = requests.then(|| {
+        let reservations = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        let volumes = requests.then(|| {
             let volumes: Vec<_> = self.volumes.iter().flat_map(|store| store.state()).collect();
-            let kept = self.copies.lock().unwrap_or_else(|e| e.into_inner()).kept_bytes(root);
-            crate::deciding::volume::promised_bytes(volumes.iter().map(|pv| pv.as_ref()), root).saturating_add(kept)
+            // "Counted from the cache" means this snapshot of it (as claim_facts::count_promised).
+            let snapshot: std::collections::HashSet<&str> =
+                volumes.iter().filter_map(|pv| pv.metadata.name.as_deref()).collect();
+            VolumePromises {
+                cached: crate::deciding::volume::promised_bytes(volumes.iter().map(|pv| pv.as_ref()), root),
+                being_made: reservations.outstanding(
+                    &root.to_string_lossy(),
+                    own_pv,
+                    |name| snapshot.contains(name),
+                    Instant::now(),
+                ),
+            }
         });
-        crate::deciding::capacity::PoolRoom { available, total, reserved: self.reserve_of(root), promised }.room()
+        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+        let room = copies.room_for_copy(root, available, total, self.reserve_of(root), volumes);
+        copies.start(id, root, needed, room).map_err(|in_flight| (room, in_flight))
     }
 
     /// Forgets the backoff of `key` after a success.

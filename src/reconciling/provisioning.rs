@@ -52,7 +52,21 @@ async fn make_volume(
             if let Some(pv) = source_marked_for {
                 pool.check_marked_for(&source, pv)?;
             }
-            let created = clones::copy(ctx, claim, source_claim, pool, &source, dir).await?;
+            // A byte copy writes what the source holds, whatever the claim requests: as a
+            // restore's, it starts only when that fits (deciding::copy_room).
+            let copy_id = dir.as_str().to_owned();
+            let byte_copy = !pool.shares_extents() && !pool.volume_dir_exists(dir)?;
+            if byte_copy {
+                let needed = pool.bytes_under(source_dir)?;
+                let what = format!("the clone of claim {source_claim:?}");
+                start_byte_copy(ctx, pool, pool.stats()?, (&copy_id, &provision.plan.pv_name), needed, what)
+                    .map_err(|why| ClaimError::NoRoomForCopy(*why))?;
+            }
+            let created = clones::copy(ctx, claim, source_claim, pool, &source, dir).await;
+            if byte_copy {
+                ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).end(&copy_id);
+            }
+            let created = created?;
             if let Some(limit_bytes) = limit_bytes {
                 pool.set_quota_limit(dir, *limit_bytes)?;
             }
@@ -67,27 +81,9 @@ async fn make_volume(
             let byte_copy = !pool.shares_extents() && !pool.volume_dir_exists(dir)?;
             if byte_copy {
                 let needed = pool.snapshot_copy_bytes(snapshot_dir)?;
-                let reserve = ctx.reserve_of(pool.path());
-                let stats = pool.stats()?;
-                let free_beyond_reserve = ctx.copy_room(pool.path(), stats.available_bytes, stats.go_total_bytes);
-                let started = ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).start(
-                    &copy_id,
-                    pool.path(),
-                    needed,
-                    free_beyond_reserve,
-                );
-                if let Err(in_flight) = started {
-                    return Err(ClaimError::NoRoomForCopy(NoRoomForCopy {
-                        what: format!("the restore of snapshot {snapshot:?}"),
-                        pool: pool.name().to_owned(),
-                        root: pool.path().to_owned(),
-                        node: ctx.me.node.clone(),
-                        needed,
-                        free_beyond_reserve,
-                        reserve,
-                        in_flight,
-                    }));
-                }
+                let what = format!("the restore of snapshot {snapshot:?}");
+                start_byte_copy(ctx, pool, pool.stats()?, (&copy_id, &provision.plan.pv_name), needed, what)
+                    .map_err(|why| ClaimError::NoRoomForCopy(*why))?;
             }
             let (copier, target) = (pool.clone(), dir.clone());
             let restored = tokio::task::spawn_blocking(move || copier.restore_snapshot(&source, &target, &node)).await;
@@ -112,6 +108,33 @@ async fn make_volume(
         pool.set_ownership(dir, ownership.uid, ownership.gid, mode)?;
     }
     Ok(created)
+}
+
+/// Starts byte copy `copy_id` of `needed` bytes into volume `pv` of `pool` (whose statvfs
+/// figures are `stats`) when it fits beside the reserve, the other copies in flight and, with
+/// requests accounting, what is promised (its own volume's promise left out: the copy fills that
+/// volume); why not when it does not.
+fn start_byte_copy(
+    ctx: &Context,
+    pool: &PoolRoot,
+    stats: crate::filesystem::PoolStats,
+    (copy_id, pv): (&str, &str),
+    needed: u64,
+    what: String,
+) -> Result<(), Box<NoRoomForCopy>> {
+    let started = ctx.start_copy(copy_id, pool.path(), needed, pv, stats.available_bytes, stats.go_total_bytes);
+    started.map_err(|(free_beyond_reserve, in_flight)| {
+        Box::new(NoRoomForCopy {
+            what,
+            pool: pool.name().to_owned(),
+            root: pool.path().to_owned(),
+            node: ctx.me.node.clone(),
+            needed,
+            free_beyond_reserve,
+            reserve: ctx.reserve_of(pool.path()),
+            in_flight,
+        })
+    })
 }
 
 /// Makes the volume and its PV.

@@ -205,14 +205,8 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
                 let needed = pool.bytes_under(&source_dir)?;
                 let reserve = ctx.reserve_of(&root);
                 let stats = pool.stats()?;
-                let free_beyond_reserve = ctx.copy_room(&root, stats.available_bytes, stats.go_total_bytes);
-                let started = ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).start(
-                    &uid,
-                    &root,
-                    needed,
-                    free_beyond_reserve,
-                );
-                if let Err(in_flight) = started {
+                let started = ctx.start_copy(&uid, &root, needed, "", stats.available_bytes, stats.go_total_bytes);
+                if let Err((free_beyond_reserve, in_flight)) = started {
                     let why = NoRoomForCopy {
                         what: format!("a copy of claim {source_name:?}"),
                         pool: pool.name().to_owned(),
@@ -237,13 +231,17 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
                     .map_err(|e| SnapshotError::Task(e.to_string())),
                 Err(error) => Err(error),
             };
-            if byte_copy {
-                ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).end(&uid);
+            // Kept as it stops being in flight (one step): no check in between counts it nowhere.
+            {
+                let mut copies = ctx.copies.lock().unwrap_or_else(|e| e.into_inner());
+                match &copied {
+                    Ok(Ok(report)) if report.method == CopyMethod::Bytes => {
+                        copies.end_and_keep(&uid, &uid, &root, report.bytes)
+                    }
+                    _ => copies.end(&uid),
+                }
             }
             let report = copied??;
-            if report.method == CopyMethod::Bytes {
-                ctx.copies.lock().unwrap_or_else(|e| e.into_inner()).keep(&uid, &root, report.bytes);
-            }
             let taken = now_rfc3339();
             // Whose the copy is, on the copy: what gives it back to this snapshot made again.
             let ns = Api::<Namespace>::all(ctx.client.clone()).get_metadata_opt(&namespace).await?;

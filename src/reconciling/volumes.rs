@@ -47,6 +47,10 @@ const CHANGED_RECHECK: Duration = Duration::from_secs(30);
 /// Reconciles one PV.
 pub async fn reconcile(pv: Arc<KeptVolume>, ctx: Arc<Context>) -> Result<Action, VolumeError> {
     let name = pv.metadata.name.clone().unwrap_or_default();
+    // The watch cache shows the PV now: a volume this node was making counts from the cache from
+    // here on. Its reservation goes, or it would count again once the PV is deleted (for up to
+    // deciding::reservations::RESERVATION_TTL), holding room no volume uses.
+    ctx.reservations.lock().unwrap_or_else(|e| e.into_inner()).release(&name);
     let hostname = ctx.my_hostname().await;
     let live = match volume_shape(&pv, &ctx.config.pools) {
         VolumeShape::Node => Vec::new(),

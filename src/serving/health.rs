@@ -1,4 +1,6 @@
-//! Liveness, readiness and metrics over HTTP: `/healthz`, `/readyz`, `/metrics`.
+//! Liveness, readiness and metrics over HTTP: `/healthz`, `/readyz`, `/metrics`, for every
+//! process of ours: the node daemon ([`serve`]) and a subcommand that answers for itself
+//! ([`serve_answers`] with its own [`Answers`], as the claim releaser's `serving::releaser`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -126,9 +128,48 @@ const MAX_REQUEST_BUFFER: usize = 16 * 1024;
 /// Pause after a failed accept (out of file descriptors, say), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
-/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until the process exits, with the
-/// limits above.
+/// What a process answers on its port, read at each request.
+pub trait Answers: Send + Sync + 'static {
+    /// Why the process is not ready, or `None` when it is (`/readyz`).
+    fn not_ready_reason(&self) -> Option<String>;
+    /// Lines after the verdict in `/readyz`'s body.
+    fn detail(&self) -> String {
+        String::new()
+    }
+    /// The `/metrics` body, in the OpenMetrics text format.
+    fn metrics_text(&self) -> String;
+}
+
+/// The node daemon's answers: its watches' and pools' readiness, its metrics.
+struct NodeAnswers {
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+}
+
+impl Answers for NodeAnswers {
+    fn not_ready_reason(&self) -> Option<String> {
+        self.health.not_ready_reason()
+    }
+
+    fn detail(&self) -> String {
+        self.health.detail()
+    }
+
+    fn metrics_text(&self) -> String {
+        self.metrics.ready.set(i64::from(self.health.not_ready_reason().is_none()));
+        self.metrics.encode()
+    }
+}
+
+/// Serves the node daemon's `/healthz`, `/readyz` and `/metrics` on `listener` until the
+/// process exits, with the limits above.
 pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metrics>) {
+    serve_answers(listener, Arc::new(NodeAnswers { health, metrics })).await
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` with `answers` on `listener` until the process
+/// exits, with the limits above.
+pub async fn serve_answers(listener: TcpListener, answers: Arc<dyn Answers>) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, max_connections = MAX_CONNECTIONS, "serving /healthz, /readyz and /metrics");
     }
@@ -152,12 +193,11 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metr
             }
             continue;
         };
-        let health = health.clone();
-        let metrics = metrics.clone();
+        let answers = answers.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let service = service_fn(move |req: Request<Incoming>| {
-                let response = respond(req.uri().path(), &health, &metrics);
+                let response = respond(req.uri().path(), answers.as_ref());
                 async move { Ok::<_, Infallible>(response) }
             });
             let connection = http1::Builder::new()
@@ -177,18 +217,17 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metr
     }
 }
 
-fn respond(path: &str, health: &Health, metrics: &Metrics) -> Response<Full<Bytes>> {
+fn respond(path: &str, answers: &dyn Answers) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match path {
         "/healthz" | "/livez" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
-        "/readyz" => match health.not_ready_reason() {
-            None => (StatusCode::OK, "text/plain", format!("ok\n{}", health.detail())),
+        "/readyz" => match answers.not_ready_reason() {
+            None => (StatusCode::OK, "text/plain", format!("ok\n{}", answers.detail())),
             Some(reason) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {reason}\n{}", health.detail()))
+                (StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {reason}\n{}", answers.detail()))
             }
         },
         "/metrics" => {
-            metrics.ready.set(i64::from(health.not_ready_reason().is_none()));
-            (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode())
+            (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", answers.metrics_text())
         }
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),
     };
@@ -230,7 +269,9 @@ mod tests {
             "pool fast (btrfs at /mnt/fast): quota btrfs-qgroup".into(),
             "pool ssd (xfs at /mnt/ssd): quota none (it is mounted without prjquota)".into(),
         ]);
-        let response = respond("/readyz", &h, &Metrics::new());
+        let h = Arc::new(h);
+        let answers = NodeAnswers { health: h.clone(), metrics: Arc::new(Metrics::new()) };
+        let response = respond("/readyz", &answers);
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(
             h.detail(),

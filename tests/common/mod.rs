@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod capacity;
+pub mod snapshots;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

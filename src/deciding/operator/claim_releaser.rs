@@ -225,6 +225,10 @@ mod tests {
         let env = container["env"].as_array().expect("env");
         let value = |name: &str| env.iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
         assert_eq!(value("RELEASE_CLAIMS_OF_REMOVED_NODES"), Some(json!("24h")));
+        // Probed and scraped on the port the subcommand listens on by default.
+        assert_eq!(container["ports"], json!([{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]));
+        assert_eq!(container["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "metrics"}));
+        assert_eq!(container["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "metrics"}));
         // The node pods never get the variable (they would only report it as ignored).
         let daemonset = &on.objects.iter().find(|o| o.kind == "DaemonSet").expect("DaemonSet").body;
         assert!(!daemonset.to_string().contains("RELEASE_CLAIMS_OF_REMOVED_NODES"), "{daemonset}");
