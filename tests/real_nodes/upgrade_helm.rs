@@ -18,14 +18,20 @@
 //!
 //! Volumes this version made are then rolled back over: docs/upgrading.md says the earlier
 //! release serves and deletes them, and it does (a pod reads them, their claims go, nothing is
-//! left). The earlier commit has no snapshots, so no snapshot is taken before the upgrade.
+//! left). The earlier commit has no snapshots, so no snapshot is taken before the upgrade; one
+//! this version takes before the rollback is left by the earlier release with its finalizer and
+//! its copy (as the page says), and restores once the same commands upgrade again; its deletion
+//! then takes the copy.
 //!
 //! Run by `make test-upgrade` ([`EARLIER_ENV`] names the earlier binary; its build is long).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use k8s_openapi::api::core::v1::Event;
+use hostpath_provisioner::deciding::snapshot::{
+    FINALIZER as SNAPSHOT_FINALIZER, GROUP as SNAPSHOT_GROUP, HostPathSnapshot, KIND as SNAPSHOT_KIND,
+};
+use k8s_openapi::api::core::v1::{Event, TypedObjectReference};
 use testbed::documented_commands::documented_commands;
 use testbed::real_nodes::NODE2_NAME;
 
@@ -35,7 +41,7 @@ use super::*;
 /// The earlier provisioner binary (`make test-upgrade` sets it; unset, the scenario is not run).
 pub(super) const EARLIER_ENV: &str = "HPP_EARLIER_PROVISIONER";
 /// The pinned earlier commit that binary is built from (its start-up log line names it).
-const EARLIER_COMMIT: &str = "12b82d297bdf2511c5dcb4140a08407fe805fe2d";
+pub(super) const EARLIER_COMMIT: &str = "12b82d297bdf2511c5dcb4140a08407fe805fe2d";
 const DOC: &str = "docs/upgrading.md";
 const SECTION: &str = "Helm";
 /// What the documented commands name: the release, its namespace and its DaemonSet.
@@ -46,24 +52,26 @@ const NODE_CLASS: &str = "upgrade-node";
 const PINNED_CLASS: &str = "upgrade-pinned";
 const SHARED_CLASS: &str = "upgrade-shared";
 const EVERY_CLASS: &str = "upgrade-every";
+/// The snapshot this release takes before the rollback.
+const SNAPSHOT: &str = "before-rollback";
 /// The images, as the chart's values name them (registry `localhost`: never pulled).
 const REPOSITORY: &str = "localhost/hostpath-provisioner";
 const EARLIER_TAG: &str = "earlier-12b82d2";
 /// How long a node's new pod waits before the rollout moves to the next node: the window in
 /// which each node runs another release (a DaemonSet's `minReadySeconds`).
-const HELD_SECONDS: i32 = 20;
+pub(super) const HELD_SECONDS: i32 = 20;
 
-fn earlier_image() -> String {
+pub(super) fn earlier_image() -> String {
     format!("{REPOSITORY}:{EARLIER_TAG}")
 }
 
-fn new_image() -> String {
+pub(super) fn new_image() -> String {
     format!("{REPOSITORY}:{}", env!("CARGO_PKG_VERSION"))
 }
 
 /// The earlier binary in an OCI archive, as the lane builds this checkout's image; kept beside
 /// the binary (under target/, outside git) for the next run.
-fn earlier_image_archive(binary: &Path) -> Result<PathBuf> {
+pub(super) fn earlier_image_archive(binary: &Path) -> Result<PathBuf> {
     let name = binary.file_name().context("the binary's file name")?.to_string_lossy().into_owned();
     let archive = binary.with_file_name(format!("{name}-lane.oci.tar"));
     if !archive.is_file() {
@@ -76,7 +84,7 @@ fn earlier_image_archive(binary: &Path) -> Result<PathBuf> {
 
 /// Puts the `deploy/` of `commit` (None: this checkout's) into `work`, as a user who takes that
 /// release's files.
-fn take_the_files_of(repo: &Path, work: &Path, commit: Option<&str>) -> Result<()> {
+pub(super) fn take_the_files_of(repo: &Path, work: &Path, commit: Option<&str>) -> Result<()> {
     let _ = std::fs::remove_dir_all(work.join("deploy"));
     std::fs::create_dir_all(work)?;
     let script = match commit {
@@ -132,7 +140,7 @@ fn is_ready(pod: &Pod) -> bool {
 }
 
 /// The release's provisioner pods: (node, image, ready).
-async fn release_pods(ctx: &Ctx) -> Result<Vec<(String, String, bool)>> {
+pub(super) async fn release_pods(ctx: &Ctx) -> Result<Vec<(String, String, bool)>> {
     let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), RELEASE);
     Ok(pods
         .list(&ListParams::default())
@@ -150,7 +158,7 @@ async fn release_pods(ctx: &Ctx) -> Result<Vec<(String, String, bool)>> {
 }
 
 /// Waits until the release runs one ready pod of `image` on each real node, and nothing else.
-async fn release_runs(ctx: &Ctx, image: &str) -> Result<()> {
+pub(super) async fn release_runs(ctx: &Ctx, image: &str) -> Result<()> {
     let mut nodes = vec![ctx.lane.node_name().to_owned(), NODE2_NAME.to_owned()];
     nodes.sort();
     testbed::wait_for(
@@ -168,8 +176,31 @@ async fn release_runs(ctx: &Ctx, image: &str) -> Result<()> {
     .map_err(|e| e.context(release_logs(ctx)))
 }
 
+/// Holds the next rollout of DaemonSet `name` (in [`RELEASE`]'s namespace) on each node for
+/// [`HELD_SECONDS`] (`minReadySeconds`), then waits until its pods count as available under
+/// that hold: a pod not available yet is replaced at once, so both nodes would switch together.
+pub(super) async fn hold_the_rollout(ctx: &Ctx, name: &str) -> Result<()> {
+    let hold = format!(r#"{{"spec":{{"minReadySeconds":{HELD_SECONDS}}}}}"#);
+    ctx.lane.cp().run_kubectl(&ctx.repo, &["-n", RELEASE, "patch", "daemonset", name, "-p", &hold])?;
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(ctx.lane.client(), RELEASE);
+    testbed::wait_until(
+        &format!("DaemonSet {name}'s pods available under minReadySeconds {HELD_SECONDS}"),
+        LANE_TIMEOUT,
+        || daemonsets.get(name),
+        |ds| {
+            ds.status.as_ref().is_some_and(|s| {
+                s.observed_generation >= ds.metadata.generation
+                    && s.desired_number_scheduled == 2
+                    && s.number_available == Some(2)
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// The release's provisioner logs, for failure messages.
-fn release_logs(ctx: &Ctx) -> String {
+pub(super) fn release_logs(ctx: &Ctx) -> String {
     let mut out = String::from("the release's provisioner pod logs:\n");
     // Node 1's pod logs, and the second node's (its layout is `node2` under the lane directory).
     for node_logs in [ctx.lane.dir().join("pod-logs"), ctx.lane.dir().join("node2/pod-logs")] {
@@ -186,7 +217,7 @@ fn release_logs(ctx: &Ctx) -> String {
 }
 
 /// A claim of `class` (16Mi), pinned to `node` when given, ReadWriteMany when `many`.
-fn claim(ns: &str, name: &str, class: &str, node: Option<&str>, many: bool) -> PersistentVolumeClaim {
+pub(super) fn claim(ns: &str, name: &str, class: &str, node: Option<&str>, many: bool) -> PersistentVolumeClaim {
     let mut claim = fixtures::claim(ns, name, class, "16Mi");
     if let Some(node) = node {
         claim = claim.provision_on_node(node);
@@ -197,7 +228,7 @@ fn claim(ns: &str, name: &str, class: &str, node: Option<&str>, many: bool) -> P
     claim.build()
 }
 
-async fn wait_bound(ctx: &Ctx, ns: &str, name: &str) -> Result<()> {
+pub(super) async fn wait_bound(ctx: &Ctx, ns: &str, name: &str) -> Result<()> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
     testbed::wait_until(
         &format!("claim {ns}/{name} Bound"),
@@ -211,7 +242,7 @@ async fn wait_bound(ctx: &Ctx, ns: &str, name: &str) -> Result<()> {
 }
 
 /// A pod on `node` that runs `script` with `claim` mounted, to completion; its output.
-async fn run_on(ctx: &Ctx, ns: &str, pod: &str, claim: &str, node: &str, script: &str) -> Result<String> {
+pub(super) async fn run_on(ctx: &Ctx, ns: &str, pod: &str, claim: &str, node: &str, script: &str) -> Result<String> {
     let run = PodRun::new(ns, pod, script).claim(claim).on_node(node);
     let outcome = ctx.lane.run_pod(&run).await.map_err(|e| e.context(release_logs(ctx)))?;
     ensure!(outcome.exit_code == Some(0), "pod {pod} exited {:?}: {}", outcome.exit_code, outcome.logs);
@@ -220,7 +251,7 @@ async fn run_on(ctx: &Ctx, ns: &str, pod: &str, claim: &str, node: &str, script:
 }
 
 /// A pod on `node` that writes `text` into `claim` and keeps running.
-async fn keep_writing(ctx: &Ctx, ns: &str, pod: &str, claim: &str, node: &str, text: &str) -> Result<()> {
+pub(super) async fn keep_writing(ctx: &Ctx, ns: &str, pod: &str, claim: &str, node: &str, text: &str) -> Result<()> {
     let script = format!("echo {text} > /data/note && sleep 3600");
     let run = PodRun::new(ns, pod, &script).claim(claim).on_node(node).keep_running();
     ctx.lane.run_pod(&run).await.map_err(|e| e.context(release_logs(ctx)))?;
@@ -228,7 +259,14 @@ async fn keep_writing(ctx: &Ctx, ns: &str, pod: &str, claim: &str, node: &str, t
 }
 
 /// The pod runs on, never restarted, and its volume still holds what it wrote.
-async fn still_running_with(ctx: &Ctx, ns: &str, pod: &str, node: &str, claim: &str, text: &str) -> Result<()> {
+pub(super) async fn still_running_with(
+    ctx: &Ctx,
+    ns: &str,
+    pod: &str,
+    node: &str,
+    claim: &str,
+    text: &str,
+) -> Result<()> {
     let found = Api::<Pod>::namespaced(ctx.lane.client(), ns).get(pod).await?;
     let status = found.status.context("status")?;
     ensure!(status.phase.as_deref() == Some("Running"), "{pod} still running: {:?}", status.phase);
@@ -242,13 +280,16 @@ async fn still_running_with(ctx: &Ctx, ns: &str, pod: &str, node: &str, claim: &
 
 /// Where the host holds each live PV of [`PROVISIONER`]'s directory (both nodes' copies of an
 /// every-node volume), and the PVs by the uid of their claim.
-async fn our_pvs(ctx: &Ctx) -> Result<(BTreeSet<PathBuf>, BTreeMap<String, Vec<String>>)> {
+pub(super) async fn our_pvs(
+    ctx: &Ctx,
+    provisioner: &str,
+) -> Result<(BTreeSet<PathBuf>, BTreeMap<String, Vec<String>>)> {
     let nodes = [ctx.lane.node_name().to_owned(), NODE2_NAME.to_owned()];
     let mut dirs = BTreeSet::new();
     let mut by_claim: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for pv in Api::<PersistentVolume>::all(ctx.lane.client()).list(&ListParams::default()).await?.items {
         let by = pv.metadata.annotations.as_ref().and_then(|a| a.get("pv.kubernetes.io/provisioned-by"));
-        if by.map(String::as_str) != Some(PROVISIONER) {
+        if by.map(String::as_str) != Some(provisioner) {
             continue;
         }
         let spec = pv.spec.clone().unwrap_or_default();
@@ -270,7 +311,7 @@ async fn our_pvs(ctx: &Ctx) -> Result<(BTreeSet<PathBuf>, BTreeMap<String, Vec<S
 
 /// The volume directories in the node pools (each node's own) and the shared pool, beyond
 /// `baseline`; hidden entries (trash, markers) aside.
-fn volume_dirs(ctx: &Ctx, baseline: &BTreeSet<PathBuf>) -> BTreeSet<PathBuf> {
+pub(super) fn volume_dirs(ctx: &Ctx, baseline: &BTreeSet<PathBuf>) -> BTreeSet<PathBuf> {
     let roots = [
         ctx.lane.pool_root().to_path_buf(),
         ctx.lane.host_path_on(NODE2_NAME, ctx.lane.pool_root()),
@@ -288,7 +329,12 @@ fn volume_dirs(ctx: &Ctx, baseline: &BTreeSet<PathBuf>) -> BTreeSet<PathBuf> {
 /// Every claim of `ns` bound to exactly one PV of ours, made once (one `ProvisioningSucceeded`;
 /// an every-node volume's copies aside), no PV of ours for a claim that is gone, and exactly
 /// the live PVs' directories in the pools: nothing orphaned. Waits for deletions in flight.
-async fn each_claim_once_and_nothing_orphaned(ctx: &Ctx, ns: &str, baseline: &BTreeSet<PathBuf>) -> Result<usize> {
+pub(super) async fn each_claim_once_and_nothing_orphaned(
+    ctx: &Ctx,
+    provisioner: &str,
+    ns: &str,
+    baseline: &BTreeSet<PathBuf>,
+) -> Result<usize> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
     let last = std::sync::Mutex::new(String::new());
     let live =
@@ -296,7 +342,7 @@ async fn each_claim_once_and_nothing_orphaned(ctx: &Ctx, ns: &str, baseline: &BT
             let (claims, last) = (&claims, &last);
             async move {
                 let live = claims.list(&ListParams::default()).await?.items;
-                let (expected, by_claim) = our_pvs(ctx).await?;
+                let (expected, by_claim) = our_pvs(ctx, provisioner).await?;
                 let found = volume_dirs(ctx, baseline);
                 let mut problems = Vec::new();
                 let uids: BTreeSet<String> = live.iter().filter_map(|c| c.metadata.uid.clone()).collect();
@@ -344,24 +390,25 @@ async fn each_claim_once_and_nothing_orphaned(ctx: &Ctx, ns: &str, baseline: &BT
 
 /// What the burst made and deleted, with when.
 #[derive(Default)]
-struct Burst {
-    made: Vec<(String, Instant)>,
-    deleted: usize,
+pub(super) struct Burst {
+    pub(super) made: Vec<(String, Instant)>,
+    pub(super) deleted: usize,
 }
 
-/// Until `stop`: a claim every 0.8 s, in turn shared, pinned to node 1, pinned to node 2; every
+/// Until `stop`: a claim every 0.8 s, in turn of class `shared` (when given, else pinned to
+/// node 2), pinned to node 1, pinned to node 2 (class `pinned`); every
 /// second step one made four steps before is deleted (bound or not yet).
-async fn burst(ctx: &Ctx, ns: &str, stop: &AtomicBool) -> Result<Burst> {
+pub(super) async fn burst(ctx: &Ctx, ns: &str, shared: Option<&str>, pinned: &str, stop: &AtomicBool) -> Result<Burst> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
     let node1 = ctx.lane.node_name().to_owned();
     let mut out = Burst::default();
     let mut step = 0;
     while !stop.load(Ordering::SeqCst) {
         let name = format!("burst-{step}");
-        let made = match step % 3 {
-            0 => claim(ns, &name, SHARED_CLASS, None, true),
-            1 => claim(ns, &name, PINNED_CLASS, Some(&node1), false),
-            _ => claim(ns, &name, PINNED_CLASS, Some(NODE2_NAME), false),
+        let made = match (step % 3, shared) {
+            (0, Some(shared)) => claim(ns, &name, shared, None, true),
+            (1, _) => claim(ns, &name, pinned, Some(&node1), false),
+            _ => claim(ns, &name, pinned, Some(NODE2_NAME), false),
         };
         claims.create(&PostParams::default(), &made).await.with_context(|| format!("creating claim {name}"))?;
         out.made.push((name, Instant::now()));
@@ -376,7 +423,7 @@ async fn burst(ctx: &Ctx, ns: &str, stop: &AtomicBool) -> Result<Burst> {
 }
 
 /// Until `rolled`: when the release's pods ran both images, ready, at once (first and last seen).
-async fn watch_the_mixed_window(ctx: &Ctx, rolled: &AtomicBool) -> Result<Option<(Instant, Instant)>> {
+pub(super) async fn watch_the_mixed_window(ctx: &Ctx, rolled: &AtomicBool) -> Result<Option<(Instant, Instant)>> {
     let (earlier, new) = (earlier_image(), new_image());
     let mut window: Option<(Instant, Instant)> = None;
     while !rolled.load(Ordering::SeqCst) {
@@ -392,7 +439,7 @@ async fn watch_the_mixed_window(ctx: &Ctx, rolled: &AtomicBool) -> Result<Option
 }
 
 /// Expands `claim` to `size` and waits until the PV and the claim have it.
-async fn expand(ctx: &Ctx, ns: &str, claim: &str, size: &str) -> Result<()> {
+pub(super) async fn expand(ctx: &Ctx, ns: &str, claim: &str, size: &str) -> Result<()> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
     let grow = serde_json::json!({"spec": {"resources": {"requests": {"storage": size}}}});
     claims.patch(claim, &PatchParams::default(), &Patch::Merge(&grow)).await?;
@@ -414,7 +461,7 @@ async fn expand(ctx: &Ctx, ns: &str, claim: &str, size: &str) -> Result<()> {
 }
 
 /// Deletes the pods, then the claims, and waits until the claims' PVs are gone.
-async fn reclaim(ctx: &Ctx, ns: &str, pods: &[&str], claims: &[String]) -> Result<()> {
+pub(super) async fn reclaim(ctx: &Ctx, ns: &str, pods: &[&str], claims: &[String]) -> Result<()> {
     for pod in pods {
         ctx.lane.delete_pod(ns, pod).await?;
     }
@@ -490,7 +537,7 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     for node in [&node1, &node2] {
         run_on(ctx, &ns, "every-writer", "old-every", node, &format!("echo {node} > /data/note")).await?;
     }
-    each_claim_once_and_nothing_orphaned(ctx, &ns, &baseline).await?;
+    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
 
     // The upgrade, by the page's commands, from the new release's files, while the burst runs.
     let commands = documented_commands(&ctx.repo)?;
@@ -509,8 +556,7 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     // The window held open: a node's new pod counts as available only after HELD_SECONDS, so
     // the rollout moves to the other node that much later (Helm's three-way merge keeps a field
     // the chart does not set).
-    let hold = format!(r#"{{"spec":{{"minReadySeconds":{HELD_SECONDS}}}}}"#);
-    ctx.lane.cp().run_kubectl(&ctx.repo, &["-n", RELEASE, "patch", "daemonset", RELEASE, "-p", &hold])?;
+    hold_the_rollout(ctx, RELEASE).await?;
 
     let (stop, rolled) = (AtomicBool::new(false), AtomicBool::new(false));
     let upgrading = Instant::now();
@@ -531,8 +577,11 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
         stop.store(true, Ordering::SeqCst);
         result
     };
-    let (rollout_took, burst, window) =
-        tokio::join!(steps, burst(ctx, &ns, &stop), watch_the_mixed_window(ctx, &rolled));
+    let (rollout_took, burst, window) = tokio::join!(
+        steps,
+        burst(ctx, &ns, Some(SHARED_CLASS), PINNED_CLASS, &stop),
+        watch_the_mixed_window(ctx, &rolled)
+    );
     let (rollout_took, burst, window) = (rollout_took?, burst?, window?);
     let (from, to) = window.context("no moment with a ready pod of each release: the window was not mixed")?;
     let in_window = burst.made.iter().filter(|(_, at)| *at >= from && *at <= to).count();
@@ -548,7 +597,7 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     release_runs(ctx, &new_image()).await?;
 
     // Every claim once, nothing orphaned; the pods ran through with their data.
-    let bound = each_claim_once_and_nothing_orphaned(ctx, &ns, &baseline).await?;
+    let bound = each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
     still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
     still_running_with(ctx, &ns, "keeper-2", &node2, "old-2", "old-2").await?;
     // The earlier release's volumes, served by this one to new pods, expanded, reclaimed.
@@ -559,7 +608,7 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     expand(ctx, &ns, "old-1", "32Mi").await?;
     expand(ctx, &ns, "old-shared", "32Mi").await?;
     reclaim(ctx, &ns, &["keeper-2"], &["old-2".into(), "old-every".into()]).await?;
-    each_claim_once_and_nothing_orphaned(ctx, &ns, &baseline).await?;
+    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
     println!("    after the upgrade: {bound} claims each bound once; old volumes served, expanded, reclaimed");
 
     // Volumes of this version, then the rollback as the page writes it: the earlier release
@@ -569,23 +618,85 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     claims.create(&PostParams::default(), &claim(&ns, "new-shared", SHARED_CLASS, None, true)).await?;
     wait_bound(ctx, &ns, "new-shared").await?;
     run_on(ctx, &ns, "new-shared-writer", "new-shared", &node2, "echo new-shared > /data/note").await?;
+    claims.create(&PostParams::default(), &claim(&ns, "new-2", PINNED_CLASS, Some(&node2), false)).await?;
+    wait_bound(ctx, &ns, "new-2").await?;
+    // A snapshot this release takes: the earlier release, which has none, leaves it and its copy.
+    let snapshots: Api<HostPathSnapshot> = Api::namespaced(ctx.lane.client(), &ns);
+    snapshots.create(&PostParams::default(), &HostPathSnapshot::new(SNAPSHOT, "new-1")).await?;
+    let snapshot = testbed::wait_for("the snapshot ready", LANE_TIMEOUT, || async {
+        let snapshot = snapshots.get(SNAPSHOT).await?;
+        anyhow::Ok(snapshot.status.as_ref().is_some_and(|s| s.ready_to_use).then_some(snapshot))
+    })
+    .await
+    .map_err(|e| e.context(release_logs(ctx)))?;
+    let copy = ctx
+        .lane
+        .pool_root()
+        .join(".hpp-snapshots")
+        .join(snapshot.metadata.uid.as_deref().context("the snapshot's uid")?);
+    ensure!(copy.is_dir(), "the snapshot's copy at {}", copy.display());
     let rolling_back = Instant::now();
     let said = shell.run(&rollback).await?;
     ensure!(said.contains("Rollback was a success"), "{said}");
     release_runs(ctx, &earlier_image()).await?;
     println!("    rolled back in {:.1} s", rolling_back.elapsed().as_secs_f64());
-    each_claim_once_and_nothing_orphaned(ctx, &ns, &baseline).await?;
+    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
     still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
     let read = run_on(ctx, &ns, "new-reader", "new-1", &node1, "cat /data/note").await?;
     ensure!(read.trim() == "new-1", "the new release's node volume served after the rollback: {read:?}");
     let read = run_on(ctx, &ns, "new-shared-reader", "new-shared", &node1, "cat /data/note").await?;
     ensure!(read.trim() == "new-shared", "the new release's shared volume served after the rollback: {read:?}");
-    // Everything reclaimed by the earlier release: its own volumes, the new release's, the burst's.
-    let mut left: Vec<String> =
-        claims.list(&ListParams::default()).await?.items.into_iter().filter_map(|c| c.metadata.name).collect();
+    // Everything but the snapshot's source reclaimed by the earlier release: its own volumes, the
+    // new release's, the burst's.
+    let mut left: Vec<String> = claims
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|name| name != "new-1")
+        .collect();
     left.sort();
     reclaim(ctx, &ns, &["keeper-1"], &left).await?;
-    ensure!(each_claim_once_and_nothing_orphaned(ctx, &ns, &baseline).await? == 0, "claims left");
+    ensure!(each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await? == 1, "only new-1 left");
+    let kept = snapshots.get(SNAPSHOT).await?;
+    ensure!(
+        kept.metadata.finalizers.iter().flatten().any(|f| f == SNAPSHOT_FINALIZER) && copy.is_dir(),
+        "the snapshot keeps its finalizer and its copy under the earlier release: {:?}, {}",
+        kept.metadata.finalizers,
+        copy.display()
+    );
+
+    // Upgraded again by the same commands: the snapshot taken before the rollback restores, and
+    // its deletion takes the copy. The window need not be held this time.
+    let unhold = r#"{"spec":{"minReadySeconds":0}}"#;
+    ctx.lane.cp().run_kubectl(&ctx.repo, &["-n", RELEASE, "patch", "daemonset", RELEASE, "-p", unhold])?;
+    let upgrading = Instant::now();
+    shell.run(&apply_crds).await?;
+    let said = shell.run(&upgrade).await?;
+    ensure!(said.contains("STATUS: deployed") && said.contains("REVISION: 4"), "{said}");
+    shell.run(&rollout).await?;
+    release_runs(ctx, &new_image()).await?;
+    println!("    upgraded again in {:.1} s", upgrading.elapsed().as_secs_f64());
+    let mut restored = claim(&ns, "restored", NODE_CLASS, None, false);
+    restored.spec.as_mut().context("spec")?.data_source_ref = Some(TypedObjectReference {
+        api_group: Some(SNAPSHOT_GROUP.into()),
+        kind: SNAPSHOT_KIND.into(),
+        name: SNAPSHOT.into(),
+        namespace: None,
+    });
+    claims.create(&PostParams::default(), &restored).await?;
+    let read = run_on(ctx, &ns, "restored-reader", "restored", &node1, "cat /data/note").await?;
+    ensure!(read.trim() == "new-1", "the snapshot taken before the rollback restores after it: {read:?}");
+    snapshots.delete(SNAPSHOT, &DeleteParams::default()).await?;
+    testbed::wait_for("the snapshot gone", LANE_TIMEOUT, || async {
+        anyhow::Ok(snapshots.get_opt(SNAPSHOT).await?.is_none().then_some(()))
+    })
+    .await
+    .map_err(|e| e.context(release_logs(ctx)))?;
+    ensure!(!copy.exists(), "the snapshot's copy went with it");
+    reclaim(ctx, &ns, &[], &["new-1".into(), "restored".into()]).await?;
+    ensure!(each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await? == 0, "claims left");
     ensure!(volume_dirs(ctx, &baseline).is_empty(), "the pools are back as they were");
 
     let uninstall = shell.run(&format!("helm uninstall {RELEASE} -n {RELEASE} --wait")).await?;
