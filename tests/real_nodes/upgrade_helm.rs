@@ -7,7 +7,7 @@
 //! builds from git history, put into an OCI archive as the lane builds this checkout's image, and
 //! imported under a tag of its own; its chart comes from `git archive` of that commit. Before the
 //! upgrade it makes volumes with data: node volumes on each node with a pod that keeps running on
-//! each, a shared volume, an every-node volume. A burst of claims (node volumes pinned to each
+//! each, a local PV, a shared volume, an every-node volume. A burst of claims (node volumes pinned to each
 //! node, shared volumes) and deletions runs through the upgrade, and the rollout is held so that
 //! each node runs another version for a while (the mixed window). Then:
 //!
@@ -52,6 +52,7 @@ const NODE_CLASS: &str = "upgrade-node";
 const PINNED_CLASS: &str = "upgrade-pinned";
 const SHARED_CLASS: &str = "upgrade-shared";
 const EVERY_CLASS: &str = "upgrade-every";
+const LOCAL_CLASS: &str = "upgrade-local";
 /// The snapshot this release takes before the rollback.
 const SNAPSHOT: &str = "before-rollback";
 /// The images, as the chart's values name them (registry `localhost`: never pulled).
@@ -117,6 +118,7 @@ storageClasses:
   - {{name: {PINNED_CLASS}, volumeBindingMode: Immediate, allowVolumeExpansion: true}}
   - {{name: {SHARED_CLASS}, volumeBindingMode: Immediate, allowVolumeExpansion: true, parameters: {{storagePool: nfs, topology: shared}}}}
   - {{name: {EVERY_CLASS}, volumeBindingMode: Immediate, parameters: {{topology: everyNode}}}}
+  - {{name: {LOCAL_CLASS}, volumeBindingMode: WaitForFirstConsumer, parameters: {{volumeType: local}}}}
 config: {{provisionerName: {PROVISIONER}}}
 "#,
         pool = ctx.lane.pool_root().display(),
@@ -293,7 +295,8 @@ pub(super) async fn our_pvs(
             continue;
         }
         let spec = pv.spec.clone().unwrap_or_default();
-        let path = PathBuf::from(spec.host_path.map(|h| h.path).context("a hostPath PV")?);
+        let path = spec.host_path.map(|h| h.path).or(spec.local.map(|l| l.path));
+        let path = PathBuf::from(path.context("a hostPath or local PV")?);
         if path.starts_with(ctx.lane.shared_pool()) {
             dirs.insert(path);
         } else {
@@ -524,9 +527,11 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     // Volumes of every shape it has, with data.
     let ns = ctx.namespace("upgrade").await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), &ns);
-    for (name, class, many) in [("old-1", NODE_CLASS, false), ("old-2", NODE_CLASS, false)] {
-        claims.create(&PostParams::default(), &claim(&ns, name, class, None, many)).await?;
+    for (name, class) in [("old-1", NODE_CLASS), ("old-2", NODE_CLASS), ("old-local", LOCAL_CLASS)] {
+        claims.create(&PostParams::default(), &claim(&ns, name, class, None, false)).await?;
     }
+    run_on(ctx, &ns, "local-writer", "old-local", &node1, "echo old-local > /data/note").await?;
+    ensure!(ctx.pv_of(&ns, "old-local").await?.spec.and_then(|s| s.local).is_some(), "old-local is a local PV");
     keep_writing(ctx, &ns, "keeper-1", "old-1", &node1, "old-1").await?;
     keep_writing(ctx, &ns, "keeper-2", "old-2", &node2, "old-2").await?;
     claims.create(&PostParams::default(), &claim(&ns, "old-shared", SHARED_CLASS, None, true)).await?;
@@ -605,9 +610,11 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     ensure!(read.trim() == "old-1", "node 1's old volume read after the upgrade: {read:?}");
     let read = run_on(ctx, &ns, "shared-reader", "old-shared", &node1, "cat /data/note").await?;
     ensure!(read.trim() == "old-shared", "the old shared volume read on the other node: {read:?}");
+    let read = run_on(ctx, &ns, "local-reader", "old-local", &node1, "cat /data/note").await?;
+    ensure!(read.trim() == "old-local", "the old local volume read after the upgrade: {read:?}");
     expand(ctx, &ns, "old-1", "32Mi").await?;
     expand(ctx, &ns, "old-shared", "32Mi").await?;
-    reclaim(ctx, &ns, &["keeper-2"], &["old-2".into(), "old-every".into()]).await?;
+    reclaim(ctx, &ns, &["keeper-2"], &["old-2".into(), "old-every".into(), "old-local".into()]).await?;
     each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
     println!("    after the upgrade: {bound} claims each bound once; old volumes served, expanded, reclaimed");
 
