@@ -99,11 +99,15 @@ test-kubevirt-migration: control-plane
 # The rollout's mixed window with real processes (tests/e2e_upgrade_mixed.rs): a node of a pinned
 # earlier commit beside a node of this checkout, built from git history by
 # hack/build-earlier-provisioner.sh (one compile of the top crate, about 12 min on 2 busy cores;
-# the dependencies are shared with the image build); the test itself takes about 20 s.
+# the dependencies are shared with the image build); the test itself takes about 20 s. Then the
+# same binary in an image on the real-node lane (tests/real_nodes/upgrade_helm.rs and
+# upgrade_operator.rs): a Helm release and an operator of that commit upgraded under a burst of
+# claims by docs/upgrading.md's commands, and rolled back (about 5 min with the lane's start).
 EARLIER_COMMIT ?= 12b82d297bdf2511c5dcb4140a08407fe805fe2d
-test-upgrade: control-plane
-	HPP_EARLIER_PROVISIONER="$$(bash hack/build-earlier-provisioner.sh $(EARLIER_COMMIT))" \
-	  $(CARGO) test --test e2e_upgrade_mixed
+test-upgrade: control-plane deploy-tools
+	earlier="$$(bash hack/build-earlier-provisioner.sh $(EARLIER_COMMIT))" && \
+	  HPP_EARLIER_PROVISIONER="$$earlier" $(CARGO) test --test e2e_upgrade_mixed && \
+	  HPP_EARLIER_PROVISIONER="$$earlier" $(CARGO) test --test e2e_real_nodes -- an_earlier_
 
 # The oldest Kubernetes the project supports (Chart.yaml's kubeVersion, README "Install"): the
 # end-to-end tests whose APIs differ by version also run against its control plane, built on

@@ -36,17 +36,18 @@ fn documented(commands: &[DocumentedCommand], start: &str, containing: &str) -> 
     Ok(command.text.clone())
 }
 
-/// A user's shell: bash in the repository with the lane's kubectl and helm first on PATH, the
-/// lane's kubeconfig, helm's caches in the lane directory.
-struct Shell {
+/// A user's shell: bash in the repository (or the directory [`Shell::within`] names) with the
+/// lane's kubectl and helm first on PATH, the lane's kubeconfig, helm's caches in the lane
+/// directory.
+pub(super) struct Shell {
     tools: PathBuf,
     home: PathBuf,
     kubeconfig: PathBuf,
-    repo: PathBuf,
+    cwd: PathBuf,
 }
 
 impl Shell {
-    fn new(ctx: &Ctx) -> Result<Shell> {
+    pub(super) fn new(ctx: &Ctx) -> Result<Shell> {
         let tools = ctx.lane.dir().join("operator-helm-tools");
         std::fs::create_dir_all(&tools)?;
         for (name, target) in [("kubectl", ctx.lane.cp().kubectl()), ("helm", deploy_tool(DeployTool::Helm)?)] {
@@ -59,12 +60,17 @@ impl Shell {
             tools,
             home: ctx.lane.dir().join("operator-helm-home"),
             kubeconfig: ctx.lane.cp().kubeconfig_path().to_path_buf(),
-            repo: ctx.repo.clone(),
+            cwd: ctx.repo.clone(),
         })
     }
 
+    /// The same shell in `dir` (a user's checkout of some release's files).
+    pub(super) fn within(self, dir: &Path) -> Shell {
+        Shell { cwd: dir.to_path_buf(), ..self }
+    }
+
     /// Runs `text` as a user would type it; fails with what it printed unless it exits 0.
-    async fn run(&self, text: &str) -> Result<String> {
+    pub(super) async fn run(&self, text: &str) -> Result<String> {
         let path = format!("{}:{}", self.tools.display(), std::env::var("PATH").unwrap_or_default());
         let (out, err) = (self.home.join("stdout"), self.home.join("stderr"));
         std::fs::create_dir_all(&self.home)?;
@@ -72,7 +78,7 @@ impl Shell {
         command
             .arg("-c")
             .arg(text)
-            .current_dir(&self.repo)
+            .current_dir(&self.cwd)
             .env("PATH", path)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("HELM_CACHE_HOME", self.home.join("cache"))

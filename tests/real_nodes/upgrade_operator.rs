@@ -1,0 +1,224 @@
+//! The operator of a pinned earlier commit of this project, installed from that commit's
+//! `deploy/operator` with a resource selecting both real nodes, upgraded to this checkout by
+//! docs/upgrading.md's command ("The operator": the new release's `deploy/operator` applied, read
+//! from the page and run as written) while a burst of node claims and deletions runs, then rolled
+//! back by the same command from the earlier release's files. The operator gives the node pods
+//! its own image, so each apply rolls the node DaemonSet; the rollout is held so that each node
+//! runs another release for a while. The same checks as the Helm path
+//! (`upgrade_helm.rs`, whose helpers this uses): every claim bound to one PV made once, nothing
+//! orphaned, pods keep their data, old volumes served, expanded and reclaimed by the new
+//! release, the new release's volumes served and deleted by the earlier one.
+//!
+//! Run by `make test-upgrade` ([`EARLIER_ENV`]).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use testbed::documented_commands::documented_commands;
+use testbed::real_nodes::NODE2_NAME;
+
+use super::operator_helm::Shell;
+use super::upgrade_helm::*;
+use super::*;
+
+const DOC: &str = "docs/upgrading.md";
+const SECTION: &str = "The operator";
+/// The operator's namespace and its node DaemonSet, as deploy/operator names them.
+const NAMESPACE: &str = "hostpath-provisioner";
+const NODE_DAEMONSET: &str = "kubevirt-hostpath-provisioner";
+const OPERATOR: &str = "hostpath-provisioner-operator";
+/// The operator's node pods serve this name, as the kubevirt operator's do.
+const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
+const RESOURCE: &str = "hostpath-provisioner";
+/// A label on both real nodes, which the resource selects (not the simulated node).
+const NODE_LABEL: &str = "hpp-upgrade";
+const NODE_CLASS: &str = "upgrade-operator-node";
+const PINNED_CLASS: &str = "upgrade-operator-pinned";
+
+/// `deploy/` of `commit` (None: this checkout's) in `work`, its operator image set as an admin
+/// does (deploy/operator/kustomization.yaml, `images:`).
+fn take_the_operator_of(repo: &Path, work: &Path, commit: Option<&str>, image: &str) -> Result<()> {
+    take_the_files_of(repo, work, commit)?;
+    let kustomization = work.join("deploy/operator/kustomization.yaml");
+    let text = std::fs::read_to_string(&kustomization)?;
+    let placeholder = "newName: your-registry.invalid/hostpath-provisioner\n    newTag: \"0.1.0\"";
+    ensure!(text.contains(placeholder), "deploy/operator/kustomization.yaml names no placeholder image:\n{text}");
+    let (name, tag) = image.rsplit_once(':').context("a tag in the image")?;
+    std::fs::write(&kustomization, text.replace(placeholder, &format!("newName: {name}\n    newTag: \"{tag}\"")))?;
+    Ok(())
+}
+
+async fn operator_runs(ctx: &Ctx, image: &str) -> Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.lane.client(), NAMESPACE);
+    testbed::wait_until(
+        &format!("the operator Deployment rolled out with {image}"),
+        Duration::from_secs(240),
+        || deployments.get(OPERATOR),
+        |d| {
+            let spec_image =
+                d.spec.as_ref().and_then(|s| s.template.spec.as_ref()).and_then(|s| s.containers[0].image.clone());
+            d.status.as_ref().is_some_and(|s| {
+                s.observed_generation == d.metadata.generation
+                    && s.updated_replicas == s.replicas
+                    && s.available_replicas.unwrap_or(0) >= 1
+                    && s.unavailable_replicas.unwrap_or(0) == 0
+            }) && spec_image.as_deref() == Some(image)
+        },
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| e.context(release_logs(ctx)))
+}
+
+fn class(name: &str, immediate: bool) -> StorageClass {
+    let class = fixtures::storage_class(name, PROVISIONER).parameter("storagePool", "local").allow_expansion();
+    if immediate { class.immediate().build() } else { class.build() }
+}
+
+pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_under_a_burst_and_rolled_back_loses_nothing_two_nodes(
+    ctx: &Ctx,
+) -> Result<()> {
+    let Some(binary) = std::env::var_os(EARLIER_ENV).map(PathBuf::from) else {
+        println!("    not here: run by `make test-upgrade` ({EARLIER_ENV}; the earlier build is long)");
+        return Ok(());
+    };
+    ensure!(binary.is_file(), "{EARLIER_ENV}={}: no such file", binary.display());
+    let started = Instant::now();
+    let head = super::two_nodes::two_nodes(ctx).await?;
+    let node1 = ctx.lane.node_name().to_owned();
+    let node2 = NODE2_NAME.to_owned();
+    ctx.lane
+        .cp()
+        .run_kubectl(&ctx.repo, &["delete", "daemonset", "-n", DEPLOY_NAMESPACE, DEPLOY_DAEMONSET, "--wait"])?;
+    ctx.lane.import_image(&earlier_image_archive(&binary)?)?;
+    ctx.lane.tag_image(&images::normalize_reference(&head), &new_image())?;
+    for node in [&node1, &node2] {
+        ctx.lane.cp().run_kubectl(&ctx.repo, &["label", "node", node, &format!("{NODE_LABEL}=yes"), "--overwrite"])?;
+    }
+    let baseline = volume_dirs(ctx, &BTreeSet::new());
+    let commands = documented_commands(&ctx.repo)?;
+    let documented = |start: &str| -> Result<String> {
+        let mut found = commands.iter().filter(|c| c.file == DOC && c.section == SECTION && c.text.starts_with(start));
+        let command = found.next().with_context(|| format!("no `{start} ...` in {DOC}, \"{SECTION}\""))?;
+        ensure!(found.next().is_none(), "more than one `{start} ...` in {DOC}, \"{SECTION}\"");
+        Ok(command.text.clone())
+    };
+    let apply = documented("kubectl apply --server-side --force-conflicts -k deploy/operator")?;
+    let get = documented("kubectl get hostpathprovisioners")?;
+
+    // The earlier operator, from its own files, and a resource with one pool on both nodes.
+    let work = ctx.lane.dir().join("upgrade-operator");
+    take_the_operator_of(&ctx.repo, &work, Some(EARLIER_COMMIT), &earlier_image())?;
+    let shell = Shell::new(ctx)?.within(&work);
+    shell.run(&apply).await?;
+    operator_runs(ctx, &earlier_image()).await?;
+    let resource = serde_json::json!({
+        "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1", "kind": "HostPathProvisioner",
+        "metadata": {"name": RESOURCE},
+        "spec": {
+            "imagePullPolicy": "IfNotPresent",
+            "storagePools": [{"name": "local", "path": ctx.lane.pool_root()}],
+            "workload": {"nodeSelector": {NODE_LABEL: "yes"}},
+        },
+    });
+    resources(ctx).create(&PostParams::default(), &serde_json::from_value(resource)?).await?;
+    release_runs(ctx, &earlier_image()).await?;
+    for (name, immediate) in [(NODE_CLASS, false), (PINNED_CLASS, true)] {
+        Api::<StorageClass>::all(ctx.lane.client()).create(&PostParams::default(), &class(name, immediate)).await?;
+    }
+    println!(
+        "    earlier operator and its node pods running on both nodes at {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let ns = ctx.namespace("upgrade-op").await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), &ns);
+    for name in ["old-1", "old-2"] {
+        claims.create(&PostParams::default(), &claim(&ns, name, NODE_CLASS, None, false)).await?;
+    }
+    keep_writing(ctx, &ns, "keeper-1", "old-1", &node1, "old-1").await?;
+    keep_writing(ctx, &ns, "keeper-2", "old-2", &node2, "old-2").await?;
+    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
+
+    // The upgrade: the new release's deploy/operator applied as the page writes it.
+    take_the_operator_of(&ctx.repo, &work, None, &new_image())?;
+    hold_the_rollout(ctx, NODE_DAEMONSET).await?;
+    let (stop, rolled) = (AtomicBool::new(false), AtomicBool::new(false));
+    let upgrading = Instant::now();
+    let steps = async {
+        let result = async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            shell.run(&apply).await?;
+            let listed = shell.run(&get).await?;
+            ensure!(listed.contains(RESOURCE), "{listed}");
+            operator_runs(ctx, &new_image()).await?;
+            release_runs(ctx, &new_image()).await?;
+            anyhow::Ok(upgrading.elapsed())
+        }
+        .await;
+        rolled.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        stop.store(true, Ordering::SeqCst);
+        result
+    };
+    let (took, burst, window) =
+        tokio::join!(steps, burst(ctx, &ns, None, PINNED_CLASS, &stop), watch_the_mixed_window(ctx, &rolled));
+    let (took, burst, window) = (took?, burst?, window?);
+    let (from, to) = window.context("no moment with a ready node pod of each release: the window was not mixed")?;
+    let in_window = burst.made.iter().filter(|(_, at)| *at >= from && *at <= to).count();
+    println!(
+        "    upgraded in {:.1} s: mixed window {:.1} s with {in_window} claims made in it; burst: {} made, {} deleted",
+        took.as_secs_f64(),
+        (to - from).as_secs_f64(),
+        burst.made.len(),
+        burst.deleted
+    );
+    ensure!(in_window >= 3, "claims made while each node ran another release: {in_window}");
+    let bound = each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
+    still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
+    still_running_with(ctx, &ns, "keeper-2", &node2, "old-2", "old-2").await?;
+    let read = run_on(ctx, &ns, "reader-1", "old-1", &node1, "cat /data/note").await?;
+    ensure!(read.trim() == "old-1", "node 1's old volume read after the upgrade: {read:?}");
+    expand(ctx, &ns, "old-1", "32Mi").await?;
+    reclaim(ctx, &ns, &["keeper-2"], &["old-2".into()]).await?;
+    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
+    println!("    after the upgrade: {bound} claims each bound once; old volumes served, expanded, reclaimed");
+
+    // A volume of this release on each node, then back: the earlier deploy/operator applied the
+    // same way ("Rolling back the operator").
+    claims.create(&PostParams::default(), &claim(&ns, "new-1", NODE_CLASS, None, false)).await?;
+    run_on(ctx, &ns, "new-writer", "new-1", &node1, "echo new-1 > /data/note").await?;
+    claims.create(&PostParams::default(), &claim(&ns, "new-2", PINNED_CLASS, Some(&node2), false)).await?;
+    wait_bound(ctx, &ns, "new-2").await?;
+    let rolling_back = Instant::now();
+    take_the_operator_of(&ctx.repo, &work, Some(EARLIER_COMMIT), &earlier_image())?;
+    shell.run(&apply).await?;
+    operator_runs(ctx, &earlier_image()).await?;
+    release_runs(ctx, &earlier_image()).await?;
+    println!("    rolled back in {:.1} s", rolling_back.elapsed().as_secs_f64());
+    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
+    still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
+    let read = run_on(ctx, &ns, "new-reader", "new-1", &node1, "cat /data/note").await?;
+    ensure!(read.trim() == "new-1", "the new release's volume served after the rollback: {read:?}");
+    let mut left: Vec<String> =
+        claims.list(&ListParams::default()).await?.items.into_iter().filter_map(|c| c.metadata.name).collect();
+    left.sort();
+    reclaim(ctx, &ns, &["keeper-1"], &left).await?;
+    ensure!(each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await? == 0, "claims left");
+    ensure!(volume_dirs(ctx, &baseline).is_empty(), "the pools are back as they were");
+
+    // The resource deleted (the operator removes its node DaemonSet), the operator scaled away,
+    // deploy/legacy back.
+    resources(ctx).delete(RESOURCE, &DeleteParams::default()).await?;
+    testbed::wait_for("the resource gone", LANE_TIMEOUT, || async {
+        anyhow::Ok(resources(ctx).get_opt(RESOURCE).await?.is_none().then_some(()))
+    })
+    .await?;
+    ctx.lane.cp().run_kubectl(&ctx.repo, &["-n", NAMESPACE, "delete", "deployment", OPERATOR, "--wait"])?;
+    for name in [NODE_CLASS, PINNED_CLASS] {
+        Api::<StorageClass>::all(ctx.lane.client()).delete(name, &DeleteParams::default()).await?;
+    }
+    ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
+    Ok(())
+}
