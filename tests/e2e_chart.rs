@@ -1114,6 +1114,15 @@ fn a_capacity_provisioner_name_places_the_marked_classes_and_names_the_csidriver
         |name: &str| classes.iter().find(|c| c["metadata"]["name"] == name).expect("class")["provisioner"].clone();
     assert_eq!(provisioner_of("plain"), "kubevirt.io/hostpath-provisioner");
     assert_eq!(provisioner_of("placed"), "hostpath.example.org");
+    // The claim releaser considers the PVs of both names.
+    let with_releaser =
+        render("config: {capacityProvisionerName: hostpath.example.org, releaseClaimsOfRemovedNodes: 24h}\n", &[]);
+    let releaser = of_kind(&with_releaser, "Deployment").into_iter().next().expect("the claim releaser");
+    let releaser_env = releaser["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(
+        releaser_env.contains(r#"{"name":"CAPACITY_PROVISIONER_NAME","value":"hostpath.example.org"}"#),
+        "{releaser_env}"
+    );
     // Unset, the binary gets an empty value, which it reads as unset.
     let plain = render("", &[]);
     assert_eq!(

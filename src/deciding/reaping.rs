@@ -370,6 +370,19 @@ mod tests {
         assert_eq!(owners_to_check(&pvs, &[PROVISIONER], release_only), [GONE].into());
     }
 
+    /// PVs made under the nodes' second name (`CAPACITY_PROVISIONER_NAME`) count when that name
+    /// is given, and only then; another provisioner's never.
+    #[test]
+    fn pvs_of_the_second_name_count_when_it_is_given() {
+        let mut pv = bound_of(GONE, "pvc-bound", "Delete");
+        pv.annotations.insert(keys::PROVISIONED_BY, "hostpath.example.org");
+        let pvs = [pv];
+        let release_only = Graces { reap: None, release: Some(Duration::from_secs(60)) };
+        assert!(owners_to_check(&pvs, &[PROVISIONER], release_only).is_empty());
+        assert_eq!(owners_to_check(&pvs, &[PROVISIONER, "hostpath.example.org"], release_only), [GONE].into());
+        assert!(owners_to_check(&pvs, &[PROVISIONER, "example.com/other"], release_only).is_empty());
+    }
+
     #[test]
     fn a_claim_is_released_only_from_a_node_shaped_pv_of_ours_that_names_it_fully() {
         let start = Instant::now();

@@ -58,6 +58,9 @@ pub struct ReleaseArgs {
     /// The provisioner name whose PVs are considered (the node pods' PROVISIONER_NAME).
     #[arg(long, env = "PROVISIONER_NAME", default_value = "kubevirt.io/hostpath-provisioner")]
     pub provisioner_name: String,
+    /// The node pods' second name (their CAPACITY_PROVISIONER_NAME), whose PVs are considered too.
+    #[arg(long, env = "CAPACITY_PROVISIONER_NAME", value_name = "NAME")]
+    pub capacity_provisioner_name: Option<String>,
     /// This pod's name (downward API), naming this replica in its Events.
     #[arg(long, env = "POD_NAME", default_value = "claim-releaser")]
     pub pod_name: String,
@@ -121,6 +124,8 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
             Reporter { controller: args.provisioner_name.clone(), instance: Some(args.pod_name.clone()) },
         ),
         client,
+        // Empty is unset, as in the node daemon (the chart writes the variable either way).
+        capacity_provisioner: args.capacity_provisioner_name.filter(|n| !n.trim().is_empty()),
         provisioner: args.provisioner_name,
         instance: args.pod_name,
         grace,
@@ -130,6 +135,7 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         version = crate::serving::build_info::VERSION,
         grace = ?grace,
         provisioner = %releaser.provisioner,
+        capacity_provisioner = ?releaser.capacity_provisioner,
         "releasing the bound claims of nodes gone for longer than the grace period"
     );
     tokio::select! {
@@ -146,6 +152,8 @@ struct Releaser {
     client: kube::Client,
     recorder: Recorder,
     provisioner: String,
+    /// The node pods' second name, if they have one.
+    capacity_provisioner: Option<String>,
     /// This replica's name in Events written outside the recorder.
     instance: String,
     grace: Duration,
@@ -154,6 +162,11 @@ struct Releaser {
 }
 
 impl Releaser {
+    /// The names whose PVs are considered: the node pods' first name and their second.
+    fn provisioners(&self) -> Vec<&str> {
+        [Some(self.provisioner.as_str()), self.capacity_provisioner.as_deref()].into_iter().flatten().collect()
+    }
+
     async fn run(&self) {
         let interval = (self.grace / 4).clamp(Duration::from_secs(1), MAX_PASS_INTERVAL);
         // Kept between passes; empty after a restart: the grace period then starts again, which
@@ -184,7 +197,8 @@ impl Releaser {
         let listed = pvs.list(&ListParams::default()).await?.items;
         // One GET per owner of a bound PV of ours (few), rather than a list of every Node.
         let mut existing = BTreeSet::new();
-        for owner in owners_to_check(&listed, &[self.provisioner.as_str()], graces) {
+        let provisioners = self.provisioners();
+        for owner in owners_to_check(&listed, &provisioners, graces) {
             if Api::<Node>::all(self.client.clone()).get_metadata_opt(owner).await?.is_some() {
                 existing.insert(owner.to_owned());
             }
@@ -195,7 +209,7 @@ impl Releaser {
             absent_since,
             now: Instant::now(),
             graces,
-            provisioners: &[self.provisioner.as_str()],
+            provisioners: &provisioners,
         });
         for (node, left) in &plan.waiting {
             tracing::info!(%node, left = ?left, "a node with bound volumes is gone; waiting out the grace period");

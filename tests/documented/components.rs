@@ -119,6 +119,9 @@ fn assert_features_on(shell: &Shell, tag: &str) {
     assert_eq!(releaser_container["image"], format!("{REGISTRY}/hostpath-provisioner:{tag}"));
     assert_eq!(env_value(releaser_container, "RELEASE_CLAIMS_OF_REMOVED_NODES"), Some("24h"));
     assert_eq!(releaser["spec"]["template"]["spec"]["serviceAccountName"], RELEASER);
+    // published-capacity, listed after it, gives it the nodes' second name: its PVs count too.
+    let second = SETTINGS.iter().find(|(k, _)| *k == "CAPACITY_PROVISIONER_NAME").expect("setting").1;
+    assert_eq!(env_value(releaser_container, "CAPACITY_PROVISIONER_NAME"), Some(second));
     let role = shell.must_get(&["clusterrole", "kubevirt-hostpath-provisioner"]);
     assert!(!grants(&role, "persistentvolumeclaims", "delete"), "{role}");
     let releaser_role = shell.must_get(&["clusterrole", RELEASER]);
@@ -256,7 +259,9 @@ fn each_kustomize_component_renders_with_deploy_legacy_and_the_binary_starts_wit
         let vars = workload_env(&objects, component);
         let daemonset_vars = workload_env(&objects, "");
         for key in &all_keys {
-            let value = vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+            // Empty is unset to the binary (the releaser's file carries CAPACITY_PROVISIONER_NAME
+            // empty until published-capacity sets it).
+            let value = vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty());
             let expected = keys.contains(key).then(|| SETTINGS.iter().find(|(k, _)| k == key).expect("setting").1);
             assert_eq!(value, expected, "{component}: {key}");
         }

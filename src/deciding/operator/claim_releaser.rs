@@ -113,6 +113,21 @@ fn deployment(
         .and_then(|env| env.iter_mut().find(|e| e["name"] == "RELEASE_CLAIMS_OF_REMOVED_NODES"))
         .ok_or("claim-releaser.yaml: no RELEASE_CLAIMS_OF_REMOVED_NODES")?;
     variable["value"] = json!(grace);
+    // The node pods' names, as spec.config gives them (the file's default otherwise): the
+    // releaser considers only their PVs.
+    let config = &resource.spec.config;
+    for (name, value) in [
+        ("PROVISIONER_NAME", &config.provisioner_name),
+        ("CAPACITY_PROVISIONER_NAME", &config.capacity_provisioner_name),
+    ] {
+        if let Some(value) = value {
+            let variable = container["env"]
+                .as_array_mut()
+                .and_then(|env| env.iter_mut().find(|e| e["name"] == name))
+                .ok_or_else(|| format!("claim-releaser.yaml: no {name}"))?;
+            variable["value"] = json!(value);
+        }
+    }
     Ok(())
 }
 
@@ -237,6 +252,29 @@ mod tests {
         let deployment = &openshift.objects.iter().find(|o| o.kind == "Deployment").expect("Deployment").body;
         let security = &deployment["spec"]["template"]["spec"]["securityContext"];
         assert!(security.get("runAsUser").is_none() && security["runAsNonRoot"] == true, "{security}");
+    }
+
+    /// The releaser considers the PVs of the node pods' names, as spec.config gives them: the
+    /// file's default first name without it, both names with them.
+    #[test]
+    fn the_releaser_gets_the_node_pods_names_from_spec_config() {
+        let env_of = |resource: &HostPathProvisioner| {
+            let rendered = render(resource, &environment(false));
+            let deployment = rendered.objects.iter().find(|o| o.kind == "Deployment").expect("Deployment").body.clone();
+            let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"].clone();
+            move |name: &str| {
+                env.as_array().into_iter().flatten().find(|e| e["name"] == name).map(|e| e["value"].clone())
+            }
+        };
+        let default = env_of(&resource(Some("24h")));
+        assert_eq!(default("PROVISIONER_NAME"), Some(json!("kubevirt.io/hostpath-provisioner")));
+        assert_eq!(default("CAPACITY_PROVISIONER_NAME"), Some(json!("")));
+        let mut named = resource(Some("24h"));
+        named.spec.config.provisioner_name = Some("example.com/hpp".into());
+        named.spec.config.capacity_provisioner_name = Some("hostpath.example.org".into());
+        let named = env_of(&named);
+        assert_eq!(named("PROVISIONER_NAME"), Some(json!("example.com/hpp")));
+        assert_eq!(named("CAPACITY_PROVISIONER_NAME"), Some(json!("hostpath.example.org")));
     }
 
     #[test]
