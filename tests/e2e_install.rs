@@ -177,11 +177,13 @@ fn components_manifests() -> String {
     std::os::unix::fs::symlink(repo().join("deploy"), dir.path().join("deploy")).expect("link deploy");
     let user = dir.path().join("user");
     std::fs::create_dir(&user).expect("mkdir");
-    let mut components = String::new();
-    for entry in std::fs::read_dir(repo().join("deploy/components")).expect("deploy/components") {
-        let name = entry.expect("entry").file_name();
-        components.push_str(&format!("  - ../deploy/components/{}\n", name.to_str().expect("utf-8 name")));
-    }
+    let mut names: Vec<String> = std::fs::read_dir(repo().join("deploy/components"))
+        .expect("deploy/components")
+        .map(|entry| entry.expect("entry").file_name().to_str().expect("utf-8 name").to_owned())
+        .collect();
+    // In the doc's order where it matters: published-capacity after the claim releaser's.
+    names.sort_by_key(|name| name == "published-capacity");
+    let components: String = names.iter().map(|name| format!("  - ../deploy/components/{name}\n")).collect();
     let kustomization = format!("resources:\n  - ../deploy/legacy\n  - settings.yaml\ncomponents:\n{components}");
     std::fs::write(user.join("kustomization.yaml"), kustomization).expect("write");
     let settings = "apiVersion: v1
@@ -195,6 +197,7 @@ data:
   STORAGE_POOLS: data=/mnt/disk1,data=/mnt/disk2
   DISK_1: /mnt/disk1
   DISK_2: /mnt/disk2
+  CAPACITY_PROVISIONER_NAME: hostpath.example.org
 ";
     std::fs::write(user.join("settings.yaml"), settings).expect("write");
     let kubectl = testbed_kubectl();

@@ -487,25 +487,74 @@ pub(super) async fn reclaim(ctx: &Ctx, ns: &str, pods: &[&str], claims: &[String
     .map_err(|e| e.context(release_logs(ctx)))
 }
 
-pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and_rolled_back_loses_nothing_two_nodes(
-    ctx: &Ctx,
-) -> Result<()> {
+/// What an upgrade scenario starts from.
+pub(super) struct Start {
+    pub(super) started: Instant,
+    pub(super) node1: String,
+    pub(super) node2: String,
+}
+
+/// The lane's two nodes with deploy/legacy's DaemonSet set aside (the scenario's release is the
+/// only provisioner of the pools while it runs; deploy/legacy comes back at the end), the earlier
+/// image imported and this checkout's tagged as the new release; `None` (saying where it runs)
+/// without [`EARLIER_ENV`].
+pub(super) async fn earlier_beside_head(ctx: &Ctx) -> Result<Option<Start>> {
     let Some(binary) = std::env::var_os(EARLIER_ENV).map(PathBuf::from) else {
         println!("    not here: run by `make test-upgrade` ({EARLIER_ENV}; the earlier build is long)");
-        return Ok(());
+        return Ok(None);
     };
     ensure!(binary.is_file(), "{EARLIER_ENV}={}: no such file", binary.display());
     let started = Instant::now();
     let head = super::two_nodes::two_nodes(ctx).await?;
-    let node1 = ctx.lane.node_name().to_owned();
-    let node2 = NODE2_NAME.to_owned();
-    // The release is the only provisioner of the pools while it runs; deploy/legacy comes back
-    // at the end.
     ctx.lane
         .cp()
         .run_kubectl(&ctx.repo, &["delete", "daemonset", "-n", DEPLOY_NAMESPACE, DEPLOY_DAEMONSET, "--wait"])?;
     ctx.lane.import_image(&earlier_image_archive(&binary)?)?;
     ctx.lane.tag_image(&images::normalize_reference(&head), &new_image())?;
+    Ok(Some(Start { started, node1: ctx.lane.node_name().to_owned(), node2: NODE2_NAME.to_owned() }))
+}
+
+/// The upgrade `steps` (which return how long they took), started 3 s into a burst of claims and
+/// deletions in `ns` that goes on 4 s past them, with the rollout's mixed window watched: there
+/// must be one of at least 5 s, with at least 3 claims made in it.
+pub(super) async fn under_a_burst(
+    ctx: &Ctx,
+    ns: &str,
+    shared: Option<&str>,
+    pinned: &str,
+    steps: impl std::future::Future<Output = Result<Duration>>,
+) -> Result<()> {
+    let (stop, rolled) = (AtomicBool::new(false), AtomicBool::new(false));
+    let upgrade = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let result = steps.await;
+        rolled.store(true, Ordering::SeqCst);
+        // The burst goes on a little after the rollout.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        stop.store(true, Ordering::SeqCst);
+        result
+    };
+    let (took, burst, window) =
+        tokio::join!(upgrade, burst(ctx, ns, shared, pinned, &stop), watch_the_mixed_window(ctx, &rolled));
+    let (took, burst, window) = (took?, burst?, window?);
+    let (from, to) = window.context("no moment with a ready pod of each release: the window was not mixed")?;
+    let in_window = burst.made.iter().filter(|(_, at)| *at >= from && *at <= to).count();
+    println!(
+        "    upgraded in {:.1} s: mixed window {:.1} s with {in_window} claims made in it; burst: {} made, {} deleted",
+        took.as_secs_f64(),
+        (to - from).as_secs_f64(),
+        burst.made.len(),
+        burst.deleted
+    );
+    ensure!(to - from >= Duration::from_secs(5), "the mixed window lasted {:?}", to - from);
+    ensure!(in_window >= 3, "claims made while each node ran another release: {in_window}");
+    Ok(())
+}
+
+pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and_rolled_back_loses_nothing_two_nodes(
+    ctx: &Ctx,
+) -> Result<()> {
+    let Some(Start { started, node1, node2 }) = earlier_beside_head(ctx).await? else { return Ok(()) };
     let baseline = volume_dirs(ctx, &BTreeSet::new());
 
     // The earlier release, from its own files.
@@ -563,42 +612,16 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     // the chart does not set).
     hold_the_rollout(ctx, RELEASE).await?;
 
-    let (stop, rolled) = (AtomicBool::new(false), AtomicBool::new(false));
     let upgrading = Instant::now();
     let steps = async {
-        let result = async {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            shell.run(&apply_crds).await?;
-            let said = shell.run(&upgrade).await?;
-            ensure!(said.contains("STATUS: deployed") && said.contains("REVISION: 2"), "{said}");
-            let said = shell.run(&rollout).await?;
-            ensure!(said.contains("successfully rolled out"), "{said}");
-            anyhow::Ok(upgrading.elapsed())
-        }
-        .await;
-        rolled.store(true, Ordering::SeqCst);
-        // The burst goes on a little after the rollout.
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        stop.store(true, Ordering::SeqCst);
-        result
+        shell.run(&apply_crds).await?;
+        let said = shell.run(&upgrade).await?;
+        ensure!(said.contains("STATUS: deployed") && said.contains("REVISION: 2"), "{said}");
+        let said = shell.run(&rollout).await?;
+        ensure!(said.contains("successfully rolled out"), "{said}");
+        anyhow::Ok(upgrading.elapsed())
     };
-    let (rollout_took, burst, window) = tokio::join!(
-        steps,
-        burst(ctx, &ns, Some(SHARED_CLASS), PINNED_CLASS, &stop),
-        watch_the_mixed_window(ctx, &rolled)
-    );
-    let (rollout_took, burst, window) = (rollout_took?, burst?, window?);
-    let (from, to) = window.context("no moment with a ready pod of each release: the window was not mixed")?;
-    let in_window = burst.made.iter().filter(|(_, at)| *at >= from && *at <= to).count();
-    println!(
-        "    upgraded in {:.1} s: mixed window {:.1} s with {in_window} claims made in it; burst: {} made, {} deleted",
-        rollout_took.as_secs_f64(),
-        (to - from).as_secs_f64(),
-        burst.made.len(),
-        burst.deleted
-    );
-    ensure!(to - from >= Duration::from_secs(5), "the mixed window lasted {:?}", to - from);
-    ensure!(in_window >= 3, "claims made while each node ran another release: {in_window}");
+    under_a_burst(ctx, &ns, Some(SHARED_CLASS), PINNED_CLASS, steps).await?;
     release_runs(ctx, &new_image()).await?;
 
     // Every claim once, nothing orphaned; the pods ran through with their data.

@@ -12,11 +12,9 @@
 //! Run by `make test-upgrade` ([`EARLIER_ENV`]).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use testbed::documented_commands::documented_commands;
-use testbed::real_nodes::NODE2_NAME;
 
 use super::operator_helm::Shell;
 use super::upgrade_helm::*;
@@ -79,20 +77,7 @@ fn class(name: &str, immediate: bool) -> StorageClass {
 pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_under_a_burst_and_rolled_back_loses_nothing_two_nodes(
     ctx: &Ctx,
 ) -> Result<()> {
-    let Some(binary) = std::env::var_os(EARLIER_ENV).map(PathBuf::from) else {
-        println!("    not here: run by `make test-upgrade` ({EARLIER_ENV}; the earlier build is long)");
-        return Ok(());
-    };
-    ensure!(binary.is_file(), "{EARLIER_ENV}={}: no such file", binary.display());
-    let started = Instant::now();
-    let head = super::two_nodes::two_nodes(ctx).await?;
-    let node1 = ctx.lane.node_name().to_owned();
-    let node2 = NODE2_NAME.to_owned();
-    ctx.lane
-        .cp()
-        .run_kubectl(&ctx.repo, &["delete", "daemonset", "-n", DEPLOY_NAMESPACE, DEPLOY_DAEMONSET, "--wait"])?;
-    ctx.lane.import_image(&earlier_image_archive(&binary)?)?;
-    ctx.lane.tag_image(&images::normalize_reference(&head), &new_image())?;
+    let Some(Start { started, node1, node2 }) = earlier_beside_head(ctx).await? else { return Ok(()) };
     for node in [&node1, &node2] {
         ctx.lane.cp().run_kubectl(&ctx.repo, &["label", "node", node, &format!("{NODE_LABEL}=yes"), "--overwrite"])?;
     }
@@ -144,37 +129,16 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
     // The upgrade: the new release's deploy/operator applied as the page writes it.
     take_the_operator_of(&ctx.repo, &work, None, &new_image())?;
     hold_the_rollout(ctx, NODE_DAEMONSET).await?;
-    let (stop, rolled) = (AtomicBool::new(false), AtomicBool::new(false));
     let upgrading = Instant::now();
     let steps = async {
-        let result = async {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            shell.run(&apply).await?;
-            let listed = shell.run(&get).await?;
-            ensure!(listed.contains(RESOURCE), "{listed}");
-            operator_runs(ctx, &new_image()).await?;
-            release_runs(ctx, &new_image()).await?;
-            anyhow::Ok(upgrading.elapsed())
-        }
-        .await;
-        rolled.store(true, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        stop.store(true, Ordering::SeqCst);
-        result
+        shell.run(&apply).await?;
+        let listed = shell.run(&get).await?;
+        ensure!(listed.contains(RESOURCE), "{listed}");
+        operator_runs(ctx, &new_image()).await?;
+        release_runs(ctx, &new_image()).await?;
+        anyhow::Ok(upgrading.elapsed())
     };
-    let (took, burst, window) =
-        tokio::join!(steps, burst(ctx, &ns, None, PINNED_CLASS, &stop), watch_the_mixed_window(ctx, &rolled));
-    let (took, burst, window) = (took?, burst?, window?);
-    let (from, to) = window.context("no moment with a ready node pod of each release: the window was not mixed")?;
-    let in_window = burst.made.iter().filter(|(_, at)| *at >= from && *at <= to).count();
-    println!(
-        "    upgraded in {:.1} s: mixed window {:.1} s with {in_window} claims made in it; burst: {} made, {} deleted",
-        took.as_secs_f64(),
-        (to - from).as_secs_f64(),
-        burst.made.len(),
-        burst.deleted
-    );
-    ensure!(in_window >= 3, "claims made while each node ran another release: {in_window}");
+    under_a_burst(ctx, &ns, None, PINNED_CLASS, steps).await?;
     let bound = each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
     still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
     still_running_with(ctx, &ns, "keeper-2", &node2, "old-2", "old-2").await?;
