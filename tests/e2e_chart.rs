@@ -838,6 +838,7 @@ fn binary_reads_class(parameters: &BTreeMap<String, String>) -> Result<(), Strin
         reserved_bytes: 0,
         pv_capacity: PvCapacity::Request,
         affinity_keys: Vec::new(),
+        block_device_dir: None,
     };
     class_request(&class, "x", &config).map(|_| ()).map_err(|refusal| format!("{refusal:?}"))
 }

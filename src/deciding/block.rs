@@ -29,7 +29,8 @@ pub mod claim;
 pub mod kept;
 pub mod loop_safety;
 
-/// The directory on the host's devtmpfs holding one device node per attached Block volume.
+/// The directory on the host's devtmpfs holding one device node per attached Block volume (the
+/// default of `BLOCK_DEVICE_DIR`; tests sharing one host give each provisioner its own).
 pub const DEVICE_DIR: &str = "/dev/hostpath-provisioner";
 
 /// The backing file's name inside its volume directory. Not `disk.img`, the name KubeVirt gives
@@ -90,11 +91,11 @@ pub enum BlockPathRefusal {
     },
 }
 
-/// The device node of PV `pv_name`: `/dev/hostpath-provisioner/pvc-<uid>`. Only a `pvc-<uid>`
-/// name is accepted, so the node is a single component of known characters.
-pub fn device_node_path(pv_name: &str) -> Result<PathBuf, BlockPathRefusal> {
+/// The device node of PV `pv_name` in `device_dir`: `/dev/hostpath-provisioner/pvc-<uid>`. Only
+/// a `pvc-<uid>` name is accepted, so the node is a single component of known characters.
+pub fn device_node_path(device_dir: &Path, pv_name: &str) -> Result<PathBuf, BlockPathRefusal> {
     layout::uid_from_pv_name(pv_name)
-        .map(|_| Path::new(DEVICE_DIR).join(pv_name))
+        .map(|_| device_dir.join(pv_name))
         .ok_or_else(|| BlockPathRefusal::ForeignPvName(pv_name.to_owned()))
 }
 
@@ -106,9 +107,9 @@ pub fn backing_file_path(pool_root: &Path, dir_name: &str) -> PathBuf {
 /// Accepts `path`, read from a PV's `spec.local.path`, as the device node of PV `pv_name`, or
 /// refuses it. Compared as text after lexical normalisation: the only path a Block PV of ours
 /// may name is its own node, so a forged PV naming `/dev/sda`, another volume's node or a path
-/// climbing out of [`DEVICE_DIR`] is refused before anything is made, detached or removed.
-pub fn accept_device_path(path: &str, pv_name: &str) -> Result<PathBuf, BlockPathRefusal> {
-    let expected = device_node_path(pv_name)?;
+/// climbing out of the device directory is refused before anything is made, detached or removed.
+pub fn accept_device_path(path: &str, pv_name: &str, device_dir: &Path) -> Result<PathBuf, BlockPathRefusal> {
+    let expected = device_node_path(device_dir, pv_name)?;
     match layout::normalise(path) {
         Ok(normal) if normal == expected => Ok(expected),
         _ => Err(BlockPathRefusal::NotItsNode {
@@ -121,19 +122,22 @@ pub fn accept_device_path(path: &str, pv_name: &str) -> Result<PathBuf, BlockPat
 
 /// The PV of a Block volume: as [`build_pv`] would write it for a `local` volume, with
 /// `volumeMode: Block`, `spec.local.path` its device node, pinned to the node, and the two
-/// annotations that tie it to its backing file (`backing_inode` as made).
+/// annotations that tie it to its backing file (`backing_inode` as made); its node in
+/// `device_dir`.
 pub fn build_block_pv(
     plan: &ProvisionPlan,
     claim: &PersistentVolumeClaim,
     node: &NodeFacts,
     capacity: Quantity,
     backing_inode: u64,
+    device_dir: &Path,
 ) -> Result<PersistentVolume, BlockPathRefusal> {
     if plan.topology != Topology::Node {
         return Err(BlockPathRefusal::NotNodeTopology(plan.topology));
     }
-    let device = device_node_path(&plan.pv_name)?;
-    let local_plan = ProvisionPlan { volume_type: crate::deciding::class::VolumeType::Local, ..plan.clone() };
+    let device = device_node_path(device_dir, &plan.pv_name)?;
+    let local_plan =
+        ProvisionPlan { volume_type: crate::deciding::class::VolumeType::Local, block: None, ..plan.clone() };
     let mut pv = build_pv(&local_plan, claim, node, capacity);
     let annotations = pv.metadata.annotations.get_or_insert_default();
     annotations.insert(BACKING_INODE_ANNOTATION.to_owned(), backing_inode.to_string());

@@ -287,6 +287,15 @@ pub fn create_backing(
     Ok((fd, id))
 }
 
+/// Unlinks the backing file from the volume directory `dir` (as a name, never followed): the
+/// undo of a Block volume whose provisioning failed, once [`release`] detached its loops.
+pub fn remove_backing(dir: BorrowedFd<'_>, dir_path: &Path) -> Result<(), PoolError> {
+    match rustix::fs::unlinkat(dir, BACKING_FILE, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(fs_error("remove the backing file", dir_path.join(BACKING_FILE), e)),
+    }
+}
+
 /// Grows the open backing file to `size` bytes (never shrinks it): `ftruncate`, or `fallocate`
 /// of the whole range for [`Allocation::Full`]. A loop on it sees the size after
 /// [`LoopHost::refresh_capacity`].

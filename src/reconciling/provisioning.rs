@@ -2,12 +2,14 @@
 //! directory as planned (plain, quota, or a copy of a clone's source), then its PV; undo the
 //! directory when the API server refused the PV.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
 
+use crate::deciding::block;
 use crate::deciding::claim::ProvisionPlan;
 use crate::deciding::copy_room::NoRoomForCopy;
 use crate::deciding::kept_volume::KeptVolume;
@@ -17,6 +19,7 @@ use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, reason};
 use crate::filesystem::PoolError;
 use crate::filesystem::{Created, PoolRoot, VolumeDirName};
+use crate::reconciling::block_volumes;
 use crate::reconciling::claim_actions::object_key;
 use crate::reconciling::claim_actions::{claim_key, claim_ref};
 use crate::reconciling::clones;
@@ -136,7 +139,14 @@ pub async fn provision(
         );
     }
     let node = ctx.node_facts().await?;
+    // A Block volume: its directory, its backing file on a loop, its device node (undone on
+    // failure by block_volumes::make itself).
+    let block_made = match plan.block {
+        Some(request) => Some(block_volumes::make(ctx, pool, &dir, &plan.pv_name, plan.request_bytes, request)?),
+        None => None,
+    };
     let created = match &provision.pattern {
+        _ if block_made.is_some() => block_made.as_ref().map_or(Created::New, |made| made.created),
         None => make_volume(ctx, claim, provision, pool, &dir).await?,
         // Made aside, owned and marked there, then renamed into place only if the place is
         // still free (filesystem::marker).
@@ -174,7 +184,22 @@ pub async fn provision(
         }
         Some(Placing::Refuse(_)) => unreachable!("the plan never provisions a refused directory"),
     };
-    let pv = build_pv(plan, claim, &node, Quantity(provision.capacity.clone()));
+    let capacity = Quantity(provision.capacity.clone());
+    let pv = match &block_made {
+        None => build_pv(plan, claim, &node, capacity),
+        Some(made) => {
+            let devices = ctx.config.block_device_dir.as_deref().unwrap_or(Path::new(block::DEVICE_DIR));
+            match block::build_block_pv(plan, claim, &node, capacity, made.inode, devices) {
+                Ok(pv) => pv,
+                Err(refusal) => {
+                    if made.created == Created::New {
+                        block_volumes::undo(ctx, pool, &dir, &plan.pv_name)?;
+                    }
+                    return Err(refusal.into());
+                }
+            }
+        }
+    };
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let claim_uid = claim.metadata.uid.as_deref().unwrap_or_default();
     match pvs.create(&PostParams::default(), &pv).await {
@@ -195,8 +220,14 @@ pub async fn provision(
             let refused_by_api = matches!(&create_error, kube::Error::Api(status) if (400..500).contains(&status.code));
             if may_undo_directory(created == Created::New, refused_by_api, plan.topology) {
                 // A clone's directory holds only a copy: it goes to the trash (the source stays).
-                let undone =
-                    if cloning { pool.move_to_trash(&dir).map(|_| ()) } else { pool.remove_empty_volume_dir(&dir) };
+                // A Block volume's directory holds only the file made now, released first.
+                let undone = if block_made.is_some() {
+                    block_volumes::undo(ctx, pool, &dir, &plan.pv_name)
+                } else if cloning {
+                    pool.move_to_trash(&dir).map(|_| ())
+                } else {
+                    pool.remove_empty_volume_dir(&dir)
+                };
                 if let Err(cleanup) = undone {
                     return Err(ClaimError::Cleanup {
                         create: create_error.to_string(),

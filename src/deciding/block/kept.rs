@@ -57,12 +57,16 @@ pub enum BlockPvRefusal {
 }
 
 /// `None` when `pv` is not a Block PV; else its checked paths, or why they are refused.
-pub fn block_volume(pv: &KeptVolume, pools: &[PoolPath]) -> Option<Result<BlockVolumeRef, BlockPvRefusal>> {
+pub fn block_volume(
+    pv: &KeptVolume,
+    pools: &[PoolPath],
+    device_dir: &std::path::Path,
+) -> Option<Result<BlockVolumeRef, BlockPvRefusal>> {
     let spec = pv.spec.as_ref()?;
     (spec.volume_mode.as_deref() == Some("Block")).then(|| {
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
         let local = spec.local.as_ref().ok_or_else(|| BlockPvRefusal::NotLocal(pv_name.clone()))?;
-        let node_path = accept_device_path(&local.path, &pv_name)?;
+        let node_path = accept_device_path(&local.path, &pv_name, device_dir)?;
         let annotation = |annotation: &'static str| {
             pv.annotations.get(annotation).ok_or_else(|| BlockPvRefusal::Annotation {
                 pv: pv_name.clone(),
@@ -83,12 +87,30 @@ pub fn block_volume(pv: &KeptVolume, pools: &[PoolPath]) -> Option<Result<BlockV
     })
 }
 
+/// The Block PVs this node exposes at start, before it reports ready (a reboot emptied the
+/// host's `/dev` and detached every loop): those of this provisioner pinned to this node, in
+/// any phase (a Released one is released by its deletion, after).
+pub fn served_here<'a>(
+    pvs: &'a [KeptVolume],
+    me: &crate::deciding::identity::Identity,
+    my_hostname: &str,
+) -> Vec<&'a KeptVolume> {
+    pvs.iter()
+        .filter(|pv| crate::deciding::volume::is_block(pv))
+        .filter(|pv| pv.annotations.get(crate::keys::PROVISIONED_BY).is_some_and(|p| me.serves(p)))
+        .filter(|pv| crate::deciding::volume::is_mine(pv, me, my_hostname))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::PersistentVolume;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+    use std::path::Path;
+
     use super::*;
+    use crate::deciding::block::DEVICE_DIR;
     use crate::deciding::claim::{Decision, decide_claim};
     use crate::deciding::volume_spec::NodeFacts;
     use crate::test_fixtures::*;
@@ -101,11 +123,19 @@ mod tests {
             panic!("provisioned")
         };
         let node = NodeFacts { name: NODE.into(), hostname: NODE.into() };
-        crate::deciding::block::build_block_pv(&plan, &claim, &node, Quantity("1Gi".into()), 4242).unwrap()
+        crate::deciding::block::build_block_pv(
+            &plan,
+            &claim,
+            &node,
+            Quantity("1Gi".into()),
+            4242,
+            Path::new(DEVICE_DIR),
+        )
+        .unwrap()
     }
 
     fn read(pv: &PersistentVolume) -> Option<Result<BlockVolumeRef, BlockPvRefusal>> {
-        block_volume(&KeptVolume::from(pv.clone()), &config().pools)
+        block_volume(&KeptVolume::from(pv.clone()), &config().pools, Path::new(DEVICE_DIR))
     }
 
     fn edited(edit: impl FnOnce(&mut PersistentVolume)) -> BlockPvRefusal {
@@ -173,5 +203,36 @@ mod tests {
             }),
             BlockPvRefusal::Annotation { found: None, .. }
         ));
+    }
+
+    #[test]
+    fn start_up_exposes_the_block_pvs_of_this_node_and_provisioner_only() {
+        let ours = KeptVolume::from(block_pv());
+        let mut filesystem = block_pv();
+        filesystem.spec.as_mut().unwrap().volume_mode = Some("Filesystem".into());
+        let mut elsewhere = block_pv();
+        elsewhere.metadata.labels.as_mut().unwrap().insert(crate::keys::NODE_LABEL.into(), "node-b".into());
+        elsewhere.metadata.annotations.as_mut().unwrap().insert(crate::keys::PROVISION_ON_NODE.into(), "node-b".into());
+        let mut foreign = block_pv();
+        foreign.metadata.annotations.as_mut().unwrap().insert(crate::keys::PROVISIONED_BY.into(), "other.io/x".into());
+        let pvs: Vec<KeptVolume> = vec![ours.clone(), filesystem.into(), elsewhere.into(), foreign.into()];
+        let served = served_here(&pvs, &me(), NODE);
+        assert_eq!(served.len(), 1, "{served:?}");
+        assert_eq!(served[0].metadata.name, ours.metadata.name);
+    }
+
+    #[test]
+    fn what_deletion_and_accounting_read_of_a_block_pv_is_its_directory_never_its_device() {
+        let pv = KeptVolume::from(block_pv());
+        let path = crate::deciding::volume::volume_path(&pv).expect("the backing directory");
+        assert_eq!(path, format!("/var/hpvolumes/pvc-{UID}"));
+        assert!(!path.starts_with("/dev"));
+        let mut bare = block_pv();
+        bare.metadata.annotations.as_mut().unwrap().remove(BACKING_DIR_ANNOTATION);
+        assert_eq!(
+            crate::deciding::volume::volume_path(&KeptVolume::from(bare)),
+            None,
+            "no directory, nothing removed"
+        );
     }
 }

@@ -1,0 +1,159 @@
+//! End-to-end: raw Block volumes (issue #47) on the control-plane testbed, the provisioner as
+//! the node (root, real loop devices). A Block claim becomes a `local` PV whose path is a block
+//! device backed by the volume's file; a restart after the loop and node are gone (a reboot,
+//! simulated) exposes the same data again; deletion leaves no loop, no node and no file; with
+//! the setting off the claim is refused naming it.
+//!
+//! Each test gives its provisioner a device directory of its own (`BLOCK_DEVICE_DIR`): a
+//! provisioner removes the nodes there that name none of its volumes, so tests sharing the
+//! host's `/dev` must not share one. Every loop on a file of the test's pool and the device
+//! directory are removed when the test ends, passed or failed.
+
+mod common;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use testbed::fixtures;
+
+const BACKING_DIR: &str = "hostpath-provisioner.kubevirt.io/block-backing-dir";
+
+/// Removes, on drop, every loop whose backing file lies under `pool` and the device directory.
+struct BlockCleanup {
+    pool: PathBuf,
+    devices: PathBuf,
+}
+
+impl Drop for BlockCleanup {
+    fn drop(&mut self) {
+        for (number, _) in loops_under(&self.pool) {
+            let _ = std::process::Command::new("losetup").arg("-d").arg(format!("/dev/loop{number}")).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.devices);
+    }
+}
+
+/// The attached loops whose backing file (as sysfs names it) lies under `dir`.
+fn loops_under(dir: &Path) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/sys/block") else { return found };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(number) = name.strip_prefix("loop").and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) {
+            let backing = backing.trim_end().to_owned();
+            if backing.starts_with(&*dir.to_string_lossy()) {
+                found.push((number, backing));
+            }
+        }
+    }
+    found
+}
+
+fn device_dir() -> PathBuf {
+    PathBuf::from("/dev").join(testbed::unique_name("hpp-e2e-block"))
+}
+
+/// 1 MiB of a pattern no fresh sparse file holds.
+fn pattern() -> Vec<u8> {
+    (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 1).collect()
+}
+
+fn read_start(path: &Path, len: usize) -> Vec<u8> {
+    let mut file = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let mut read = vec![0; len];
+    file.read_exact(&mut read).expect("read");
+    read
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_claim_is_a_loop_device_of_its_file_exposed_again_after_a_restart_and_released_on_deletion() {
+    let devices = device_dir();
+    let devices_env = devices.to_string_lossy().into_owned();
+    let mut env =
+        TestEnv::start_with("block", 1, |spec| spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env))
+            .await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let class = env.class("block", |c| c).await;
+    let claim =
+        env.create_claim(fixtures::claim(&env.ns, "disk", &class, "16Mi").provision_on_node(&node).block()).await;
+    let pv = env.wait_bound("disk").await;
+    let pv_name = pv.metadata.name.clone().expect("name");
+    assert_eq!(pv_name, format!("pvc-{}", uid(&claim)));
+    let spec = pv.spec.clone().expect("spec");
+    assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
+    assert!(spec.host_path.is_none());
+    let node_path = PathBuf::from(&spec.local.as_ref().expect("a local PV").path);
+    assert_eq!(node_path, devices.join(&pv_name), "the node is named after the PV, in the device directory");
+    let dir = PathBuf::from(&pv.metadata.annotations.as_ref().expect("annotations")[BACKING_DIR]);
+    assert_eq!(dir, pool.join(&pv_name));
+    let file = dir.join("block.img");
+    assert_eq!(std::fs::metadata(&file).expect("backing file").len(), 16 << 20, "sized to the request");
+
+    // The node is a block device of the loop holding the volume's file.
+    let meta = std::fs::metadata(&node_path).expect("device node");
+    assert!(meta.file_type().is_block_device(), "{} is a block device", node_path.display());
+    let attached = loops_under(&pool);
+    assert_eq!(attached.len(), 1, "one loop on the volume's file: {attached:?}");
+    assert_eq!(attached[0].1, file.to_string_lossy());
+
+    // A pattern written to the device is read back through the file.
+    let data = pattern();
+    {
+        let mut device = std::fs::OpenOptions::new().write(true).open(&node_path).expect("open the device");
+        device.seek(SeekFrom::Start(0)).expect("seek");
+        device.write_all(&data).expect("write the device");
+        device.sync_all().expect("flush the device");
+    }
+    assert!(read_start(&file, data.len()) == data, "the file holds what was written to the device");
+
+    // A reboot, simulated: the provisioner stopped, the node gone, the loop detached.
+    env.node_mut(&node).provisioner.terminate();
+    std::fs::remove_file(&node_path).expect("remove the node by hand");
+    for (number, _) in loops_under(&pool) {
+        let status = std::process::Command::new("losetup").arg("-d").arg(format!("/dev/loop{number}")).status();
+        assert!(status.expect("losetup").success(), "detach loop{number}");
+    }
+    testbed::wait_for("loop detached", TIMEOUT, || async { anyhow::Ok(loops_under(&pool).is_empty().then_some(())) })
+        .await
+        .expect("loop detached");
+    // A stale node left in the directory (a volume deleted while the provisioner was down).
+    let stale = devices.join("pvc-00000000-0000-0000-0000-000000000001");
+    std::fs::write(&stale, b"").expect("stale entry");
+    let provisioner = &mut env.node_mut(&node).provisioner;
+    provisioner.restart().expect("restart");
+    provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("ready again");
+    // Exposed before ready: no waiting here.
+    let meta = std::fs::metadata(&node_path).expect("device node made again before ready");
+    assert!(meta.file_type().is_block_device());
+    assert!(!stale.exists(), "a node naming no volume of this node is removed at start");
+    assert!(read_start(&node_path, data.len()) == data, "the device holds the same data after the restart");
+    assert_eq!(loops_under(&pool).len(), 1);
+
+    // Deletion: no node, no loop, no file.
+    env.delete_claim("disk").await;
+    env.wait_pv_gone(&pv_name).await;
+    assert!(!node_path.exists(), "the device node is removed");
+    assert!(loops_under(&pool).is_empty(), "no loop left: {:?}", loops_under(&pool));
+    assert!(!dir.exists(), "the volume directory went to the trash");
+    wait_trash_empty(&pool).await;
+    assert!(loops_under(&pool).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_claim_is_refused_naming_the_setting_while_block_volumes_are_off() {
+    let env = TestEnv::start("block-off", 1).await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let class = env.class("block", |c| c).await;
+    let claim =
+        env.create_claim(fixtures::claim(&env.ns, "disk", &class, "16Mi").provision_on_node(&node).block()).await;
+    let message = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(message.contains("--block-volumes"), "names the setting: {message}");
+    assert!(entries(&pool).iter().all(|e| e.starts_with('.')), "nothing made: {:?}", entries(&pool));
+    assert!(loops_under(&pool).is_empty());
+}
