@@ -157,3 +157,37 @@ async fn a_block_claim_is_refused_naming_the_setting_while_block_volumes_are_off
     assert!(entries(&pool).iter().all(|e| e.starts_with('.')), "nothing made: {:?}", entries(&pool));
     assert!(loops_under(&pool).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_device_still_open_is_waited_for_with_an_event_before_its_file_goes() {
+    let devices = device_dir();
+    let devices_env = devices.to_string_lossy().into_owned();
+    let env = TestEnv::start_with("block-open", 1, |spec| {
+        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
+    })
+    .await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let class = env.class("block", |c| c).await;
+    env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
+    let pv = env.wait_bound("disk").await;
+    let pv_name = pv.metadata.name.clone().expect("name");
+    let pv_uid = pv.metadata.uid.clone().expect("uid");
+    let node_path = PathBuf::from(&pv.spec.as_ref().and_then(|s| s.local.as_ref()).expect("local").path);
+    let dir = pool.join(&pv_name);
+
+    // A workload still holding the device: the PV and the file stay until it lets go.
+    let holder = std::fs::File::open(&node_path).expect("open the device");
+    env.delete_claim("disk").await;
+    let note = env.wait_event("default", &pv_uid, "BlockDeviceInUse").await;
+    assert!(note.contains("still open"), "{note}");
+    assert!(env.pvs().get_opt(&pv_name).await.expect("get PV").is_some(), "the PV waits");
+    assert!(dir.join("block.img").exists(), "the file stays while the device is open");
+    assert!(!node_path.exists(), "no new opener: the node is gone at once");
+
+    drop(holder);
+    env.wait_pv_gone(&pv_name).await;
+    assert!(loops_under(&pool).is_empty(), "detached at its last close: {:?}", loops_under(&pool));
+    assert!(!dir.exists(), "then the directory went to the trash");
+}
