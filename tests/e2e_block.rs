@@ -16,9 +16,12 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
+use k8s_openapi::api::core::v1::{LocalVolumeSource, PersistentVolume, PersistentVolumeClaim};
+use kube::api::PostParams;
 use testbed::fixtures;
 
 const BACKING_DIR: &str = "hostpath-provisioner.kubevirt.io/block-backing-dir";
+const BACKING_INODE: &str = "hostpath-provisioner.kubevirt.io/block-backing-inode";
 
 /// Removes, on drop, every loop whose backing file lies under `pool` and the device directory.
 struct BlockCleanup {
@@ -190,4 +193,90 @@ async fn a_block_device_still_open_is_waited_for_with_an_event_before_its_file_g
     env.wait_pv_gone(&pv_name).await;
     assert!(loops_under(&pool).is_empty(), "detached at its last close: {:?}", loops_under(&pool));
     assert!(!dir.exists(), "then the directory went to the trash");
+}
+
+/// A Block PV written by hand for `claim`, on `node`: its device node `device` and backing
+/// directory `backing_dir` as given (a forgery), the inode annotation `inode`.
+fn forged_block_pv(
+    claim: &PersistentVolumeClaim,
+    node: &str,
+    device: &str,
+    backing_dir: &Path,
+    inode: u64,
+) -> PersistentVolume {
+    let name = format!("pvc-{}", uid(claim));
+    let mut pv = fixtures::host_path_volume(&name, "/unused", "8Mi")
+        .provisioned_by(PROVISIONER)
+        .annotation("hostPathProvisionerIdentity", PROVISIONER)
+        .annotation("kubevirt.io/provisionOnNode", node)
+        .annotation(BACKING_DIR, &backing_dir.to_string_lossy())
+        .annotation(BACKING_INODE, &inode.to_string())
+        .bound_to(claim)
+        .on_hostname(node)
+        .build();
+    let spec = pv.spec.as_mut().expect("spec");
+    spec.host_path = None;
+    spec.local = Some(LocalVolumeSource { path: device.to_owned(), fs_type: None });
+    spec.volume_mode = Some("Block".into());
+    pv
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_block_pv_naming_another_volumes_node_file_or_a_host_device_is_refused_and_nothing_is_touched() {
+    use std::os::unix::fs::MetadataExt;
+    let devices = device_dir();
+    let devices_env = devices.to_string_lossy().into_owned();
+    let env = TestEnv::start_with("block-forged", 1, |spec| {
+        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
+    })
+    .await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let class = env.class("block", |c| c).await;
+    let immediate = env.class("imm", |c| c.immediate()).await;
+    // The victim: a real Block volume holding data.
+    env.create_claim(fixtures::claim(&env.ns, "victim", &class, "8Mi").provision_on_node(&node).block()).await;
+    let victim = env.wait_bound("victim").await;
+    let victim_node = PathBuf::from(&victim.spec.as_ref().and_then(|s| s.local.as_ref()).expect("local").path);
+    let victim_dir = pool.join(victim.metadata.name.as_deref().expect("name"));
+    let victim_inode = std::fs::metadata(victim_dir.join("block.img")).expect("backing file").ino();
+    let data = pattern();
+    {
+        let mut device = std::fs::OpenOptions::new().write(true).open(&victim_node).expect("open");
+        device.write_all(&data).expect("write");
+        device.sync_all().expect("flush");
+    }
+    let (victim_loop, _) = loops_under(&pool).into_iter().next().expect("the victim's loop");
+
+    // Forgeries, each bound to a Block claim nobody provisions, then released.
+    type Forge<'a> = Box<dyn Fn(&PersistentVolumeClaim) -> PersistentVolume + 'a>;
+    let cases: [(&str, Forge, &str); 2] = [
+        (
+            "its-dir",
+            Box::new(|claim| forged_block_pv(claim, &node, &victim_node.to_string_lossy(), &victim_dir, victim_inode)),
+            "refusing to delete",
+        ),
+        (
+            "its-loop",
+            Box::new(|claim| {
+                let own = pool.join(format!("pvc-{}", uid(claim)));
+                forged_block_pv(claim, &node, &format!("/dev/loop{victim_loop}"), &own, victim_inode)
+            }),
+            "the only device node a Block PV",
+        ),
+    ];
+    for (name, forge, says) in cases {
+        let claim = env.create_claim(fixtures::claim(&env.ns, name, &immediate, "8Mi").block()).await;
+        let pv = env.pvs().create(&PostParams::default(), &forge(&claim)).await.expect("create PV");
+        env.wait_bound(name).await;
+        env.delete_claim(name).await;
+        let note = env.wait_event("default", pv.metadata.uid.as_deref().expect("uid"), "VolumeFailedDelete").await;
+        assert!(note.contains(says), "{name}: {note}");
+    }
+    // The victim is untouched: its node, its loop, its file and its data.
+    assert!(std::fs::metadata(&victim_node).expect("node").file_type().is_block_device());
+    assert_eq!(loops_under(&pool).into_iter().map(|(n, _)| n).collect::<Vec<_>>(), vec![victim_loop]);
+    assert!(read_start(&victim_dir.join("block.img"), data.len()) == data);
+    assert!(read_start(&victim_node, data.len()) == data);
 }
