@@ -280,3 +280,35 @@ async fn a_forged_block_pv_naming_another_volumes_node_file_or_a_host_device_is_
     assert!(read_start(&victim_dir.join("block.img"), data.len()) == data);
     assert!(read_start(&victim_node, data.len()) == data);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retained_block_pv_deleted_by_hand_leaves_its_file_but_no_node_nor_loop() {
+    let devices = device_dir();
+    let devices_env = devices.to_string_lossy().into_owned();
+    let env = TestEnv::start_with("block-retain", 1, |spec| {
+        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
+    })
+    .await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let class = env.class("keep", |c| c.reclaim_policy("Retain")).await;
+    env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
+    let pv = env.wait_bound("disk").await;
+    let pv_name = pv.metadata.name.clone().expect("name");
+    let node_path = PathBuf::from(&pv.spec.as_ref().and_then(|s| s.local.as_ref()).expect("local").path);
+    let file = pool.join(&pv_name).join("block.img");
+    assert_eq!(loops_under(&pool).len(), 1);
+
+    env.delete_claim("disk").await;
+    env.wait_pv_phase(&pv_name, "Released").await;
+    assert!(node_path.exists() && loops_under(&pool).len() == 1, "Retain keeps the volume exposed");
+    env.pvs().delete(&pv_name, &Default::default()).await.expect("delete the PV by hand");
+    env.wait_pv_gone(&pv_name).await;
+    testbed::wait_for("node and loop released", TIMEOUT, || async {
+        anyhow::Ok((!node_path.exists() && loops_under(&pool).is_empty()).then_some(()))
+    })
+    .await
+    .expect("node and loop released with the PV");
+    assert!(file.exists(), "the data stays, reported as an orphan, never removed");
+}

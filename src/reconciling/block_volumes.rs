@@ -128,6 +128,28 @@ pub async fn release_for_deletion(ctx: &Context, pv: &KeptVolume) -> Result<Rele
     }
 }
 
+/// After a Block PV of this node is gone (deleted by hand, or after its deletion here): its
+/// device node is removed and its loops detached (at their last close when still open), so that
+/// no node names a volume without a PV and no loop holds its file. Its file stays: data
+/// without a PV is reported, never removed (`reconciling::orphans`).
+pub fn release_without_pv(ctx: &Context, pv: &KeptVolume) {
+    let Some(devices_path) = device_dir(ctx) else { return };
+    let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+    match kept::block_volume(pv, &ctx.config.pools, devices_path) {
+        None => {}
+        Some(Err(refusal)) => {
+            tracing::warn!(pv = %pv_name, %refusal, "deleted Block PV not released: its paths are refused")
+        }
+        Some(Ok(found)) => match release(ctx, &found, devices_path) {
+            Ok(Detached::Now) => tracing::debug!(pv = %pv_name, "deleted Block PV: node and loop released"),
+            Ok(Detached::AtLastClose) => {
+                tracing::warn!(pv = %pv_name, "deleted Block PV: its device is still open, detached at its last close")
+            }
+            Err(error) => tracing::warn!(pv = %pv_name, %error, "deleted Block PV: node or loop not released"),
+        },
+    }
+}
+
 fn release(ctx: &Context, found: &BlockVolumeRef, devices_path: &Path) -> Result<Detached, VolumeError> {
     let devices = DeviceDir::open(devices_path)?;
     let node = VolumeDirName::new(&found.pv_name).map_err(PoolError::from)?;
