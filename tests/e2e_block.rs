@@ -312,3 +312,33 @@ async fn a_retained_block_pv_deleted_by_hand_leaves_its_file_but_no_node_nor_loo
     .expect("node and loop released with the PV");
     assert!(file.exists(), "the data stays, reported as an orphan, never removed");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_volume_that_cannot_be_exposed_is_undone_leaving_no_loop_file_nor_directory() {
+    let devices = device_dir();
+    let devices_env = devices.to_string_lossy().into_owned();
+    let mut env = TestEnv::start_with("block-undo", 1, |spec| {
+        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
+    })
+    .await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let class = env.class("block", |c| c).await;
+    // The claim is made while the node is down, and a directory put where its device node goes:
+    // a directory is never removed from there, so the volume cannot be exposed.
+    env.node_mut(&node).provisioner.terminate();
+    let claim =
+        env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
+    let pv_name = format!("pvc-{}", uid(&claim));
+    std::fs::create_dir_all(devices.join(&pv_name)).expect("a directory at the node's place");
+    let provisioner = &mut env.node_mut(&node).provisioner;
+    provisioner.restart().expect("restart");
+    provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("ready");
+    let note = env.wait_event(&env.ns, &uid(&claim), "ProvisioningFailed").await;
+    assert!(note.contains("a directory stands where the volume's device node goes"), "{note}");
+    assert!(loops_under(&pool).is_empty(), "the loop attached for it is detached: {:?}", loops_under(&pool));
+    assert!(!pool.join(&pv_name).exists(), "its file and directory are removed");
+    assert!(env.pvs().get_opt(&pv_name).await.expect("get PV").is_none(), "no PV");
+    assert!(devices.join(&pv_name).is_dir(), "the directory found there is left alone");
+}

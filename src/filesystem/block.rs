@@ -482,9 +482,13 @@ pub fn release(
     let (file, _fd) = open_backing(dir, dir_path)?;
     let facts: Vec<LoopFacts> = host.loops()?.into_iter().map(|l| l.facts).collect();
     let to_detach = loop_safety::decide_detach(volume, file, &facts).map_err(refused)?;
-    // The node goes first, so that nothing new opens the device while it is detached.
-    if loop_safety::remove_node(devices.entry(node)?).map_err(refused)? {
-        devices.remove(node)?;
+    // The node goes first, so that nothing new opens the device while it is detached. A
+    // directory at its place is no node (it opens no device) and is never removed: the loops
+    // are detached all the same, so that a volume undone after such a refusal keeps none.
+    match loop_safety::remove_node(devices.entry(node)?) {
+        Ok(true) => devices.remove(node)?,
+        Ok(false) | Err(LoopRefusal::DirectoryAtNode) => {}
+        Err(refusal) => return Err(refused(refusal)),
     }
     let BackingFile::Regular(id) = file else { return Ok(Detached::Now) };
     let mut outcome = Detached::Now;

@@ -52,9 +52,10 @@ pub fn make(
         path: pool.volume_path(dir).join(BACKING_FILE),
         refusal: loop_safety::LoopRefusal::Missing,
     })?;
+    // Opened first: a device directory that cannot be made fails the claim before anything is.
+    let devices = DeviceDir::open(devices_path)?;
     let created = pool.create_volume_dir(dir, BLOCK_DIR_MODE)?;
     let made = (|| {
-        let devices = DeviceDir::open(devices_path)?;
         let fd = pool.open_block_volume_dir(dir)?.ok_or(PoolError::TreeChanged { path: pool.volume_path(dir) })?;
         let dir_path = pool.volume_path(dir);
         let (_file, id) = block::create_backing(fd.as_fd(), &dir_path, size, request.allocation)?;
