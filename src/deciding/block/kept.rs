@@ -235,4 +235,25 @@ mod tests {
             "no directory, nothing removed"
         );
     }
+
+    #[test]
+    fn a_released_block_pv_is_deleted_by_its_backing_directory_in_the_pool() {
+        use crate::deciding::volume::{VolumeDecision, decide_volume};
+        let mut pv = block_pv();
+        pv.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
+            phase: Some("Released".into()),
+            ..Default::default()
+        });
+        let VolumeDecision::Delete(accepted) =
+            decide_volume(&KeptVolume::from(pv.clone()), &me(), NODE, &config().pools, &[])
+        else {
+            panic!("deleted")
+        };
+        assert_eq!(accepted.root, PathBuf::from("/var/hpvolumes"));
+        assert_eq!(accepted.dir_name, format!("pvc-{UID}"));
+        // A backing directory outside the pools is refused, whatever the device path says.
+        pv.metadata.annotations.as_mut().unwrap().insert(BACKING_DIR_ANNOTATION.into(), "/dev".into());
+        let decision = decide_volume(&KeptVolume::from(pv), &me(), NODE, &config().pools, &[]);
+        assert!(matches!(decision, VolumeDecision::Refuse(_)), "{decision:?}");
+    }
 }
