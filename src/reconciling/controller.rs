@@ -240,7 +240,11 @@ pub async fn run(
     // Before any controller runs, and so before the watches they drive report ready: this
     // node's Block volumes are attached and exposed again (a reboot detached them all), and
     // device nodes naming none of them are removed.
-    block_volumes::expose_at_start(&ctx).await;
+    // A stop asked for meanwhile (the API unreachable, the pass retrying) ends it.
+    tokio::select! {
+        () = block_volumes::expose_at_start(&ctx) => {}
+        () = shutdown.clone() => tracing::info!("stopping before this node's Block volumes were exposed"),
+    }
     tokio::spawn(settling::keep_settling(ctx.clone()));
     tokio::spawn(upkeep::purge_trash(ctx.clone()));
     tokio::spawn(snapshot_copies::sweep(ctx.clone()));
