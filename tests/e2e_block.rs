@@ -342,3 +342,42 @@ async fn a_block_volume_that_cannot_be_exposed_is_undone_leaving_no_loop_file_no
     assert!(env.pvs().get_opt(&pv_name).await.expect("get PV").is_none(), "no PV");
     assert!(devices.join(&pv_name).is_dir(), "the directory found there is left alone");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backing_file_replaced_while_the_node_was_down_is_not_exposed_at_start() {
+    let devices = device_dir();
+    let devices_env = devices.to_string_lossy().into_owned();
+    let mut env = TestEnv::start_with("block-replaced", 1, |spec| {
+        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
+    })
+    .await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let class = env.class("block", |c| c).await;
+    env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
+    let pv = env.wait_bound("disk").await;
+    let pv_uid = pv.metadata.uid.clone().expect("uid");
+    let node_path = PathBuf::from(&pv.spec.as_ref().and_then(|s| s.local.as_ref()).expect("local").path);
+    let file = pool.join(pv.metadata.name.as_deref().expect("name")).join("block.img");
+
+    // A reboot, simulated, and meanwhile another file put in the backing file's place.
+    env.node_mut(&node).provisioner.terminate();
+    std::fs::remove_file(&node_path).expect("remove the node");
+    for (number, _) in loops_under(&pool) {
+        let status = std::process::Command::new("losetup").arg("-d").arg(format!("/dev/loop{number}")).status();
+        assert!(status.expect("losetup").success());
+    }
+    testbed::wait_for("loop detached", TIMEOUT, || async { anyhow::Ok(loops_under(&pool).is_empty().then_some(())) })
+        .await
+        .expect("loop detached");
+    std::fs::remove_file(&file).expect("remove the file");
+    std::fs::write(&file, vec![7u8; 8 << 20]).expect("another file of the same name");
+    let provisioner = &mut env.node_mut(&node).provisioner;
+    provisioner.restart().expect("restart");
+    provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("ready: one volume does not hold the node");
+    let note = env.wait_event("default", &pv_uid, "BlockVolumeNotExposed").await;
+    assert!(note.contains("replaced"), "{note}");
+    assert!(!node_path.exists(), "no device node: a pod of it waits");
+    assert!(loops_under(&pool).is_empty(), "the stranger file is not attached: {:?}", loops_under(&pool));
+}

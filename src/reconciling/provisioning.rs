@@ -145,23 +145,23 @@ pub async fn provision(
         Some(request) => Some(block_volumes::make(ctx, pool, &dir, &plan.pv_name, plan.request_bytes, request)?),
         None => None,
     };
-    let created = match &provision.pattern {
-        _ if block_made.is_some() => block_made.as_ref().map_or(Created::New, |made| made.created),
-        None => make_volume(ctx, claim, provision, pool, &dir).await?,
+    let created = match (&block_made, &provision.pattern) {
+        (Some(made), _) => made.created,
+        (None, None) => make_volume(ctx, claim, provision, pool, &dir).await?,
         // Made aside, owned and marked there, then renamed into place only if the place is
         // still free (filesystem::marker).
-        Some(Placing::Make { owner }) => {
+        (None, Some(Placing::Make { owner })) => {
             let making = pool.clear_making_entry(&plan.pv_name)?;
             make_volume(ctx, claim, provision, pool, &making).await?;
             pool.place_marked(&making, &dir, &plan.pv_name, &owner_record(plan, owner))?;
             Created::New
         }
-        Some(Placing::Reuse { record: None }) => Created::Existing,
-        Some(Placing::Reuse { record: Some(owner) }) => {
+        (None, Some(Placing::Reuse { record: None })) => Created::Existing,
+        (None, Some(Placing::Reuse { record: Some(owner) })) => {
             pool.take_over_marked(&dir, &plan.pv_name, &plan.pv_name, &owner_record(plan, owner))?;
             Created::Existing
         }
-        Some(Placing::Adopt { from, owner, handed_from }) => {
+        (None, Some(Placing::Adopt { from, owner, handed_from })) => {
             // The new claim's limit first: a volume at its old limit has no room for the new
             // marker (btrfs counts it against the subvolume's quota).
             if let Some(limit_bytes) = provision.make.limit_bytes() {
@@ -182,7 +182,7 @@ pub async fn provision(
             ctx.normal(&regarding, reason::DIRECTORY_REUSED, "Provision", note).await;
             Created::Existing
         }
-        Some(Placing::Refuse(_)) => unreachable!("the plan never provisions a refused directory"),
+        (None, Some(Placing::Refuse(_))) => unreachable!("the plan never provisions a refused directory"),
     };
     let capacity = Quantity(provision.capacity.clone());
     let pv = match &block_made {
