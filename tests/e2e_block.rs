@@ -371,8 +371,11 @@ async fn a_backing_file_replaced_while_the_node_was_down_is_not_exposed_at_start
     testbed::wait_for("loop detached", TIMEOUT, || async { anyhow::Ok(loops_under(&pool).is_empty().then_some(())) })
         .await
         .expect("loop detached");
-    std::fs::remove_file(&file).expect("remove the file");
-    std::fs::write(&file, vec![7u8; 8 << 20]).expect("another file of the same name");
+    // Made before the old file goes, so that it cannot reuse the old inode's number (a file
+    // made after the old one is freed may: the recorded inode alone cannot tell them apart).
+    let other = file.with_extension("other");
+    std::fs::write(&other, vec![7u8; 8 << 20]).expect("another file");
+    std::fs::rename(&other, &file).expect("put in the backing file's place");
     let provisioner = &mut env.node_mut(&node).provisioner;
     provisioner.restart().expect("restart");
     provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("ready: one volume does not hold the node");
