@@ -343,14 +343,15 @@ async fn a_block_volume_that_cannot_be_exposed_is_undone_leaving_no_loop_file_no
     assert!(devices.join(&pv_name).is_dir(), "the directory found there is left alone");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_backing_file_replaced_while_the_node_was_down_is_not_exposed_at_start() {
+/// A Block volume whose backing file `replace` swaps while the node is down (its loop and node
+/// gone, as after a reboot): at start it is neither attached nor exposed, with an event saying
+/// `says`, and the node still becomes ready.
+async fn replaced_while_down_is_not_exposed(test: &str, replace: fn(&Path), says: &str) {
     let devices = device_dir();
     let devices_env = devices.to_string_lossy().into_owned();
-    let mut env = TestEnv::start_with("block-replaced", 1, |spec| {
-        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
-    })
-    .await;
+    let mut env =
+        TestEnv::start_with(test, 1, |spec| spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env))
+            .await;
     let node = env.nodes[0].name.clone();
     let pool = env.nodes[0].pool_root.clone();
     let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
@@ -361,7 +362,6 @@ async fn a_backing_file_replaced_while_the_node_was_down_is_not_exposed_at_start
     let node_path = PathBuf::from(&pv.spec.as_ref().and_then(|s| s.local.as_ref()).expect("local").path);
     let file = pool.join(pv.metadata.name.as_deref().expect("name")).join("block.img");
 
-    // A reboot, simulated, and meanwhile another file put in the backing file's place.
     env.node_mut(&node).provisioner.terminate();
     std::fs::remove_file(&node_path).expect("remove the node");
     for (number, _) in loops_under(&pool) {
@@ -371,16 +371,47 @@ async fn a_backing_file_replaced_while_the_node_was_down_is_not_exposed_at_start
     testbed::wait_for("loop detached", TIMEOUT, || async { anyhow::Ok(loops_under(&pool).is_empty().then_some(())) })
         .await
         .expect("loop detached");
-    // Made before the old file goes, so that it cannot reuse the old inode's number (a file
-    // made after the old one is freed may: the recorded inode alone cannot tell them apart).
-    let other = file.with_extension("other");
-    std::fs::write(&other, vec![7u8; 8 << 20]).expect("another file");
-    std::fs::rename(&other, &file).expect("put in the backing file's place");
+    replace(&file);
     let provisioner = &mut env.node_mut(&node).provisioner;
     provisioner.restart().expect("restart");
     provisioner.wait_ready(testbed::PROVISIONER_READY_TIMEOUT).await.expect("ready: one volume does not hold the node");
     let note = env.wait_event("default", &pv_uid, "BlockVolumeNotExposed").await;
-    assert!(note.contains("replaced"), "{note}");
+    assert!(note.contains(says), "{note}");
     assert!(!node_path.exists(), "no device node: a pod of it waits");
     assert!(loops_under(&pool).is_empty(), "the stranger file is not attached: {:?}", loops_under(&pool));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backing_file_replaced_while_the_node_was_down_is_not_exposed_at_start() {
+    // Made before the old file goes: another inode number.
+    replaced_while_down_is_not_exposed(
+        "block-replaced",
+        |file| {
+            let other = file.with_extension("other");
+            std::fs::write(&other, vec![7u8; 8 << 20]).expect("another file");
+            std::fs::rename(&other, file).expect("put in the backing file's place");
+        },
+        "replaced",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backing_file_made_again_under_its_freed_inode_number_is_not_exposed_at_start() {
+    // Made after the old file went: ext4 gives it the freed inode number, so only its birth
+    // time tells it from the volume's.
+    replaced_while_down_is_not_exposed(
+        "block-reborn",
+        |file| {
+            use std::os::unix::fs::MetadataExt;
+            let inode = std::fs::metadata(file).expect("the file").ino();
+            std::fs::remove_file(file).expect("remove the file");
+            std::fs::write(file, vec![7u8; 8 << 20]).expect("another file of the same name");
+            if std::fs::metadata(file).expect("the new file").ino() != inode {
+                eprintln!("the filesystem gave the new file another inode number: refused by the inode alone");
+            }
+        },
+        "born",
+    )
+    .await;
 }

@@ -42,6 +42,38 @@ pub const BACKING_FILE: &str = "block.img";
 /// filesystem: a file put in its place (same name, other inode) is never attached nor exposed.
 pub const BACKING_INODE_ANNOTATION: &str = "hostpath-provisioner.kubevirt.io/block-backing-inode";
 
+/// PV annotation: the backing file's birth time, `<seconds>.<nanoseconds>`, where the filesystem
+/// records one. An inode number is free for reuse as soon as its file is gone (ext4 gives a file
+/// made right after another's deletion the same number), so the number alone cannot tell the
+/// volume's file from one made in its place later; its birth time can.
+pub const BACKING_BIRTH_ANNOTATION: &str = "hostpath-provisioner.kubevirt.io/block-backing-birth";
+
+/// A file's birth time (`statx` `stx_btime`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Birth {
+    /// Seconds since the epoch.
+    pub seconds: i64,
+    /// Nanoseconds.
+    pub nanoseconds: u32,
+}
+
+impl Birth {
+    /// The annotation's value.
+    pub fn to_annotation(self) -> String {
+        format!("{}.{:09}", self.seconds, self.nanoseconds)
+    }
+
+    /// Reads an annotation's value back (`None` when it is not one this provisioner writes).
+    pub fn parse(value: &str) -> Option<Birth> {
+        let (seconds, nanoseconds) = value.split_once('.')?;
+        if nanoseconds.len() != 9 || !nanoseconds.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let nanoseconds = nanoseconds.parse::<u32>().ok().filter(|n| *n < 1_000_000_000)?;
+        Some(Birth { seconds: seconds.parse().ok()?, nanoseconds })
+    }
+}
+
 /// PV annotation: the volume directory holding the backing file (as a hostPath PV's path), read
 /// by deletion, which accepts it by the same rules as a directory volume's.
 pub const BACKING_DIR_ANNOTATION: &str = "hostpath-provisioner.kubevirt.io/block-backing-dir";
@@ -121,8 +153,8 @@ pub fn accept_device_path(path: &str, pv_name: &str, device_dir: &Path) -> Resul
 }
 
 /// The PV of a Block volume: as [`build_pv`] would write it for a `local` volume, with
-/// `volumeMode: Block`, `spec.local.path` its device node, pinned to the node, and the two
-/// annotations that tie it to its backing file (`backing_inode` as made); its node in
+/// `volumeMode: Block`, `spec.local.path` its device node, pinned to the node, and the
+/// annotations that tie it to its backing file (`backing_inode` and `backing_birth` as made); its node in
 /// `device_dir`.
 pub fn build_block_pv(
     plan: &ProvisionPlan,
@@ -130,6 +162,7 @@ pub fn build_block_pv(
     node: &NodeFacts,
     capacity: Quantity,
     backing_inode: u64,
+    backing_birth: Option<Birth>,
     device_dir: &Path,
 ) -> Result<PersistentVolume, BlockPathRefusal> {
     if plan.topology != Topology::Node {
@@ -141,6 +174,9 @@ pub fn build_block_pv(
     let mut pv = build_pv(&local_plan, claim, node, capacity);
     let annotations = pv.metadata.annotations.get_or_insert_default();
     annotations.insert(BACKING_INODE_ANNOTATION.to_owned(), backing_inode.to_string());
+    if let Some(birth) = backing_birth {
+        annotations.insert(BACKING_BIRTH_ANNOTATION.to_owned(), birth.to_annotation());
+    }
     annotations
         .insert(BACKING_DIR_ANNOTATION.to_owned(), plan.pool.root.join(&plan.dir_name).to_string_lossy().into_owned());
     // An fsGroup means nothing to a raw device, and the kubelet would try to apply it.

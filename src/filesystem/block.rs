@@ -16,7 +16,7 @@ use rustix::io::Errno;
 use crate::deciding::block::loop_safety::{
     self, Attachment, BackingFile, FileId, LoopFacts, LoopRefusal, NodeAction, NodeEntry, Volume,
 };
-use crate::deciding::block::{Allocation, BACKING_FILE};
+use crate::deciding::block::{Allocation, BACKING_FILE, Birth};
 use crate::filesystem::root::{DirOpen, Subvolumes};
 use crate::filesystem::{PoolError, PoolRoot, VolumeDirName, fs_error};
 
@@ -285,6 +285,18 @@ pub fn create_backing(
     grow_backing(fd.as_fd(), dir_path, size, allocation)?;
     let id = loop_ioctl::file_id(&fd).map_err(|e| fs_error("stat the backing file", path(), e))?;
     Ok((fd, id))
+}
+
+/// The birth time of the backing file in the volume directory `dir` (not following a symlink):
+/// `None` when it is missing or the filesystem records no birth time.
+pub fn backing_birth(dir: BorrowedFd<'_>, dir_path: &Path) -> Result<Option<Birth>, PoolError> {
+    match rustix::fs::statx(dir, BACKING_FILE, AtFlags::SYMLINK_NOFOLLOW, rustix::fs::StatxFlags::BTIME) {
+        Ok(st) if st.stx_mask & rustix::fs::StatxFlags::BTIME.bits() != 0 => {
+            Ok(Some(Birth { seconds: st.stx_btime.tv_sec, nanoseconds: st.stx_btime.tv_nsec }))
+        }
+        Ok(_) | Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(fs_error("read the backing file's birth time", dir_path.join(BACKING_FILE), e)),
+    }
 }
 
 /// Unlinks the backing file from the volume directory `dir` (as a name, never followed): the

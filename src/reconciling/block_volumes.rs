@@ -35,6 +35,8 @@ pub struct Made {
     pub created: Created,
     /// The backing file's inode, recorded on the PV.
     pub inode: u64,
+    /// Its birth time, recorded on the PV where the filesystem keeps one.
+    pub birth: Option<crate::deciding::block::Birth>,
 }
 
 /// Makes the Block volume `dir` of PV `pv_name`: its directory, its backing file of `size`
@@ -59,14 +61,15 @@ pub fn make(
         let fd = pool.open_block_volume_dir(dir)?.ok_or(PoolError::TreeChanged { path: pool.volume_path(dir) })?;
         let dir_path = pool.volume_path(dir);
         let (_file, id) = block::create_backing(fd.as_fd(), &dir_path, size, request.allocation)?;
+        let birth = block::backing_birth(fd.as_fd(), &dir_path)?;
         let node = VolumeDirName::new(pv_name).map_err(PoolError::from)?;
         let volume = Volume { recorded_inode: Some(id.ino) };
         let attached = block::expose(&LoopHost::host(), &devices, fd.as_fd(), &dir_path, volume, &node, DIRECT_IO)?;
         tracing::info!(pv = %pv_name, backing = %dir_path.join(BACKING_FILE).display(), loop_number = attached.facts.number, direct_io = attached.direct_io, "Block volume attached and exposed");
-        Ok(id.ino)
+        Ok((id.ino, birth))
     })();
     match made {
-        Ok(inode) => Ok(Made { created, inode }),
+        Ok((inode, birth)) => Ok(Made { created, inode, birth }),
         Err(error) => {
             if created == Created::New
                 && let Err(cleanup) = undo(ctx, pool, dir, pv_name)
@@ -168,7 +171,9 @@ fn release(ctx: &Context, found: &BlockVolumeRef, devices_path: &Path) -> Result
         }
         return Ok(Detached::Now);
     };
-    Ok(block::release(&LoopHost::host(), &devices, fd.as_fd(), &pool.volume_path(&dir), found.volume, &node)?)
+    let dir_path = pool.volume_path(&dir);
+    kept::check_birth(found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
+    Ok(block::release(&LoopHost::host(), &devices, fd.as_fd(), &dir_path, found.volume, &node)?)
 }
 
 /// At start, before the controllers run (and so before the node reports ready): exposes every
@@ -238,6 +243,7 @@ fn expose_one(ctx: &Context, pv: &KeptVolume, devices: &DeviceDir, devices_path:
         path: dir_path.join(BACKING_FILE),
         refusal: loop_safety::LoopRefusal::Missing,
     })?;
+    kept::check_birth(&found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
     let node = VolumeDirName::new(&found.pv_name).map_err(PoolError::from)?;
     let attached = block::expose(&LoopHost::host(), devices, fd.as_fd(), &dir_path, found.volume, &node, DIRECT_IO)?;
     Ok(attached.facts.number)

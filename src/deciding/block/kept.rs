@@ -10,7 +10,10 @@
 use std::path::PathBuf;
 
 use crate::deciding::block::loop_safety::Volume;
-use crate::deciding::block::{BACKING_DIR_ANNOTATION, BACKING_INODE_ANNOTATION, BlockPathRefusal, accept_device_path};
+use crate::deciding::block::{
+    BACKING_BIRTH_ANNOTATION, BACKING_DIR_ANNOTATION, BACKING_INODE_ANNOTATION, Birth, BlockPathRefusal,
+    accept_device_path,
+};
 use crate::deciding::kept_volume::KeptVolume;
 use crate::deciding::layout::{self, AcceptedPath, PathRefusal, PoolPath};
 
@@ -25,6 +28,8 @@ pub struct BlockVolumeRef {
     pub backing_dir: AcceptedPath,
     /// What the backing file must be.
     pub volume: Volume,
+    /// The backing file's birth time as recorded (none where the filesystem keeps none).
+    pub recorded_birth: Option<Birth>,
 }
 
 /// Why a Block PV is not acted on (an Event on the PV; nothing attached, exposed or removed).
@@ -43,6 +48,19 @@ pub enum BlockPvRefusal {
         pv: String,
         /// Why.
         refusal: PathRefusal,
+    },
+    /// The file at the backing path has the recorded inode number but was born after the
+    /// volume's: another file made in its place that took the freed number.
+    #[error(
+        "Block PV {pv}: the backing file was replaced: the file there was born at {found}, not at {recorded} as the volume's (it may carry the volume's freed inode number); it is neither attached nor detached"
+    )]
+    Reborn {
+        /// The PV name.
+        pv: String,
+        /// Recorded birth time.
+        recorded: String,
+        /// Found birth time.
+        found: String,
     },
     /// An annotation is missing or not what this provisioner writes.
     #[error("Block PV {pv}: annotation {annotation} is {found:?}; it is written when the volume is made")]
@@ -83,8 +101,36 @@ pub fn block_volume(
             annotation: BACKING_INODE_ANNOTATION,
             found: Some(inode.to_owned()),
         })?;
-        Ok(BlockVolumeRef { pv_name, node_path, backing_dir, volume: Volume { recorded_inode: Some(recorded_inode) } })
+        let recorded_birth = match pv.annotations.get(BACKING_BIRTH_ANNOTATION) {
+            None => None,
+            Some(value) => Some(Birth::parse(value).ok_or_else(|| BlockPvRefusal::Annotation {
+                pv: pv_name.clone(),
+                annotation: BACKING_BIRTH_ANNOTATION,
+                found: Some(value.to_owned()),
+            })?),
+        };
+        Ok(BlockVolumeRef {
+            pv_name,
+            node_path,
+            backing_dir,
+            volume: Volume { recorded_inode: Some(recorded_inode) },
+            recorded_birth,
+        })
     })
+}
+
+/// Whether the file found at the backing path (its birth time `found`, where the filesystem
+/// keeps one) may be the volume's: refused when both times are known and differ. A missing file
+/// is left to the loop decisions.
+pub fn check_birth(volume: &BlockVolumeRef, found: Option<Birth>) -> Result<(), BlockPvRefusal> {
+    match (volume.recorded_birth, found) {
+        (Some(recorded), Some(found)) if recorded != found => Err(BlockPvRefusal::Reborn {
+            pv: volume.pv_name.clone(),
+            recorded: recorded.to_annotation(),
+            found: found.to_annotation(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The Block PVs this node exposes at start, before it reports ready (a reboot emptied the
@@ -129,10 +175,13 @@ mod tests {
             &node,
             Quantity("1Gi".into()),
             4242,
+            Some(BIRTH),
             Path::new(DEVICE_DIR),
         )
         .unwrap()
     }
+
+    const BIRTH: Birth = Birth { seconds: 1_700_000_000, nanoseconds: 5 };
 
     fn read(pv: &PersistentVolume) -> Option<Result<BlockVolumeRef, BlockPvRefusal>> {
         block_volume(&KeptVolume::from(pv.clone()), &config().pools, Path::new(DEVICE_DIR))
@@ -152,6 +201,14 @@ mod tests {
         assert_eq!(found.backing_dir.root, PathBuf::from("/var/hpvolumes"));
         assert_eq!(found.backing_dir.dir_name, format!("pvc-{UID}"));
         assert_eq!(found.volume, Volume { recorded_inode: Some(4242) });
+        assert_eq!(found.recorded_birth, Some(BIRTH));
+        assert_eq!(check_birth(&found, Some(BIRTH)), Ok(()));
+        assert_eq!(check_birth(&found, None), Ok(()), "a missing file is the loop decisions' to judge");
+        let later = Birth { seconds: BIRTH.seconds + 1, nanoseconds: 0 };
+        assert!(matches!(check_birth(&found, Some(later)), Err(BlockPvRefusal::Reborn { .. })));
+        let mut unrecorded = found.clone();
+        unrecorded.recorded_birth = None;
+        assert_eq!(check_birth(&unrecorded, Some(later)), Ok(()), "a filesystem without birth times: inode only");
         let mut filesystem = block_pv();
         filesystem.spec.as_mut().unwrap().volume_mode = Some("Filesystem".into());
         assert_eq!(read(&filesystem), None, "not a Block PV");
@@ -202,6 +259,10 @@ mod tests {
                 pv.metadata.annotations.as_mut().unwrap().remove(BACKING_INODE_ANNOTATION);
             }),
             BlockPvRefusal::Annotation { found: None, .. }
+        ));
+        assert!(matches!(
+            edited(set_annotation(BACKING_BIRTH_ANNOTATION, "yesterday".into())),
+            BlockPvRefusal::Annotation { annotation: BACKING_BIRTH_ANNOTATION, found: Some(_), .. }
         ));
     }
 

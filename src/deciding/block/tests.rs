@@ -63,7 +63,7 @@ fn a_block_pv_naming_a_host_device_or_another_volumes_node_is_refused() {
 fn a_block_pv_is_a_local_pv_of_the_device_node_pinned_to_the_node() {
     let claim = claim("hpp").selected(NODE).block().build();
     let plan = plan();
-    let pv = build_block_pv(&plan, &claim, &node(), Quantity("1Gi".into()), 4242, dev()).unwrap();
+    let pv = build_block_pv(&plan, &claim, &node(), Quantity("1Gi".into()), 4242, None, dev()).unwrap();
     let spec = pv.spec.as_ref().unwrap();
     assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
     assert!(spec.host_path.is_none());
@@ -87,7 +87,7 @@ fn a_block_volume_is_only_node_shaped() {
     for topology in [Topology::Shared, Topology::EveryNode] {
         let plan = ProvisionPlan { topology, ..plan() };
         assert_eq!(
-            build_block_pv(&plan, &claim, &node(), Quantity("1Gi".into()), 1, dev()),
+            build_block_pv(&plan, &claim, &node(), Quantity("1Gi".into()), 1, None, dev()),
             Err(BlockPathRefusal::NotNodeTopology(topology))
         );
     }
@@ -99,4 +99,17 @@ fn allocation_is_sparse_unless_full_is_asked() {
     assert_eq!(Allocation::parse(Some("sparse")), Ok(Allocation::Sparse));
     assert_eq!(Allocation::parse(Some("full")), Ok(Allocation::Full));
     assert_eq!(Allocation::parse(Some("Full")), Err("sparse, full"));
+}
+
+#[test]
+fn a_birth_time_is_written_and_read_back_exactly_and_nothing_else_is_read_as_one() {
+    let birth = Birth { seconds: 1_700_000_000, nanoseconds: 42 };
+    assert_eq!(birth.to_annotation(), "1700000000.000000042");
+    assert_eq!(Birth::parse(&birth.to_annotation()), Some(birth));
+    for bad in ["", "1700000000", "1700000000.42", "x.000000042", "1.0000000001", "1.-00000001", "1.+00000001"] {
+        assert_eq!(Birth::parse(bad), None, "{bad:?}");
+    }
+    let claim = claim("hpp").selected(NODE).block().build();
+    let pv = build_block_pv(&plan(), &claim, &node(), Quantity("1Gi".into()), 7, Some(birth), dev()).unwrap();
+    assert_eq!(pv.metadata.annotations.unwrap()[BACKING_BIRTH_ANNOTATION], "1700000000.000000042");
 }
