@@ -112,6 +112,14 @@ pub struct Args {
     #[arg(long, env = "PUBLISH_CAPACITY", default_value = "false", num_args = 0..=1, default_missing_value = "true")]
     pub publish_capacity: String,
 
+    /// Serve volumeMode Block claims: a file in the pool on a loop device, exposed as a device node in BLOCK_DEVICE_DIR (true/false, yes/no, on/off, 1/0). Needs the host's /dev and /dev/loop-control.
+    #[arg(long, env = "BLOCK_VOLUMES", default_value = "false", num_args = 0..=1, default_missing_value = "true")]
+    pub block_volumes: String,
+
+    /// Directory of Block volumes' device nodes, on the host's devtmpfs (gone at reboot, so a device node never outlives the loop it was made for).
+    #[arg(long, env = "BLOCK_DEVICE_DIR", default_value = crate::deciding::block::DEVICE_DIR)]
+    pub block_device_dir: PathBuf,
+
     /// Who may pin claims to nodes with kubevirt.io/provisionOnNode: allow, deny, or a comma-separated list of namespaces.
     #[arg(long, env = "PROVISION_ON_NODE", default_value = "allow")]
     pub provision_on_node: String,
@@ -300,6 +308,9 @@ pub struct Config {
     pub provision_on_node: ProvisionOnNodePolicy,
     /// Publish CSIStorageCapacity objects for kube-scheduler.
     pub publish_capacity: bool,
+    /// `BLOCK_VOLUMES`: the directory of Block volumes' device nodes (`BLOCK_DEVICE_DIR`) when
+    /// they are on; `None` refuses Block claims.
+    pub block_device_dir: Option<PathBuf>,
     /// Bytes kept free per pool.
     pub reserved_bytes: u64,
     /// Concurrent reconciles.
@@ -389,6 +400,14 @@ impl Args {
         let require_mountpoint = parse_switch("REQUIRE_MOUNTPOINT", &self.require_mountpoint)?;
         let pv_finalizer = parse_switch("PV_FINALIZER", &self.pv_finalizer)?;
         let publish_capacity = parse_switch("PUBLISH_CAPACITY", &self.publish_capacity)?;
+        let block_volumes = parse_switch("BLOCK_VOLUMES", &self.block_volumes)?;
+        if block_volumes && !self.block_device_dir.is_absolute() {
+            return Err(invalid(
+                "BLOCK_DEVICE_DIR",
+                &self.block_device_dir.to_string_lossy(),
+                "an absolute path such as /dev/hostpath-provisioner",
+            ));
+        }
         let dir_mode = u32::from_str_radix(self.dir_mode.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o7777)
@@ -486,6 +505,7 @@ impl Args {
             pv_finalizer,
             provision_on_node,
             publish_capacity,
+            block_device_dir: block_volumes.then_some(self.block_device_dir),
             reserved_bytes,
             max_concurrency,
             metrics_addr,

@@ -68,6 +68,12 @@ pub mod reason {
     /// Normal, on the node's Node object: a snapshot copy without its snapshot was moved to the
     /// trash after its grace period.
     pub const SNAPSHOT_COPY_REMOVED: &str = "SnapshotCopyRemoved";
+    /// Warning, on a released Block PV: its loop device is still open (a pod, a mount); the
+    /// kernel detaches it at its last close, and the backing file is trashed after that.
+    pub const BLOCK_DEVICE_IN_USE: &str = "BlockDeviceInUse";
+    /// Warning, on a Block PV of this node: it could not be exposed at start (its device node
+    /// is missing until that is fixed; a pod of it waits).
+    pub const BLOCK_VOLUME_NOT_EXPOSED: &str = "BlockVolumeNotExposed";
 }
 
 /// Whether and how soon to try again.
@@ -144,6 +150,9 @@ pub enum ClaimError {
         /// Why it cannot be read.
         error: String,
     },
+    /// A Block volume's PV could not be written (its name gives no device node).
+    #[error("{0}")]
+    BlockPv(#[from] crate::deciding::block::BlockPathRefusal),
     /// Other nodes kept changing a shared pool's record of promises: no attempt could write it.
     #[error(
         "space in pool {pool} could not be promised: other nodes changed its record (Lease {lease}) at every one of {attempts} attempts"
@@ -181,6 +190,7 @@ impl ClaimError {
             | Self::Clone { .. }
             | Self::PvConflict { .. }
             | Self::UnknownPool(_)
+            | Self::BlockPv(_)
             | Self::QuotaUnsupported(_) => Retry::AfterChange,
         }
     }
@@ -196,6 +206,7 @@ impl ClaimError {
             Self::Cleanup { .. } => "cleanup",
             Self::UnknownPool(_) => "unknown_pool",
             Self::QuotaUnsupported(_) => "quota_unsupported",
+            Self::BlockPv(_) => "block",
             Self::PromiseRecord { .. } => "promise_record",
             Self::PromiseContention { .. } => "promise_contention",
         }
@@ -214,6 +225,15 @@ pub enum VolumeError {
     /// The pool named by the accepted path is not open on this node.
     #[error("pool {0} is not configured on this node")]
     UnknownPool(String),
+    /// A Block PV whose paths are not the ones this provisioner writes: nothing is detached
+    /// nor removed for it.
+    #[error("{0}")]
+    BlockPv(#[from] crate::deciding::block::kept::BlockPvRefusal),
+    /// A Block PV to delete on a node where Block volumes are off: its loop cannot be detached.
+    #[error(
+        "{0} is a Block volume and Block volumes are off on this node: its loop device and node cannot be released; turn them on with --block-volumes to delete it"
+    )]
+    BlockVolumesOff(String),
 }
 
 impl VolumeError {
@@ -227,7 +247,7 @@ impl VolumeError {
         match self {
             Self::Api(_) => Retry::Backoff,
             Self::Pool(e) if e.is_retryable() => Retry::Backoff,
-            Self::Pool(_) | Self::UnknownPool(_) => Retry::AfterChange,
+            Self::Pool(_) | Self::UnknownPool(_) | Self::BlockPv(_) | Self::BlockVolumesOff(_) => Retry::AfterChange,
         }
     }
 
@@ -237,6 +257,7 @@ impl VolumeError {
             Self::Api(_) => "api",
             Self::Pool(_) => "pool",
             Self::UnknownPool(_) => "unknown_pool",
+            Self::BlockPv(_) | Self::BlockVolumesOff(_) => "block_pv",
         }
     }
 }

@@ -37,6 +37,7 @@ pub fn config() -> DecisionConfig {
         reserved_bytes: 0,
         pv_capacity: PvCapacity::Request,
         affinity_keys: Vec::new(),
+        block_device_dir: None,
     }
 }
 

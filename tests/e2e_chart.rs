@@ -849,6 +849,7 @@ fn binary_reads_class(parameters: &BTreeMap<String, String>) -> Result<(), Strin
         reserved_bytes: 0,
         pv_capacity: PvCapacity::Request,
         affinity_keys: Vec::new(),
+        block_device_dir: None,
     };
     class_request(&class, "x", &config).map(|_| ()).map_err(|refusal| format!("{refusal:?}"))
 }
@@ -1145,4 +1146,41 @@ fn a_capacity_provisioner_name_places_the_marked_classes_and_names_the_csidriver
         let said = refusal(&format!("{values}\n"));
         assert!(said.contains(says), "{values}: {said}");
     }
+}
+
+/// Block volumes (`config.blockVolumes`): off by default, the node container unprivileged; on,
+/// the setting and the device directory reach the binary, and the container runs privileged
+/// with the host's `/dev` (loop devices, device nodes). The SCC follows; operator mode refuses
+/// it (the resource has no field for it yet); a device directory outside `/dev` is refused.
+#[test]
+fn block_volumes_make_the_node_container_privileged_with_the_hosts_dev_only_when_asked_for() {
+    let daemonset = |objects: &[Value]| (*of_kind(objects, "DaemonSet").first().expect("DaemonSet")).clone();
+    let off = render("", &[]);
+    let container = &daemonset(&off)["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["securityContext"]["privileged"], false);
+    assert!(rendered_env(&off).contains(&("BLOCK_VOLUMES".to_owned(), "false".to_owned())));
+    let mounts = container["volumeMounts"].as_array().expect("mounts");
+    assert!(mounts.iter().all(|m| m["mountPath"] != "/dev"), "{mounts:?}");
+
+    let on = render(
+        "config: {blockVolumes: true, blockDeviceDir: /dev/hpp-block}\nopenshift: {scc: {create: true}}\n\
+         storageClasses: [{name: disks, parameters: {allocation: full}}]\n",
+        &[],
+    );
+    let env = rendered_env(&on);
+    assert!(env.contains(&("BLOCK_VOLUMES".to_owned(), "true".to_owned())), "{env:?}");
+    assert!(env.contains(&("BLOCK_DEVICE_DIR".to_owned(), "/dev/hpp-block".to_owned())), "{env:?}");
+    let pod = &daemonset(&on)["spec"]["template"]["spec"];
+    assert_eq!(pod["containers"][0]["securityContext"]["privileged"], true);
+    assert!(pod["containers"][0]["volumeMounts"].as_array().expect("mounts").iter().any(|m| m["mountPath"] == "/dev"));
+    assert!(pod["volumes"].as_array().expect("volumes").iter().any(|v| v["hostPath"]["path"] == "/dev"));
+    let scc = of_kind(&on, "SecurityContextConstraints");
+    assert!(scc.iter().any(|s| s["allowPrivilegedContainer"] == true), "the SCC admits the privileged container");
+    let class = of_kind(&on, "StorageClass").into_iter().find(|c| c["metadata"]["name"] == "disks").expect("class");
+    assert_eq!(class["parameters"]["allocation"], "full");
+
+    assert!(refusal("config: {blockDeviceDir: /var/lib/x}").contains("blockDeviceDir"));
+    assert!(refusal("storageClasses: [{name: d, parameters: {allocation: thick}}]").contains("allocation"));
+    let operator = refusal("operator: {enabled: true, resource: {workload: {}}}\nconfig: {blockVolumes: true}\n");
+    assert!(operator.contains("config.blockVolumes"), "{operator}");
 }

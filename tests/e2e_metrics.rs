@@ -39,7 +39,7 @@ async fn library_metrics_count_provisions_refusals_and_deletions_by_class() {
         env.create_claim(fixtures::claim(&env.ns, "ok", &class, "1Mi").provision_on_node(&node)).await;
         env.wait_bound("ok").await
     };
-    // Refused (block volumes are not served): a failed attempt for the library.
+    // Refused (block volumes are off on this node): a failed attempt for the library.
     let block = env.create_claim(fixtures::claim(&env.ns, "blk", &class, "1Mi").provision_on_node(&node).block()).await;
     env.wait_event(&env.ns, &uid(&block), "ProvisioningFailed").await;
     env.delete_claim("ok").await;

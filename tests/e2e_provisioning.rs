@@ -130,7 +130,7 @@ async fn unsupported_claims_get_provisioning_failed_with_the_reason() {
     let torchbox_class = env.class("torchbox", |c| c.immediate().parameter("pvDir", "/etc")).await;
     let mount_class = env.class("mnt", |c| c.immediate().mount_option("noatime")).await;
     let cases = [
-        (fixtures::claim(&env.ns, "block", &class, "1Mi").block(), "does not support block volume provisioning"),
+        (fixtures::claim(&env.ns, "block", &class, "1Mi").block(), "turn them on with --block-volumes"),
         (fixtures::claim(&env.ns, "rwx", &class, "1Mi").access_modes(&["ReadWriteMany"]), "ReadWriteMany"),
         (fixtures::claim(&env.ns, "selector", &class, "1Mi").selector("a", "b"), "spec.selector"),
         (fixtures::claim(&env.ns, "param", &odd_class, "1Mi"), "unknown parameter \"pvdir\""),

@@ -266,6 +266,7 @@ fn non_default(key: &str) -> Value {
         "releaseClaimsOfRemovedNodes" => json!("1h"),
         "reapVolumesOfRemovedNodes" => json!("24h"),
         "capacityProvisionerName" => json!("hostpath.example.org"),
+        "blockDeviceDir" => json!("/dev/hpp-block"),
         other => panic!("no value other than the default for config.{other}: add one here"),
     }
 }

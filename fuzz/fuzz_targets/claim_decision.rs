@@ -60,7 +60,7 @@ fn check_plan(claim: &PersistentVolumeClaim, class: &StorageClass, config: &Deci
         })
     );
 
-    // The claim's shape is one we support.
+    // The claim's shape is one we support (Block volumes are off in this configuration).
     assert_ne!(spec.volume_mode.as_deref(), Some("Block"));
     assert!(spec.selector.is_none());
     // A data source is accepted only as a clone of a claim, and the plan says which.

@@ -558,6 +558,7 @@ impl ClaimInput {
             reserved_bytes: 0,
             pv_capacity: PvCapacity::Request,
             affinity_keys: Vec::new(),
+            block_device_dir: None,
         }
     }
 }

@@ -345,6 +345,20 @@ fn publish_capacity_is_off_by_default_and_needs_a_provisioner_name_that_is_an_ob
 }
 
 #[test]
+fn block_volumes_are_off_by_default_and_their_device_directory_is_absolute() {
+    assert_eq!(parse_on_node(&["--pv-dir", "/p"]).unwrap().block_device_dir, None, "opt-in");
+    let c = parse_on_node(&["--pv-dir", "/p", "--block-volumes"]).unwrap();
+    assert_eq!(c.block_device_dir.as_deref(), Some(std::path::Path::new("/dev/hostpath-provisioner")));
+    let c = parse_on_node(&["--pv-dir", "/p", "--block-volumes", "on", "--block-device-dir", "/dev/hpp-test"]).unwrap();
+    assert_eq!(c.block_device_dir.as_deref(), Some(std::path::Path::new("/dev/hpp-test")));
+    let e = parse_on_node(&["--pv-dir", "/p", "--block-volumes", "maybe"]).unwrap_err().to_string();
+    assert!(e.starts_with("BLOCK_VOLUMES: ") && e.contains(SWITCH_SPELLINGS), "{e}");
+    let e =
+        parse_on_node(&["--pv-dir", "/p", "--block-volumes", "--block-device-dir", "dev/x"]).unwrap_err().to_string();
+    assert!(e.starts_with("BLOCK_DEVICE_DIR: "), "{e}");
+}
+
+#[test]
 fn a_capacity_provisioner_name_lets_the_first_name_keep_its_slash_and_must_name_an_object() {
     let c =
         parse_on_node(&["--pv-dir", "/p", "--publish-capacity", "--capacity-provisioner-name", "hostpath.example.org"])

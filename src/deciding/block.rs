@@ -29,7 +29,8 @@ pub mod claim;
 pub mod kept;
 pub mod loop_safety;
 
-/// The directory on the host's devtmpfs holding one device node per attached Block volume.
+/// The directory on the host's devtmpfs holding one device node per attached Block volume (the
+/// default of `BLOCK_DEVICE_DIR`; tests sharing one host give each provisioner its own).
 pub const DEVICE_DIR: &str = "/dev/hostpath-provisioner";
 
 /// The backing file's name inside its volume directory. Not `disk.img`, the name KubeVirt gives
@@ -40,6 +41,38 @@ pub const BACKING_FILE: &str = "block.img";
 /// the path is this volume's only while it is a regular file with this inode on the pool's
 /// filesystem: a file put in its place (same name, other inode) is never attached nor exposed.
 pub const BACKING_INODE_ANNOTATION: &str = "hostpath-provisioner.kubevirt.io/block-backing-inode";
+
+/// PV annotation: the backing file's birth time, `<seconds>.<nanoseconds>`, where the filesystem
+/// records one. An inode number is free for reuse as soon as its file is gone (ext4 gives a file
+/// made right after another's deletion the same number), so the number alone cannot tell the
+/// volume's file from one made in its place later; its birth time can.
+pub const BACKING_BIRTH_ANNOTATION: &str = "hostpath-provisioner.kubevirt.io/block-backing-birth";
+
+/// A file's birth time (`statx` `stx_btime`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Birth {
+    /// Seconds since the epoch.
+    pub seconds: i64,
+    /// Nanoseconds.
+    pub nanoseconds: u32,
+}
+
+impl Birth {
+    /// The annotation's value.
+    pub fn to_annotation(self) -> String {
+        format!("{}.{:09}", self.seconds, self.nanoseconds)
+    }
+
+    /// Reads an annotation's value back (`None` when it is not one this provisioner writes).
+    pub fn parse(value: &str) -> Option<Birth> {
+        let (seconds, nanoseconds) = value.split_once('.')?;
+        if nanoseconds.len() != 9 || !nanoseconds.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let nanoseconds = nanoseconds.parse::<u32>().ok().filter(|n| *n < 1_000_000_000)?;
+        Some(Birth { seconds: seconds.parse().ok()?, nanoseconds })
+    }
+}
 
 /// PV annotation: the volume directory holding the backing file (as a hostPath PV's path), read
 /// by deletion, which accepts it by the same rules as a directory volume's.
@@ -90,11 +123,11 @@ pub enum BlockPathRefusal {
     },
 }
 
-/// The device node of PV `pv_name`: `/dev/hostpath-provisioner/pvc-<uid>`. Only a `pvc-<uid>`
-/// name is accepted, so the node is a single component of known characters.
-pub fn device_node_path(pv_name: &str) -> Result<PathBuf, BlockPathRefusal> {
+/// The device node of PV `pv_name` in `device_dir`: `/dev/hostpath-provisioner/pvc-<uid>`. Only
+/// a `pvc-<uid>` name is accepted, so the node is a single component of known characters.
+pub fn device_node_path(device_dir: &Path, pv_name: &str) -> Result<PathBuf, BlockPathRefusal> {
     layout::uid_from_pv_name(pv_name)
-        .map(|_| Path::new(DEVICE_DIR).join(pv_name))
+        .map(|_| device_dir.join(pv_name))
         .ok_or_else(|| BlockPathRefusal::ForeignPvName(pv_name.to_owned()))
 }
 
@@ -106,9 +139,9 @@ pub fn backing_file_path(pool_root: &Path, dir_name: &str) -> PathBuf {
 /// Accepts `path`, read from a PV's `spec.local.path`, as the device node of PV `pv_name`, or
 /// refuses it. Compared as text after lexical normalisation: the only path a Block PV of ours
 /// may name is its own node, so a forged PV naming `/dev/sda`, another volume's node or a path
-/// climbing out of [`DEVICE_DIR`] is refused before anything is made, detached or removed.
-pub fn accept_device_path(path: &str, pv_name: &str) -> Result<PathBuf, BlockPathRefusal> {
-    let expected = device_node_path(pv_name)?;
+/// climbing out of the device directory is refused before anything is made, detached or removed.
+pub fn accept_device_path(path: &str, pv_name: &str, device_dir: &Path) -> Result<PathBuf, BlockPathRefusal> {
+    let expected = device_node_path(device_dir, pv_name)?;
     match layout::normalise(path) {
         Ok(normal) if normal == expected => Ok(expected),
         _ => Err(BlockPathRefusal::NotItsNode {
@@ -120,23 +153,30 @@ pub fn accept_device_path(path: &str, pv_name: &str) -> Result<PathBuf, BlockPat
 }
 
 /// The PV of a Block volume: as [`build_pv`] would write it for a `local` volume, with
-/// `volumeMode: Block`, `spec.local.path` its device node, pinned to the node, and the two
-/// annotations that tie it to its backing file (`backing_inode` as made).
+/// `volumeMode: Block`, `spec.local.path` its device node, pinned to the node, and the
+/// annotations that tie it to its backing file (`backing_inode` and `backing_birth` as made); its node in
+/// `device_dir`.
 pub fn build_block_pv(
     plan: &ProvisionPlan,
     claim: &PersistentVolumeClaim,
     node: &NodeFacts,
     capacity: Quantity,
     backing_inode: u64,
+    backing_birth: Option<Birth>,
+    device_dir: &Path,
 ) -> Result<PersistentVolume, BlockPathRefusal> {
     if plan.topology != Topology::Node {
         return Err(BlockPathRefusal::NotNodeTopology(plan.topology));
     }
-    let device = device_node_path(&plan.pv_name)?;
-    let local_plan = ProvisionPlan { volume_type: crate::deciding::class::VolumeType::Local, ..plan.clone() };
+    let device = device_node_path(device_dir, &plan.pv_name)?;
+    let local_plan =
+        ProvisionPlan { volume_type: crate::deciding::class::VolumeType::Local, block: None, ..plan.clone() };
     let mut pv = build_pv(&local_plan, claim, node, capacity);
     let annotations = pv.metadata.annotations.get_or_insert_default();
     annotations.insert(BACKING_INODE_ANNOTATION.to_owned(), backing_inode.to_string());
+    if let Some(birth) = backing_birth {
+        annotations.insert(BACKING_BIRTH_ANNOTATION.to_owned(), birth.to_annotation());
+    }
     annotations
         .insert(BACKING_DIR_ANNOTATION.to_owned(), plan.pool.root.join(&plan.dir_name).to_string_lossy().into_owned());
     // An fsGroup means nothing to a raw device, and the kubelet would try to apply it.

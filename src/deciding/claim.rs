@@ -108,6 +108,9 @@ pub struct ProvisionPlan {
     pub volume_type: crate::deciding::class::VolumeType,
     /// Owner, group and mode of the new directory (the class's `uid`, `gid`, `mode`).
     pub ownership: crate::deciding::class::Ownership,
+    /// A `volumeMode: Block` claim accepted (`deciding::block::claim`): a backing file on a
+    /// loop device instead of a directory for the pod.
+    pub block: Option<crate::deciding::block::claim::BlockRequest>,
 }
 
 /// Why a claim is skipped silently.
@@ -333,9 +336,24 @@ fn plan(
     binding_mode: BindingMode,
     pinned_by_annotation: bool,
 ) -> Result<ProvisionPlan, Refusal> {
-    if spec.volume_mode.as_deref() == Some("Block") {
-        return Err(Refusal::Block(class.provisioner.clone()));
-    }
+    let block = if spec.volume_mode.as_deref() == Some("Block") {
+        let allocation = class
+            .parameters
+            .as_ref()
+            .and_then(|p| p.get(crate::deciding::block::ALLOCATION_PARAMETER))
+            .map(String::as_str);
+        let request = crate::deciding::block::claim::accept_block_claim(
+            config.block_device_dir.is_some(),
+            class_name,
+            request,
+            allocation,
+            spec.data_source.is_some() || spec.data_source_ref.is_some(),
+        )
+        .map_err(|refusal| Refusal::Block { provisioner: class.provisioner.clone(), refusal })?;
+        Some(request)
+    } else {
+        None
+    };
     if spec.selector.is_some() {
         return Err(Refusal::Selector);
     }
@@ -398,6 +416,7 @@ fn plan(
         quota: request.quota,
         volume_type: request.volume_type,
         ownership: request.ownership,
+        block,
     })
 }
 

@@ -56,6 +56,7 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     DIR_MODE,
     path_pattern::PARAMETER,
     node_affinity::PARAMETER,
+    crate::deciding::block::ALLOCATION_PARAMETER,
 ];
 
 /// Class parameter: which kind of PV is written (`hostPath`, the default, or `local`).

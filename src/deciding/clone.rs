@@ -202,6 +202,9 @@ pub fn check_source(
         return SourceVerdict::Wait(format!("PV {pv_name:?} is not bound to source claim {name:?} (yet)"));
     }
     let pools = clone.pools;
+    if volume::is_block(pv) {
+        return SourceVerdict::Refuse(CloneRefusal::BlockSource(name.to_owned()));
+    }
     let owner = match volume::volume_shape(pv, pools) {
         // Pinned to a label this node carries: this node's, whichever node made it.
         VolumeShape::Node if crate::deciding::node_affinity::holds(pv, &me.affinity) == Some(true) => {

@@ -658,6 +658,8 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
         return ClaimPlan::Fail(Failure::ShortOfSpace(short));
     }
     let make = match (copy_from, volume_quota) {
+        // A Block volume's size is its backing file's: the directory needs no quota of its own.
+        (None, _) if plan.block.is_some() => MakeVolume::Plain,
         (None, VolumeQuota::Unlimited) => MakeVolume::Plain,
         (None, VolumeQuota::BtrfsQgroup { limit_bytes }) => MakeVolume::BtrfsQuota { limit_bytes },
         (None, VolumeQuota::Project { limit_bytes }) => MakeVolume::ProjectQuota { limit_bytes },
@@ -676,7 +678,8 @@ fn provision_plan(facts: &ClaimFacts<'_>, plan: ProvisionPlan, copy_from: Option
             MakeVolume::Restore { snapshot_dir: dir, snapshot: name, limit_bytes: quota.limit_bytes() }
         }
     };
-    let capacity = if pv_reports_filesystem_size(facts.config.pv_capacity, volume_quota) {
+    // A Block volume's device is the size of its file, the request, whatever PV_CAPACITY says.
+    let capacity = if plan.block.is_none() && pv_reports_filesystem_size(facts.config.pv_capacity, volume_quota) {
         format_binary_si(round_down_pretty(pool.total_bytes))
     } else {
         plan.request.clone()

@@ -217,6 +217,7 @@ mod tests {
             reserved_bytes: 0,
             pv_capacity: crate::deciding::settings::PvCapacity::Request,
             affinity_keys: Vec::new(),
+            block_device_dir: None,
         }
     }
 

@@ -7,9 +7,15 @@ use crate::deciding::topology::Topology;
 /// Why a claim meant for us is refused (a `ProvisioningFailed` event, no retry until it changes).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    /// Raw block volumes are out of scope.
-    #[error("{0} does not support block volume provisioning")]
-    Block(String),
+    /// A `volumeMode: Block` claim this install or class cannot serve (`deciding::block::claim`).
+    /// The message starts as the Go build's did, for whoever matches on it, then says why.
+    #[error("{provisioner} does not support block volume provisioning here: {refusal}")]
+    Block {
+        /// The class's provisioner.
+        provisioner: String,
+        /// Why.
+        refusal: crate::deciding::block::claim::BlockClaimRefusal,
+    },
     /// Label selectors only make sense for pre-existing volumes.
     #[error(
         "claims with spec.selector are not supported: a dynamically provisioned volume cannot match a selector; remove the selector"
@@ -168,7 +174,7 @@ impl Refusal {
     /// A short stable label for metrics.
     pub fn label(&self) -> &'static str {
         match self {
-            Self::Block(_) => "block",
+            Self::Block { .. } => "block",
             Self::Selector => "selector",
             Self::DataSource(refusal) => refusal.label(),
             Self::AccessMode { .. } | Self::NoAccessModes => "access_mode",
@@ -283,6 +289,9 @@ pub enum CloneRefusal {
     /// Every-node volumes have one copy per node, none of which is "the" source.
     #[error("source claim {0:?} is an everyNode volume (one copy per node); cloning it is not supported")]
     EveryNode(String),
+    /// A Block volume: its data is one file on a loop device, not a tree to copy (issue #47).
+    #[error("source claim {0:?} is a Block volume; clones of Block volumes are not supported yet")]
+    BlockSource(String),
     /// Pinned by `kubevirt.io/provisionOnNode` to another node than the source's.
     #[error(
         "the clone is pinned to node {pinned} (kubevirt.io/provisionOnNode) but its source volume lives on node {source_node}; a clone is made on its source's node: set the annotation to {source_node} or remove it"
@@ -317,6 +326,7 @@ impl CloneRefusal {
             | Self::NotOurs { .. }
             | Self::OtherPool { .. }
             | Self::EveryNode(_)
+            | Self::BlockSource(_)
             | Self::PinnedElsewhere { .. }
             | Self::SourceWithoutQuota(_) => "clone_source",
             Self::Restore(_) => "restore_source",

@@ -26,6 +26,8 @@ pub struct ResizeFacts {
     /// the ranking over the live nodes serving its pool picks it (as for deletion; see
     /// [`shared_actor_is_me`]).
     pub acting_here: bool,
+    /// A Block volume (a backing file on a loop device, issue #47).
+    pub block: bool,
 }
 
 /// What the pool holding the volume offers, read only when the decision needs it.
@@ -96,6 +98,9 @@ pub enum ResizeRefusal {
         /// `everyNode`.
         shape: &'static str,
     },
+    /// Block volumes are not expanded (yet): the file and the loop would both have to grow.
+    #[error("expansion of Block volumes is not supported yet; the volume keeps its size")]
+    Block,
 }
 
 /// Whether this node grows a shared volume: the node [`acting_node`](crate::deciding::topology::acting_node) picks for the PV's
@@ -130,6 +135,9 @@ pub fn decide_resize(facts: &ResizeFacts, room: impl FnOnce() -> Option<PoolRoom
         // One copy per node, each on its own disk: growing would need every node's room at once.
         VolumeShape::EveryNode => return ResizeDecision::Refuse(ResizeRefusal::Shape { shape: "everyNode" }),
     }
+    if facts.block {
+        return ResizeDecision::Refuse(ResizeRefusal::Block);
+    }
     if facts.requested < facts.pv_capacity {
         return ResizeDecision::Refuse(ResizeRefusal::Shrink {
             requested: facts.requested,
@@ -159,6 +167,7 @@ mod tests {
 
     fn facts(requested: u64, claim: u64, pv: u64) -> ResizeFacts {
         ResizeFacts {
+            block: false,
             requested,
             unreadable_request: None,
             claim_capacity: claim,
@@ -286,5 +295,13 @@ mod tests {
             refusal.to_string(),
             "expansion of everyNode volumes is not supported: only node and shared volumes (topology: node or shared) can be expanded"
         );
+    }
+
+    #[test]
+    fn block_volumes_are_refused_by_their_node_only() {
+        let f = ResizeFacts { block: true, ..facts(20 * MI, 10 * MI, 10 * MI) };
+        assert_eq!(decide_resize(&f, room(100 * MI)), ResizeDecision::Refuse(ResizeRefusal::Block));
+        let elsewhere = ResizeFacts { acting_here: false, ..f };
+        assert_eq!(decide_resize(&elsewhere, room(100 * MI)), ResizeDecision::NotHere);
     }
 }

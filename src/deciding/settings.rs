@@ -54,4 +54,7 @@ pub struct DecisionConfig {
     pub pv_capacity: PvCapacity,
     /// `NODE_AFFINITY_KEYS`: the node label keys a class's `nodeAffinityKey` may name.
     pub affinity_keys: Vec<String>,
+    /// `BLOCK_VOLUMES`: when on, the directory of Block volumes' device nodes
+    /// (`BLOCK_DEVICE_DIR`); `None` refuses Block claims.
+    pub block_device_dir: Option<std::path::PathBuf>,
 }

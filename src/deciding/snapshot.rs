@@ -257,6 +257,11 @@ pub fn source_state(
     if bound_uid != claim.metadata.uid.as_deref() {
         return SourceState::Wait(format!("PV {pv_name} is not bound to claim {claim_name:?} (yet)"));
     }
+    if volume::is_block(pv) {
+        return SourceState::Refuse(format!(
+            "the volume of claim {claim_name:?} is a Block volume: snapshots of Block volumes are not supported yet"
+        ));
+    }
     match volume::volume_shape(pv, pools) {
         VolumeShape::Node if volume::is_mine(pv, me, my_hostname) => {}
         VolumeShape::Node => match volume::owner_node(pv) {

@@ -151,9 +151,22 @@ pub enum DeleteRefusal {
 
 /// The directory of a PV of ours: `spec.hostPath.path`, or `spec.local.path` for a class with
 /// `volumeType: local`. Every decision about a PV's data reads its path through this.
+///
+/// A Block PV's `spec.local.path` is its device node, never its data: its directory is the
+/// backing-dir annotation (`deciding::block`), so that deletion, accounting, the reaper and the
+/// doctor act on the directory holding the backing file and never on a path under `/dev`. A
+/// Block PV without the annotation has no directory (nothing is removed for it).
 pub fn volume_path(pv: &KeptVolume) -> Option<&str> {
     let spec = pv.spec.as_ref()?;
+    if is_block(pv) {
+        return pv.annotations.get(crate::deciding::block::BACKING_DIR_ANNOTATION);
+    }
     spec.host_path.as_ref().map(|h| h.path.as_str()).or_else(|| spec.local.as_ref().map(|l| l.path.as_str()))
+}
+
+/// Whether the PV is a `volumeMode: Block` volume (its path is a device, its data a file).
+pub fn is_block(pv: &KeptVolume) -> bool {
+    pv.spec.as_ref().is_some_and(|s| s.volume_mode.as_deref() == Some("Block"))
 }
 
 /// The requests promised in the pool at `root`: the capacity of every PV whose directory is in it

@@ -59,6 +59,8 @@ pub const SUBCOMMAND: &str = "doctor";
     mut_arg("dir_mode", |a| a.hide(true)),
     mut_arg("pv_finalizer", |a| a.hide(true)),
     mut_arg("publish_capacity", |a| a.hide(true)),
+    mut_arg("block_volumes", |a| a.hide(true)),
+    mut_arg("block_device_dir", |a| a.hide(true)),
     mut_arg("provision_on_node", |a| a.hide(true)),
     mut_arg("max_concurrency", |a| a.hide(true)),
     mut_arg("metrics_addr", |a| a.hide(true)),

@@ -16,7 +16,7 @@ use rustix::io::Errno;
 use crate::deciding::block::loop_safety::{
     self, Attachment, BackingFile, FileId, LoopFacts, LoopRefusal, NodeAction, NodeEntry, Volume,
 };
-use crate::deciding::block::{Allocation, BACKING_FILE};
+use crate::deciding::block::{Allocation, BACKING_FILE, Birth};
 use crate::filesystem::root::{DirOpen, Subvolumes};
 use crate::filesystem::{PoolError, PoolRoot, VolumeDirName, fs_error};
 
@@ -287,6 +287,27 @@ pub fn create_backing(
     Ok((fd, id))
 }
 
+/// The birth time of the backing file in the volume directory `dir` (not following a symlink):
+/// `None` when it is missing or the filesystem records no birth time.
+pub fn backing_birth(dir: BorrowedFd<'_>, dir_path: &Path) -> Result<Option<Birth>, PoolError> {
+    match rustix::fs::statx(dir, BACKING_FILE, AtFlags::SYMLINK_NOFOLLOW, rustix::fs::StatxFlags::BTIME) {
+        Ok(st) if st.stx_mask & rustix::fs::StatxFlags::BTIME.bits() != 0 => {
+            Ok(Some(Birth { seconds: st.stx_btime.tv_sec, nanoseconds: st.stx_btime.tv_nsec }))
+        }
+        Ok(_) | Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(fs_error("read the backing file's birth time", dir_path.join(BACKING_FILE), e)),
+    }
+}
+
+/// Unlinks the backing file from the volume directory `dir` (as a name, never followed): the
+/// undo of a Block volume whose provisioning failed, once [`release`] detached its loops.
+pub fn remove_backing(dir: BorrowedFd<'_>, dir_path: &Path) -> Result<(), PoolError> {
+    match rustix::fs::unlinkat(dir, BACKING_FILE, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(fs_error("remove the backing file", dir_path.join(BACKING_FILE), e)),
+    }
+}
+
 /// Grows the open backing file to `size` bytes (never shrinks it): `ftruncate`, or `fallocate`
 /// of the whole range for [`Allocation::Full`]. A loop on it sees the size after
 /// [`LoopHost::refresh_capacity`].
@@ -473,9 +494,13 @@ pub fn release(
     let (file, _fd) = open_backing(dir, dir_path)?;
     let facts: Vec<LoopFacts> = host.loops()?.into_iter().map(|l| l.facts).collect();
     let to_detach = loop_safety::decide_detach(volume, file, &facts).map_err(refused)?;
-    // The node goes first, so that nothing new opens the device while it is detached.
-    if loop_safety::remove_node(devices.entry(node)?).map_err(refused)? {
-        devices.remove(node)?;
+    // The node goes first, so that nothing new opens the device while it is detached. A
+    // directory at its place is no node (it opens no device) and is never removed: the loops
+    // are detached all the same, so that a volume undone after such a refusal keeps none.
+    match loop_safety::remove_node(devices.entry(node)?) {
+        Ok(true) => devices.remove(node)?,
+        Ok(false) | Err(LoopRefusal::DirectoryAtNode) => {}
+        Err(refusal) => return Err(refused(refusal)),
     }
     let BackingFile::Regular(id) = file else { return Ok(Detached::Now) };
     let mut outcome = Detached::Now;

@@ -106,6 +106,7 @@ impl Context {
             reserved_bytes: config.reserved_bytes,
             pv_capacity: config.pv_capacity,
             affinity_keys: config.node_affinity_keys.clone(),
+            block_device_dir: config.block_device_dir.clone(),
         };
         let membership = Membership::new(
             client.clone(),

@@ -22,8 +22,8 @@ use crate::reconciling::claim_actions::object_key;
 use crate::reconciling::context::Context;
 use crate::reconciling::published_capacity::{self, Publisher};
 use crate::reconciling::{
-    affinity_duplicates, claims, orphans, pattern_records, reaping, settling, snapshot_copies, snapshots, stranded,
-    upkeep, volumes, watches,
+    affinity_duplicates, block_volumes, claims, orphans, pattern_records, reaping, settling, snapshot_copies,
+    snapshots, stranded, upkeep, volumes, watches,
 };
 use crate::serving::health::{self, Health, Watch};
 use crate::serving::heap;
@@ -237,6 +237,14 @@ pub async fn run(
     // Before the volume controllers first run: a volume this node left staged for deletion goes
     // back to its place or to the trash before anything decides about its PV.
     settling::settle(&ctx).await;
+    // Before any controller runs, and so before the watches they drive report ready: this
+    // node's Block volumes are attached and exposed again (a reboot detached them all), and
+    // device nodes naming none of them are removed.
+    // A stop asked for meanwhile (the API unreachable, the pass retrying) ends it.
+    tokio::select! {
+        () = block_volumes::expose_at_start(&ctx) => {}
+        () = shutdown.clone() => tracing::info!("stopping before this node's Block volumes were exposed"),
+    }
     tokio::spawn(settling::keep_settling(ctx.clone()));
     tokio::spawn(upkeep::purge_trash(ctx.clone()));
     tokio::spawn(snapshot_copies::sweep(ctx.clone()));

@@ -2,6 +2,7 @@
 //! shared context, background tasks.
 
 pub mod affinity_duplicates;
+pub mod block_volumes;
 pub mod claim_actions;
 pub mod claim_facts;
 pub mod claim_release;

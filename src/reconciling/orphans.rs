@@ -91,6 +91,10 @@ pub async fn check_deleted_volume(ctx: &Context, pv: &KeptVolume) {
     let VolumeDecision::Delete(accepted) = decide_volume(&released, &ctx.me, &hostname, &ctx.config.pools, &[]) else {
         return;
     };
+    // A Block volume's node and loop go with its PV; its file stays, reported below.
+    if crate::deciding::volume::is_block(pv) {
+        crate::reconciling::block_volumes::release_without_pv(ctx, pv);
+    }
     let Some(Ok(pool)) = ctx.pools.usable(&accepted.root) else { return };
     // A pathPattern directory taken over by a newer claim is that claim's, not an orphan.
     if accepted.marked

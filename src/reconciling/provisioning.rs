@@ -2,12 +2,14 @@
 //! directory as planned (plain, quota, or a copy of a clone's source), then its PV; undo the
 //! directory when the API server refused the PV.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
 
+use crate::deciding::block;
 use crate::deciding::claim::ProvisionPlan;
 use crate::deciding::copy_room::NoRoomForCopy;
 use crate::deciding::kept_volume::KeptVolume;
@@ -17,6 +19,7 @@ use crate::deciding::volume_spec::build_pv;
 use crate::error::{ClaimError, reason};
 use crate::filesystem::PoolError;
 use crate::filesystem::{Created, PoolRoot, VolumeDirName};
+use crate::reconciling::block_volumes;
 use crate::reconciling::claim_actions::object_key;
 use crate::reconciling::claim_actions::{claim_key, claim_ref};
 use crate::reconciling::clones;
@@ -159,22 +162,29 @@ pub async fn provision(
         );
     }
     let node = ctx.node_facts().await?;
-    let created = match &provision.pattern {
-        None => make_volume(ctx, claim, provision, pool, &dir).await?,
+    // A Block volume: its directory, its backing file on a loop, its device node (undone on
+    // failure by block_volumes::make itself).
+    let block_made = match plan.block {
+        Some(request) => Some(block_volumes::make(ctx, pool, &dir, &plan.pv_name, plan.request_bytes, request)?),
+        None => None,
+    };
+    let created = match (&block_made, &provision.pattern) {
+        (Some(made), _) => made.created,
+        (None, None) => make_volume(ctx, claim, provision, pool, &dir).await?,
         // Made aside, owned and marked there, then renamed into place only if the place is
         // still free (filesystem::marker).
-        Some(Placing::Make { owner }) => {
+        (None, Some(Placing::Make { owner })) => {
             let making = pool.clear_making_entry(&plan.pv_name)?;
             make_volume(ctx, claim, provision, pool, &making).await?;
             pool.place_marked(&making, &dir, &plan.pv_name, &owner_record(plan, owner))?;
             Created::New
         }
-        Some(Placing::Reuse { record: None }) => Created::Existing,
-        Some(Placing::Reuse { record: Some(owner) }) => {
+        (None, Some(Placing::Reuse { record: None })) => Created::Existing,
+        (None, Some(Placing::Reuse { record: Some(owner) })) => {
             pool.take_over_marked(&dir, &plan.pv_name, &plan.pv_name, &owner_record(plan, owner))?;
             Created::Existing
         }
-        Some(Placing::Adopt { from, owner, handed_from }) => {
+        (None, Some(Placing::Adopt { from, owner, handed_from })) => {
             // The new claim's limit first: a volume at its old limit has no room for the new
             // marker (btrfs counts it against the subvolume's quota).
             if let Some(limit_bytes) = provision.make.limit_bytes() {
@@ -195,9 +205,24 @@ pub async fn provision(
             ctx.normal(&regarding, reason::DIRECTORY_REUSED, "Provision", note).await;
             Created::Existing
         }
-        Some(Placing::Refuse(_)) => unreachable!("the plan never provisions a refused directory"),
+        (None, Some(Placing::Refuse(_))) => unreachable!("the plan never provisions a refused directory"),
     };
-    let pv = build_pv(plan, claim, &node, Quantity(provision.capacity.clone()));
+    let capacity = Quantity(provision.capacity.clone());
+    let pv = match &block_made {
+        None => build_pv(plan, claim, &node, capacity),
+        Some(made) => {
+            let devices = ctx.config.block_device_dir.as_deref().unwrap_or(Path::new(block::DEVICE_DIR));
+            match block::build_block_pv(plan, claim, &node, capacity, made.inode, made.birth, devices) {
+                Ok(pv) => pv,
+                Err(refusal) => {
+                    if made.created == Created::New {
+                        block_volumes::undo(ctx, pool, &dir, &plan.pv_name)?;
+                    }
+                    return Err(refusal.into());
+                }
+            }
+        }
+    };
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let claim_uid = claim.metadata.uid.as_deref().unwrap_or_default();
     match pvs.create(&PostParams::default(), &pv).await {
@@ -218,8 +243,14 @@ pub async fn provision(
             let refused_by_api = matches!(&create_error, kube::Error::Api(status) if (400..500).contains(&status.code));
             if may_undo_directory(created == Created::New, refused_by_api, plan.topology) {
                 // A clone's directory holds only a copy: it goes to the trash (the source stays).
-                let undone =
-                    if cloning { pool.move_to_trash(&dir).map(|_| ()) } else { pool.remove_empty_volume_dir(&dir) };
+                // A Block volume's directory holds only the file made now, released first.
+                let undone = if block_made.is_some() {
+                    block_volumes::undo(ctx, pool, &dir, &plan.pv_name)
+                } else if cloning {
+                    pool.move_to_trash(&dir).map(|_| ())
+                } else {
+                    pool.remove_empty_volume_dir(&dir)
+                };
                 if let Err(cleanup) = undone {
                     return Err(ClaimError::Cleanup {
                         create: create_error.to_string(),

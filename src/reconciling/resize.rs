@@ -180,7 +180,17 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVolume) ->
         VolumeShape::Shared => shared_acting_here(ctx, pv).await,
         VolumeShape::EveryNode => false,
     };
-    Some(ResizeFacts { requested, unreadable_request, claim_capacity, pv_capacity, class_allows, shape, acting_here })
+    let block = crate::deciding::volume::is_block(pv);
+    Some(ResizeFacts {
+        requested,
+        unreadable_request,
+        claim_capacity,
+        pv_capacity,
+        class_allows,
+        shape,
+        acting_here,
+        block,
+    })
 }
 
 /// Whether this node is the one the ranking picks for a shared PV (the key is the PV's name, as

@@ -44,6 +44,21 @@ const DUPLICATE_RECHECK: Duration = Duration::from_secs(30);
 /// again if no event brought its new state by then.
 const CHANGED_RECHECK: Duration = Duration::from_secs(30);
 
+/// How soon a released Block PV whose device is still open is looked at again.
+const BLOCK_DEVICE_RECHECK: Duration = Duration::from_secs(10);
+
+/// Whether a released Block PV's device is released, so that its directory may go.
+async fn block_released(ctx: &Context, pv: &KeptVolume) -> Result<bool, VolumeError> {
+    match crate::reconciling::block_volumes::release_for_deletion(ctx, pv).await {
+        Ok(crate::reconciling::block_volumes::Release::Done) => Ok(true),
+        Ok(crate::reconciling::block_volumes::Release::Waiting) => Ok(false),
+        Err(error) => {
+            ctx.metrics.library.delete_failed(&library_labels(pv));
+            Err(error)
+        }
+    }
+}
+
 /// Reconciles one PV.
 pub async fn reconcile(pv: Arc<KeptVolume>, ctx: Arc<Context>) -> Result<Action, VolumeError> {
     let name = pv.metadata.name.clone().unwrap_or_default();
@@ -86,6 +101,11 @@ pub async fn reconcile(pv: Arc<KeptVolume>, ctx: Arc<Context>) -> Result<Action,
             ctx.metrics.library.delete_failed(&library_labels(&pv));
             ctx.warn(&pv_ref(&pv), reason::VOLUME_FAILED_DELETE, "Delete", refusal.to_string()).await;
             Action::await_change()
+        }
+        // A Block volume's device node goes and its loop is detached before its directory
+        // (the backing-dir annotation, deciding::volume::volume_path) is staged for the trash.
+        VolumeDecision::Delete(_) if crate::deciding::volume::is_block(&pv) && !block_released(&ctx, &pv).await? => {
+            Action::requeue(BLOCK_DEVICE_RECHECK)
         }
         VolumeDecision::Delete(accepted) => match delete_volume(&ctx, &pv, &accepted).await {
             Ok(action) => action,

@@ -206,7 +206,7 @@ fn beta_class_annotation_wins_over_spec_class_name() {
 fn unsupported_claims_are_refused_with_the_reason() {
     type Check = fn(&Refusal) -> bool;
     let cases: Vec<(ClaimBuilder, Check)> = vec![
-        (claim("hpp").on_node(NODE).block(), |r| matches!(r, Refusal::Block(_))),
+        (claim("hpp").on_node(NODE).block(), |r| matches!(r, Refusal::Block { .. })),
         (claim("hpp").on_node(NODE).selector(), |r| matches!(r, Refusal::Selector)),
         (
             claim("hpp").on_node(NODE).spec(|s| {
@@ -247,9 +247,59 @@ fn a_claim_cloning_another_claim_is_planned_as_a_clone() {
 }
 
 #[test]
-fn block_refusal_message_matches_the_go_build() {
+fn block_refusal_message_starts_as_the_go_builds_and_names_the_setting() {
     let Decision::Refuse(r) = decide(claim("hpp").on_node(NODE).block(), Some(&wffc())) else { panic!() };
-    assert_eq!(r.to_string(), "kubevirt.io/hostpath-provisioner does not support block volume provisioning");
+    let message = r.to_string();
+    assert!(
+        message.starts_with("kubevirt.io/hostpath-provisioner does not support block volume provisioning"),
+        "{message}"
+    );
+    assert!(message.contains("turn them on with --block-volumes"), "{message}");
+}
+
+fn block_config() -> DecisionConfig {
+    DecisionConfig { block_device_dir: Some("/dev/hostpath-provisioner".into()), ..config() }
+}
+
+#[test]
+fn with_block_volumes_on_a_block_claim_of_a_node_class_is_planned_as_block() {
+    let block = claim("hpp").on_node(NODE).block().build();
+    let Decision::Provision(plan) = decide_claim(&block, Some(&wffc()), &me(), &block_config(), &[]) else {
+        panic!("provisioned")
+    };
+    assert_eq!(
+        plan.block,
+        Some(crate::deciding::block::claim::BlockRequest { allocation: crate::deciding::block::Allocation::Sparse })
+    );
+    let full = class_with("WaitForFirstConsumer", &[("allocation", "full")]);
+    let Decision::Provision(plan) = decide_claim(&block, Some(&full), &me(), &block_config(), &[]) else {
+        panic!("provisioned")
+    };
+    assert_eq!(plan.block.map(|b| b.allocation), Some(crate::deciding::block::Allocation::Full));
+    // A filesystem claim of the same class ignores the parameter and is no Block volume.
+    let plain = claim_of_filesystem();
+    let Decision::Provision(plan) = decide_claim(&plain, Some(&full), &me(), &block_config(), &[]) else {
+        panic!("provisioned")
+    };
+    assert_eq!(plan.block, None);
+}
+
+fn claim_of_filesystem() -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    claim("hpp").on_node(NODE).build()
+}
+
+#[test]
+fn with_block_volumes_on_what_a_block_volume_cannot_be_is_refused() {
+    let shared = class_with("WaitForFirstConsumer", &[("topology", "shared"), ("storagePool", "nfs")]);
+    let cfg = DecisionConfig { block_device_dir: Some("/dev/hostpath-provisioner".into()), ..pools_config() };
+    let block = claim("hpp").on_node(NODE).block().build();
+    let Decision::Refuse(refusal) = decide_claim(&block, Some(&shared), &me(), &cfg, &[]) else { panic!("refused") };
+    assert!(refusal.to_string().contains("use topology node"), "{refusal}");
+    let clone = claim("hpp").on_node(NODE).block().data_source().build();
+    let Decision::Refuse(refusal) = decide_claim(&clone, Some(&wffc()), &me(), &block_config(), &[]) else {
+        panic!("refused")
+    };
+    assert!(refusal.to_string().contains("dataSource"), "{refusal}");
 }
 
 #[test]

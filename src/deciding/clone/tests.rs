@@ -148,6 +148,19 @@ fn a_bound_source_of_ours_is_ready_on_its_owning_node_only() {
 }
 
 #[test]
+fn a_block_source_is_refused_and_its_device_never_read_as_a_directory() {
+    let pool = pool();
+    let mut block = source_pv(NODE);
+    let spec = block.spec.as_mut().expect("spec");
+    spec.volume_mode = Some("Block".into());
+    spec.host_path = None;
+    spec.local = Some(KeptDirectory { path: format!("/dev/hostpath-provisioner/pvc-{SOURCE_UID}") });
+    let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&block), &me());
+    assert_eq!(verdict, SourceVerdict::Refuse(CloneRefusal::BlockSource("src".into())));
+    assert!(CloneRefusal::BlockSource("src".into()).to_string().contains("Block volume"));
+}
+
+#[test]
 fn a_smaller_request_is_refused() {
     let pool = pool();
     let verdict = check_source(request(&pool, "512Mi"), Some(&bound_source()), Some(&source_pv(NODE)), &me());

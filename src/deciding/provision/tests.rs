@@ -178,7 +178,10 @@ fn an_immediate_node_claim_naming_no_node_is_explained_once_for_the_cluster() {
 #[test]
 fn a_refusal_is_looked_at_again_only_when_a_node_may_start_serving_the_pool() {
     let block = claim("hpp").selected(NODE).block().build();
-    assert!(matches!(plan(&block, &wffc(), &roomy()), ClaimPlan::Refuse { refusal: Refusal::Block(_), recheck: None }));
+    assert!(matches!(
+        plan(&block, &wffc(), &roomy()),
+        ClaimPlan::Refuse { refusal: Refusal::Block { .. }, recheck: None }
+    ));
     let shared = with_params(immediate(), &[("storagePool", "nfs"), ("topology", "shared")]);
     let claim = claim("hpp").provisioner_annotations().build();
     let plan = plan(&claim, &shared, &roomy());

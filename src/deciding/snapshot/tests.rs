@@ -42,6 +42,18 @@ fn state(claim: Option<&PersistentVolumeClaim>, pv: Option<&KeptVolume>) -> Sour
 }
 
 #[test]
+fn a_block_volume_is_not_snapshotted() {
+    let claim = source();
+    let mut pv = ours(NODE);
+    let spec = pv.spec.as_mut().expect("spec");
+    spec.volume_mode = Some("Block".into());
+    spec.host_path = None;
+    spec.local = Some(KeptDirectory { path: format!("/dev/hostpath-provisioner/pvc-{UID}") });
+    let SourceState::Refuse(why) = state(Some(&claim), Some(&pv)) else { panic!("refused") };
+    assert!(why.contains("Block volume"), "{why}");
+}
+
+#[test]
 fn this_nodes_volume_is_copied_from_its_own_root_and_directory() {
     let claim = source();
     let pv = ours(NODE);

@@ -276,6 +276,20 @@ fn a_stale_node_or_a_symlink_at_the_nodes_name_is_replaced_without_following_it(
 }
 
 #[test]
+fn a_directory_at_the_nodes_name_is_never_exposed_nor_removed_and_release_still_detaches() {
+    let Some(fx) = Fixture::new() else { return };
+    let (_fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    fs::create_dir(fx.node_path()).unwrap();
+    fs::write(fx.node_path().join("keep"), b"x").unwrap();
+    let refused = fx.expose(recorded(id)).unwrap_err();
+    assert!(matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::DirectoryAtNode, .. }), "{refused}");
+    assert_eq!(fx.loops_on(id).len(), 1, "attached before the node was refused");
+    assert_eq!(fx.release(recorded(id)).expect("release"), Detached::Now);
+    assert!(fx.loops_on(id).is_empty(), "detached although the node could not be removed");
+    assert_eq!(fs::read(fx.node_path().join("keep")).unwrap(), b"x", "the directory stays");
+}
+
+#[test]
 fn a_loop_that_changed_since_the_decision_is_not_detached() {
     let Some(fx) = Fixture::new() else { return };
     let (_fd, id) = fx.create(4 * MIB, Allocation::Sparse);

@@ -153,6 +153,8 @@
   "listenAddress" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
   "metricsPort" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
   "healthPort" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
+  "blockVolumes" "nowhere yet: the resource has no field for Block volumes"
+  "blockDeviceDir" "nowhere yet: the resource has no field for Block volumes"
 }}
 {{- $set := list }}
 {{- range $key := keys $where | sortAlpha }}
