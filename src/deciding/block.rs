@@ -16,18 +16,16 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{LocalVolumeSource, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
-use crate::deciding::claim::ProvisionPlan;
 use crate::deciding::layout;
 use crate::deciding::topology::Topology;
-use crate::deciding::volume_spec::{NodeFacts, build_pv};
-use crate::keys;
 
 pub mod claim;
 pub mod kept;
 pub mod loop_safety;
+
+/// The node setting that turns Block volumes on: they need the host's `/dev` and
+/// `/dev/loop-control`, more privilege than directory volumes, so each install opts in.
+pub const SETTING: &str = "--block-volumes";
 
 /// The directory on the host's devtmpfs holding one device node per attached Block volume (the
 /// default of `BLOCK_DEVICE_DIR`; tests sharing one host give each provisioner its own).
@@ -150,42 +148,6 @@ pub fn accept_device_path(path: &str, pv_name: &str, device_dir: &Path) -> Resul
             pv: pv_name.to_owned(),
         }),
     }
-}
-
-/// The PV of a Block volume: as [`build_pv`] would write it for a `local` volume, with
-/// `volumeMode: Block`, `spec.local.path` its device node, pinned to the node, and the
-/// annotations that tie it to its backing file (`backing_inode` and `backing_birth` as made); its node in
-/// `device_dir`.
-pub fn build_block_pv(
-    plan: &ProvisionPlan,
-    claim: &PersistentVolumeClaim,
-    node: &NodeFacts,
-    capacity: Quantity,
-    backing_inode: u64,
-    backing_birth: Option<Birth>,
-    device_dir: &Path,
-) -> Result<PersistentVolume, BlockPathRefusal> {
-    if plan.topology != Topology::Node {
-        return Err(BlockPathRefusal::NotNodeTopology(plan.topology));
-    }
-    let device = device_node_path(device_dir, &plan.pv_name)?;
-    let local_plan =
-        ProvisionPlan { volume_type: crate::deciding::class::VolumeType::Local, block: None, ..plan.clone() };
-    let mut pv = build_pv(&local_plan, claim, node, capacity);
-    let annotations = pv.metadata.annotations.get_or_insert_default();
-    annotations.insert(BACKING_INODE_ANNOTATION.to_owned(), backing_inode.to_string());
-    if let Some(birth) = backing_birth {
-        annotations.insert(BACKING_BIRTH_ANNOTATION.to_owned(), birth.to_annotation());
-    }
-    annotations
-        .insert(BACKING_DIR_ANNOTATION.to_owned(), plan.pool.root.join(&plan.dir_name).to_string_lossy().into_owned());
-    // An fsGroup means nothing to a raw device, and the kubelet would try to apply it.
-    annotations.remove(keys::VOLUME_GID);
-    let spec = pv.spec.get_or_insert_default();
-    spec.volume_mode = Some("Block".into());
-    spec.host_path = None;
-    spec.local = Some(LocalVolumeSource { path: device.to_string_lossy().into_owned(), fs_type: None });
-    Ok(pv)
 }
 
 #[cfg(test)]

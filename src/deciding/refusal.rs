@@ -1,6 +1,7 @@
 //! Why a claim meant for this provisioner is refused: each refusal is the note of the claim's
 //! `ProvisioningFailed` event, so it says what to change.
 
+use crate::deciding::block::{ALLOCATION_PARAMETER, SETTING};
 use crate::deciding::layout;
 use crate::deciding::topology::Topology;
 
@@ -14,7 +15,7 @@ pub enum Refusal {
         /// The class's provisioner.
         provisioner: String,
         /// Why.
-        refusal: crate::deciding::block::claim::BlockClaimRefusal,
+        refusal: BlockClaimRefusal,
     },
     /// Label selectors only make sense for pre-existing volumes.
     #[error(
@@ -168,6 +169,49 @@ pub enum Refusal {
         "annotation kubevirt.io/provisionOnNode is not allowed in namespace {0} on this cluster; use a WaitForFirstConsumer StorageClass instead"
     )]
     ProvisionOnNodeNotAllowed(String),
+}
+
+/// Why a Block claim is refused (a `ProvisioningFailed` event saying what to change).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BlockClaimRefusal {
+    /// The install did not opt in.
+    #[error(
+        "Block volumes are off on this install: the provisioner needs the host's /dev and loop devices for them; turn them on with {SETTING} (or use volumeMode Filesystem)"
+    )]
+    Disabled,
+    /// Not a node volume: the loop device exists on one node only.
+    #[error(
+        "a Block volume is a loop device of one node; StorageClass {class} has topology {topology}, use topology node"
+    )]
+    Topology {
+        /// The class.
+        class: String,
+        /// Its topology.
+        topology: Topology,
+    },
+    /// A clone or a restore: not yet for Block volumes.
+    #[error("a Block claim cannot have a dataSource yet (clones and snapshots of Block volumes are not supported)")]
+    DataSource,
+    /// A quota class: the backing file's size already is the volume's limit.
+    #[error(
+        "StorageClass {0} sets quota=enforce; a Block volume's size is its backing file's and needs no quota: use a class without quota"
+    )]
+    Quota(String),
+    /// A `pathPattern` class: a Block volume's directory is named after its claim UID only.
+    #[error(
+        "StorageClass {0} sets pathPattern; Block volumes are named after their claim UID only: use a class without pathPattern"
+    )]
+    PathPattern(String),
+    /// An `allocation` value outside its set.
+    #[error("StorageClass {class} has {ALLOCATION_PARAMETER}={value:?}; accepted: {accepted}")]
+    Allocation {
+        /// The class.
+        class: String,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        accepted: &'static str,
+    },
 }
 
 impl Refusal {

@@ -168,6 +168,47 @@ pub fn build_pv(
     }
 }
 
+/// The PV of a Block volume (`deciding::block`): as [`build_pv`] would write it for a `local` volume, with
+/// `volumeMode: Block`, `spec.local.path` its device node, pinned to the node, and the
+/// annotations that tie it to its backing file (`backing_inode` and `backing_birth` as made); its node in
+/// `device_dir`.
+pub fn build_block_pv(
+    plan: &ProvisionPlan,
+    claim: &PersistentVolumeClaim,
+    node: &NodeFacts,
+    capacity: Quantity,
+    backing_inode: u64,
+    backing_birth: Option<crate::deciding::block::Birth>,
+    device_dir: &std::path::Path,
+) -> Result<PersistentVolume, crate::deciding::block::BlockPathRefusal> {
+    if plan.topology != crate::deciding::topology::Topology::Node {
+        return Err(crate::deciding::block::BlockPathRefusal::NotNodeTopology(plan.topology));
+    }
+    let device = crate::deciding::block::device_node_path(device_dir, &plan.pv_name)?;
+    let local_plan =
+        ProvisionPlan { volume_type: crate::deciding::class::VolumeType::Local, block: None, ..plan.clone() };
+    let mut pv = build_pv(&local_plan, claim, node, capacity);
+    let annotations = pv.metadata.annotations.get_or_insert_default();
+    annotations.insert(crate::deciding::block::BACKING_INODE_ANNOTATION.to_owned(), backing_inode.to_string());
+    if let Some(birth) = backing_birth {
+        annotations.insert(crate::deciding::block::BACKING_BIRTH_ANNOTATION.to_owned(), birth.to_annotation());
+    }
+    annotations.insert(
+        crate::deciding::block::BACKING_DIR_ANNOTATION.to_owned(),
+        plan.pool.root.join(&plan.dir_name).to_string_lossy().into_owned(),
+    );
+    // An fsGroup means nothing to a raw device, and the kubelet would try to apply it.
+    annotations.remove(keys::VOLUME_GID);
+    let spec = pv.spec.get_or_insert_default();
+    spec.volume_mode = Some("Block".into());
+    spec.host_path = None;
+    spec.local = Some(k8s_openapi::api::core::v1::LocalVolumeSource {
+        path: device.to_string_lossy().into_owned(),
+        fs_type: None,
+    });
+    Ok(pv)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -212,7 +212,9 @@ pub async fn provision(
         None => build_pv(plan, claim, &node, capacity),
         Some(made) => {
             let devices = ctx.config.block_device_dir.as_deref().unwrap_or(Path::new(block::DEVICE_DIR));
-            match block::build_block_pv(plan, claim, &node, capacity, made.inode, made.birth, devices) {
+            match crate::deciding::volume_spec::build_block_pv(
+                plan, claim, &node, capacity, made.inode, made.birth, devices,
+            ) {
                 Ok(pv) => pv,
                 Err(refusal) => {
                     if made.created == Created::New {

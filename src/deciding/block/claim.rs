@@ -2,63 +2,18 @@
 //! `deciding::claim`: Block claims are refused there until provisioning, deletion and start-up
 //! carry Block volumes out (see the module above).
 
-use crate::deciding::block::{ALLOCATION_PARAMETER, Allocation};
+use crate::deciding::block::Allocation;
+pub use crate::deciding::block::SETTING;
 use crate::deciding::class::ClassRequest;
 use crate::deciding::quota::QuotaMode;
+pub use crate::deciding::refusal::BlockClaimRefusal;
 use crate::deciding::topology::Topology;
-
-/// The node setting that turns Block volumes on: they need the host's `/dev` and
-/// `/dev/loop-control`, more privilege than directory volumes, so each install opts in.
-pub const SETTING: &str = "--block-volumes";
 
 /// A Block claim accepted: how its backing file is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockRequest {
     /// The class's `allocation` parameter.
     pub allocation: Allocation,
-}
-
-/// Why a Block claim is refused (a `ProvisioningFailed` event saying what to change).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum BlockClaimRefusal {
-    /// The install did not opt in.
-    #[error(
-        "Block volumes are off on this install: the provisioner needs the host's /dev and loop devices for them; turn them on with {SETTING} (or use volumeMode Filesystem)"
-    )]
-    Disabled,
-    /// Not a node volume: the loop device exists on one node only.
-    #[error(
-        "a Block volume is a loop device of one node; StorageClass {class} has topology {topology}, use topology node"
-    )]
-    Topology {
-        /// The class.
-        class: String,
-        /// Its topology.
-        topology: Topology,
-    },
-    /// A clone or a restore: not yet for Block volumes.
-    #[error("a Block claim cannot have a dataSource yet (clones and snapshots of Block volumes are not supported)")]
-    DataSource,
-    /// A quota class: the backing file's size already is the volume's limit.
-    #[error(
-        "StorageClass {0} sets quota=enforce; a Block volume's size is its backing file's and needs no quota: use a class without quota"
-    )]
-    Quota(String),
-    /// A `pathPattern` class: a Block volume's directory is named after its claim UID only.
-    #[error(
-        "StorageClass {0} sets pathPattern; Block volumes are named after their claim UID only: use a class without pathPattern"
-    )]
-    PathPattern(String),
-    /// An `allocation` value outside its set.
-    #[error("StorageClass {class} has {ALLOCATION_PARAMETER}={value:?}; accepted: {accepted}")]
-    Allocation {
-        /// The class.
-        class: String,
-        /// Its value.
-        value: String,
-        /// What is accepted.
-        accepted: &'static str,
-    },
 }
 
 /// Whether a Block claim of class `class` (read into `request`, its `allocation` parameter

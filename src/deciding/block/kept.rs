@@ -169,7 +169,7 @@ mod tests {
             panic!("provisioned")
         };
         let node = NodeFacts { name: NODE.into(), hostname: NODE.into() };
-        crate::deciding::block::build_block_pv(
+        crate::deciding::volume_spec::build_block_pv(
             &plan,
             &claim,
             &node,

@@ -1,6 +1,10 @@
 use super::*;
+use crate::deciding::claim::ProvisionPlan;
 use crate::deciding::claim::{Decision, decide_claim};
+use crate::deciding::volume_spec::NodeFacts;
+use crate::keys;
 use crate::test_fixtures::*;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 fn plan() -> ProvisionPlan {
     let claim = claim("hpp").selected(NODE).build();
@@ -63,7 +67,9 @@ fn a_block_pv_naming_a_host_device_or_another_volumes_node_is_refused() {
 fn a_block_pv_is_a_local_pv_of_the_device_node_pinned_to_the_node() {
     let claim = claim("hpp").selected(NODE).block().build();
     let plan = plan();
-    let pv = build_block_pv(&plan, &claim, &node(), Quantity("1Gi".into()), 4242, None, dev()).unwrap();
+    let pv =
+        crate::deciding::volume_spec::build_block_pv(&plan, &claim, &node(), Quantity("1Gi".into()), 4242, None, dev())
+            .unwrap();
     let spec = pv.spec.as_ref().unwrap();
     assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
     assert!(spec.host_path.is_none());
@@ -87,7 +93,15 @@ fn a_block_volume_is_only_node_shaped() {
     for topology in [Topology::Shared, Topology::EveryNode] {
         let plan = ProvisionPlan { topology, ..plan() };
         assert_eq!(
-            build_block_pv(&plan, &claim, &node(), Quantity("1Gi".into()), 1, None, dev()),
+            crate::deciding::volume_spec::build_block_pv(
+                &plan,
+                &claim,
+                &node(),
+                Quantity("1Gi".into()),
+                1,
+                None,
+                dev()
+            ),
             Err(BlockPathRefusal::NotNodeTopology(topology))
         );
     }
@@ -110,6 +124,15 @@ fn a_birth_time_is_written_and_read_back_exactly_and_nothing_else_is_read_as_one
         assert_eq!(Birth::parse(bad), None, "{bad:?}");
     }
     let claim = claim("hpp").selected(NODE).block().build();
-    let pv = build_block_pv(&plan(), &claim, &node(), Quantity("1Gi".into()), 7, Some(birth), dev()).unwrap();
+    let pv = crate::deciding::volume_spec::build_block_pv(
+        &plan(),
+        &claim,
+        &node(),
+        Quantity("1Gi".into()),
+        7,
+        Some(birth),
+        dev(),
+    )
+    .unwrap();
     assert_eq!(pv.metadata.annotations.unwrap()[BACKING_BIRTH_ANNOTATION], "1700000000.000000042");
 }
