@@ -131,7 +131,7 @@ async fn crd_refuses_bad_resources_with_a_message_saying_what_to_change() {
         (
             "published capacity under the default provisioner name",
             json!({"storagePools": [pool("a", "/var/a")], "config": {"publishCapacity": true}}),
-            "spec.config.publishCapacity needs spec.config.provisionerName to be an object name",
+            "spec.config.publishCapacity needs spec.config.capacityProvisionerName, or spec.config.provisionerName, to be an object name",
         ),
         (
             "unknown capacity accounting",
