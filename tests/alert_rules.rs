@@ -43,7 +43,7 @@ fn run_promtool(args: &[&str]) -> String {
 #[test]
 fn alert_rules_load_in_prometheus() {
     let text = run_promtool(&["check", "rules", RULES]);
-    assert!(text.contains("SUCCESS: 6 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 7 rules found"), "{text}");
 }
 
 #[test]
