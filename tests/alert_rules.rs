@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-const RULES: &str = "deploy/helm/hostpath-provisioner/files/alerts.rules.yaml";
+/// The node provisioner's rules, and the operator's (which the operator wraps in a PrometheusRule).
+const RULES: [&str; 2] =
+    ["deploy/helm/hostpath-provisioner/files/alerts.rules.yaml", "deploy/operator/monitoring/alerts.rules.yaml"];
 const RULE_TESTS: &str = "tests/alert_rules.test.yaml";
 /// Where each alert's runbook is, one section per alert.
 const RUNBOOKS: &str = "docs/operating.md";
@@ -42,8 +44,12 @@ fn run_promtool(args: &[&str]) -> String {
 
 #[test]
 fn alert_rules_load_in_prometheus() {
-    let text = run_promtool(&["check", "rules", RULES]);
-    assert!(text.contains("SUCCESS: 7 rules found"), "{text}");
+    for file in RULES {
+        let text = run_promtool(&["check", "rules", file]);
+        let alerts = alert_names_in(file).len();
+        assert!(alerts > 0, "{file} has no alert");
+        assert!(text.contains(&format!("SUCCESS: {alerts} rules found")), "{file}: {text}");
+    }
 }
 
 #[test]
@@ -71,14 +77,19 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-fn alert_names() -> Vec<String> {
-    let rules = std::fs::read_to_string(repo().join(RULES)).expect("reading the rules");
+fn alert_names_in(file: &str) -> Vec<String> {
+    let rules = std::fs::read_to_string(repo().join(file)).expect("reading the rules");
     rules.lines().filter_map(|l| l.trim().strip_prefix("- alert:")).map(|a| a.trim().to_owned()).collect()
+}
+
+fn alert_names() -> Vec<String> {
+    RULES.iter().flat_map(|file| alert_names_in(file)).collect()
 }
 
 #[test]
 fn each_alert_links_to_its_runbook_in_the_operating_guide() {
-    let rules = std::fs::read_to_string(repo().join(RULES)).expect("reading the rules");
+    let rules: String =
+        RULES.iter().map(|file| std::fs::read_to_string(repo().join(file)).expect("reading the rules")).collect();
     let readme = std::fs::read_to_string(repo().join(RUNBOOKS)).expect("reading the runbooks");
     let anchors: Vec<String> =
         readme.lines().filter_map(|l| l.strip_prefix('#')).map(|h| anchor(h.trim_start_matches('#'))).collect();

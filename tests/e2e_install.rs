@@ -633,6 +633,45 @@ fn every_install_of_the_snapshot_crd_brings_the_same_roles_for_tenants() {
     assert!(repo().join(CHART).join("crds/hostpathsnapshots.yaml").is_file());
 }
 
+/// Every install of the operator lets the metrics Service the operator makes for itself
+/// (deploy/operator/monitoring) find its replicas and scrape them on the port they serve:
+/// otherwise HostpathProvisionerOperatorDown would fire for a healthy operator.
+#[test]
+fn every_install_of_the_operator_is_found_and_scraped_by_its_metrics_service() {
+    let kubectl = testbed_kubectl();
+    let service = parse_objects(&read("deploy/operator/monitoring/metrics-service.yaml")).remove(0);
+    let installs = [
+        ("chart operator mode", parse_objects(&chart_template("hpp-chart", &["--set", "operator.enabled=true"]))),
+        ("deploy/operator", parse_objects(&run(&kubectl, &["kustomize", "deploy/operator"], &[]))),
+        ("deploy/operator/install.yaml", parse_objects(&read("deploy/operator/install.yaml"))),
+        ("deploy/operator-openshift", parse_objects(&run(&kubectl, &["kustomize", "deploy/operator-openshift"], &[]))),
+    ];
+    for (install, objects) in &installs {
+        let deployment = objects
+            .iter()
+            .find(|o| {
+                o["kind"] == "Deployment" && o["spec"]["template"]["spec"]["containers"][0]["args"][0] == "operator"
+            })
+            .unwrap_or_else(|| panic!("{install}: the operator's Deployment"));
+        let pod = &deployment["spec"]["template"];
+        for (key, value) in service["spec"]["selector"].as_object().expect("a selector") {
+            assert_eq!(&pod["metadata"]["labels"][key], value, "{install}: the pods lack {key}");
+        }
+        let container = &pod["spec"]["containers"][0];
+        let port = container["ports"]
+            .as_array()
+            .and_then(|ports| ports.iter().find(|p| p["name"] == service["spec"]["ports"][0]["targetPort"]))
+            .unwrap_or_else(|| panic!("{install}: no port named as the Service's targetPort"));
+        let listen = container["env"]
+            .as_array()
+            .and_then(|env| env.iter().find(|e| e["name"] == "LISTEN_ADDR"))
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{install}: LISTEN_ADDR"));
+        assert_eq!(listen, format!(":{}", port["containerPort"]), "{install}");
+        assert_eq!(container["readinessProbe"]["httpGet"]["port"], port["name"], "{install}");
+    }
+}
+
 /// kube-score checks left out, each for a reason docs/install.md ("Deploy conventions") gives. A
 /// check listed here that no longer fires anywhere fails the test, so the list stays honest.
 const KUBE_SCORE_IGNORED: [(&str, &str); 3] = [

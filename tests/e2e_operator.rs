@@ -186,6 +186,8 @@ async fn crd_refuses_bad_resources_with_a_message_saying_what_to_change() {
 struct Operator {
     child: std::process::Child,
     log: PathBuf,
+    /// Where it serves /healthz, /readyz and /metrics (`--listen`, LISTEN_ADDR in its pod).
+    addr: std::net::SocketAddr,
 }
 
 /// How an operator process runs: as which ServiceAccount, in which namespace, as which pod.
@@ -235,8 +237,9 @@ impl Operator {
         run.cp.write_kubeconfig_for_token(&token, &kubeconfig).expect("kubeconfig");
         let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-operator.log", run.pod_name));
         let file = std::fs::File::create(&log).expect("operator log");
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], testbed::free_port().expect("a free port")));
         let mut command = std::process::Command::new(binary());
-        command.args(["operator", "--namespace", run.namespace, "--lease-seconds", "6"]);
+        command.args(["operator", "--namespace", run.namespace, "--lease-seconds", "6", "--listen", &addr.to_string()]);
         if let Some(image) = run.node_image {
             command.args(["--node-image", image]);
         }
@@ -249,7 +252,18 @@ impl Operator {
             .stderr(file)
             .spawn()
             .expect("start the operator");
-        Operator { child, log }
+        Operator { child, log, addr }
+    }
+
+    /// Waits until its /metrics shows `series` (a name and its labels) at a value `accept` takes.
+    async fn wait_metric(&self, series: &str, accept: impl Fn(f64) -> bool) -> f64 {
+        testbed::wait_for(&format!("the operator's {series}"), TIMEOUT, || async {
+            let (code, body) = testbed::http_get(self.addr, "/metrics").await?;
+            let value = body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse::<f64>().ok());
+            anyhow::Ok(value.filter(|v| code == 200 && accept(*v)))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.log()))
     }
 
     fn log(&self) -> String {
@@ -384,6 +398,15 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
     wait_log(&first, "holding the operator Lease").await;
     let second = Operator::start(&env, "registry.example/hostpath-provisioner:e2e", "b").await;
     wait_log(&second, "another replica holds the operator Lease").await;
+    // Both answer scrapes (what HostpathProvisionerOperatorDown counts); the metrics say which acts.
+    first.wait_metric("hostpath_provisioner_operator_leader", |v| v == 1.0).await;
+    second.wait_metric("hostpath_provisioner_operator_leader", |v| v == 0.0).await;
+    for operator in [&first, &second] {
+        let (code, body) = testbed::http_get(operator.addr, "/healthz").await.expect("/healthz");
+        assert_eq!(code, 200, "{body}");
+        let (code, body) = testbed::http_get(operator.addr, "/readyz").await.expect("/readyz");
+        assert_eq!(code, 200, "{body}");
+    }
     let name = env.group.clone();
     let example = repo().join("deploy/operator/examples/storage-pool.yaml");
     let mut resource: DynamicObject =
@@ -469,8 +492,10 @@ async fn the_operator_deploys_rolls_reports_and_removes_the_node_provisioner() {
 
     // The acting replica stops (it releases the Lease); the standby takes over and acts.
     assert!(!second.log().contains("holding the operator Lease"), "two replicas acting:\n{}", second.log());
+    first.wait_metric("hostpath_provisioner_operator_reconciles_total", |v| v > 0.0).await;
     drop(first);
     wait_log(&second, "holding the operator Lease").await;
+    second.wait_metric("hostpath_provisioner_operator_leader", |v| v == 1.0).await;
 
     pools_on_a_claim::are_mounted_per_node_and_held_back_by_volumes(&env, &name).await;
     pools_on_a_claim::of_the_kubevirt_operator_are_adopted_where_it_mounted_them_and_held_by_its_csi_volumes(

@@ -30,6 +30,7 @@ use kube::runtime::{Controller, watcher};
 use crate::deciding::operator::render::{NODE_CONTAINER, OWNER_LABEL};
 use crate::deciding::operator::resource::{self, HostPathProvisioner};
 use crate::serving::lifecycle::{init_logging, shutdown_signal};
+use crate::serving::operator::OperatorAnswers;
 use error::OperatorError;
 
 /// The subcommand's name, the first argument.
@@ -63,6 +64,10 @@ pub struct OperatorArgs {
     /// Kubeconfig for out-of-cluster runs (default: in-cluster, then the usual lookup).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<OsString>,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served, host:port (`:8080` in the
+    /// Deployment, which Prometheus scrapes); empty serves nothing.
+    #[arg(long = "listen", env = "LISTEN_ADDR", default_value = "")]
+    pub listen: String,
     /// Logs: text or json; RUST_LOG sets the level.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     pub log_format: String,
@@ -78,6 +83,27 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
     if args.lease_seconds < 3 {
         eprintln!("hostpath-provisioner operator: configuration error: --lease-seconds must be at least 3");
         return EXIT_CONFIG;
+    }
+    let listen = match crate::config::parse_addr("LISTEN_ADDR", &args.listen) {
+        Ok(listen) => listen,
+        Err(error) => {
+            eprintln!("hostpath-provisioner operator: configuration error: {error} (flag --listen)");
+            return EXIT_CONFIG;
+        }
+    };
+    let answers = Arc::new(OperatorAnswers::new());
+    if let Some(listen) = listen {
+        // Bound before anything else, so that a taken port fails the start and a standby
+        // replica is scraped (and counted as up) while it waits for the Lease.
+        match crate::serving::health::bind(listen).await {
+            Ok(listener) => {
+                tokio::spawn(crate::serving::health::serve_answers(listener, answers.clone()));
+            }
+            Err(error) => {
+                eprintln!("hostpath-provisioner operator: cannot listen on {listen}: {error}");
+                return 1;
+            }
+        }
     }
     let client = match client(&args).await {
         Ok(client) => client,
@@ -121,6 +147,7 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         },
         () = &mut shutdown => return 0,
     }
+    answers.leader.set(1);
     let reporter = Reporter { controller: reconcile::FIELD_MANAGER.to_owned(), instance: Some(identity.clone()) };
     let ctx = Arc::new(reconcile::Context {
         client: client.clone(),
@@ -145,17 +172,27 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
                 .map(|owner| ObjectRef::new(&owner.name))
         })
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                // A watch that cannot run (the CRD missing, RBAC): said loudly, retried by the
-                // watcher with backoff.
-                Err(kube::runtime::controller::Error::QueueError(error)) => tracing::warn!(
-                    %error,
-                    "cannot watch HostPathProvisioners or their DaemonSets (is the CRD of deploy/operator installed?); retrying"
-                ),
-                // Reconcile failures are logged by the error policy, with their resource.
-                Err(error) => tracing::debug!(%error, "controller step"),
-                Ok(_) => {}
+        .for_each(|result| {
+            let answers = answers.clone();
+            async move {
+                match result {
+                    // A watch that cannot run (the CRD missing, RBAC): said loudly, retried by
+                    // the watcher with backoff.
+                    Err(kube::runtime::controller::Error::QueueError(error)) => tracing::warn!(
+                        %error,
+                        "cannot watch HostPathProvisioners or their DaemonSets (is the CRD of deploy/operator installed?); retrying"
+                    ),
+                    // Reconcile failures are logged by the error policy, with their resource.
+                    Err(kube::runtime::controller::Error::ReconcilerFailed(error, _)) => {
+                        answers.reconciles.inc();
+                        answers.reconcile_failures.inc();
+                        tracing::debug!(%error, "reconcile failed");
+                    }
+                    Err(error) => tracing::debug!(%error, "controller step"),
+                    Ok(_) => {
+                        answers.reconciles.inc();
+                    }
+                }
             }
         });
     let code = tokio::select! {
@@ -169,6 +206,7 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
             0
         }
     };
+    answers.leader.set(0);
     leader.release().await;
     code
 }

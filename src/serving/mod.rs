@@ -9,6 +9,7 @@ pub mod lifecycle;
 pub mod metrics;
 #[cfg(test)]
 mod monitoring_files;
+pub mod operator;
 pub mod process;
 pub mod releaser;
 pub mod waiting_claims;

@@ -267,8 +267,10 @@ pub(super) async fn move_to_this_operator(
     .map_err(|e| e.context(pod_logs(ctx, NAMESPACE, OPERATOR_DEPLOYMENT)))?;
     // After: this operator's monitoring only; the kubevirt operator's, which watched pods that
     // no longer run, deleted with its metrics Service.
-    let ours = "kubevirt-hostpath-provisioner";
-    wait_monitoring(ctx, &[(NAMESPACE, ours)], &[(NAMESPACE, ours)]).await?;
+    // The node provisioner's monitoring and the operator's own (its replicas' `up`).
+    let (ours, operator) = ("kubevirt-hostpath-provisioner", "hostpath-provisioner-operator");
+    let set = [(NAMESPACE, ours), (NAMESPACE, operator)];
+    wait_monitoring(ctx, &set, &set).await?;
     let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(ctx.lane.client(), ns);
     ensure!(services.get_opt("hpp-prometheus-metrics").await?.is_none(), "the kubevirt metrics Service deleted");
     Ok((docs, work))

@@ -45,6 +45,13 @@ const MOUNTER_SCC_FILE: &str = include_str!("../../../deploy/openshift/pool-moun
 const METRICS_SERVICE: &str = include_str!("../../../deploy/monitoring/metrics-service.yaml");
 const SERVICE_MONITOR: &str = include_str!("../../../deploy/monitoring/servicemonitor.yaml");
 const PROMETHEUS_RULE: &str = include_str!("../../../deploy/monitoring/prometheusrule.yaml");
+/// The operator's own monitoring: its replicas' metrics Service and ServiceMonitor, and its alert
+/// (a plain rule file, wrapped here in a PrometheusRule).
+const OPERATOR_METRICS_SERVICE: &str = include_str!("../../../deploy/operator/monitoring/metrics-service.yaml");
+const OPERATOR_SERVICE_MONITOR: &str = include_str!("../../../deploy/operator/monitoring/servicemonitor.yaml");
+const OPERATOR_RULES: &str = include_str!("../../../deploy/operator/monitoring/alerts.rules.yaml");
+/// The name of the PrometheusRule holding [`OPERATOR_RULES`].
+pub const OPERATOR_PROMETHEUS_RULE: &str = "hostpath-provisioner-operator";
 
 /// The namespace deploy/legacy names, replaced by the operator's.
 const LEGACY_NAMESPACE: &str = "kubevirt-hostpath-provisioner";
@@ -464,6 +471,27 @@ fn objects(
         objects.push(desired(resource, "servicemonitors", &monitor)?);
         let mut rule = untyped(PROMETHEUS_RULE, "prometheusrule.yaml")?;
         rule["metadata"]["namespace"] = json!(namespace);
+        objects.push(desired(resource, "prometheusrules", &rule)?);
+        // The operator's own: `up` of its replicas is what tells that it runs.
+        for (text, file, plural) in [
+            (OPERATOR_METRICS_SERVICE, "operator/monitoring/metrics-service.yaml", "services"),
+            (OPERATOR_SERVICE_MONITOR, "operator/monitoring/servicemonitor.yaml", "servicemonitors"),
+        ] {
+            let mut object = untyped(text, file)?;
+            object["metadata"]["namespace"] = json!(namespace);
+            objects.push(desired(resource, plural, &object)?);
+        }
+        let groups = untyped(OPERATOR_RULES, "operator/monitoring/alerts.rules.yaml")?;
+        let rule = json!({
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PrometheusRule",
+            "metadata": {
+                "name": OPERATOR_PROMETHEUS_RULE,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/name": "hostpath-provisioner-operator"},
+            },
+            "spec": {"groups": groups["groups"]},
+        });
         objects.push(desired(resource, "prometheusrules", &rule)?);
     }
     Ok(objects)

@@ -276,6 +276,9 @@ fn everything_is_owned_by_the_resource_and_namespaced_objects_go_in_the_operator
             "SecurityContextConstraints",
             "Service",
             "ServiceMonitor",
+            "PrometheusRule",
+            "Service",
+            "ServiceMonitor",
             "PrometheusRule"
         ]
     );
@@ -311,7 +314,12 @@ fn everything_is_owned_by_the_resource_and_namespaced_objects_go_in_the_operator
     // The peers and metrics Services find the pods by the labels the rendered template carries,
     // and the pods name the peers Service.
     let template = &object(&rendered, "DaemonSet").body["spec"]["template"];
-    let services: Vec<_> = rendered.objects.iter().filter(|o| o.kind == "Service").collect();
+    // (The operator's own metrics Service selects its replicas: the test below.)
+    let services: Vec<_> = rendered
+        .objects
+        .iter()
+        .filter(|o| o.kind == "Service" && o.name != "hostpath-provisioner-operator-metrics")
+        .collect();
     assert_eq!(
         services.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
         ["hostpath-provisioner-peers", "kubevirt-hostpath-provisioner-metrics"]
@@ -605,4 +613,48 @@ fn the_operator_may_manage_the_csidriver_it_makes() {
     for verb in ["get", "list", "create", "patch", "delete"] {
         assert!(granted.iter().any(|g| g == verb), "csidrivers: {verb} not granted");
     }
+}
+
+/// The operator's own monitoring finds its replicas: the Service selects the pods of
+/// deploy/operator's Deployment (the chart's operator mode is checked by e2e_chart), the
+/// ServiceMonitor selects the Service, and the alert's job is the one the Service names.
+#[test]
+fn the_operators_monitoring_selects_its_replicas_and_the_alert_its_job() {
+    let environment = Environment { prometheus: true, ..environment() };
+    let rendered = render(&example("legacy.yaml"), &environment);
+    let service = rendered
+        .objects
+        .iter()
+        .find(|o| o.kind == "Service" && o.name == "hostpath-provisioner-operator-metrics")
+        .expect("the operator's metrics Service");
+    let deployment = untyped(include_str!("../../../deploy/operator/deployment.yaml"), "deployment.yaml").unwrap();
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let selector = service.body["spec"]["selector"].as_object().expect("a selector");
+    assert!(!selector.is_empty());
+    for (key, value) in selector {
+        assert_eq!(&pod_labels[key], value, "the operator pods lack {key}: {pod_labels}");
+    }
+    let port = &deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0];
+    assert_eq!(
+        (&port["name"], &port["containerPort"]),
+        (&service.body["spec"]["ports"][0]["targetPort"], &serde_json::json!(8080))
+    );
+    let monitor = rendered
+        .objects
+        .iter()
+        .find(|o| o.kind == "ServiceMonitor" && o.name == "hostpath-provisioner-operator")
+        .expect("the operator's ServiceMonitor");
+    for (key, value) in monitor.body["spec"]["selector"]["matchLabels"].as_object().expect("matchLabels") {
+        assert_eq!(&service.body["metadata"]["labels"][key], value, "the Service lacks {key}");
+    }
+    let job_label = monitor.body["spec"]["jobLabel"].as_str().expect("jobLabel");
+    let job = service.body["metadata"]["labels"][job_label].as_str().expect("the job label on the Service");
+    let rule = rendered
+        .objects
+        .iter()
+        .find(|o| o.kind == "PrometheusRule" && o.name == OPERATOR_PROMETHEUS_RULE)
+        .expect("the operator's PrometheusRule");
+    let expr = rule.body["spec"]["groups"][0]["rules"][0]["expr"].as_str().expect("an expr");
+    assert!(expr.contains(&format!("up{{job=\"{job}\"}}")), "{expr}");
+    assert_eq!(rule.namespace.as_deref(), Some(NAMESPACE));
 }
