@@ -239,12 +239,15 @@ async fn get_monitoring(
 }
 
 /// OLM's ClusterServiceVersions in every namespace, each with the Deployments it makes; none
-/// where OLM is not installed.
+/// where OLM is not installed. Not the copies: OLM copies an all-namespaces operator's CSV into
+/// every namespace (labelled `olm.copiedFrom`), full objects that would make this list grow with
+/// the cluster's namespaces, and a copy makes no Deployment (the original, in the operator's
+/// namespace, is the one the decision needs).
 async fn list_csvs(client: &Client) -> Result<Vec<ClusterServiceVersion>, OperatorError> {
     let gvk = GroupVersionKind::gvk(takeover_stop::OLM_GROUP, "v1alpha1", takeover_stop::CSV_KIND);
     let api: Api<DynamicObject> =
         Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "clusterserviceversions"));
-    match api.list(&ListParams::default()).await {
+    match api.list(&ListParams::default().labels(&format!("!{}", takeover_stop::OLM_COPIED_FROM))).await {
         Ok(list) => Ok(list
             .items
             .into_iter()

@@ -32,6 +32,8 @@ pub const OLM_OWNER_NAMESPACE_LABEL: &str = "olm.owner.namespace";
 pub const OLM_OWNER_KIND_LABEL: &str = "olm.owner.kind";
 pub const CSV_KIND: &str = "ClusterServiceVersion";
 pub const OLM_GROUP: &str = "operators.coreos.com";
+/// The label OLM puts on the copies of a CSV it makes in other namespaces (never on the original).
+pub const OLM_COPIED_FROM: &str = "olm.copiedFrom";
 
 /// A Deployment named [`KUBEVIRT_OPERATOR_DEPLOYMENT`], in any namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
