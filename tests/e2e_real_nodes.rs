@@ -85,6 +85,12 @@ use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothin
 #[path = "real_nodes/upgrade_helm.rs"]
 mod upgrade_helm;
 use upgrade_helm::an_earlier_helm_release_upgraded_under_a_burst_of_claims_and_rolled_back_loses_nothing_two_nodes;
+#[path = "real_nodes/upgrade_helm_operator.rs"]
+mod upgrade_helm_operator;
+use upgrade_helm_operator::an_earlier_helm_release_in_operator_mode_upgraded_under_a_burst_and_rolled_back_loses_nothing_two_nodes;
+#[path = "real_nodes/upgrade_kustomize.rs"]
+mod upgrade_kustomize;
+use upgrade_kustomize::an_earlier_kustomize_install_upgraded_by_applying_the_new_release_under_a_burst_and_rolled_back_loses_nothing_two_nodes;
 #[path = "real_nodes/upgrade_operator.rs"]
 mod upgrade_operator;
 use upgrade_operator::an_earlier_operator_upgraded_by_applying_the_new_release_under_a_burst_and_rolled_back_loses_nothing_two_nodes;
@@ -149,10 +155,13 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_statefulset_whose_node_is_removed_comes_back_on_the_other_node_with_a_new_volume_two_nodes,
         // Last: it replaces the DaemonSet twice, on both nodes.
         a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes,
-        // `make test-upgrade` only (they say so here): a Helm release and an operator of the
-        // pinned earlier commit, upgraded and rolled back on both nodes; deploy/legacy set aside
-        // meanwhile.
+        // `make test-upgrade` only (they say so here): a Helm release, a deploy/legacy install,
+        // a Helm release in operator mode and an operator of the pinned earlier commit, upgraded
+        // and rolled back on both nodes; deploy/legacy set aside meanwhile (the kustomize one
+        // replaces it, and puts it back).
         an_earlier_helm_release_upgraded_under_a_burst_of_claims_and_rolled_back_loses_nothing_two_nodes,
+        an_earlier_kustomize_install_upgraded_by_applying_the_new_release_under_a_burst_and_rolled_back_loses_nothing_two_nodes,
+        an_earlier_helm_release_in_operator_mode_upgraded_under_a_burst_and_rolled_back_loses_nothing_two_nodes,
         an_earlier_operator_upgraded_by_applying_the_new_release_under_a_burst_and_rolled_back_loses_nothing_two_nodes,
         // After every scenario that runs the lane's imported images: a pull gives containerd's CRI
         // image cache a second name for the same image, which later re-imports of that image did

@@ -7,7 +7,8 @@
 //! builds from git history, put into an OCI archive as the lane builds this checkout's image, and
 //! imported under a tag of its own; its chart comes from `git archive` of that commit. Before the
 //! upgrade it makes volumes with data: node volumes on each node with a pod that keeps running on
-//! each, a local PV, a shared volume, an every-node volume. A burst of claims (node volumes pinned to each
+//! each, a local PV, a shared volume, an every-node volume, a directory named by `pathPattern` and
+//! a volume with an enforced btrfs quota (its limit grown by this version after the upgrade). A burst of claims (node volumes pinned to each
 //! node, shared volumes) and deletions runs through the upgrade, and the rollout is held so that
 //! each node runs another version for a while (the mixed window). Then:
 //!
@@ -53,6 +54,9 @@ const PINNED_CLASS: &str = "upgrade-pinned";
 const SHARED_CLASS: &str = "upgrade-shared";
 const EVERY_CLASS: &str = "upgrade-every";
 const LOCAL_CLASS: &str = "upgrade-local";
+/// Directories named from the claim (`pathPattern`), and enforced quotas on the lane's btrfs pool.
+const PATTERN_CLASS: &str = "upgrade-pattern";
+const QUOTA_CLASS: &str = "upgrade-quota";
 /// The snapshot this release takes before the rollback.
 const SNAPSHOT: &str = "before-rollback";
 /// The images, as the chart's values name them (registry `localhost`: never pulled).
@@ -113,21 +117,28 @@ fn install_values(ctx: &Ctx) -> String {
 pools:
   - {{name: legacy, path: "{pool}", hostPathType: Directory}}
   - {{name: nfs, path: "{shared}", shared: true, hostPathType: Directory}}
+  - {{name: btrfs, path: "{quota}", hostPathType: Directory}}
+quota: {{enabled: true}}
 storageClasses:
   - {{name: {NODE_CLASS}, volumeBindingMode: WaitForFirstConsumer, allowVolumeExpansion: true}}
   - {{name: {PINNED_CLASS}, volumeBindingMode: Immediate, allowVolumeExpansion: true}}
   - {{name: {SHARED_CLASS}, volumeBindingMode: Immediate, allowVolumeExpansion: true, parameters: {{storagePool: nfs, topology: shared}}}}
   - {{name: {EVERY_CLASS}, volumeBindingMode: Immediate, parameters: {{topology: everyNode}}}}
   - {{name: {LOCAL_CLASS}, volumeBindingMode: WaitForFirstConsumer, parameters: {{volumeType: local}}}}
+  - {{name: {QUOTA_CLASS}, volumeBindingMode: WaitForFirstConsumer, allowVolumeExpansion: true, parameters: {{storagePool: btrfs, quota: enforce}}}}
 config: {{provisionerName: {PROVISIONER}}}
 "#,
         pool = ctx.lane.pool_root().display(),
         shared = ctx.lane.shared_pool().display(),
+        quota = ctx.lane.quota_pool().display(),
     )
 }
 
 /// The one command of the page's Helm section that starts with `start`.
-fn documented(commands: &[testbed::documented_commands::DocumentedCommand], start: &str) -> Result<String> {
+pub(super) fn helm_section_command(
+    commands: &[testbed::documented_commands::DocumentedCommand],
+    start: &str,
+) -> Result<String> {
     let mut found = commands.iter().filter(|c| c.file == DOC && c.section == SECTION && c.text.starts_with(start));
     let command = found.next().with_context(|| format!("no `{start} ...` in {DOC}, \"{SECTION}\""))?;
     ensure!(found.next().is_none(), "more than one `{start} ...` in {DOC}, \"{SECTION}\"");
@@ -141,9 +152,9 @@ fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// The release's provisioner pods: (node, image, ready).
-pub(super) async fn release_pods(ctx: &Ctx) -> Result<Vec<(String, String, bool)>> {
-    let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), RELEASE);
+/// The provisioner pods of the release in namespace `release`: (node, image, ready).
+pub(super) async fn release_pods(ctx: &Ctx, release: &str) -> Result<Vec<(String, String, bool)>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), release);
     Ok(pods
         .list(&ListParams::default())
         .await?
@@ -159,15 +170,16 @@ pub(super) async fn release_pods(ctx: &Ctx) -> Result<Vec<(String, String, bool)
         .collect())
 }
 
-/// Waits until the release runs one ready pod of `image` on each real node, and nothing else.
-pub(super) async fn release_runs(ctx: &Ctx, image: &str) -> Result<()> {
+/// Waits until the release in namespace `release` runs one ready pod of `image` on each real
+/// node, and nothing else.
+pub(super) async fn release_runs(ctx: &Ctx, release: &str, image: &str) -> Result<()> {
     let mut nodes = vec![ctx.lane.node_name().to_owned(), NODE2_NAME.to_owned()];
     nodes.sort();
     testbed::wait_for(
         &format!("the release runs {image}, one ready pod on each of {nodes:?}"),
         LANE_TIMEOUT,
         || async {
-            let pods = release_pods(ctx).await?;
+            let pods = release_pods(ctx, release).await?;
             let mut on: Vec<String> =
                 pods.iter().filter(|(_, i, ready)| i == image && *ready).map(|p| p.0.clone()).collect();
             on.sort();
@@ -178,13 +190,13 @@ pub(super) async fn release_runs(ctx: &Ctx, image: &str) -> Result<()> {
     .map_err(|e| e.context(release_logs(ctx)))
 }
 
-/// Holds the next rollout of DaemonSet `name` (in [`RELEASE`]'s namespace) on each node for
+/// Holds the next rollout of DaemonSet `name` (in namespace `release`) on each node for
 /// [`HELD_SECONDS`] (`minReadySeconds`), then waits until its pods count as available under
 /// that hold: a pod not available yet is replaced at once, so both nodes would switch together.
-pub(super) async fn hold_the_rollout(ctx: &Ctx, name: &str) -> Result<()> {
+pub(super) async fn hold_the_rollout(ctx: &Ctx, release: &str, name: &str) -> Result<()> {
     let hold = format!(r#"{{"spec":{{"minReadySeconds":{HELD_SECONDS}}}}}"#);
-    ctx.lane.cp().run_kubectl(&ctx.repo, &["-n", RELEASE, "patch", "daemonset", name, "-p", &hold])?;
-    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(ctx.lane.client(), RELEASE);
+    ctx.lane.cp().run_kubectl(&ctx.repo, &["-n", release, "patch", "daemonset", name, "-p", &hold])?;
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(ctx.lane.client(), release);
     testbed::wait_until(
         &format!("DaemonSet {name}'s pods available under minReadySeconds {HELD_SECONDS}"),
         LANE_TIMEOUT,
@@ -201,13 +213,15 @@ pub(super) async fn hold_the_rollout(ctx: &Ctx, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The release's provisioner logs, for failure messages.
+/// The provisioner logs of the releases (of this file's namespace, the operator's, and
+/// deploy/legacy's), for failure messages.
 pub(super) fn release_logs(ctx: &Ctx) -> String {
     let mut out = String::from("the release's provisioner pod logs:\n");
     // Node 1's pod logs, and the second node's (its layout is `node2` under the lane directory).
     for node_logs in [ctx.lane.dir().join("pod-logs"), ctx.lane.dir().join("node2/pod-logs")] {
         for entry in std::fs::read_dir(&node_logs).into_iter().flatten().flatten() {
-            if entry.file_name().to_string_lossy().starts_with(&format!("{RELEASE}_")) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if [RELEASE, DEPLOY_NAMESPACE].iter().any(|ns| name.starts_with(&format!("{ns}_"))) {
                 for file in walk(&entry.path()) {
                     out.push_str(&format!("--- {}\n", file.display()));
                     out.push_str(&std::fs::read_to_string(file).unwrap_or_default());
@@ -319,6 +333,8 @@ pub(super) fn volume_dirs(ctx: &Ctx, baseline: &BTreeSet<PathBuf>) -> BTreeSet<P
         ctx.lane.pool_root().to_path_buf(),
         ctx.lane.host_path_on(NODE2_NAME, ctx.lane.pool_root()),
         ctx.lane.shared_pool().to_path_buf(),
+        // The btrfs pool of the quota volumes (on node 1, where they are made).
+        ctx.lane.quota_pool().to_path_buf(),
     ];
     roots
         .iter()
@@ -425,12 +441,17 @@ pub(super) async fn burst(ctx: &Ctx, ns: &str, shared: Option<&str>, pinned: &st
     Ok(out)
 }
 
-/// Until `rolled`: when the release's pods ran both images, ready, at once (first and last seen).
-pub(super) async fn watch_the_mixed_window(ctx: &Ctx, rolled: &AtomicBool) -> Result<Option<(Instant, Instant)>> {
+/// Until `rolled`: when the pods of the release in namespace `release` ran both images, ready,
+/// at once (first and last seen).
+pub(super) async fn watch_the_mixed_window(
+    ctx: &Ctx,
+    release: &str,
+    rolled: &AtomicBool,
+) -> Result<Option<(Instant, Instant)>> {
     let (earlier, new) = (earlier_image(), new_image());
     let mut window: Option<(Instant, Instant)> = None;
     while !rolled.load(Ordering::SeqCst) {
-        let pods = release_pods(ctx).await?;
+        let pods = release_pods(ctx, release).await?;
         let ready_with = |image: &str| pods.iter().any(|(_, i, ready)| i == image && *ready);
         if ready_with(&earlier) && ready_with(&new) {
             let now = Instant::now();
@@ -515,10 +536,12 @@ pub(super) async fn earlier_beside_head(ctx: &Ctx) -> Result<Option<Start>> {
 }
 
 /// The upgrade `steps` (which return how long they took), started 3 s into a burst of claims and
-/// deletions in `ns` that goes on 4 s past them, with the rollout's mixed window watched: there
-/// must be one of at least 5 s, with at least 3 claims made in it.
+/// deletions in `ns` that goes on 4 s past them, with the mixed window of the rollout of the
+/// release in namespace `release` watched: there must be one of at least 5 s, with at least 3
+/// claims made in it.
 pub(super) async fn under_a_burst(
     ctx: &Ctx,
+    release: &str,
     ns: &str,
     shared: Option<&str>,
     pinned: &str,
@@ -535,7 +558,7 @@ pub(super) async fn under_a_burst(
         result
     };
     let (took, burst, window) =
-        tokio::join!(upgrade, burst(ctx, ns, shared, pinned, &stop), watch_the_mixed_window(ctx, &rolled));
+        tokio::join!(upgrade, burst(ctx, ns, shared, pinned, &stop), watch_the_mixed_window(ctx, release, &rolled));
     let (took, burst, window) = (took?, burst?, window?);
     let (from, to) = window.context("no moment with a ready pod of each release: the window was not mixed")?;
     let in_window = burst.made.iter().filter(|(_, at)| *at >= from && *at <= to).count();
@@ -568,7 +591,7 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
         ))
         .await?;
     ensure!(said.contains("STATUS: deployed"), "{said}");
-    release_runs(ctx, &earlier_image()).await?;
+    release_runs(ctx, RELEASE, &earlier_image()).await?;
     let earlier_log = release_logs(ctx);
     ensure!(earlier_log.contains(EARLIER_COMMIT), "the release runs the earlier commit:\n{earlier_log}");
     println!("    earlier release {EARLIER_TAG} running on both nodes at {:.1} s", started.elapsed().as_secs_f64());
@@ -580,6 +603,32 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
         claims.create(&PostParams::default(), &claim(&ns, name, class, None, false)).await?;
     }
     run_on(ctx, &ns, "local-writer", "old-local", &node1, "echo old-local > /data/note").await?;
+    // The earlier chart's values know no `pathPattern`; its provisioner does: the admin's own class.
+    let pattern = fixtures::storage_class(PATTERN_CLASS, PROVISIONER).parameter("pathPattern", "{namespace}_{claim}");
+    Api::<StorageClass>::all(ctx.lane.client()).create(&PostParams::default(), &pattern.build()).await?;
+    for (name, class) in [("old-pattern", PATTERN_CLASS), ("old-quota", QUOTA_CLASS)] {
+        claims.create(&PostParams::default(), &claim(&ns, name, class, None, false)).await?;
+        run_on(ctx, &ns, &format!("{name}-writer"), name, &node1, &format!("echo {name} > /data/note")).await?;
+    }
+    let pattern_dir = ctx.lane.volume_dir(&ns, "old-pattern").await?;
+    ensure!(
+        pattern_dir.file_name().is_some_and(|n| *n == *format!("{ns}_old-pattern")),
+        "old-pattern's directory named from the claim: {}",
+        pattern_dir.display()
+    );
+    let quota_dir = ctx.lane.volume_dir(&ns, "old-quota").await?;
+    ensure!(quota_dir.parent() == Some(ctx.lane.quota_pool()), "{} in the quota pool", quota_dir.display());
+    // The earlier release enforces its 16 MiB: 24 MiB do not fit.
+    let refused = run_on(
+        ctx,
+        &ns,
+        "quota-tester",
+        "old-quota",
+        &node1,
+        "dd if=/dev/zero of=/data/fill bs=1M count=24 2>&1; echo exit=$?; rm -f /data/fill; sync",
+    )
+    .await?;
+    ensure!(!refused.contains("exit=0"), "24 MiB must not fit in the earlier release's 16 MiB quota: {refused}");
     ensure!(ctx.pv_of(&ns, "old-local").await?.spec.and_then(|s| s.local).is_some(), "old-local is a local PV");
     keep_writing(ctx, &ns, "keeper-1", "old-1", &node1, "old-1").await?;
     keep_writing(ctx, &ns, "keeper-2", "old-2", &node2, "old-2").await?;
@@ -595,11 +644,11 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
 
     // The upgrade, by the page's commands, from the new release's files, while the burst runs.
     let commands = documented_commands(&ctx.repo)?;
-    let get_values = documented(&commands, "helm get values hostpath-provisioner")?;
-    let apply_crds = documented(&commands, "kubectl apply --server-side --force-conflicts -f deploy/helm")?;
-    let upgrade = documented(&commands, "helm upgrade hostpath-provisioner")?;
-    let rollout = documented(&commands, "kubectl -n hostpath-provisioner rollout status")?;
-    let rollback = documented(&commands, "helm rollback hostpath-provisioner")?;
+    let get_values = helm_section_command(&commands, "helm get values hostpath-provisioner")?;
+    let apply_crds = helm_section_command(&commands, "kubectl apply --server-side --force-conflicts -f deploy/helm")?;
+    let upgrade = helm_section_command(&commands, "helm upgrade hostpath-provisioner")?;
+    let rollout = helm_section_command(&commands, "kubectl -n hostpath-provisioner rollout status")?;
+    let rollback = helm_section_command(&commands, "helm rollback hostpath-provisioner")?;
     take_the_files_of(&ctx.repo, &work, None)?;
     shell.run(&get_values).await?;
     // "move those with the release": the values pin the image tag, the new one is the release's.
@@ -610,7 +659,7 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     // The window held open: a node's new pod counts as available only after HELD_SECONDS, so
     // the rollout moves to the other node that much later (Helm's three-way merge keeps a field
     // the chart does not set).
-    hold_the_rollout(ctx, RELEASE).await?;
+    hold_the_rollout(ctx, RELEASE, RELEASE).await?;
 
     let upgrading = Instant::now();
     let steps = async {
@@ -621,8 +670,8 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
         ensure!(said.contains("successfully rolled out"), "{said}");
         anyhow::Ok(upgrading.elapsed())
     };
-    under_a_burst(ctx, &ns, Some(SHARED_CLASS), PINNED_CLASS, steps).await?;
-    release_runs(ctx, &new_image()).await?;
+    under_a_burst(ctx, RELEASE, &ns, Some(SHARED_CLASS), PINNED_CLASS, steps).await?;
+    release_runs(ctx, RELEASE, &new_image()).await?;
 
     // Every claim once, nothing orphaned; the pods ran through with their data.
     let bound = each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
@@ -635,9 +684,27 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     ensure!(read.trim() == "old-shared", "the old shared volume read on the other node: {read:?}");
     let read = run_on(ctx, &ns, "local-reader", "old-local", &node1, "cat /data/note").await?;
     ensure!(read.trim() == "old-local", "the old local volume read after the upgrade: {read:?}");
+    for name in ["old-pattern", "old-quota"] {
+        let read = run_on(ctx, &ns, &format!("{name}-reader"), name, &node1, "cat /data/note").await?;
+        ensure!(read.trim() == name, "the old {name} volume read after the upgrade: {read:?}");
+    }
     expand(ctx, &ns, "old-1", "32Mi").await?;
     expand(ctx, &ns, "old-shared", "32Mi").await?;
-    reclaim(ctx, &ns, &["keeper-2"], &["old-2".into(), "old-every".into(), "old-local".into()]).await?;
+    // The quota grows with the claim: 24 MiB written into the 16 MiB volume made by the
+    // earlier release fits once this release expanded it to 32 MiB.
+    expand(ctx, &ns, "old-quota", "32Mi").await?;
+    let wrote = run_on(
+        ctx,
+        &ns,
+        "quota-filler",
+        "old-quota",
+        &node1,
+        "dd if=/dev/zero of=/data/fill bs=1M count=24 2>&1 && sync && echo filled",
+    )
+    .await?;
+    ensure!(wrote.contains("filled"), "24 MiB in the expanded quota volume: {wrote}");
+    let old = ["old-2", "old-every", "old-local", "old-pattern", "old-quota"].map(String::from);
+    reclaim(ctx, &ns, &["keeper-2"], &old).await?;
     each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
     println!("    after the upgrade: {bound} claims each bound once; old volumes served, expanded, reclaimed");
 
@@ -668,7 +735,7 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     let rolling_back = Instant::now();
     let said = shell.run(&rollback).await?;
     ensure!(said.contains("Rollback was a success"), "{said}");
-    release_runs(ctx, &earlier_image()).await?;
+    release_runs(ctx, RELEASE, &earlier_image()).await?;
     println!("    rolled back in {:.1} s", rolling_back.elapsed().as_secs_f64());
     each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
     still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
@@ -706,7 +773,7 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
     let said = shell.run(&upgrade).await?;
     ensure!(said.contains("STATUS: deployed") && said.contains("REVISION: 4"), "{said}");
     shell.run(&rollout).await?;
-    release_runs(ctx, &new_image()).await?;
+    release_runs(ctx, RELEASE, &new_image()).await?;
     println!("    upgraded again in {:.1} s", upgrading.elapsed().as_secs_f64());
     let mut restored = claim(&ns, "restored", NODE_CLASS, None, false);
     restored.spec.as_mut().context("spec")?.data_source_ref = Some(TypedObjectReference {
@@ -731,6 +798,7 @@ pub(super) async fn an_earlier_helm_release_upgraded_under_a_burst_of_claims_and
 
     let uninstall = shell.run(&format!("helm uninstall {RELEASE} -n {RELEASE} --wait")).await?;
     ensure!(uninstall.contains("uninstalled"), "{uninstall}");
+    Api::<StorageClass>::all(ctx.lane.client()).delete(PATTERN_CLASS, &DeleteParams::default()).await?;
     ctx.lane.deploy_legacy(&ctx.repo, &ctx.archive).await?;
     Ok(())
 }

@@ -23,14 +23,14 @@ use super::*;
 const DOC: &str = "docs/upgrading.md";
 const SECTION: &str = "The operator";
 /// The operator's namespace and its node DaemonSet, as deploy/operator names them.
-const NAMESPACE: &str = "hostpath-provisioner";
-const NODE_DAEMONSET: &str = "kubevirt-hostpath-provisioner";
+pub(super) const NAMESPACE: &str = "hostpath-provisioner";
+pub(super) const NODE_DAEMONSET: &str = "kubevirt-hostpath-provisioner";
 const OPERATOR: &str = "hostpath-provisioner-operator";
 /// The operator's node pods serve this name, as the kubevirt operator's do.
-const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
-const RESOURCE: &str = "hostpath-provisioner";
+pub(super) const PROVISIONER: &str = "kubevirt.io/hostpath-provisioner";
+pub(super) const RESOURCE: &str = "hostpath-provisioner";
 /// A label on both real nodes, which the resource selects (not the simulated node).
-const NODE_LABEL: &str = "hpp-upgrade";
+pub(super) const NODE_LABEL: &str = "hpp-upgrade";
 const NODE_CLASS: &str = "upgrade-operator-node";
 const PINNED_CLASS: &str = "upgrade-operator-pinned";
 
@@ -47,7 +47,7 @@ fn take_the_operator_of(repo: &Path, work: &Path, commit: Option<&str>, image: &
     Ok(())
 }
 
-async fn operator_runs(ctx: &Ctx, image: &str) -> Result<()> {
+pub(super) async fn operator_runs(ctx: &Ctx, image: &str) -> Result<()> {
     let deployments: Api<Deployment> = Api::namespaced(ctx.lane.client(), NAMESPACE);
     testbed::wait_until(
         &format!("the operator Deployment rolled out with {image}"),
@@ -69,7 +69,7 @@ async fn operator_runs(ctx: &Ctx, image: &str) -> Result<()> {
     .map_err(|e| e.context(release_logs(ctx)))
 }
 
-fn class(name: &str, immediate: bool) -> StorageClass {
+pub(super) fn class(name: &str, immediate: bool) -> StorageClass {
     let class = fixtures::storage_class(name, PROVISIONER).parameter("storagePool", "local").allow_expansion();
     if immediate { class.immediate().build() } else { class.build() }
 }
@@ -108,7 +108,7 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
         },
     });
     resources(ctx).create(&PostParams::default(), &serde_json::from_value(resource)?).await?;
-    release_runs(ctx, &earlier_image()).await?;
+    release_runs(ctx, NAMESPACE, &earlier_image()).await?;
     for (name, immediate) in [(NODE_CLASS, false), (PINNED_CLASS, true)] {
         Api::<StorageClass>::all(ctx.lane.client()).create(&PostParams::default(), &class(name, immediate)).await?;
     }
@@ -128,17 +128,17 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
 
     // The upgrade: the new release's deploy/operator applied as the page writes it.
     take_the_operator_of(&ctx.repo, &work, None, &new_image())?;
-    hold_the_rollout(ctx, NODE_DAEMONSET).await?;
+    hold_the_rollout(ctx, NAMESPACE, NODE_DAEMONSET).await?;
     let upgrading = Instant::now();
     let steps = async {
         shell.run(&apply).await?;
         let listed = shell.run(&get).await?;
         ensure!(listed.contains(RESOURCE), "{listed}");
         operator_runs(ctx, &new_image()).await?;
-        release_runs(ctx, &new_image()).await?;
+        release_runs(ctx, NAMESPACE, &new_image()).await?;
         anyhow::Ok(upgrading.elapsed())
     };
-    under_a_burst(ctx, &ns, None, PINNED_CLASS, steps).await?;
+    under_a_burst(ctx, NAMESPACE, &ns, None, PINNED_CLASS, steps).await?;
     let bound = each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
     still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
     still_running_with(ctx, &ns, "keeper-2", &node2, "old-2", "old-2").await?;
@@ -159,7 +159,7 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
     take_the_operator_of(&ctx.repo, &work, Some(EARLIER_COMMIT), &earlier_image())?;
     shell.run(&apply).await?;
     operator_runs(ctx, &earlier_image()).await?;
-    release_runs(ctx, &earlier_image()).await?;
+    release_runs(ctx, NAMESPACE, &earlier_image()).await?;
     println!("    rolled back in {:.1} s", rolling_back.elapsed().as_secs_f64());
     each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
     still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
