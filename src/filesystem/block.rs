@@ -445,14 +445,7 @@ pub fn expose(
     direct_io: bool,
 ) -> Result<AttachedLoop, PoolError> {
     let refused = |refusal| PoolError::BlockRefused { path: dir_path.join(BACKING_FILE), refusal };
-    // Two exposures of one volume at once (a provisioner starting while the previous one still
-    // runs) would each find no loop and each attach one: they take turns on a lock of the
-    // volume directory, held by a description of its own and released when it closes. Not on
-    // the backing file: the loop keeps the very description it was given, and a lock on it
-    // would be held for as long as the loop is attached.
-    let _turn = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .and_then(|turn| rustix::fs::flock(&turn, rustix::fs::FlockOperation::LockExclusive).map(|()| turn))
-        .map_err(|e| fs_error("lock the volume directory", dir_path.to_owned(), e))?;
+    let _turn = take_turn(dir, dir_path)?;
     let (file, fd) = open_backing(dir, dir_path)?;
     let mut loops = host.loops()?;
     let facts: Vec<LoopFacts> = loops.iter().map(|l| l.facts.clone()).collect();
@@ -478,6 +471,49 @@ pub fn expose(
     let mut found = loops.into_iter().find(|l| l.facts.number == number).ok_or(PoolError::LoopChanged { number })?;
     found.facts.device = device;
     Ok(found)
+}
+
+/// Two acts on one volume at once (a provisioner starting while the previous one still runs,
+/// an expansion while the volume is exposed) would each read the loops before the other acted:
+/// they take turns on a lock of the volume directory, held by a description of its own and
+/// released when it is dropped. Not on the backing file: the loop keeps the very description it
+/// was given, and a lock on it would be held for as long as the loop is attached.
+fn take_turn(dir: BorrowedFd<'_>, dir_path: &Path) -> Result<OwnedFd, PoolError> {
+    rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .and_then(|turn| rustix::fs::flock(&turn, rustix::fs::FlockOperation::LockExclusive).map(|()| turn))
+        .map_err(|e| fs_error("lock the volume directory", dir_path.to_owned(), e))
+}
+
+/// Grows the Block volume whose directory is `dir` to `size` bytes while it stays attached:
+/// the backing file first (checked to be the volume's by [`loop_safety::decide_attachment`]
+/// before a byte is allocated), then its loop is told the new size (`LOOP_SET_CAPACITY`, on the
+/// loop checked again by inode right before). Returns that loop, `None` when none is attached
+/// (the next attach sees the new size). A file on several loops or on part of one is refused,
+/// nothing grown.
+pub fn grow_volume(
+    host: &LoopHost,
+    dir: BorrowedFd<'_>,
+    dir_path: &Path,
+    volume: Volume,
+    size: u64,
+    allocation: Allocation,
+) -> Result<Option<u32>, PoolError> {
+    let refused = |refusal| PoolError::BlockRefused { path: dir_path.join(BACKING_FILE), refusal };
+    let _turn = take_turn(dir, dir_path)?;
+    let (file, fd) = open_backing(dir, dir_path)?;
+    let facts: Vec<LoopFacts> = host.loops()?.into_iter().map(|l| l.facts).collect();
+    let attachment = loop_safety::decide_attachment(volume, file, &facts).map_err(refused)?;
+    let (BackingFile::Regular(id), Some(fd)) = (file, fd) else {
+        return Err(PoolError::TreeChanged { path: dir_path.join(BACKING_FILE) });
+    };
+    grow_backing(fd.as_fd(), dir_path, size, allocation)?;
+    match attachment {
+        Attachment::Attach => Ok(None),
+        Attachment::Use { number, .. } => {
+            host.refresh_capacity(number, id)?;
+            Ok(Some(number))
+        }
+    }
 }
 
 /// Releases the Block volume whose directory is `dir`: removes its node, then detaches every

@@ -249,6 +249,34 @@ fn expose_one(ctx: &Context, pv: &KeptVolume, devices: &DeviceDir, devices_path:
     Ok(attached.facts.number)
 }
 
+/// Grows the Block volume of `pv` to `size` bytes online: its paths checked as for start-up
+/// (`deciding::block::kept`, the birth time), then its backing file grown and its attached loop
+/// told the new size ([`block::grow_volume`]). Returns the loop told, `None` when none is
+/// attached. Refused while Block volumes are off: the device directory names the PV's node.
+pub fn grow(
+    ctx: &Context,
+    pv: &KeptVolume,
+    size: u64,
+    allocation: crate::deciding::block::Allocation,
+) -> Result<Option<u32>, VolumeError> {
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let devices_path = device_dir(ctx).ok_or_else(|| VolumeError::BlockVolumesOff(pv_name.clone()))?;
+    let found = kept::block_volume(pv, &ctx.config.pools, devices_path)
+        .ok_or_else(|| VolumeError::BlockPv(kept::BlockPvRefusal::NotLocal(pv_name)))??;
+    let pool = ctx
+        .pools
+        .usable(&found.backing_dir.root)
+        .ok_or_else(|| VolumeError::UnknownPool(found.backing_dir.pool.clone()))??;
+    let dir = VolumeDirName::new(&found.backing_dir.dir_name).map_err(PoolError::from)?;
+    let dir_path = pool.volume_path(&dir);
+    let fd = pool.open_block_volume_dir(&dir)?.ok_or(PoolError::BlockRefused {
+        path: dir_path.join(BACKING_FILE),
+        refusal: loop_safety::LoopRefusal::Missing,
+    })?;
+    kept::check_birth(&found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
+    Ok(block::grow_volume(&LoopHost::host(), fd.as_fd(), &dir_path, found.volume, size, allocation)?)
+}
+
 fn pv_ref(pv: &KeptVolume) -> k8s_openapi::api::core::v1::ObjectReference {
     use kube::Resource;
     pv.object_ref(&())

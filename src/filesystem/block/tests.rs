@@ -191,6 +191,43 @@ fn a_full_volume_is_allocated_and_grows_online() {
 }
 
 #[test]
+fn an_exposed_volume_grows_under_its_loop_and_a_file_on_two_loops_is_not_grown() {
+    let Some(fx) = Fixture::new() else { return };
+    let (fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    let grow = |size| grow_volume(&fx.host, fx.dir.as_fd(), &fx.dir_path(), recorded(id), size, Allocation::Sparse);
+    // Not attached: the file grows, no loop is told.
+    assert_eq!(grow(6 * MIB).expect("grow detached"), None);
+    let exposed = fx.expose(recorded(id)).expect("expose");
+    let number = exposed.facts.number;
+    assert_eq!(grow(8 * MIB).expect("grow"), Some(number), "the volume's own loop is told");
+    let size = fs::read_to_string(format!("/sys/block/loop{number}/size")).expect("size");
+    assert_eq!(size.trim().parse::<u64>().unwrap() * 512, 8 * MIB, "the loop sees the new size");
+    assert_eq!(fx.loops_on(id), vec![number], "still the same loop, never detached");
+    // Someone attached the file a second time: refused before the file grows.
+    let second = fx.host.attach(fd.as_fd(), false).expect("second, by someone else");
+    let refused = grow(16 * MIB).unwrap_err();
+    assert!(
+        matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::AttachedMoreThanOnce(_), .. }),
+        "{refused}"
+    );
+    assert_eq!(fs::metadata(fx.file_path()).unwrap().len(), 8 * MIB, "nothing grown");
+    fx.host.detach(second.facts.number, id).expect("detach theirs");
+    // A file of another inode at the path: refused, nothing grown.
+    let refused = grow_volume(
+        &fx.host,
+        fx.dir.as_fd(),
+        &fx.dir_path(),
+        Volume { recorded_inode: Some(id.ino + 1) },
+        16 * MIB,
+        Allocation::Sparse,
+    )
+    .unwrap_err();
+    assert!(matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::Replaced { .. }, .. }), "{refused}");
+    assert_eq!(fs::metadata(fx.file_path()).unwrap().len(), 8 * MIB, "nothing grown");
+    fx.release(recorded(id)).expect("release");
+}
+
+#[test]
 fn a_symlink_at_the_backing_file_reaches_nothing_outside_the_volume() {
     let Some(fx) = Fixture::new() else { return };
     // "A host disk", attached by someone else.
