@@ -15,6 +15,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use common::block::*;
 use common::*;
 use k8s_openapi::api::core::v1::{LocalVolumeSource, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -22,54 +23,6 @@ use testbed::fixtures;
 
 const BACKING_DIR: &str = "hostpath-provisioner.kubevirt.io/block-backing-dir";
 const BACKING_INODE: &str = "hostpath-provisioner.kubevirt.io/block-backing-inode";
-
-/// Removes, on drop, every loop whose backing file lies under `pool` and the device directory.
-struct BlockCleanup {
-    pool: PathBuf,
-    devices: PathBuf,
-}
-
-impl Drop for BlockCleanup {
-    fn drop(&mut self) {
-        for (number, _) in loops_under(&self.pool) {
-            let _ = std::process::Command::new("losetup").arg("-d").arg(format!("/dev/loop{number}")).status();
-        }
-        let _ = std::fs::remove_dir_all(&self.devices);
-    }
-}
-
-/// The attached loops whose backing file (as sysfs names it) lies under `dir`.
-fn loops_under(dir: &Path) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/sys/block") else { return found };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(number) = name.strip_prefix("loop").and_then(|n| n.parse::<u32>().ok()) else { continue };
-        if let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) {
-            let backing = backing.trim_end().to_owned();
-            if backing.starts_with(&*dir.to_string_lossy()) {
-                found.push((number, backing));
-            }
-        }
-    }
-    found
-}
-
-fn device_dir() -> PathBuf {
-    PathBuf::from("/dev").join(testbed::unique_name("hpp-e2e-block"))
-}
-
-/// 1 MiB of a pattern no fresh sparse file holds.
-fn pattern() -> Vec<u8> {
-    (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 1).collect()
-}
-
-fn read_start(path: &Path, len: usize) -> Vec<u8> {
-    let mut file = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    let mut read = vec![0; len];
-    file.read_exact(&mut read).expect("read");
-    read
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_claim_is_a_loop_device_of_its_file_exposed_again_after_a_restart_and_released_on_deletion() {
@@ -414,13 +367,6 @@ async fn a_backing_file_made_again_under_its_freed_inode_number_is_not_exposed_a
         "born",
     )
     .await;
-}
-
-/// The size of the block device at `path` (`blockdev --getsize64`: `BLKGETSIZE64`).
-fn device_size(path: &Path) -> u64 {
-    let out = std::process::Command::new("blockdev").arg("--getsize64").arg(path).output().expect("blockdev");
-    assert!(out.status.success(), "blockdev --getsize64 {}: {out:?}", path.display());
-    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a size")
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -209,6 +209,14 @@ impl LoopHost {
         }
     }
 
+    /// Writes what loop `number` (still on `expected`) holds in its page cache to its backing
+    /// file (`fsync` of the device): the writes a pod made through the device and did not flush
+    /// itself are in the file before the file is copied.
+    pub fn flush(&self, number: u32, expected: FileId) -> Result<(), PoolError> {
+        let fd = self.open_checked(number, expected)?;
+        rustix::fs::fsync(&fd).map_err(|e| self.io("flush a loop device", Some(number), e))
+    }
+
     /// Makes loop `number`, still on `expected`, see its backing file's new size.
     pub fn refresh_capacity(&self, number: u32, expected: FileId) -> Result<(), PoolError> {
         let fd = self.open_checked(number, expected)?;
@@ -514,6 +522,20 @@ pub fn grow_volume(
             Ok(Some(number))
         }
     }
+}
+
+/// Flushes every loop on the backing file of the Block volume whose directory is `dir` (see
+/// [`LoopHost::flush`]) before the file is copied (a clone, a snapshot); returns how many. A
+/// missing or irregular file has no loop of its own to flush: the copy decides what to do with
+/// it.
+pub fn flush_before_copy(host: &LoopHost, dir: BorrowedFd<'_>, dir_path: &Path) -> Result<usize, PoolError> {
+    let (BackingFile::Regular(id), _fd) = open_backing(dir, dir_path)? else { return Ok(0) };
+    let on_file: Vec<u32> =
+        host.loops()?.into_iter().filter(|l| l.facts.backing == id).map(|l| l.facts.number).collect();
+    for number in &on_file {
+        host.flush(*number, id)?;
+    }
+    Ok(on_file.len())
 }
 
 /// Releases the Block volume whose directory is `dir`: removes its node, then detaches every

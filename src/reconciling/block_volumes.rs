@@ -277,6 +277,17 @@ pub fn grow(
     Ok(block::grow_volume(&LoopHost::host(), fd.as_fd(), &dir_path, found.volume, size, allocation)?)
 }
 
+/// Before a Block volume's directory `source` is copied (a clone of it): whatever a pod wrote
+/// through its device and did not flush is written to its backing file, so that the copy holds
+/// every write made before it started.
+pub fn flush_source(pool: &PoolRoot, source: &VolumeDirName) -> Result<(), PoolError> {
+    let dir_path = pool.volume_path(source);
+    let Some(fd) = pool.open_block_volume_dir(source)? else { return Ok(()) };
+    let flushed = block::flush_before_copy(&LoopHost::host(), fd.as_fd(), &dir_path)?;
+    tracing::debug!(source = %dir_path.display(), loops = flushed, "Block source flushed before its copy");
+    Ok(())
+}
+
 fn pv_ref(pv: &KeptVolume) -> k8s_openapi::api::core::v1::ObjectReference {
     use kube::Resource;
     pv.object_ref(&())

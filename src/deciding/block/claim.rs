@@ -17,13 +17,14 @@ pub struct BlockRequest {
 }
 
 /// Whether a Block claim of class `class` (read into `request`, its `allocation` parameter
-/// `allocation`) is served, on an install where Block volumes are `enabled`.
+/// `allocation`) is served, on an install where Block volumes are `enabled`. A clone (its
+/// source checked by `deciding::clone`) is; a restore from a snapshot (`restores`) not yet.
 pub fn accept_block_claim(
     enabled: bool,
     class: &str,
     request: &ClassRequest,
     allocation: Option<&str>,
-    has_data_source: bool,
+    restores: bool,
 ) -> Result<BlockRequest, BlockClaimRefusal> {
     if !enabled {
         return Err(BlockClaimRefusal::Disabled);
@@ -31,7 +32,7 @@ pub fn accept_block_claim(
     if request.topology != Topology::Node {
         return Err(BlockClaimRefusal::Topology { class: class.to_owned(), topology: request.topology });
     }
-    if has_data_source {
+    if restores {
         return Err(BlockClaimRefusal::DataSource);
     }
     if request.quota == QuotaMode::Enforce {
@@ -82,7 +83,7 @@ mod tests {
         for (request, allocation, data_source, says) in [
             (request(&[("topology", "shared")]), None, false, "use topology node"),
             (request(&[("topology", "everyNode")]), None, false, "use topology node"),
-            (plain.clone(), None, true, "dataSource"),
+            (plain.clone(), None, true, "cannot be restored from a HostPathSnapshot"),
             (request(&[("quota", "enforce")]), None, false, "without quota"),
             (request(&[("pathPattern", "{namespace}_{claim}")]), None, false, "without pathPattern"),
             (plain.clone(), Some("thick"), false, "accepted: sparse, full"),
