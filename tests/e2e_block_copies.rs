@@ -3,7 +3,9 @@
 //! Block claim gets a copy of its backing file (extents shared where the filesystem can, data
 //! copied with its holes kept where not), attached to a loop of its own: what was written
 //! through the source's device is read back through the clone's, and the two are independent.
-//! A Filesystem claim cloning a Block claim is refused naming both modes.
+//! A snapshot of a Block claim (its backing file copied into the snapshot store) restores into
+//! a Block claim as the source was. A Filesystem claim cloning a Block claim, or restoring its
+//! snapshot, is refused naming both modes.
 
 mod common;
 
@@ -13,10 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::block::*;
+use common::snapshots;
 use common::*;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, TypedLocalObjectReference};
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 use testbed::fixtures;
+
+const VOLUME_MODE: &str = "hostpath-provisioner.kubevirt.io/volume-mode";
 
 /// Where the data pattern is written through the source's device: its start, and a stretch
 /// beyond a hole.
@@ -35,6 +40,10 @@ async fn block_env_on(test: &str, mount: impl FnOnce(&Path) -> LoopFs) -> BlockE
     let devices = device_dir();
     let devices_env = devices.to_string_lossy().into_owned();
     let mut env = TestEnv::start(test, 0).await;
+    // A provisioner name of its own: the cluster-wide answers come from this test's node.
+    env.own_provisioner();
+    // Snapshots are served by a provisioner that finds their CRD at start.
+    common::snapshots::install_crd(&env);
     let node = format!("{}-1", env.group);
     let pool = testbed::pool_root_for(env.cp, &node);
     let disk = mount(&pool);
@@ -77,7 +86,8 @@ fn read_at(device: &Path, offset: u64, len: usize) -> Vec<u8> {
 
 /// A 16Mi Block source with the pattern written through its device, then a 24Mi Block clone of
 /// it: the clone's device holds the pattern, has its own size and loop, and writes to either
-/// stay there. `reflinked`: the copy shares the source's extents (btrfs, XFS) or holds copied
+/// stay there. Then a snapshot of the source, restored into a Block claim after the source
+/// changed, holds the source as it was; a Filesystem claim restoring it is refused. `reflinked`: the copy shares the source's extents (btrfs, XFS) or holds copied
 /// data with its holes kept (ext4).
 async fn a_block_clone_reads_back_what_was_written_through_its_source(
     test: &str,
@@ -126,11 +136,38 @@ async fn a_block_clone_reads_back_what_was_written_through_its_source(
     assert!(read_at(&source_node, 0, data.len()) == data, "the source is untouched by the clone's writes");
     assert!(read_at(&clone_node, 0, data.len()) == other);
 
-    // Both go on deletion, leaving no loop.
-    for claim in ["copy", "src"] {
+    // A snapshot of the source, then the source changed: a restore has it as it was.
+    snapshots::take(env, "before", "src").await;
+    let snapshot = snapshots::wait_ready(env, "before").await;
+    let method = snapshot.status.as_ref().and_then(|s| s.method.as_deref());
+    assert_eq!(method, Some(if reflinked { "reflink" } else { "bytes" }), "{test}");
+    let annotations = snapshot.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(annotations.get(VOLUME_MODE).map(String::as_str), Some("Block"), "the snapshot says its mode");
+    write_at(&source_node, 0, &other);
+    env.create_claim(snapshots::restoring(env, "restored", &class, "16Mi", "before", &node).block()).await;
+    let restored = env.wait_bound("restored").await;
+    let restored_node = node_path(&restored);
+    for offset in OFFSETS {
+        assert!(read_at(&restored_node, offset, data.len()) == data, "the restore holds the snapshot at {offset}");
+    }
+    assert_eq!(device_size(&restored_node), 16 << 20);
+    // A Filesystem claim restoring the Block snapshot: refused naming both modes, nothing made.
+    let as_files = env.create_claim(snapshots::restoring(env, "restored-files", &class, "16Mi", "before", &node)).await;
+    let note = env.wait_event(&env.ns, &uid(&as_files), "ProvisioningFailed").await;
+    assert!(note.contains("volumeMode Block") && note.contains("volumeMode Filesystem"), "{note}");
+    env.delete_claim("restored-files").await;
+    snapshots::snapshots(env).delete("before", &DeleteParams::default()).await.expect("delete the snapshot");
+    testbed::wait_for("snapshot gone", TIMEOUT, || async {
+        anyhow::Ok(snapshots::snapshots(env).get_opt("before").await?.is_none().then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+
+    // All go on deletion, leaving no loop.
+    for claim in ["copy", "src", "restored"] {
         env.delete_claim(claim).await;
     }
-    for pv in [&clone, &source] {
+    for pv in [&clone, &source, &restored] {
         env.wait_pv_gone(pv.metadata.name.as_deref().expect("name")).await;
     }
     assert!(loops_under(&cleanup.pool).is_empty(), "no loop left: {:?}", loops_under(&cleanup.pool));

@@ -347,7 +347,6 @@ fn plan(
             class_name,
             request,
             allocation,
-            crate::deciding::snapshot::requested_snapshot(claim).is_some(),
         )
         .map_err(|refusal| Refusal::Block { provisioner: class.provisioner.clone(), refusal })?;
         Some(request)

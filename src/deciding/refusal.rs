@@ -189,11 +189,6 @@ pub enum BlockClaimRefusal {
         /// Its topology.
         topology: Topology,
     },
-    /// A restore from a snapshot: not yet for Block volumes (a clone of a Block claim is).
-    #[error(
-        "a Block claim cannot be restored from a HostPathSnapshot yet; clone a Block claim instead (dataSource kind PersistentVolumeClaim)"
-    )]
-    DataSource,
     /// A quota class: the backing file's size already is the volume's limit.
     #[error(
         "StorageClass {0} sets quota=enforce; a Block volume's size is its backing file's and needs no quota: use a class without quota"

@@ -295,6 +295,28 @@ pub fn create_backing(
     Ok((fd, id))
 }
 
+/// The backing file a copy (a clone, a restore) brought into the volume directory `dir`, grown
+/// to `size` as [`create_backing`] would: refused when the copy holds none, or a symlink or
+/// other in its place (a Filesystem volume's tree restored under a forged mode), never made
+/// afresh: an empty device would stand for the copied data.
+pub fn copied_backing(
+    dir: BorrowedFd<'_>,
+    dir_path: &Path,
+    size: u64,
+    allocation: Allocation,
+) -> Result<(OwnedFd, FileId), PoolError> {
+    let refusal = match open_backing(dir, dir_path)? {
+        (BackingFile::Regular(id), Some(fd)) => {
+            grow_backing(fd.as_fd(), dir_path, size, allocation)?;
+            return Ok((fd, id));
+        }
+        (BackingFile::Symlink, _) => LoopRefusal::Symlink,
+        (BackingFile::Missing, _) => LoopRefusal::Missing,
+        _ => LoopRefusal::NotRegular,
+    };
+    Err(PoolError::BlockRefused { path: dir_path.join(BACKING_FILE), refusal })
+}
+
 /// The birth time of the backing file in the volume directory `dir` (not following a symlink):
 /// `None` when it is missing or the filesystem records no birth time.
 pub fn backing_birth(dir: BorrowedFd<'_>, dir_path: &Path) -> Result<Option<Birth>, PoolError> {

@@ -40,15 +40,16 @@ pub struct Made {
 }
 
 /// Makes the Block volume `dir` of PV `pv_name`: its directory, its backing file of `size`
-/// bytes, attached and exposed as its device node. A failure after the directory was made now
-/// undoes everything ([`undo`]).
+/// bytes, attached and exposed as its device node. `from_copy`: the directory is a copy (a
+/// clone, a restore) and must hold its backing file already. A failure after the directory was
+/// made now undoes everything ([`undo`]).
 pub fn make(
     ctx: &Context,
     pool: &PoolRoot,
     dir: &VolumeDirName,
     pv_name: &str,
     size: u64,
-    request: BlockRequest,
+    (request, from_copy): (BlockRequest, bool),
 ) -> Result<Made, PoolError> {
     let devices_path = device_dir(ctx).ok_or_else(|| PoolError::BlockRefused {
         path: pool.volume_path(dir).join(BACKING_FILE),
@@ -60,7 +61,10 @@ pub fn make(
     let made = (|| {
         let fd = pool.open_block_volume_dir(dir)?.ok_or(PoolError::TreeChanged { path: pool.volume_path(dir) })?;
         let dir_path = pool.volume_path(dir);
-        let (_file, id) = block::create_backing(fd.as_fd(), &dir_path, size, request.allocation)?;
+        let (_file, id) = match from_copy {
+            true => block::copied_backing(fd.as_fd(), &dir_path, size, request.allocation)?,
+            false => block::create_backing(fd.as_fd(), &dir_path, size, request.allocation)?,
+        };
         let birth = block::backing_birth(fd.as_fd(), &dir_path)?;
         let node = VolumeDirName::new(pv_name).map_err(PoolError::from)?;
         let volume = Volume { recorded_inode: Some(id.ino) };

@@ -180,9 +180,10 @@ pub async fn provision(
     // failure by block_volumes::make itself).
     let block_made = match plan.block {
         Some(request) => {
-            // A Block clone: the source's directory is copied first as any clone's (its backing
-            // file reflinked, or its data copied with its holes kept, where it fits), then the
-            // copy's file is grown to the request, attached and exposed as a new volume's.
+            // A Block clone or restore: the source's directory (or the snapshot's) is copied first
+            // as any clone's (its backing file reflinked, or its data copied with its holes kept,
+            // where it fits), then the copy's file is grown to the request, attached and exposed
+            // as a new volume's.
             if let MakeVolume::Clone { source_dir, .. } = &provision.make {
                 let source = VolumeDirName::new(source_dir).map_err(|e| ClaimError::Pool(e.into()))?;
                 block_volumes::flush_source(pool, &source)?;
@@ -191,7 +192,8 @@ pub async fn provision(
                 true => Some(make_directory(ctx, claim, provision, pool, &dir, 0o700).await?),
                 false => None,
             };
-            let made = block_volumes::make(ctx, pool, &dir, &plan.pv_name, plan.request_bytes, request);
+            let made =
+                block_volumes::make(ctx, pool, &dir, &plan.pv_name, plan.request_bytes, (request, copied.is_some()));
             let made = match (made, copied) {
                 (Ok(made), copied) => block_volumes::Made { created: copied.unwrap_or(made.created), ..made },
                 (Err(error), Some(Created::New)) => {

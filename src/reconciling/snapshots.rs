@@ -189,7 +189,7 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             say_not_ready(&ctx, &snap, why, Speaker::OneForTheCluster).await?;
             Ok(Action::requeue(RECHECK * 4))
         }
-        SourceState::Here { root, dir_name: source_dir, marked_for, restore_size } => {
+        SourceState::Here { root, dir_name: source_dir, marked_for, restore_size, block } => {
             let pool = ctx.pools.usable(&root).ok_or_else(|| SnapshotError::UnknownRoot(root.clone()))??;
             let source = VolumeDirName::new(&source_dir).map_err(PoolError::from)?;
             let target = VolumeDirName::new(&dir_name).map_err(PoolError::from)?;
@@ -226,9 +226,15 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             let held = hold(&ctx, &snap, &root, true).await;
             let copy_name = target.clone();
             let copied = match held {
-                Ok(()) => tokio::task::spawn_blocking(move || pool.take_snapshot(&source, &copy_name, &node))
-                    .await
-                    .map_err(|e| SnapshotError::Task(e.to_string())),
+                Ok(()) => tokio::task::spawn_blocking(move || {
+                    // A Block volume's writes still in its loop's cache go to its file first.
+                    if block {
+                        crate::reconciling::block_volumes::flush_source(&pool, &source)?;
+                    }
+                    pool.take_snapshot(&source, &copy_name, &node)
+                })
+                .await
+                .map_err(|e| SnapshotError::Task(e.to_string())),
                 Err(error) => Err(error),
             };
             // Kept as it stops being in flight (one step): no check in between counts it nowhere.
@@ -259,6 +265,12 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
                     size_bytes: report.bytes,
                 };
                 recreation::write_record(&pool, &target, &record, &snap);
+            }
+            if block {
+                // Before it is ready: no restore reads the snapshot without its mode.
+                let mode =
+                    serde_json::json!({ "metadata": { "annotations": { snapshot::VOLUME_MODE_ANNOTATION: "Block" } } });
+                api_of(&ctx, &snap).patch(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&mode)).await?;
             }
             let status = serde_json::json!({ "status": {
                 "readyToUse": true,

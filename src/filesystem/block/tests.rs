@@ -228,6 +228,20 @@ fn an_exposed_volume_grows_under_its_loop_and_a_file_on_two_loops_is_not_grown()
 }
 
 #[test]
+fn a_copy_without_its_backing_file_is_refused_and_none_is_made_afresh() {
+    let Some(fx) = Fixture::new() else { return };
+    let refused = copied_backing(fx.dir.as_fd(), &fx.dir_path(), 4 * MIB, Allocation::Sparse).unwrap_err();
+    assert!(matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::Missing, .. }), "{refused}");
+    assert!(fs::symlink_metadata(fx.file_path()).is_err(), "no empty file stands for the copied data");
+    // The copy's own file is taken and grown to the request.
+    fs::write(fx.file_path(), b"copied").unwrap();
+    let (_fd, id) = copied_backing(fx.dir.as_fd(), &fx.dir_path(), 4 * MIB, Allocation::Sparse).expect("taken");
+    assert_eq!(id.ino, fs::metadata(fx.file_path()).unwrap().ino());
+    assert_eq!(fs::metadata(fx.file_path()).unwrap().len(), 4 * MIB);
+    assert_eq!(&fs::read(fx.file_path()).unwrap()[..6], b"copied");
+}
+
+#[test]
 fn a_symlink_at_the_backing_file_reaches_nothing_outside_the_volume() {
     let Some(fx) = Fixture::new() else { return };
     // "A host disk", attached by someone else.
