@@ -31,6 +31,8 @@ pub struct ResizeFacts {
     /// parameter as written (`None`: not set), how the grown part of the file is allocated.
     /// `None` for a directory volume.
     pub block: Option<Option<String>>,
+    /// This node serves Block volumes (`--block-volumes`): only then can it reach their loops.
+    pub block_volumes_on: bool,
 }
 
 /// What the pool holding the volume offers, read only when the decision needs it.
@@ -106,6 +108,12 @@ pub enum ResizeRefusal {
         /// `everyNode`.
         shape: &'static str,
     },
+    /// A Block volume on a node where Block volumes are off: its loop cannot be told its size.
+    #[error(
+        "cannot grow Block volume: Block volumes are off on this node, so its loop device cannot be reached; turn them on with {}",
+        crate::deciding::block::SETTING
+    )]
+    BlockVolumesOff,
     /// A Block volume whose class's `allocation` parameter is no longer one this provisioner
     /// reads (the class was replaced under the same name): the file's growth is not guessed.
     #[error(
@@ -154,6 +162,7 @@ pub fn decide_resize(facts: &ResizeFacts, room: impl FnOnce() -> Option<PoolRoom
     }
     let block = match &facts.block {
         None => None,
+        Some(_) if !facts.block_volumes_on => return ResizeDecision::Refuse(ResizeRefusal::BlockVolumesOff),
         Some(allocation) => match Allocation::parse(allocation.as_deref()) {
             Ok(allocation) => Some(allocation),
             Err(accepted) => {
@@ -192,6 +201,7 @@ mod tests {
     fn facts(requested: u64, claim: u64, pv: u64) -> ResizeFacts {
         ResizeFacts {
             block: None,
+            block_volumes_on: true,
             requested,
             unreadable_request: None,
             claim_capacity: claim,
@@ -344,6 +354,15 @@ mod tests {
         assert!(matches!(decide_resize(&shrink, room(100 * MI)), ResizeDecision::Refuse(ResizeRefusal::Shrink { .. })));
         let recorded = ResizeFacts { pv_capacity: 20 * MI, ..full };
         assert_eq!(decide_resize(&recorded, room(0)), ResizeDecision::RecordOnClaim);
+    }
+
+    #[test]
+    fn a_block_volume_on_a_node_with_block_volumes_off_is_refused_naming_the_setting() {
+        let f = ResizeFacts { block: Some(None), block_volumes_on: false, ..facts(20 * MI, 10 * MI, 10 * MI) };
+        let decision = decide_resize(&f, room(100 * MI));
+        assert_eq!(decision, ResizeDecision::Refuse(ResizeRefusal::BlockVolumesOff));
+        let ResizeDecision::Refuse(refusal) = decision else { unreachable!() };
+        assert!(refusal.to_string().contains("--block-volumes"), "{refusal}");
     }
 
     #[test]

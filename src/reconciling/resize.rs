@@ -213,6 +213,7 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVolume) ->
         shape,
         acting_here,
         block,
+        block_volumes_on: ctx.config.block_device_dir.is_some(),
     })
 }
 
