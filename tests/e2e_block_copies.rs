@@ -17,8 +17,9 @@ use std::process::Command;
 use common::block::*;
 use common::snapshots;
 use common::*;
+use hostpath_provisioner::deciding::snapshot::HostPathSnapshot;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, TypedLocalObjectReference};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use testbed::fixtures;
 
 const VOLUME_MODE: &str = "hostpath-provisioner.kubevirt.io/volume-mode";
@@ -49,6 +50,14 @@ async fn block_env_on(test: &str, mount: impl FnOnce(&Path) -> LoopFs) -> BlockE
     let disk = mount(&pool);
     env.add_node(&node, &|spec| spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)).await;
     BlockEnv { cleanup: BlockCleanup { pool, devices }, env, _disk: disk }
+}
+
+async fn wait_snapshot_gone(env: &TestEnv) {
+    testbed::wait_for("snapshot gone", TIMEOUT, || async {
+        anyhow::Ok(snapshots::snapshots(env).get_opt("before").await?.is_none().then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
 }
 
 fn node_path(pv: &PersistentVolume) -> PathBuf {
@@ -156,12 +165,29 @@ async fn a_block_clone_reads_back_what_was_written_through_its_source(
     let note = env.wait_event(&env.ns, &uid(&as_files), "ProvisioningFailed").await;
     assert!(note.contains("volumeMode Block") && note.contains("volumeMode Filesystem"), "{note}");
     env.delete_claim("restored-files").await;
-    snapshots::snapshots(env).delete("before", &DeleteParams::default()).await.expect("delete the snapshot");
-    testbed::wait_for("snapshot gone", TIMEOUT, || async {
-        anyhow::Ok(snapshots::snapshots(env).get_opt("before").await?.is_none().then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+
+    // Lost with its finalizer stripped, then made again from a manifest without the mode
+    // annotation: its copy's record gives the mode back before it is ready again.
+    let api = snapshots::snapshots(env);
+    let mut again = HostPathSnapshot::new("before", "src");
+    again.metadata.annotations = Some(
+        annotations.iter().filter(|(k, _)| k.as_str() != VOLUME_MODE).map(|(k, v)| (k.clone(), v.clone())).collect(),
+    );
+    let strip = serde_json::json!({"metadata": {"finalizers": null}});
+    api.patch("before", &PatchParams::default(), &Patch::Merge(&strip)).await.expect("strip");
+    api.delete("before", &DeleteParams::default()).await.expect("delete");
+    wait_snapshot_gone(env).await;
+    api.create(&PostParams::default(), &again).await.expect("made again");
+    let again = snapshots::wait_ready(env, "before").await;
+    let mode = again.metadata.annotations.as_ref().and_then(|a| a.get(VOLUME_MODE)).map(String::as_str);
+    assert_eq!(mode, Some("Block"), "the mode is back with the copy");
+    env.create_claim(snapshots::restoring(env, "restored-again", &class, "16Mi", "before", &node).block()).await;
+    let restored_again = node_path(&env.wait_bound("restored-again").await);
+    assert!(read_at(&restored_again, 0, data.len()) == data, "the same point in time");
+    env.delete_claim("restored-again").await;
+
+    api.delete("before", &DeleteParams::default()).await.expect("delete the snapshot");
+    wait_snapshot_gone(env).await;
 
     // All go on deletion, leaving no loop.
     for claim in ["copy", "src", "restored"] {

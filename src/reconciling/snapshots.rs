@@ -263,6 +263,7 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
                     method: report.method.as_str().to_owned(),
                     restore_size: restore_size.clone(),
                     size_bytes: report.bytes,
+                    block,
                 };
                 recreation::write_record(&pool, &target, &record, &snap);
             }
