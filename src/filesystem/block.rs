@@ -546,12 +546,19 @@ pub fn grow_volume(
     }
 }
 
-/// Flushes every loop on the backing file of the Block volume whose directory is `dir` (see
-/// [`LoopHost::flush`]) before the file is copied (a clone, a snapshot); returns how many. A
-/// missing or irregular file has no loop of its own to flush: the copy decides what to do with
-/// it.
-pub fn flush_before_copy(host: &LoopHost, dir: BorrowedFd<'_>, dir_path: &Path) -> Result<usize, PoolError> {
-    let (BackingFile::Regular(id), _fd) = open_backing(dir, dir_path)? else { return Ok(0) };
+/// Before the backing file of the Block volume whose directory is `dir` is copied (a clone, a
+/// snapshot): checks it is the volume's ([`loop_safety::check_backing`]), then flushes every
+/// loop on it (see [`LoopHost::flush`]); returns how many. Anything else at its place is
+/// refused: never copied as the volume.
+pub fn flush_before_copy(
+    host: &LoopHost,
+    dir: BorrowedFd<'_>,
+    dir_path: &Path,
+    volume: Volume,
+) -> Result<usize, PoolError> {
+    let (file, _fd) = open_backing(dir, dir_path)?;
+    let id = loop_safety::check_backing(volume, file)
+        .map_err(|refusal| PoolError::BlockRefused { path: dir_path.join(BACKING_FILE), refusal })?;
     let on_file: Vec<u32> =
         host.loops()?.into_iter().filter(|l| l.facts.backing == id).map(|l| l.facts.number).collect();
     for number in &on_file {

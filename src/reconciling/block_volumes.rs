@@ -281,14 +281,32 @@ pub fn grow(
     Ok(block::grow_volume(&LoopHost::host(), fd.as_fd(), &dir_path, found.volume, size, allocation)?)
 }
 
-/// Before a Block volume's directory `source` is copied (a clone of it): whatever a pod wrote
-/// through its device and did not flush is written to its backing file, so that the copy holds
-/// every write made before it started.
-pub fn flush_source(pool: &PoolRoot, source: &VolumeDirName) -> Result<(), PoolError> {
-    let dir_path = pool.volume_path(source);
-    let Some(fd) = pool.open_block_volume_dir(source)? else { return Ok(()) };
-    let flushed = block::flush_before_copy(&LoopHost::host(), fd.as_fd(), &dir_path)?;
-    tracing::debug!(source = %dir_path.display(), loops = flushed, "Block source flushed before its copy");
+/// Before the Block volume of PV `source` is copied (a clone, a snapshot), in its directory
+/// `dir` of `pool`: its paths and backing file checked as for start-up (the recorded inode and
+/// birth time: a file put in its place is never copied as the volume), then whatever a pod wrote
+/// through its device and did not flush is written to the file, so that the copy holds every
+/// write made before it started.
+pub fn check_and_flush_source(
+    ctx: &Context,
+    pool: &PoolRoot,
+    dir: &VolumeDirName,
+    source: &KeptVolume,
+) -> Result<(), VolumeError> {
+    let pv_name = source.metadata.name.clone().unwrap_or_default();
+    let devices_path = device_dir(ctx).ok_or_else(|| VolumeError::BlockVolumesOff(pv_name.clone()))?;
+    let found = kept::block_volume(source, &ctx.config.pools, devices_path)
+        .ok_or_else(|| VolumeError::BlockPv(kept::BlockPvRefusal::NotLocal(pv_name)))??;
+    let dir_path = pool.volume_path(dir);
+    if found.backing_dir.root != pool.path() || found.backing_dir.dir_name != dir.as_str() {
+        return Err(PoolError::TreeChanged { path: dir_path }.into());
+    }
+    let fd = pool.open_block_volume_dir(dir)?.ok_or(PoolError::BlockRefused {
+        path: dir_path.join(BACKING_FILE),
+        refusal: loop_safety::LoopRefusal::Missing,
+    })?;
+    kept::check_birth(&found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
+    let flushed = block::flush_before_copy(&LoopHost::host(), fd.as_fd(), &dir_path, found.volume)?;
+    tracing::debug!(source = %dir_path.display(), loops = flushed, "Block source checked and flushed before its copy");
     Ok(())
 }
 

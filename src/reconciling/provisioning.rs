@@ -185,8 +185,12 @@ pub async fn provision(
             // where it fits), then the copy's file is grown to the request, attached and exposed
             // as a new volume's.
             if let MakeVolume::Clone { source_dir, .. } = &provision.make {
+                // A Block volume's directory is named after its PV (never by a pathPattern).
                 let source = VolumeDirName::new(source_dir).map_err(|e| ClaimError::Pool(e.into()))?;
-                block_volumes::flush_source(pool, &source)?;
+                let source_pv = ctx
+                    .known_volume(source_dir)
+                    .ok_or_else(|| ClaimError::Pool(PoolError::TreeChanged { path: pool.volume_path(&source) }))?;
+                block_volumes::check_and_flush_source(ctx, pool, &source, &source_pv)?;
             }
             let copied = match provision.make.is_copy() {
                 true => Some(make_directory(ctx, claim, provision, pool, &dir, 0o700).await?),

@@ -50,6 +50,10 @@ pub enum SnapshotError {
     /// The copy's task ended abnormally.
     #[error("the copy task failed: {0}")]
     Task(String),
+    /// A Block source was not copied: its PV's paths, or the file at its backing path, are not
+    /// the volume's (or its loops could not be flushed).
+    #[error("the source Block volume is not copied: {0}")]
+    BlockSource(#[from] crate::error::VolumeError),
 }
 
 /// Whether the API server serves `HostPathSnapshot`s: asked once at start (discovery, which
@@ -223,18 +227,18 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             }
             // The finalizer and this node's name first: a deletion from now on finds the node
             // that may hold a copy, even one cut short.
-            let held = hold(&ctx, &snap, &root, true).await;
+            let mut held = hold(&ctx, &snap, &root, true).await;
+            // A Block volume: its file checked to be the volume's, and the writes still in its
+            // loop's cache written to it, right before the copy.
+            if let (true, Ok(()), Some(pv)) = (block, &held, &pv) {
+                held = crate::reconciling::block_volumes::check_and_flush_source(&ctx, &pool, &source, pv)
+                    .map_err(SnapshotError::from);
+            }
             let copy_name = target.clone();
             let copied = match held {
-                Ok(()) => tokio::task::spawn_blocking(move || {
-                    // A Block volume's writes still in its loop's cache go to its file first.
-                    if block {
-                        crate::reconciling::block_volumes::flush_source(&pool, &source)?;
-                    }
-                    pool.take_snapshot(&source, &copy_name, &node)
-                })
-                .await
-                .map_err(|e| SnapshotError::Task(e.to_string())),
+                Ok(()) => tokio::task::spawn_blocking(move || pool.take_snapshot(&source, &copy_name, &node))
+                    .await
+                    .map_err(|e| SnapshotError::Task(e.to_string())),
                 Err(error) => Err(error),
             };
             // Kept as it stops being in flight (one step): no check in between counts it nowhere.

@@ -242,6 +242,24 @@ fn a_copy_without_its_backing_file_is_refused_and_none_is_made_afresh() {
 }
 
 #[test]
+fn a_source_is_flushed_before_its_copy_only_while_its_file_is_the_volumes() {
+    let Some(fx) = Fixture::new() else { return };
+    let (_fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    let flush = |volume| flush_before_copy(&fx.host, fx.dir.as_fd(), &fx.dir_path(), volume);
+    assert_eq!(flush(recorded(id)).expect("nothing attached"), 0);
+    fx.expose(recorded(id)).expect("expose");
+    assert_eq!(flush(recorded(id)).expect("flushed"), 1, "its one loop");
+    let replaced = flush(Volume { recorded_inode: Some(id.ino + 1) }).unwrap_err();
+    assert!(matches!(replaced, PoolError::BlockRefused { refusal: LoopRefusal::Replaced { .. }, .. }), "{replaced}");
+    fs::remove_file(fx.node_path()).unwrap();
+    fx.release(recorded(id)).expect("release");
+    fs::rename(fx.file_path(), fx.tmp.path().join("aside.img")).unwrap();
+    symlink(fx.tmp.path().join("aside.img"), fx.file_path()).unwrap();
+    let symlinked = flush(recorded(id)).unwrap_err();
+    assert!(matches!(symlinked, PoolError::BlockRefused { refusal: LoopRefusal::Symlink, .. }), "{symlinked}");
+}
+
+#[test]
 fn a_symlink_at_the_backing_file_reaches_nothing_outside_the_volume() {
     let Some(fx) = Fixture::new() else { return };
     // "A host disk", attached by someone else.
