@@ -153,6 +153,10 @@ pub enum ClaimError {
     /// A Block volume's PV could not be written (its name gives no device node).
     #[error("{0}")]
     BlockPv(#[from] crate::deciding::block::BlockPathRefusal),
+    /// A Block clone's source was not copied: its PV's paths, or the file at its backing path,
+    /// are not the volume's (or its loops could not be flushed).
+    #[error("the source Block volume is not copied: {0}")]
+    BlockSource(#[from] VolumeError),
     /// Other nodes kept changing a shared pool's record of promises: no attempt could write it.
     #[error(
         "space in pool {pool} could not be promised: other nodes changed its record (Lease {lease}) at every one of {attempts} attempts"
@@ -186,6 +190,7 @@ impl ClaimError {
             | Self::PromiseRecord { .. }
             | Self::PromiseContention { .. } => Retry::Backoff,
             Self::Pool(e) | Self::Clone { error: e, .. } if e.is_retryable() => Retry::Backoff,
+            Self::BlockSource(e) => e.retry(),
             Self::Pool(_)
             | Self::Clone { .. }
             | Self::PvConflict { .. }
@@ -206,7 +211,7 @@ impl ClaimError {
             Self::Cleanup { .. } => "cleanup",
             Self::UnknownPool(_) => "unknown_pool",
             Self::QuotaUnsupported(_) => "quota_unsupported",
-            Self::BlockPv(_) => "block",
+            Self::BlockPv(_) | Self::BlockSource(_) => "block",
             Self::PromiseRecord { .. } => "promise_record",
             Self::PromiseContention { .. } => "promise_contention",
         }

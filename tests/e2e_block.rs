@@ -15,61 +15,14 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use common::block::*;
 use common::*;
 use k8s_openapi::api::core::v1::{LocalVolumeSource, PersistentVolume, PersistentVolumeClaim};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use testbed::fixtures;
 
 const BACKING_DIR: &str = "hostpath-provisioner.kubevirt.io/block-backing-dir";
 const BACKING_INODE: &str = "hostpath-provisioner.kubevirt.io/block-backing-inode";
-
-/// Removes, on drop, every loop whose backing file lies under `pool` and the device directory.
-struct BlockCleanup {
-    pool: PathBuf,
-    devices: PathBuf,
-}
-
-impl Drop for BlockCleanup {
-    fn drop(&mut self) {
-        for (number, _) in loops_under(&self.pool) {
-            let _ = std::process::Command::new("losetup").arg("-d").arg(format!("/dev/loop{number}")).status();
-        }
-        let _ = std::fs::remove_dir_all(&self.devices);
-    }
-}
-
-/// The attached loops whose backing file (as sysfs names it) lies under `dir`.
-fn loops_under(dir: &Path) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/sys/block") else { return found };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(number) = name.strip_prefix("loop").and_then(|n| n.parse::<u32>().ok()) else { continue };
-        if let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) {
-            let backing = backing.trim_end().to_owned();
-            if backing.starts_with(&*dir.to_string_lossy()) {
-                found.push((number, backing));
-            }
-        }
-    }
-    found
-}
-
-fn device_dir() -> PathBuf {
-    PathBuf::from("/dev").join(testbed::unique_name("hpp-e2e-block"))
-}
-
-/// 1 MiB of a pattern no fresh sparse file holds.
-fn pattern() -> Vec<u8> {
-    (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 1).collect()
-}
-
-fn read_start(path: &Path, len: usize) -> Vec<u8> {
-    let mut file = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    let mut read = vec![0; len];
-    file.read_exact(&mut read).expect("read");
-    read
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_claim_is_a_loop_device_of_its_file_exposed_again_after_a_restart_and_released_on_deletion() {
@@ -414,4 +367,73 @@ async fn a_backing_file_made_again_under_its_freed_inode_number_is_not_exposed_a
         "born",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_claim_grows_online_while_its_device_is_open_keeping_its_data_and_its_loop() {
+    let devices = device_dir();
+    let devices_env = devices.to_string_lossy().into_owned();
+    let env = TestEnv::start_with("block-grow", 1, |spec| {
+        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
+    })
+    .await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let class = env.class("block-grow", |c| c.allow_expansion()).await;
+    let claim =
+        env.create_claim(fixtures::claim(&env.ns, "disk", &class, "16Mi").provision_on_node(&node).block()).await;
+    let pv = env.wait_bound("disk").await;
+    let pv_name = pv.metadata.name.clone().expect("name");
+    let node_path = PathBuf::from(&pv.spec.as_ref().and_then(|s| s.local.as_ref()).expect("local").path);
+    let file = pool.join(&pv_name).join("block.img");
+    assert_eq!(device_size(&node_path), 16 << 20);
+    let before = loops_under(&pool);
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    // A workload holds the device open and writes to it.
+    let data = pattern();
+    let mut holder = std::fs::OpenOptions::new().read(true).write(true).open(&node_path).expect("open the device");
+    holder.write_all(&data).expect("write the device");
+    holder.sync_all().expect("flush the device");
+
+    let patch = serde_json::json!({ "spec": { "resources": { "requests": { "storage": "40Mi" } } } });
+    env.claims().patch("disk", &PatchParams::default(), &Patch::Merge(patch)).await.expect("expansion accepted");
+    let pvs = env.pvs();
+    let claims = env.claims();
+    testbed::wait_for("PV and claim at 40Mi", TIMEOUT, || async {
+        let pv = pvs.get(&pv_name).await?.spec.and_then(|s| s.capacity).and_then(|c| c.get("storage").cloned());
+        let status = claims.get("disk").await?.status.unwrap_or_default();
+        let done = status.capacity.and_then(|c| c.get("storage").cloned()).map(|q| q.0) == Some("40Mi".into())
+            && status.allocated_resource_statuses.is_none()
+            && status.conditions.unwrap_or_default().is_empty()
+            && pv.map(|q| q.0) == Some("40Mi".into());
+        anyhow::Ok(done.then_some(()))
+    })
+    .await
+    .expect("expanded");
+    env.wait_event(&env.ns, &uid(&claim), "VolumeResizeSuccessful").await;
+
+    // The device has the new size without being detached: the same loop, still open.
+    assert_eq!(std::fs::metadata(&file).expect("backing file").len(), 40 << 20, "the file grew");
+    assert_eq!(device_size(&node_path), 40 << 20, "the device has the new size (LOOP_SET_CAPACITY)");
+    assert_eq!(loops_under(&pool), before, "the same loop, never detached");
+    assert_eq!(holder.seek(SeekFrom::End(0)).expect("seek to the end"), 40 << 20, "the open device sees it too");
+    // What was written before is intact, and the grown part is written through the same opener.
+    holder.seek(SeekFrom::Start(0)).expect("seek");
+    let mut read = vec![0; data.len()];
+    holder.read_exact(&mut read).expect("read the device");
+    assert!(read == data, "the data written before the growth is intact");
+    holder.seek(SeekFrom::Start(36 << 20)).expect("seek past the old end");
+    holder.write_all(&data).expect("write past the old end");
+    holder.sync_all().expect("flush the device");
+    let mut backing = std::fs::File::open(&file).expect("open the file");
+    backing.seek(SeekFrom::Start(36 << 20)).expect("seek");
+    backing.read_exact(&mut read).expect("read the file");
+    assert!(read == data, "the grown part is the file's");
+    drop(holder);
+
+    env.delete_claim("disk").await;
+    env.wait_pv_gone(&pv_name).await;
+    assert!(loops_under(&pool).is_empty(), "no loop left: {:?}", loops_under(&pool));
 }

@@ -347,7 +347,6 @@ fn plan(
             class_name,
             request,
             allocation,
-            spec.data_source.is_some() || spec.data_source_ref.is_some(),
         )
         .map_err(|refusal| Refusal::Block { provisioner: class.provisioner.clone(), refusal })?;
         Some(request)

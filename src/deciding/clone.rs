@@ -128,6 +128,8 @@ pub struct CloneRequest<'a> {
     pub request_bytes: u64,
     /// The roots of the pool the clone goes to (one, or one per disk of a pool of several).
     pub pools: &'a [PoolPath],
+    /// The clone is a `volumeMode: Block` claim: its source must be a Block volume too.
+    pub block: bool,
 }
 
 /// A claim's storage request in bytes.
@@ -202,8 +204,15 @@ pub fn check_source(
         return SourceVerdict::Wait(format!("PV {pv_name:?} is not bound to source claim {name:?} (yet)"));
     }
     let pools = clone.pools;
-    if volume::is_block(pv) {
-        return SourceVerdict::Refuse(CloneRefusal::BlockSource(name.to_owned()));
+    // A Block source's directory holds its backing file, copied whole; a Block volume is
+    // never cloned into a directory for a pod, nor a directory into a device image.
+    let mode = |block: bool| if block { "Block" } else { "Filesystem" };
+    if volume::is_block(pv) != clone.block {
+        return SourceVerdict::Refuse(CloneRefusal::VolumeMode {
+            source_claim: name.to_owned(),
+            source_mode: mode(volume::is_block(pv)),
+            mode: mode(clone.block),
+        });
     }
     let owner = match volume::volume_shape(pv, pools) {
         // Pinned to a label this node carries: this node's, whichever node made it.

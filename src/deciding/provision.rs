@@ -516,6 +516,7 @@ fn unplaced_source_wait(facts: &ClaimFacts<'_>, source: SourceFacts<'_>) -> Stri
         request: "",
         request_bytes: u64::MAX,
         pools: std::slice::from_ref(&pool),
+        block: facts.claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block"),
     };
     match clone::check_source(request, source.claim, None, facts.me) {
         SourceVerdict::Wait(why) => why,
@@ -539,6 +540,7 @@ fn placed_clone(
         request: &plan.request,
         request_bytes: plan.request_bytes,
         pools: &roots,
+        block: plan.block.is_some(),
     };
     let refuse = |refusal| CloneStep::Go(Decision::Refuse(Refusal::DataSource(refusal)), None);
     let (dir, owner) = match clone::check_source(request, source.claim, source.pv, facts.me) {

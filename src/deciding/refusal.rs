@@ -189,9 +189,6 @@ pub enum BlockClaimRefusal {
         /// Its topology.
         topology: Topology,
     },
-    /// A clone or a restore: not yet for Block volumes.
-    #[error("a Block claim cannot have a dataSource yet (clones and snapshots of Block volumes are not supported)")]
-    DataSource,
     /// A quota class: the backing file's size already is the volume's limit.
     #[error(
         "StorageClass {0} sets quota=enforce; a Block volume's size is its backing file's and needs no quota: use a class without quota"
@@ -333,9 +330,19 @@ pub enum CloneRefusal {
     /// Every-node volumes have one copy per node, none of which is "the" source.
     #[error("source claim {0:?} is an everyNode volume (one copy per node); cloning it is not supported")]
     EveryNode(String),
-    /// A Block volume: its data is one file on a loop device, not a tree to copy (issue #47).
-    #[error("source claim {0:?} is a Block volume; clones of Block volumes are not supported yet")]
-    BlockSource(String),
+    /// The source's volume mode is not the clone's: a Block volume's data is one device image
+    /// (its backing file), a Filesystem volume's a tree of files; neither becomes the other.
+    #[error(
+        "source claim {source_claim:?} is a volumeMode {source_mode} volume and this claim asks for volumeMode {mode}: a clone keeps its source's volume mode (a Block volume is one device image, a Filesystem volume a tree of files); use volumeMode {source_mode}"
+    )]
+    VolumeMode {
+        /// The source claim.
+        source_claim: String,
+        /// The source's mode.
+        source_mode: &'static str,
+        /// The clone's mode.
+        mode: &'static str,
+    },
     /// Pinned by `kubevirt.io/provisionOnNode` to another node than the source's.
     #[error(
         "the clone is pinned to node {pinned} (kubevirt.io/provisionOnNode) but its source volume lives on node {source_node}; a clone is made on its source's node: set the annotation to {source_node} or remove it"
@@ -370,7 +377,7 @@ impl CloneRefusal {
             | Self::NotOurs { .. }
             | Self::OtherPool { .. }
             | Self::EveryNode(_)
-            | Self::BlockSource(_)
+            | Self::VolumeMode { .. }
             | Self::PinnedElsewhere { .. }
             | Self::SourceWithoutQuota(_) => "clone_source",
             Self::Restore(_) => "restore_source",

@@ -2,6 +2,7 @@
 //! expand controller of kube-controller-manager reports `ExternalExpanding` for hostPath PVs and
 //! leaves them to one). Pure: what to do with a claim whose request differs from its volume.
 
+use crate::deciding::block::Allocation;
 use crate::deciding::capacity::Size;
 use crate::deciding::topology::Acting;
 use crate::deciding::volume::VolumeShape;
@@ -26,8 +27,12 @@ pub struct ResizeFacts {
     /// the ranking over the live nodes serving its pool picks it (as for deletion; see
     /// [`shared_actor_is_me`]).
     pub acting_here: bool,
-    /// A Block volume (a backing file on a loop device, issue #47).
-    pub block: bool,
+    /// A Block volume (a backing file on a loop device, issue #47): its class's `allocation`
+    /// parameter as written (`None`: not set), how the grown part of the file is allocated.
+    /// `None` for a directory volume.
+    pub block: Option<Option<String>>,
+    /// This node serves Block volumes (`--block-volumes`): only then can it reach their loops.
+    pub block_volumes_on: bool,
 }
 
 /// What the pool holding the volume offers, read only when the decision needs it.
@@ -46,10 +51,15 @@ pub enum ResizeDecision {
     Unchanged,
     /// Another node (or nobody) acts on this volume.
     NotHere,
-    /// Grow the volume (its quota, if it has one), then the PV, then the claim's status.
+    /// Grow the volume (its quota, if it has one; a Block volume's backing file, then its
+    /// loop), then the PV, then the claim's status.
     Grow {
         /// New size in bytes.
         to: u64,
+        /// A Block volume: how the file's new part is allocated. Its loop is told the new size
+        /// while attached (no detach, the pod keeps the device open), and its claim's capacity
+        /// is set directly: a raw device has no filesystem for kubelet to resize.
+        block: Option<Allocation>,
     },
     /// The PV already has the size (an earlier attempt stopped before the claim's status).
     RecordOnClaim,
@@ -98,9 +108,24 @@ pub enum ResizeRefusal {
         /// `everyNode`.
         shape: &'static str,
     },
-    /// Block volumes are not expanded (yet): the file and the loop would both have to grow.
-    #[error("expansion of Block volumes is not supported yet; the volume keeps its size")]
-    Block,
+    /// A Block volume on a node where Block volumes are off: its loop cannot be told its size.
+    #[error(
+        "cannot grow Block volume: Block volumes are off on this node, so its loop device cannot be reached; turn them on with {}",
+        crate::deciding::block::SETTING
+    )]
+    BlockVolumesOff,
+    /// A Block volume whose class's `allocation` parameter is no longer one this provisioner
+    /// reads (the class was replaced under the same name): the file's growth is not guessed.
+    #[error(
+        "cannot grow Block volume: StorageClass parameter allocation={value:?} is not one of {accepted}; \
+         the volume keeps its size until the class names how its file is allocated"
+    )]
+    BlockAllocation {
+        /// The parameter as written.
+        value: String,
+        /// What is accepted.
+        accepted: &'static str,
+    },
 }
 
 /// Whether this node grows a shared volume: the node [`acting_node`](crate::deciding::topology::acting_node) picks for the PV's
@@ -135,9 +160,17 @@ pub fn decide_resize(facts: &ResizeFacts, room: impl FnOnce() -> Option<PoolRoom
         // One copy per node, each on its own disk: growing would need every node's room at once.
         VolumeShape::EveryNode => return ResizeDecision::Refuse(ResizeRefusal::Shape { shape: "everyNode" }),
     }
-    if facts.block {
-        return ResizeDecision::Refuse(ResizeRefusal::Block);
-    }
+    let block = match &facts.block {
+        None => None,
+        Some(_) if !facts.block_volumes_on => return ResizeDecision::Refuse(ResizeRefusal::BlockVolumesOff),
+        Some(allocation) => match Allocation::parse(allocation.as_deref()) {
+            Ok(allocation) => Some(allocation),
+            Err(accepted) => {
+                let value = allocation.clone().unwrap_or_default();
+                return ResizeDecision::Refuse(ResizeRefusal::BlockAllocation { value, accepted });
+            }
+        },
+    };
     if facts.requested < facts.pv_capacity {
         return ResizeDecision::Refuse(ResizeRefusal::Shrink {
             requested: facts.requested,
@@ -155,7 +188,7 @@ pub fn decide_resize(facts: &ResizeFacts, room: impl FnOnce() -> Option<PoolRoom
             available: room.available,
             reserve: room.reserve,
         }),
-        _ => ResizeDecision::Grow { to: facts.requested },
+        _ => ResizeDecision::Grow { to: facts.requested, block },
     }
 }
 
@@ -167,7 +200,8 @@ mod tests {
 
     fn facts(requested: u64, claim: u64, pv: u64) -> ResizeFacts {
         ResizeFacts {
-            block: false,
+            block: None,
+            block_volumes_on: true,
             requested,
             unreadable_request: None,
             claim_capacity: claim,
@@ -186,7 +220,7 @@ mod tests {
     fn a_larger_request_on_an_owned_node_volume_grows_it() {
         assert_eq!(
             decide_resize(&facts(20 * MI, 10 * MI, 10 * MI), room(100 * MI)),
-            ResizeDecision::Grow { to: 20 * MI }
+            ResizeDecision::Grow { to: 20 * MI, block: None }
         );
     }
 
@@ -224,7 +258,7 @@ mod tests {
     #[test]
     fn a_shared_volume_is_grown_by_the_acting_node_only() {
         let here = ResizeFacts { shape: VolumeShape::Shared, ..facts(20 * MI, 10 * MI, 10 * MI) };
-        assert_eq!(decide_resize(&here, room(100 * MI)), ResizeDecision::Grow { to: 20 * MI });
+        assert_eq!(decide_resize(&here, room(100 * MI)), ResizeDecision::Grow { to: 20 * MI, block: None });
         let elsewhere = ResizeFacts { acting_here: false, ..here.clone() };
         assert_eq!(decide_resize(&elsewhere, room(100 * MI)), ResizeDecision::NotHere);
     }
@@ -269,7 +303,7 @@ mod tests {
     fn growth_that_exactly_fits_is_accepted() {
         assert_eq!(
             decide_resize(&facts(20 * MI, 10 * MI, 10 * MI), room(10 * MI)),
-            ResizeDecision::Grow { to: 20 * MI }
+            ResizeDecision::Grow { to: 20 * MI, block: None }
         );
     }
 
@@ -298,10 +332,46 @@ mod tests {
     }
 
     #[test]
-    fn block_volumes_are_refused_by_their_node_only() {
-        let f = ResizeFacts { block: true, ..facts(20 * MI, 10 * MI, 10 * MI) };
-        assert_eq!(decide_resize(&f, room(100 * MI)), ResizeDecision::Refuse(ResizeRefusal::Block));
-        let elsewhere = ResizeFacts { acting_here: false, ..f };
+    fn a_block_volume_grows_by_its_node_with_its_class_allocation() {
+        let sparse = ResizeFacts { block: Some(None), ..facts(20 * MI, 10 * MI, 10 * MI) };
+        assert_eq!(
+            decide_resize(&sparse, room(100 * MI)),
+            ResizeDecision::Grow { to: 20 * MI, block: Some(Allocation::Sparse) }
+        );
+        let full = ResizeFacts { block: Some(Some("full".into())), ..sparse.clone() };
+        assert_eq!(
+            decide_resize(&full, room(100 * MI)),
+            ResizeDecision::Grow { to: 20 * MI, block: Some(Allocation::Full) }
+        );
+        let elsewhere = ResizeFacts { acting_here: false, ..full.clone() };
         assert_eq!(decide_resize(&elsewhere, room(100 * MI)), ResizeDecision::NotHere);
+        // The same room and shrink rules as a directory's.
+        assert!(matches!(
+            decide_resize(&ResizeFacts { requested: 1024 * MI, ..full.clone() }, room(100 * MI)),
+            ResizeDecision::Refuse(ResizeRefusal::NoSpace { .. })
+        ));
+        let shrink = ResizeFacts { requested: 15 * MI, pv_capacity: 20 * MI, ..full.clone() };
+        assert!(matches!(decide_resize(&shrink, room(100 * MI)), ResizeDecision::Refuse(ResizeRefusal::Shrink { .. })));
+        let recorded = ResizeFacts { pv_capacity: 20 * MI, ..full };
+        assert_eq!(decide_resize(&recorded, room(0)), ResizeDecision::RecordOnClaim);
+    }
+
+    #[test]
+    fn a_block_volume_on_a_node_with_block_volumes_off_is_refused_naming_the_setting() {
+        let f = ResizeFacts { block: Some(None), block_volumes_on: false, ..facts(20 * MI, 10 * MI, 10 * MI) };
+        let decision = decide_resize(&f, room(100 * MI));
+        assert_eq!(decision, ResizeDecision::Refuse(ResizeRefusal::BlockVolumesOff));
+        let ResizeDecision::Refuse(refusal) = decision else { unreachable!() };
+        assert!(refusal.to_string().contains("--block-volumes"), "{refusal}");
+    }
+
+    #[test]
+    fn a_block_volume_whose_class_allocation_is_unreadable_keeps_its_size() {
+        let f = ResizeFacts { block: Some(Some("thick".into())), ..facts(20 * MI, 10 * MI, 10 * MI) };
+        let decision = decide_resize(&f, room(100 * MI));
+        let ResizeDecision::Refuse(refusal @ ResizeRefusal::BlockAllocation { .. }) = decision else {
+            panic!("{decision:?}")
+        };
+        assert!(refusal.to_string().contains("allocation=\"thick\" is not one of sparse, full"), "{refusal}");
     }
 }

@@ -35,6 +35,17 @@ pub const PLURAL: &str = "hostpathsnapshots";
 /// Held by a snapshot whose directory exists, until the node holding it has moved it to the
 /// trash.
 pub const FINALIZER: &str = "hostpath-provisioner.kubevirt.io/snapshot";
+/// Annotation on a snapshot of a Block volume, `Block`, written before it is ready: its copy
+/// is the volume's backing file, restored only into a Block claim (absent: a Filesystem
+/// volume's tree, restored only into a Filesystem claim). A restore also checks on disk that a
+/// Block copy holds its backing file.
+pub const VOLUME_MODE_ANNOTATION: &str = "hostpath-provisioner.kubevirt.io/volume-mode";
+
+/// The volume mode a snapshot is a copy of, as its annotation says.
+pub fn snapshot_is_block(snapshot: &HostPathSnapshot) -> bool {
+    snapshot.metadata.annotations.as_ref().and_then(|a| a.get(VOLUME_MODE_ANNOTATION)).map(String::as_str)
+        == Some("Block")
+}
 
 /// A point-in-time copy of a claim's volume.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -198,6 +209,9 @@ pub enum SourceState {
         marked_for: Option<String>,
         /// The source's capacity, as its PV states it.
         restore_size: String,
+        /// A Block volume: its directory holds its backing file, flushed from its loop before
+        /// the copy, and the snapshot is annotated [`VOLUME_MODE_ANNOTATION`].
+        block: bool,
     },
 }
 
@@ -257,11 +271,6 @@ pub fn source_state(
     if bound_uid != claim.metadata.uid.as_deref() {
         return SourceState::Wait(format!("PV {pv_name} is not bound to claim {claim_name:?} (yet)"));
     }
-    if volume::is_block(pv) {
-        return SourceState::Refuse(format!(
-            "the volume of claim {claim_name:?} is a Block volume: snapshots of Block volumes are not supported yet"
-        ));
-    }
     match volume::volume_shape(pv, pools) {
         VolumeShape::Node if volume::is_mine(pv, me, my_hostname) => {}
         VolumeShape::Node => match volume::owner_node(pv) {
@@ -291,6 +300,7 @@ pub fn source_state(
         dir_name: accepted.dir_name,
         marked_for: accepted.marked.then(|| pv_name.to_owned()),
         restore_size,
+        block: volume::is_block(pv),
     }
 }
 
@@ -348,12 +358,14 @@ pub fn name_refusal(what: &str, name: &str) -> Option<String> {
     })
 }
 
-/// Checks a restore's snapshot (`None`: it does not exist), asked for by `name` in `namespace`.
+/// Checks a restore's snapshot (`None`: it does not exist), asked for by `name` in `namespace`,
+/// for a claim of `request_bytes`, a `volumeMode: Block` one when `block`.
 pub fn restore_verdict(
     name: &str,
     namespace: &str,
     snapshot: Option<&HostPathSnapshot>,
     request_bytes: u64,
+    block: bool,
 ) -> RestoreVerdict {
     if let Some(why) = name_refusal(KIND, name) {
         return RestoreVerdict::Refuse(why);
@@ -376,6 +388,14 @@ pub fn restore_verdict(
         let why = snapshot.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_else(|| "not taken yet".into());
         return RestoreVerdict::Wait(format!("{KIND} {name:?} is not ready: {why}"));
     };
+    if snapshot_is_block(snapshot) != block {
+        let mode = |block: bool| if block { "Block" } else { "Filesystem" };
+        let taken = mode(snapshot_is_block(snapshot));
+        return RestoreVerdict::Refuse(format!(
+            "{KIND} {name:?} is a copy of a volumeMode {taken} volume and this claim asks for volumeMode {}: a restore keeps its snapshot's volume mode (a Block volume is one device image, a Filesystem volume a tree of files); use volumeMode {taken}",
+            mode(block)
+        ));
+    }
     let status = snapshot.status.as_ref();
     let size = status.and_then(|s| s.restore_size.as_deref()).unwrap_or("0");
     if let Ok(size_bytes) = crate::deciding::capacity::parse_bytes(size)

@@ -209,6 +209,14 @@ impl LoopHost {
         }
     }
 
+    /// Writes what loop `number` (still on `expected`) holds in its page cache to its backing
+    /// file (`fsync` of the device): the writes a pod made through the device and did not flush
+    /// itself are in the file before the file is copied.
+    pub fn flush(&self, number: u32, expected: FileId) -> Result<(), PoolError> {
+        let fd = self.open_checked(number, expected)?;
+        rustix::fs::fsync(&fd).map_err(|e| self.io("flush a loop device", Some(number), e))
+    }
+
     /// Makes loop `number`, still on `expected`, see its backing file's new size.
     pub fn refresh_capacity(&self, number: u32, expected: FileId) -> Result<(), PoolError> {
         let fd = self.open_checked(number, expected)?;
@@ -285,6 +293,28 @@ pub fn create_backing(
     grow_backing(fd.as_fd(), dir_path, size, allocation)?;
     let id = loop_ioctl::file_id(&fd).map_err(|e| fs_error("stat the backing file", path(), e))?;
     Ok((fd, id))
+}
+
+/// The backing file a copy (a clone, a restore) brought into the volume directory `dir`, grown
+/// to `size` as [`create_backing`] would: refused when the copy holds none, or a symlink or
+/// other in its place (a Filesystem volume's tree restored under a forged mode), never made
+/// afresh: an empty device would stand for the copied data.
+pub fn copied_backing(
+    dir: BorrowedFd<'_>,
+    dir_path: &Path,
+    size: u64,
+    allocation: Allocation,
+) -> Result<(OwnedFd, FileId), PoolError> {
+    let refusal = match open_backing(dir, dir_path)? {
+        (BackingFile::Regular(id), Some(fd)) => {
+            grow_backing(fd.as_fd(), dir_path, size, allocation)?;
+            return Ok((fd, id));
+        }
+        (BackingFile::Symlink, _) => LoopRefusal::Symlink,
+        (BackingFile::Missing, _) => LoopRefusal::Missing,
+        _ => LoopRefusal::NotRegular,
+    };
+    Err(PoolError::BlockRefused { path: dir_path.join(BACKING_FILE), refusal })
 }
 
 /// The birth time of the backing file in the volume directory `dir` (not following a symlink):
@@ -445,14 +475,7 @@ pub fn expose(
     direct_io: bool,
 ) -> Result<AttachedLoop, PoolError> {
     let refused = |refusal| PoolError::BlockRefused { path: dir_path.join(BACKING_FILE), refusal };
-    // Two exposures of one volume at once (a provisioner starting while the previous one still
-    // runs) would each find no loop and each attach one: they take turns on a lock of the
-    // volume directory, held by a description of its own and released when it closes. Not on
-    // the backing file: the loop keeps the very description it was given, and a lock on it
-    // would be held for as long as the loop is attached.
-    let _turn = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .and_then(|turn| rustix::fs::flock(&turn, rustix::fs::FlockOperation::LockExclusive).map(|()| turn))
-        .map_err(|e| fs_error("lock the volume directory", dir_path.to_owned(), e))?;
+    let _turn = take_turn(dir, dir_path)?;
     let (file, fd) = open_backing(dir, dir_path)?;
     let mut loops = host.loops()?;
     let facts: Vec<LoopFacts> = loops.iter().map(|l| l.facts.clone()).collect();
@@ -478,6 +501,70 @@ pub fn expose(
     let mut found = loops.into_iter().find(|l| l.facts.number == number).ok_or(PoolError::LoopChanged { number })?;
     found.facts.device = device;
     Ok(found)
+}
+
+/// Two acts on one volume at once (a provisioner starting while the previous one still runs,
+/// an expansion while the volume is exposed) would each read the loops before the other acted:
+/// they take turns on a lock of the volume directory, held by a description of its own and
+/// released when it is dropped. Not on the backing file: the loop keeps the very description it
+/// was given, and a lock on it would be held for as long as the loop is attached.
+fn take_turn(dir: BorrowedFd<'_>, dir_path: &Path) -> Result<OwnedFd, PoolError> {
+    rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .and_then(|turn| rustix::fs::flock(&turn, rustix::fs::FlockOperation::LockExclusive).map(|()| turn))
+        .map_err(|e| fs_error("lock the volume directory", dir_path.to_owned(), e))
+}
+
+/// Grows the Block volume whose directory is `dir` to `size` bytes while it stays attached:
+/// the backing file first (checked to be the volume's by [`loop_safety::decide_attachment`]
+/// before a byte is allocated), then its loop is told the new size (`LOOP_SET_CAPACITY`, on the
+/// loop checked again by inode right before). Returns that loop, `None` when none is attached
+/// (the next attach sees the new size). A file on several loops or on part of one is refused,
+/// nothing grown.
+pub fn grow_volume(
+    host: &LoopHost,
+    dir: BorrowedFd<'_>,
+    dir_path: &Path,
+    volume: Volume,
+    size: u64,
+    allocation: Allocation,
+) -> Result<Option<u32>, PoolError> {
+    let refused = |refusal| PoolError::BlockRefused { path: dir_path.join(BACKING_FILE), refusal };
+    let _turn = take_turn(dir, dir_path)?;
+    let (file, fd) = open_backing(dir, dir_path)?;
+    let facts: Vec<LoopFacts> = host.loops()?.into_iter().map(|l| l.facts).collect();
+    let attachment = loop_safety::decide_attachment(volume, file, &facts).map_err(refused)?;
+    let (BackingFile::Regular(id), Some(fd)) = (file, fd) else {
+        return Err(PoolError::TreeChanged { path: dir_path.join(BACKING_FILE) });
+    };
+    grow_backing(fd.as_fd(), dir_path, size, allocation)?;
+    match attachment {
+        Attachment::Attach => Ok(None),
+        Attachment::Use { number, .. } => {
+            host.refresh_capacity(number, id)?;
+            Ok(Some(number))
+        }
+    }
+}
+
+/// Before the backing file of the Block volume whose directory is `dir` is copied (a clone, a
+/// snapshot): checks it is the volume's ([`loop_safety::check_backing`]), then flushes every
+/// loop on it (see [`LoopHost::flush`]); returns how many. Anything else at its place is
+/// refused: never copied as the volume.
+pub fn flush_before_copy(
+    host: &LoopHost,
+    dir: BorrowedFd<'_>,
+    dir_path: &Path,
+    volume: Volume,
+) -> Result<usize, PoolError> {
+    let (file, _fd) = open_backing(dir, dir_path)?;
+    let id = loop_safety::check_backing(volume, file)
+        .map_err(|refusal| PoolError::BlockRefused { path: dir_path.join(BACKING_FILE), refusal })?;
+    let on_file: Vec<u32> =
+        host.loops()?.into_iter().filter(|l| l.facts.backing == id).map(|l| l.facts.number).collect();
+    for number in &on_file {
+        host.flush(*number, id)?;
+    }
+    Ok(on_file.len())
 }
 
 /// Releases the Block volume whose directory is `dir`: removes its node, then detaches every

@@ -40,15 +40,16 @@ pub struct Made {
 }
 
 /// Makes the Block volume `dir` of PV `pv_name`: its directory, its backing file of `size`
-/// bytes, attached and exposed as its device node. A failure after the directory was made now
-/// undoes everything ([`undo`]).
+/// bytes, attached and exposed as its device node. `from_copy`: the directory is a copy (a
+/// clone, a restore) and must hold its backing file already. A failure after the directory was
+/// made now undoes everything ([`undo`]).
 pub fn make(
     ctx: &Context,
     pool: &PoolRoot,
     dir: &VolumeDirName,
     pv_name: &str,
     size: u64,
-    request: BlockRequest,
+    (request, from_copy): (BlockRequest, bool),
 ) -> Result<Made, PoolError> {
     let devices_path = device_dir(ctx).ok_or_else(|| PoolError::BlockRefused {
         path: pool.volume_path(dir).join(BACKING_FILE),
@@ -60,7 +61,10 @@ pub fn make(
     let made = (|| {
         let fd = pool.open_block_volume_dir(dir)?.ok_or(PoolError::TreeChanged { path: pool.volume_path(dir) })?;
         let dir_path = pool.volume_path(dir);
-        let (_file, id) = block::create_backing(fd.as_fd(), &dir_path, size, request.allocation)?;
+        let (_file, id) = match from_copy {
+            true => block::copied_backing(fd.as_fd(), &dir_path, size, request.allocation)?,
+            false => block::create_backing(fd.as_fd(), &dir_path, size, request.allocation)?,
+        };
         let birth = block::backing_birth(fd.as_fd(), &dir_path)?;
         let node = VolumeDirName::new(pv_name).map_err(PoolError::from)?;
         let volume = Volume { recorded_inode: Some(id.ino) };
@@ -247,6 +251,63 @@ fn expose_one(ctx: &Context, pv: &KeptVolume, devices: &DeviceDir, devices_path:
     let node = VolumeDirName::new(&found.pv_name).map_err(PoolError::from)?;
     let attached = block::expose(&LoopHost::host(), devices, fd.as_fd(), &dir_path, found.volume, &node, DIRECT_IO)?;
     Ok(attached.facts.number)
+}
+
+/// Grows the Block volume of `pv` to `size` bytes online: its paths checked as for start-up
+/// (`deciding::block::kept`, the birth time), then its backing file grown and its attached loop
+/// told the new size ([`block::grow_volume`]). Returns the loop told, `None` when none is
+/// attached. Refused while Block volumes are off: the device directory names the PV's node.
+pub fn grow(
+    ctx: &Context,
+    pv: &KeptVolume,
+    size: u64,
+    allocation: crate::deciding::block::Allocation,
+) -> Result<Option<u32>, VolumeError> {
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let devices_path = device_dir(ctx).ok_or_else(|| VolumeError::BlockVolumesOff(pv_name.clone()))?;
+    let found = kept::block_volume(pv, &ctx.config.pools, devices_path)
+        .ok_or_else(|| VolumeError::BlockPv(kept::BlockPvRefusal::NotLocal(pv_name)))??;
+    let pool = ctx
+        .pools
+        .usable(&found.backing_dir.root)
+        .ok_or_else(|| VolumeError::UnknownPool(found.backing_dir.pool.clone()))??;
+    let dir = VolumeDirName::new(&found.backing_dir.dir_name).map_err(PoolError::from)?;
+    let dir_path = pool.volume_path(&dir);
+    let fd = pool.open_block_volume_dir(&dir)?.ok_or(PoolError::BlockRefused {
+        path: dir_path.join(BACKING_FILE),
+        refusal: loop_safety::LoopRefusal::Missing,
+    })?;
+    kept::check_birth(&found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
+    Ok(block::grow_volume(&LoopHost::host(), fd.as_fd(), &dir_path, found.volume, size, allocation)?)
+}
+
+/// Before the Block volume of PV `source` is copied (a clone, a snapshot), in its directory
+/// `dir` of `pool`: its paths and backing file checked as for start-up (the recorded inode and
+/// birth time: a file put in its place is never copied as the volume), then whatever a pod wrote
+/// through its device and did not flush is written to the file, so that the copy holds every
+/// write made before it started.
+pub fn check_and_flush_source(
+    ctx: &Context,
+    pool: &PoolRoot,
+    dir: &VolumeDirName,
+    source: &KeptVolume,
+) -> Result<(), VolumeError> {
+    let pv_name = source.metadata.name.clone().unwrap_or_default();
+    let devices_path = device_dir(ctx).ok_or_else(|| VolumeError::BlockVolumesOff(pv_name.clone()))?;
+    let found = kept::block_volume(source, &ctx.config.pools, devices_path)
+        .ok_or_else(|| VolumeError::BlockPv(kept::BlockPvRefusal::NotLocal(pv_name)))??;
+    let dir_path = pool.volume_path(dir);
+    if found.backing_dir.root != pool.path() || found.backing_dir.dir_name != dir.as_str() {
+        return Err(PoolError::TreeChanged { path: dir_path }.into());
+    }
+    let fd = pool.open_block_volume_dir(dir)?.ok_or(PoolError::BlockRefused {
+        path: dir_path.join(BACKING_FILE),
+        refusal: loop_safety::LoopRefusal::Missing,
+    })?;
+    kept::check_birth(&found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
+    let flushed = block::flush_before_copy(&LoopHost::host(), fd.as_fd(), &dir_path, found.volume)?;
+    tracing::debug!(source = %dir_path.display(), loops = flushed, "Block source checked and flushed before its copy");
+    Ok(())
 }
 
 fn pv_ref(pv: &KeptVolume) -> k8s_openapi::api::core::v1::ObjectReference {

@@ -46,6 +46,25 @@ async fn make_volume(
 ) -> Result<Created, ClaimError> {
     let ownership = provision.plan.ownership;
     let mode = ownership.mode.unwrap_or(ctx.config.dir_mode);
+    let created = make_directory(ctx, claim, provision, pool, dir, mode).await?;
+    // A class's owner, group or mode (a clone's root too: the copy keeps its files' owners, the
+    // directory gets the class's).
+    if ownership.is_set() {
+        pool.set_ownership(dir, ownership.uid, ownership.gid, mode)?;
+    }
+    Ok(created)
+}
+
+/// The directory as planned: made empty (plain or with its quota), or as a copy of a clone's
+/// source or a snapshot.
+async fn make_directory(
+    ctx: &Arc<Context>,
+    claim: &PersistentVolumeClaim,
+    provision: &Provision,
+    pool: &Arc<PoolRoot>,
+    dir: &VolumeDirName,
+    mode: u32,
+) -> Result<Created, ClaimError> {
     let created = match &provision.make {
         MakeVolume::Plain => pool.create_volume_dir(dir, mode)?,
         MakeVolume::BtrfsQuota { limit_bytes } => pool.create_quota_volume(dir, mode, *limit_bytes)?,
@@ -105,11 +124,6 @@ async fn make_volume(
             report.created
         }
     };
-    // A class's owner, group or mode (a clone's root too: the copy keeps its files' owners, the
-    // directory gets the class's).
-    if ownership.is_set() {
-        pool.set_ownership(dir, ownership.uid, ownership.gid, mode)?;
-    }
     Ok(created)
 }
 
@@ -165,7 +179,38 @@ pub async fn provision(
     // A Block volume: its directory, its backing file on a loop, its device node (undone on
     // failure by block_volumes::make itself).
     let block_made = match plan.block {
-        Some(request) => Some(block_volumes::make(ctx, pool, &dir, &plan.pv_name, plan.request_bytes, request)?),
+        Some(request) => {
+            // A Block clone or restore: the source's directory (or the snapshot's) is copied first
+            // as any clone's (its backing file reflinked, or its data copied with its holes kept,
+            // where it fits), then the copy's file is grown to the request, attached and exposed
+            // as a new volume's.
+            if let MakeVolume::Clone { source_dir, .. } = &provision.make {
+                // A Block volume's directory is named after its PV (never by a pathPattern).
+                let source = VolumeDirName::new(source_dir).map_err(|e| ClaimError::Pool(e.into()))?;
+                let source_pv = ctx
+                    .known_volume(source_dir)
+                    .ok_or_else(|| ClaimError::Pool(PoolError::TreeChanged { path: pool.volume_path(&source) }))?;
+                block_volumes::check_and_flush_source(ctx, pool, &source, &source_pv)?;
+            }
+            let copied = match provision.make.is_copy() {
+                true => Some(make_directory(ctx, claim, provision, pool, &dir, 0o700).await?),
+                false => None,
+            };
+            let made =
+                block_volumes::make(ctx, pool, &dir, &plan.pv_name, plan.request_bytes, (request, copied.is_some()));
+            let made = match (made, copied) {
+                (Ok(made), copied) => block_volumes::Made { created: copied.unwrap_or(made.created), ..made },
+                (Err(error), Some(Created::New)) => {
+                    // Made from a copy of this attempt: the copy goes (the source stays).
+                    if let Err(cleanup) = block_volumes::undo(ctx, pool, &dir, &plan.pv_name) {
+                        tracing::warn!(pv = %plan.pv_name, %cleanup, "could not undo a Block clone that failed to be exposed");
+                    }
+                    return Err(error.into());
+                }
+                (Err(error), _) => return Err(error.into()),
+            };
+            Some(made)
+        }
         None => None,
     };
     let created = match (&block_made, &provision.pattern) {

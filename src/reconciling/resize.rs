@@ -8,7 +8,10 @@
 //! `allocatedResourceStatuses.storage = ControllerResizeInProgress`; on success the PV's capacity,
 //! then the claim's `status.capacity`, take the new size and the resize fields are cleared; a
 //! refusal sets `ControllerResizeError` and `ControllerResizeInfeasible`, with a Warning event.
-//! Nothing needs the pod to restart: a quota grows in place and a plain directory has no size.
+//! Nothing needs the pod to restart: a quota grows in place, a plain directory has no size, and a
+//! Block volume's backing file grows under its attached loop, which is then told its new size
+//! (`LOOP_SET_CAPACITY`). No `FileSystemResizePending` either: a raw device has no filesystem
+//! for kubelet to grow, so the claim's capacity is set as soon as the loop has the size.
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -41,6 +44,8 @@ enum ResizeError {
     Pool(#[from] crate::filesystem::PoolError),
     #[error("the PV's path {0:?} is not a volume directory of a pool of this node")]
     Path(String),
+    #[error("{0}")]
+    Block(#[from] crate::error::VolumeError),
 }
 
 /// The PV of this node bound to the claim with `uid`, when its class allows expansion.
@@ -77,7 +82,7 @@ pub async fn reconcile(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVo
             return;
         }
         ResizeDecision::RecordOnClaim => finish(ctx, &claims, name, &regarding, &pv_name, &requested).await,
-        ResizeDecision::Grow { to } => grow(ctx, &claims, name, &regarding, pv, &requested, to).await,
+        ResizeDecision::Grow { to, block } => grow(ctx, &claims, name, &regarding, pv, &requested, to, block).await,
     };
     if let Err(error) = outcome {
         let note = format!("resize volume {pv_name} failed: {error}");
@@ -86,6 +91,7 @@ pub async fn reconcile(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVo
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn grow(
     ctx: &Context,
     claims: &Api<PersistentVolumeClaim>,
@@ -94,6 +100,7 @@ async fn grow(
     pv: &KeptVolume,
     requested: &str,
     to: u64,
+    block: Option<crate::deciding::block::Allocation>,
 ) -> Result<(), ResizeError> {
     let pv_name = pv.metadata.name.clone().unwrap_or_default();
     patch_claim_status(
@@ -107,9 +114,19 @@ async fn grow(
     )
     .await?;
     ctx.normal(regarding, RESIZING, "Resize", format!("External resizer is resizing volume {pv_name}")).await;
-    let (pool, dir) = locate(ctx, pv)?;
-    if pool.is_quota_volume(&dir) {
-        pool.set_quota_limit(&dir, to)?;
+    let mut quota = false;
+    match block {
+        Some(allocation) => {
+            let told = crate::reconciling::block_volumes::grow(ctx, pv, to, allocation)?;
+            tracing::info!(pv = %pv_name, size = to, loop_number = ?told, "Block volume's backing file grown and its loop told");
+        }
+        None => {
+            let (pool, dir) = locate(ctx, pv)?;
+            quota = pool.is_quota_volume(&dir);
+            if quota {
+                pool.set_quota_limit(&dir, to)?;
+            }
+        }
     }
     let pvs: Api<KeptVolume> = Api::all(ctx.client.clone());
     pvs.patch(
@@ -118,7 +135,7 @@ async fn grow(
         &Patch::Merge(json!({ "spec": { "capacity": { "storage": requested } } })),
     )
     .await?;
-    tracing::info!(pv = %pv_name, size = requested, quota = pool.is_quota_volume(&dir), "volume expanded");
+    tracing::info!(pv = %pv_name, size = requested, quota, "volume expanded");
     finish(ctx, claims, name, regarding, &pv_name, requested).await
 }
 
@@ -180,7 +197,13 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVolume) ->
         VolumeShape::Shared => shared_acting_here(ctx, pv).await,
         VolumeShape::EveryNode => false,
     };
-    let block = crate::deciding::volume::is_block(pv);
+    // A Block volume's file grows as its class allocates it (the parameter is read again here:
+    // a PV does not record it).
+    let block = crate::deciding::volume::is_block(pv).then(|| {
+        ctx.classes
+            .get(&ObjectRef::new(&class_name))
+            .and_then(|c| c.parameters.as_ref()?.get(crate::deciding::block::ALLOCATION_PARAMETER).cloned())
+    });
     Some(ResizeFacts {
         requested,
         unreadable_request,
@@ -190,6 +213,7 @@ async fn facts(ctx: &Context, claim: &PersistentVolumeClaim, pv: &KeptVolume) ->
         shape,
         acting_here,
         block,
+        block_volumes_on: ctx.config.block_device_dir.is_some(),
     })
 }
 

@@ -50,6 +50,10 @@ pub enum SnapshotError {
     /// The copy's task ended abnormally.
     #[error("the copy task failed: {0}")]
     Task(String),
+    /// A Block source was not copied: its PV's paths, or the file at its backing path, are not
+    /// the volume's (or its loops could not be flushed).
+    #[error("the source Block volume is not copied: {0}")]
+    BlockSource(#[from] crate::error::VolumeError),
 }
 
 /// Whether the API server serves `HostPathSnapshot`s: asked once at start (discovery, which
@@ -189,7 +193,7 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             say_not_ready(&ctx, &snap, why, Speaker::OneForTheCluster).await?;
             Ok(Action::requeue(RECHECK * 4))
         }
-        SourceState::Here { root, dir_name: source_dir, marked_for, restore_size } => {
+        SourceState::Here { root, dir_name: source_dir, marked_for, restore_size, block } => {
             let pool = ctx.pools.usable(&root).ok_or_else(|| SnapshotError::UnknownRoot(root.clone()))??;
             let source = VolumeDirName::new(&source_dir).map_err(PoolError::from)?;
             let target = VolumeDirName::new(&dir_name).map_err(PoolError::from)?;
@@ -223,7 +227,13 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
             }
             // The finalizer and this node's name first: a deletion from now on finds the node
             // that may hold a copy, even one cut short.
-            let held = hold(&ctx, &snap, &root, true).await;
+            let mut held = hold(&ctx, &snap, &root, true).await;
+            // A Block volume: its file checked to be the volume's, and the writes still in its
+            // loop's cache written to it, right before the copy.
+            if let (true, Ok(()), Some(pv)) = (block, &held, &pv) {
+                held = crate::reconciling::block_volumes::check_and_flush_source(&ctx, &pool, &source, pv)
+                    .map_err(SnapshotError::from);
+            }
             let copy_name = target.clone();
             let copied = match held {
                 Ok(()) => tokio::task::spawn_blocking(move || pool.take_snapshot(&source, &copy_name, &node))
@@ -257,8 +267,15 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
                     method: report.method.as_str().to_owned(),
                     restore_size: restore_size.clone(),
                     size_bytes: report.bytes,
+                    block,
                 };
                 recreation::write_record(&pool, &target, &record, &snap);
+            }
+            if block {
+                // Before it is ready: no restore reads the snapshot without its mode.
+                let mode =
+                    serde_json::json!({ "metadata": { "annotations": { snapshot::VOLUME_MODE_ANNOTATION: "Block" } } });
+                api_of(&ctx, &snap).patch(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&mode)).await?;
             }
             let status = serde_json::json!({ "status": {
                 "readyToUse": true,

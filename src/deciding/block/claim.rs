@@ -17,22 +17,19 @@ pub struct BlockRequest {
 }
 
 /// Whether a Block claim of class `class` (read into `request`, its `allocation` parameter
-/// `allocation`) is served, on an install where Block volumes are `enabled`.
+/// `allocation`) is served, on an install where Block volumes are `enabled`. A clone or a
+/// restore is checked by `deciding::clone` and `deciding::snapshot` (the source's mode).
 pub fn accept_block_claim(
     enabled: bool,
     class: &str,
     request: &ClassRequest,
     allocation: Option<&str>,
-    has_data_source: bool,
 ) -> Result<BlockRequest, BlockClaimRefusal> {
     if !enabled {
         return Err(BlockClaimRefusal::Disabled);
     }
     if request.topology != Topology::Node {
         return Err(BlockClaimRefusal::Topology { class: class.to_owned(), topology: request.topology });
-    }
-    if has_data_source {
-        return Err(BlockClaimRefusal::DataSource);
     }
     if request.quota == QuotaMode::Enforce {
         return Err(BlockClaimRefusal::Quota(class.to_owned()));
@@ -63,15 +60,12 @@ mod tests {
     #[test]
     fn a_block_claim_is_served_only_when_the_install_opted_in() {
         let plain = request(&[]);
-        let refused = accept_block_claim(false, "hpp", &plain, None, false).unwrap_err();
+        let refused = accept_block_claim(false, "hpp", &plain, None).unwrap_err();
         assert_eq!(refused, BlockClaimRefusal::Disabled);
         assert!(refused.to_string().contains("--block-volumes"), "names the setting: {refused}");
+        assert_eq!(accept_block_claim(true, "hpp", &plain, None), Ok(BlockRequest { allocation: Allocation::Sparse }));
         assert_eq!(
-            accept_block_claim(true, "hpp", &plain, None, false),
-            Ok(BlockRequest { allocation: Allocation::Sparse })
-        );
-        assert_eq!(
-            accept_block_claim(true, "hpp", &plain, Some("full"), false),
+            accept_block_claim(true, "hpp", &plain, Some("full")),
             Ok(BlockRequest { allocation: Allocation::Full })
         );
     }
@@ -79,15 +73,14 @@ mod tests {
     #[test]
     fn what_a_block_volume_cannot_be_is_refused_saying_what_to_change() {
         let plain = request(&[]);
-        for (request, allocation, data_source, says) in [
-            (request(&[("topology", "shared")]), None, false, "use topology node"),
-            (request(&[("topology", "everyNode")]), None, false, "use topology node"),
-            (plain.clone(), None, true, "dataSource"),
-            (request(&[("quota", "enforce")]), None, false, "without quota"),
-            (request(&[("pathPattern", "{namespace}_{claim}")]), None, false, "without pathPattern"),
-            (plain.clone(), Some("thick"), false, "accepted: sparse, full"),
+        for (request, allocation, says) in [
+            (request(&[("topology", "shared")]), None, "use topology node"),
+            (request(&[("topology", "everyNode")]), None, "use topology node"),
+            (request(&[("quota", "enforce")]), None, "without quota"),
+            (request(&[("pathPattern", "{namespace}_{claim}")]), None, "without pathPattern"),
+            (plain.clone(), Some("thick"), "accepted: sparse, full"),
         ] {
-            let refused = accept_block_claim(true, "hpp", &request, allocation, data_source).unwrap_err();
+            let refused = accept_block_claim(true, "hpp", &request, allocation).unwrap_err();
             assert!(refused.to_string().contains(says), "{refused}");
         }
     }

@@ -129,6 +129,12 @@ fn checked_file(volume: Volume, file: BackingFile) -> Result<FileId, LoopRefusal
     }
 }
 
+/// The backing file, checked to be `volume`'s (a regular file of the recorded inode), before it
+/// is copied (a clone, a snapshot): a file put in its place is never copied as the volume.
+pub fn check_backing(volume: Volume, file: BackingFile) -> Result<FileId, LoopRefusal> {
+    checked_file(volume, file)
+}
+
 /// Which loop, if any, may be exposed as `volume`'s device (made into its node), or whether one
 /// must be attached first.
 pub fn decide_attachment(volume: Volume, file: BackingFile, loops: &[LoopFacts]) -> Result<Attachment, LoopRefusal> {

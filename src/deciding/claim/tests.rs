@@ -295,11 +295,29 @@ fn with_block_volumes_on_what_a_block_volume_cannot_be_is_refused() {
     let block = claim("hpp").on_node(NODE).block().build();
     let Decision::Refuse(refusal) = decide_claim(&block, Some(&shared), &me(), &cfg, &[]) else { panic!("refused") };
     assert!(refusal.to_string().contains("use topology node"), "{refusal}");
+    // A clone or a restore is planned (its source's mode is checked by deciding::clone and
+    // deciding::snapshot).
     let clone = claim("hpp").on_node(NODE).block().data_source().build();
-    let Decision::Refuse(refusal) = decide_claim(&clone, Some(&wffc()), &me(), &block_config(), &[]) else {
-        panic!("refused")
+    let Decision::Provision(plan) = decide_claim(&clone, Some(&wffc()), &me(), &block_config(), &[]) else {
+        panic!("a Block clone is planned")
     };
-    assert!(refusal.to_string().contains("dataSource"), "{refusal}");
+    assert_eq!(plan.clone_of.as_deref(), Some("src"));
+    assert!(plan.block.is_some());
+    let restore = claim("hpp")
+        .on_node(NODE)
+        .block()
+        .spec(|s| {
+            s.data_source = Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
+                api_group: Some(crate::deciding::snapshot::GROUP.into()),
+                kind: crate::deciding::snapshot::KIND.into(),
+                name: "snap".into(),
+            })
+        })
+        .build();
+    let Decision::Provision(plan) = decide_claim(&restore, Some(&wffc()), &me(), &block_config(), &[]) else {
+        panic!("a Block restore is planned")
+    };
+    assert!(plan.block.is_some());
 }
 
 #[test]

@@ -23,6 +23,7 @@ fn request<'a>(pool: &'a PoolPath, size: &'a str) -> CloneRequest<'a> {
         request: size,
         request_bytes: parse_bytes(size).expect("size"),
         pools: std::slice::from_ref(pool),
+        block: false,
     }
 }
 
@@ -147,17 +148,58 @@ fn a_bound_source_of_ours_is_ready_on_its_owning_node_only() {
     assert_eq!(verdict, SourceVerdict::Elsewhere(OTHER_NODE.into()));
 }
 
+/// The source's PV as a Block volume: its device node, its backing directory annotated.
+fn block_source_pv() -> KeptVolume {
+    let name = format!("pvc-{SOURCE_UID}");
+    let backing_dir = format!("/var/hpvolumes/{name}");
+    KeptVolume::from(KeptVolumeFields {
+        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+        labels: KeptMap::default(),
+        annotations: KeptMap::from([
+            (keys::PROVISIONED_BY, PROVISIONER),
+            (keys::PROVISION_ON_NODE, NODE),
+            (crate::deciding::block::BACKING_DIR_ANNOTATION, backing_dir.as_str()),
+        ]),
+        spec: Some(KeptVolumeSpec {
+            claim_ref: Some(KeptClaimRef { uid: Some(SOURCE_UID.into()), ..Default::default() }),
+            local: Some(KeptDirectory { path: format!("/dev/hostpath-provisioner/{name}") }),
+            volume_mode: Some("Block".into()),
+            capacity: Some(BTreeMap::from([("storage".to_owned(), Quantity("1Gi".into()))]).into()),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
 #[test]
-fn a_block_source_is_refused_and_its_device_never_read_as_a_directory() {
+fn a_block_source_is_cloned_from_its_backing_directory_and_never_from_its_device() {
     let pool = pool();
-    let mut block = source_pv(NODE);
-    let spec = block.spec.as_mut().expect("spec");
-    spec.volume_mode = Some("Block".into());
-    spec.host_path = None;
-    spec.local = Some(KeptDirectory { path: format!("/dev/hostpath-provisioner/pvc-{SOURCE_UID}") });
-    let verdict = check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&block), &me());
-    assert_eq!(verdict, SourceVerdict::Refuse(CloneRefusal::BlockSource("src".into())));
-    assert!(CloneRefusal::BlockSource("src".into()).to_string().contains("Block volume"));
+    let block = CloneRequest { block: true, ..request(&pool, "1Gi") };
+    let verdict = check_source(block, Some(&bound_source()), Some(&block_source_pv()), &me());
+    assert_eq!(
+        verdict,
+        SourceVerdict::Ready { root: pool.root.clone(), dir_name: format!("pvc-{SOURCE_UID}"), marked_for: None }
+    );
+}
+
+#[test]
+fn a_clone_of_another_volume_mode_is_refused_naming_both_modes() {
+    let pool = pool();
+    let filesystem_from_block =
+        check_source(request(&pool, "1Gi"), Some(&bound_source()), Some(&block_source_pv()), &me());
+    let SourceVerdict::Refuse(refusal) = filesystem_from_block else { panic!("{filesystem_from_block:?}") };
+    assert_eq!(
+        refusal,
+        CloneRefusal::VolumeMode { source_claim: "src".into(), source_mode: "Block", mode: "Filesystem" }
+    );
+    assert!(refusal.to_string().contains("use volumeMode Block"), "{refusal}");
+    let block = CloneRequest { block: true, ..request(&pool, "1Gi") };
+    let block_from_filesystem = check_source(block, Some(&bound_source()), Some(&source_pv(NODE)), &me());
+    let SourceVerdict::Refuse(refusal) = block_from_filesystem else { panic!("{block_from_filesystem:?}") };
+    assert_eq!(
+        refusal,
+        CloneRefusal::VolumeMode { source_claim: "src".into(), source_mode: "Filesystem", mode: "Block" }
+    );
 }
 
 #[test]

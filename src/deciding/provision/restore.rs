@@ -13,7 +13,8 @@ pub(super) fn restore_step(facts: &ClaimFacts<'_>, restore: RestoreFacts<'_>, de
         _ => crate::deciding::clone::request_bytes(facts.claim).unwrap_or(u64::MAX),
     };
     let namespace = facts.claim.metadata.namespace.as_deref().unwrap_or_default();
-    let verdict = snapshot::restore_verdict(restore.name, namespace, restore.snapshot, request_bytes);
+    let block = facts.claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+    let verdict = snapshot::restore_verdict(restore.name, namespace, restore.snapshot, request_bytes, block);
     let refuse = |why| CloneStep::Go(Decision::Refuse(Refusal::DataSource(CloneRefusal::Restore(why))), None);
     let (node, dir_name) = match verdict {
         RestoreVerdict::Ready { node, dir_name, .. } => (node, dir_name),

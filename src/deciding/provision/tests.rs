@@ -385,6 +385,44 @@ fn a_clone_whose_source_lives_here_copies_its_directory() {
 }
 
 #[test]
+fn a_block_clone_of_a_block_source_copies_its_backing_directory_and_of_a_directory_is_refused() {
+    let cfg = DecisionConfig { block_device_dir: Some("/dev/hostpath-provisioner".into()), ..config() };
+    let me = me();
+    let claim = claim("hpp").block().data_source().selected(NODE).build();
+    let name = format!("pvc-{SOURCE_UID}");
+    let backing_dir = format!("/var/hpvolumes/{name}");
+    let block_pv = KeptVolume::from(KeptVolumeFields {
+        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+        labels: KeptMap::default(),
+        annotations: KeptMap::from([
+            (crate::keys::PROVISIONED_BY, PROVISIONER),
+            (crate::keys::PROVISION_ON_NODE, NODE),
+            (crate::deciding::block::BACKING_DIR_ANNOTATION, backing_dir.as_str()),
+        ]),
+        spec: Some(KeptVolumeSpec {
+            claim_ref: Some(KeptClaimRef { uid: Some(SOURCE_UID.into()), ..Default::default() }),
+            local: Some(KeptDirectory { path: format!("/dev/hostpath-provisioner/{name}") }),
+            volume_mode: Some("Block".into()),
+            ..Default::default()
+        }),
+        status: None,
+    });
+    let (source, roomy, class) = (bound_source(), roomy(), wffc());
+    let mut f = facts(&claim, Some(&class), &cfg, &me, ready(&roomy));
+    f.source = Some(SourceFacts { name: "src", claim: Some(&source), pv: Some(&block_pv), is_quota_volume: None });
+    let provision = provision(plan_claim(&f));
+    assert!(provision.plan.block.is_some());
+    assert!(
+        matches!(&provision.make, MakeVolume::Clone { source_dir, limit_bytes: None, .. } if *source_dir == format!("pvc-{SOURCE_UID}")),
+        "{provision:?}"
+    );
+    let directory = source_pv(NODE);
+    f.source = Some(SourceFacts { name: "src", claim: Some(&source), pv: Some(&directory), is_quota_volume: None });
+    let ClaimPlan::Refuse { refusal, .. } = plan_claim(&f) else { panic!("refused") };
+    assert!(refusal.to_string().contains("use volumeMode Filesystem"), "{refusal}");
+}
+
+#[test]
 fn a_clone_waits_with_a_word_while_its_source_is_missing() {
     let claim = claim("hpp").data_source().selected(NODE).build();
     match clone_plan(&claim, &wffc(), None, None, None, &roomy()) {

@@ -55,6 +55,10 @@ pub struct CopyRecord {
     pub restore_size: String,
     /// Bytes of file data in the copy.
     pub size_bytes: u64,
+    /// A copy of a Block volume (its backing file): an object made again gets the
+    /// volume-mode annotation back before it is ready. Written as `volume-mode=Block`, absent
+    /// for a Filesystem volume's copy (whose record reads as before).
+    pub block: bool,
 }
 
 impl CopyRecord {
@@ -62,7 +66,7 @@ impl CopyRecord {
     /// No value holds a space or `=` (names, UIDs, a timestamp, a quantity, a number).
     pub fn to_xattr(&self) -> String {
         format!(
-            "snapshot-uid={} namespace-uid={} namespace={} name={} taken={} method={} restore-size={} size-bytes={}",
+            "snapshot-uid={} namespace-uid={} namespace={} name={} taken={} method={} restore-size={} size-bytes={}{}",
             self.snapshot_uid,
             self.namespace_uid,
             self.namespace,
@@ -70,16 +74,27 @@ impl CopyRecord {
             self.taken,
             self.method,
             self.restore_size,
-            self.size_bytes
+            self.size_bytes,
+            if self.block { " volume-mode=Block" } else { "" }
         )
     }
 
-    /// Reads an attribute's value; `None` for anything but exactly the eight keys, each once,
-    /// with well-formed values (a record written by hand, or damaged, proves nothing).
+    /// Reads an attribute's value; `None` for anything but exactly the eight keys (and
+    /// `volume-mode=Block` for a Block volume's copy), each once, with well-formed values (a
+    /// record written by hand, or damaged, proves nothing).
     pub fn parse(value: &str) -> Option<CopyRecord> {
-        let mut fields: [Option<&str>; 8] = [None; 8];
-        const KEYS: [&str; 8] =
-            ["snapshot-uid", "namespace-uid", "namespace", "name", "taken", "method", "restore-size", "size-bytes"];
+        let mut fields: [Option<&str>; 9] = [None; 9];
+        const KEYS: [&str; 9] = [
+            "snapshot-uid",
+            "namespace-uid",
+            "namespace",
+            "name",
+            "taken",
+            "method",
+            "restore-size",
+            "size-bytes",
+            "volume-mode",
+        ];
         for pair in value.split(' ') {
             let (key, value) = pair.split_once('=')?;
             let slot = KEYS.iter().position(|k| *k == key)?;
@@ -96,6 +111,7 @@ impl CopyRecord {
             Some(method),
             Some(restore_size),
             Some(size_bytes),
+            volume_mode,
         ] = fields
         else {
             return None;
@@ -105,6 +121,11 @@ impl CopyRecord {
             && layout::is_dns_subdomain(namespace)
             && layout::is_dns_subdomain(name);
         let size_bytes = size_bytes.parse().ok()?;
+        let block = match volume_mode {
+            None => false,
+            Some("Block") => true,
+            Some(_) => return None,
+        };
         well_formed.then(|| CopyRecord {
             snapshot_uid: snapshot_uid.to_owned(),
             namespace_uid: namespace_uid.to_owned(),
@@ -114,6 +135,7 @@ impl CopyRecord {
             method: method.to_owned(),
             restore_size: restore_size.to_owned(),
             size_bytes,
+            block,
         })
     }
 }

@@ -19,7 +19,19 @@ fn record() -> CopyRecord {
         method: "reflink".into(),
         restore_size: "10Gi".into(),
         size_bytes: 4096,
+        block: false,
     }
+}
+
+#[test]
+fn a_block_copys_record_says_so_and_reads_back_and_a_filesystem_ones_reads_as_before() {
+    let block = CopyRecord { block: true, ..record() };
+    assert!(block.to_xattr().ends_with(" volume-mode=Block"), "{}", block.to_xattr());
+    assert_eq!(CopyRecord::parse(&block.to_xattr()), Some(block));
+    assert!(!record().to_xattr().contains("volume-mode"), "unchanged for a Filesystem volume's copy");
+    assert_eq!(CopyRecord::parse(&record().to_xattr()), Some(record()));
+    let odd = format!("{} volume-mode=Filesystem", record().to_xattr());
+    assert_eq!(CopyRecord::parse(&odd), None, "only Block is ever written");
 }
 
 fn object(namespace: &str, name: &str, annotations: &[(&str, &str)]) -> HostPathSnapshot {

@@ -42,15 +42,50 @@ fn state(claim: Option<&PersistentVolumeClaim>, pv: Option<&KeptVolume>) -> Sour
 }
 
 #[test]
-fn a_block_volume_is_not_snapshotted() {
+fn a_block_volume_is_copied_from_its_backing_directory_never_from_its_device() {
     let claim = source();
     let mut pv = ours(NODE);
     let spec = pv.spec.as_mut().expect("spec");
     spec.volume_mode = Some("Block".into());
     spec.host_path = None;
     spec.local = Some(KeptDirectory { path: format!("/dev/hostpath-provisioner/pvc-{UID}") });
-    let SourceState::Refuse(why) = state(Some(&claim), Some(&pv)) else { panic!("refused") };
-    assert!(why.contains("Block volume"), "{why}");
+    pv.annotations.insert(crate::deciding::block::BACKING_DIR_ANNOTATION, &format!("/var/hpvolumes/pvc-{UID}"));
+    assert_eq!(
+        state(Some(&claim), Some(&pv)),
+        SourceState::Here {
+            root: "/var/hpvolumes".into(),
+            dir_name: format!("pvc-{UID}"),
+            marked_for: None,
+            restore_size: "2Gi".into(),
+            block: true,
+        }
+    );
+}
+
+#[test]
+fn a_restore_keeps_its_snapshots_volume_mode() {
+    const GIB: u64 = 1 << 30;
+    let filesystem = snapshot(Some(NODE), "1Gi");
+    let mut block = filesystem.clone();
+    block.metadata.annotations = Some([(VOLUME_MODE_ANNOTATION.to_owned(), "Block".to_owned())].into());
+    assert!(matches!(
+        restore_verdict("before-upgrade", "default", Some(&block), GIB, true),
+        RestoreVerdict::Ready { .. }
+    ));
+    assert!(matches!(
+        restore_verdict("before-upgrade", "default", Some(&filesystem), GIB, false),
+        RestoreVerdict::Ready { .. }
+    ));
+    for (snapshot, block, says) in [
+        (&block, false, "a copy of a volumeMode Block volume and this claim asks for volumeMode Filesystem"),
+        (&filesystem, true, "a copy of a volumeMode Filesystem volume and this claim asks for volumeMode Block"),
+    ] {
+        let RestoreVerdict::Refuse(why) = restore_verdict("before-upgrade", "default", Some(snapshot), GIB, block)
+        else {
+            panic!("refused")
+        };
+        assert!(why.contains(says), "{why}");
+    }
 }
 
 #[test]
@@ -64,6 +99,7 @@ fn this_nodes_volume_is_copied_from_its_own_root_and_directory() {
             dir_name: format!("pvc-{UID}"),
             marked_for: None,
             restore_size: "2Gi".into(),
+            block: false,
         }
     );
     assert_eq!(state(Some(&claim), Some(&ours(OTHER_NODE))), SourceState::Elsewhere(OTHER_NODE.into()));
@@ -117,24 +153,24 @@ fn snapshot(ready_on: Option<&str>, restore_size: &str) -> HostPathSnapshot {
 fn a_restore_waits_for_a_ready_snapshot_and_needs_its_size() {
     const GIB: u64 = 1 << 30;
     assert!(
-        matches!(restore_verdict("before-upgrade", "default", None, GIB), RestoreVerdict::Wait(why) if why.contains("does not exist"))
+        matches!(restore_verdict("before-upgrade", "default", None, GIB, false), RestoreVerdict::Wait(why) if why.contains("does not exist"))
     );
     assert!(matches!(
-        restore_verdict("before-upgrade", "default", Some(&snapshot(None, "1Gi")), GIB),
+        restore_verdict("before-upgrade", "default", Some(&snapshot(None, "1Gi")), GIB, false),
         RestoreVerdict::Wait(_)
     ));
     assert_eq!(
-        restore_verdict("before-upgrade", "default", Some(&snapshot(Some(NODE), "1Gi")), GIB),
+        restore_verdict("before-upgrade", "default", Some(&snapshot(Some(NODE), "1Gi")), GIB, false),
         RestoreVerdict::Ready { node: NODE.into(), dir_name: SNAPSHOT_UID.into(), method: Some("reflink".into()) }
     );
     assert!(matches!(
-        restore_verdict("before-upgrade", "default", Some(&snapshot(Some(NODE), "2Gi")), GIB),
+        restore_verdict("before-upgrade", "default", Some(&snapshot(Some(NODE), "2Gi")), GIB, false),
         RestoreVerdict::Refuse(why) if why.contains("at least")
     ));
     // The directory is the UID, checked: an object whose UID is no UID names no directory.
     let mut odd = snapshot(Some(NODE), "1Gi");
     odd.metadata.uid = Some("../../etc".into());
-    assert!(matches!(restore_verdict("before-upgrade", "default", Some(&odd), GIB), RestoreVerdict::Wait(_)));
+    assert!(matches!(restore_verdict("before-upgrade", "default", Some(&odd), GIB, false), RestoreVerdict::Wait(_)));
     assert_eq!(odd.dir_name(), None);
 }
 
@@ -273,7 +309,7 @@ fn no_order_of_a_restore_and_a_deletion_copies_a_trashed_snapshot() {
                 }
                 Step::Plan => {
                     planned = matches!(
-                        restore_verdict("before-upgrade", "default", Some(&snap), 1 << 30),
+                        restore_verdict("before-upgrade", "default", Some(&snap), 1 << 30, false),
                         RestoreVerdict::Ready { .. }
                     )
                 }
@@ -311,7 +347,7 @@ fn names_that_are_no_object_names_are_refused_before_any_request() {
     for name in ["../secrets", "a/b", "Data", "x?watch=1", "", &"a".repeat(254)] {
         assert!(name_refusal("source claim", name).is_some(), "{name:?}");
         assert!(
-            matches!(restore_verdict(name, "default", None, 1), RestoreVerdict::Refuse(why) if why.contains("not a valid object name")),
+            matches!(restore_verdict(name, "default", None, 1, false), RestoreVerdict::Refuse(why) if why.contains("not a valid object name")),
             "{name:?}"
         );
     }
@@ -324,11 +360,11 @@ fn an_object_of_another_namespace_or_name_than_asked_is_refused() {
     let mut elsewhere = snapshot(Some(NODE), "1Gi");
     elsewhere.metadata.namespace = Some("tenant-b".into());
     assert!(matches!(
-        restore_verdict("before-upgrade", "default", Some(&elsewhere), GIB),
+        restore_verdict("before-upgrade", "default", Some(&elsewhere), GIB, false),
         RestoreVerdict::Refuse(why) if why.contains("tenant-b")
     ));
     assert!(matches!(
-        restore_verdict("other", "default", Some(&snapshot(Some(NODE), "1Gi")), GIB),
+        restore_verdict("other", "default", Some(&snapshot(Some(NODE), "1Gi")), GIB, false),
         RestoreVerdict::Refuse(_)
     ));
     let mut claim = source();

@@ -191,6 +191,75 @@ fn a_full_volume_is_allocated_and_grows_online() {
 }
 
 #[test]
+fn an_exposed_volume_grows_under_its_loop_and_a_file_on_two_loops_is_not_grown() {
+    let Some(fx) = Fixture::new() else { return };
+    let (fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    let grow = |size| grow_volume(&fx.host, fx.dir.as_fd(), &fx.dir_path(), recorded(id), size, Allocation::Sparse);
+    // Not attached: the file grows, no loop is told.
+    assert_eq!(grow(6 * MIB).expect("grow detached"), None);
+    let exposed = fx.expose(recorded(id)).expect("expose");
+    let number = exposed.facts.number;
+    assert_eq!(grow(8 * MIB).expect("grow"), Some(number), "the volume's own loop is told");
+    let size = fs::read_to_string(format!("/sys/block/loop{number}/size")).expect("size");
+    assert_eq!(size.trim().parse::<u64>().unwrap() * 512, 8 * MIB, "the loop sees the new size");
+    assert_eq!(fx.loops_on(id), vec![number], "still the same loop, never detached");
+    // Someone attached the file a second time: refused before the file grows.
+    let second = fx.host.attach(fd.as_fd(), false).expect("second, by someone else");
+    let refused = grow(16 * MIB).unwrap_err();
+    assert!(
+        matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::AttachedMoreThanOnce(_), .. }),
+        "{refused}"
+    );
+    assert_eq!(fs::metadata(fx.file_path()).unwrap().len(), 8 * MIB, "nothing grown");
+    fx.host.detach(second.facts.number, id).expect("detach theirs");
+    // A file of another inode at the path: refused, nothing grown.
+    let refused = grow_volume(
+        &fx.host,
+        fx.dir.as_fd(),
+        &fx.dir_path(),
+        Volume { recorded_inode: Some(id.ino + 1) },
+        16 * MIB,
+        Allocation::Sparse,
+    )
+    .unwrap_err();
+    assert!(matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::Replaced { .. }, .. }), "{refused}");
+    assert_eq!(fs::metadata(fx.file_path()).unwrap().len(), 8 * MIB, "nothing grown");
+    fx.release(recorded(id)).expect("release");
+}
+
+#[test]
+fn a_copy_without_its_backing_file_is_refused_and_none_is_made_afresh() {
+    let Some(fx) = Fixture::new() else { return };
+    let refused = copied_backing(fx.dir.as_fd(), &fx.dir_path(), 4 * MIB, Allocation::Sparse).unwrap_err();
+    assert!(matches!(refused, PoolError::BlockRefused { refusal: LoopRefusal::Missing, .. }), "{refused}");
+    assert!(fs::symlink_metadata(fx.file_path()).is_err(), "no empty file stands for the copied data");
+    // The copy's own file is taken and grown to the request.
+    fs::write(fx.file_path(), b"copied").unwrap();
+    let (_fd, id) = copied_backing(fx.dir.as_fd(), &fx.dir_path(), 4 * MIB, Allocation::Sparse).expect("taken");
+    assert_eq!(id.ino, fs::metadata(fx.file_path()).unwrap().ino());
+    assert_eq!(fs::metadata(fx.file_path()).unwrap().len(), 4 * MIB);
+    assert_eq!(&fs::read(fx.file_path()).unwrap()[..6], b"copied");
+}
+
+#[test]
+fn a_source_is_flushed_before_its_copy_only_while_its_file_is_the_volumes() {
+    let Some(fx) = Fixture::new() else { return };
+    let (_fd, id) = fx.create(4 * MIB, Allocation::Sparse);
+    let flush = |volume| flush_before_copy(&fx.host, fx.dir.as_fd(), &fx.dir_path(), volume);
+    assert_eq!(flush(recorded(id)).expect("nothing attached"), 0);
+    fx.expose(recorded(id)).expect("expose");
+    assert_eq!(flush(recorded(id)).expect("flushed"), 1, "its one loop");
+    let replaced = flush(Volume { recorded_inode: Some(id.ino + 1) }).unwrap_err();
+    assert!(matches!(replaced, PoolError::BlockRefused { refusal: LoopRefusal::Replaced { .. }, .. }), "{replaced}");
+    fs::remove_file(fx.node_path()).unwrap();
+    fx.release(recorded(id)).expect("release");
+    fs::rename(fx.file_path(), fx.tmp.path().join("aside.img")).unwrap();
+    symlink(fx.tmp.path().join("aside.img"), fx.file_path()).unwrap();
+    let symlinked = flush(recorded(id)).unwrap_err();
+    assert!(matches!(symlinked, PoolError::BlockRefused { refusal: LoopRefusal::Symlink, .. }), "{symlinked}");
+}
+
+#[test]
 fn a_symlink_at_the_backing_file_reaches_nothing_outside_the_volume() {
     let Some(fx) = Fixture::new() else { return };
     // "A host disk", attached by someone else.

@@ -92,6 +92,13 @@ pub(super) async fn adopt(
     }
     let record = CopyRecord { snapshot_uid: own_uid.clone(), ..record };
     write_record(&pool, &own, &record, snap);
+    if record.block {
+        // Before it is ready: a restore reads its mode from the object.
+        let mode = serde_json::json!({ "metadata": { "annotations": {
+            crate::deciding::snapshot::VOLUME_MODE_ANNOTATION: "Block"
+        } } });
+        api_of(ctx, snap).patch(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&mode)).await?;
+    }
     let status = serde_json::json!({ "status": {
         "readyToUse": true,
         "node": ctx.me.node,
@@ -138,6 +145,7 @@ pub(super) async fn keep_current(ctx: &Context, snap: &HostPathSnapshot) -> Resu
             method: status.method.clone().unwrap_or_default(),
             restore_size: status.restore_size.clone().unwrap_or_else(|| "0".into()),
             size_bytes: status.size_bytes.unwrap_or(0),
+            block: crate::deciding::snapshot::snapshot_is_block(snap),
         };
         write_record(&pool, &dir, &record, snap);
     }
