@@ -215,6 +215,28 @@ fn shipped_pods(env: &TestEnv) -> Vec<ShippedPod> {
         scc: Some(made("SecurityContextConstraints", "kubevirt-hostpath-provisioner")),
         granted_by_name: true,
     });
+    // Block volumes on: the node container privileged with the host's /dev, its SCC allowing it.
+    let mut block = example("pvc-template.yaml");
+    block.spec.config.block_volumes = Some(true);
+    let block_rendered = render(&block, &environment);
+    assert!(block_rendered.problems.is_empty(), "{:?}", block_rendered.problems);
+    let block_made = |kind: &str| {
+        block_rendered
+            .objects
+            .iter()
+            .find(|o| o.kind == kind && o.name == "kubevirt-hostpath-provisioner")
+            .map(|o| o.body.clone())
+    };
+    let block_pod = template(&block_made("DaemonSet").expect("the node DaemonSet"));
+    assert_eq!(block_pod["spec"]["containers"][0]["securityContext"]["privileged"], true);
+    pods.push(ShippedPod {
+        what: "the node DaemonSet the operator makes with Block volumes",
+        pod: block_pod,
+        namespace: CHART_NAMESPACE.into(),
+        level: "privileged",
+        scc: Some(block_made("SecurityContextConstraints").expect("the node pods' SCC")),
+        granted_by_name: true,
+    });
     let pool = &rendered.pools_on_claim[0];
     let secrets = environment.image_pull_secrets.clone();
     let objects = PoolObjects {
@@ -255,6 +277,15 @@ fn shipped_pods(env: &TestEnv) -> Vec<ShippedPod> {
         namespace: CHART_NAMESPACE.into(),
         level: "privileged",
         scc: Some(find(&openshift_chart, "SecurityContextConstraints").clone()),
+        granted_by_name: true,
+    });
+    let block_chart = chart(&["--set", "openshift.scc.create=true", "--set", "config.blockVolumes=true"]);
+    pods.push(ShippedPod {
+        what: "the node DaemonSet of the chart with Block volumes",
+        pod: template(find(&block_chart, "DaemonSet")),
+        namespace: CHART_NAMESPACE.into(),
+        level: "privileged",
+        scc: Some(find(&block_chart, "SecurityContextConstraints").clone()),
         granted_by_name: true,
     });
     pods
@@ -465,4 +496,7 @@ async fn every_pod_passes_the_rules_of_the_scc_meant_to_admit_it() {
     let node_scc = node.scc.as_ref().expect("the node pods' SCC");
     assert!(!scc_refusals(node_scc, &mounter.pod, &mounter.namespace, true).is_empty());
     assert!(!scc_refusals(&restricted_v2(), &node.pod, &node.namespace, false).is_empty());
+    // A Block volumes' node pod is refused by the node SCC made without them.
+    let block = find_pod("the node DaemonSet the operator makes with Block volumes");
+    assert!(!scc_refusals(node_scc, &block.pod, &block.namespace, true).is_empty());
 }
