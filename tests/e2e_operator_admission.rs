@@ -58,6 +58,30 @@ fn chart(extra: &[&str]) -> Vec<Value> {
 
 const CHART_NAMESPACE: &str = "hpp-system";
 
+/// deploy/openshift with the kustomize component `block-volumes` and its setting, rendered by
+/// the control plane's kubectl from a kustomization in the checkout (kustomize takes relative
+/// paths only).
+fn openshift_with_block_volumes(env: &TestEnv) -> Vec<Value> {
+    let dir = tempfile::Builder::new().prefix(".admission-").tempdir_in(repo()).expect("temp dir in the checkout");
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        "resources: [../deploy/openshift, settings.yaml]\ncomponents: [../deploy/components/block-volumes]\n",
+    )
+    .expect("kustomization");
+    std::fs::write(
+        dir.path().join("settings.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hostpath-provisioner-settings\n  \
+         annotations: {config.kubernetes.io/local-config: \"true\"}\ndata: {BLOCK_DEVICE_DIR: /dev/hostpath-provisioner}\n",
+    )
+    .expect("settings");
+    let output = std::process::Command::new(env.cp.kubectl())
+        .args(["kustomize", dir.path().to_str().expect("utf-8 path")])
+        .output()
+        .expect("kubectl kustomize");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    documents(&String::from_utf8_lossy(&output.stdout))
+}
+
 fn find<'a>(documents: &'a [Value], kind: &str) -> &'a Value {
     documents.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"))
 }
@@ -277,6 +301,20 @@ fn shipped_pods(env: &TestEnv) -> Vec<ShippedPod> {
         namespace: CHART_NAMESPACE.into(),
         level: "privileged",
         scc: Some(find(&openshift_chart, "SecurityContextConstraints").clone()),
+        granted_by_name: true,
+    });
+    let block_kustomize = openshift_with_block_volumes(env);
+    pods.push(ShippedPod {
+        what: "the node DaemonSet of deploy/openshift with the component block-volumes",
+        pod: template(find(&block_kustomize, "DaemonSet")),
+        namespace: "kubevirt-hostpath-provisioner".into(),
+        level: "privileged",
+        scc: block_kustomize
+            .iter()
+            .find(|d| {
+                d["kind"] == "SecurityContextConstraints" && d["metadata"]["name"] == "kubevirt-hostpath-provisioner"
+            })
+            .cloned(),
         granted_by_name: true,
     });
     let block_chart = chart(&["--set", "openshift.scc.create=true", "--set", "config.blockVolumes=true"]);
