@@ -1031,7 +1031,7 @@ fn operator_mode_carries_the_values_the_resource_has_fields_for_into_it() {
     let chart_values = "config: {provisionerName: hpp.example.com, capacityProvisionerName: placed.example.com, publishCapacity: true, nodeAffinityKeys: example.com/disk, \
          pvCapacity: request, dirMode: \"0770\", requireMountpoint: true, pvFinalizer: true, provisionOnNode: deny, \
          reservedSpace: 1Gi, capacityAccounting: requests, maxConcurrency: 4, orphanSnapshotCopyGrace: 2h, reapVolumesOfRemovedNodes: 24h, \
-         logFormat: json, logLevel: debug}\n\
+         logFormat: json, logLevel: debug, blockVolumes: true, blockDeviceDir: /dev/hpp-block}\n\
          quota: {enabled: true}\n\
          pools: [{name: data, path: /mnt/d1, reserve: 1Gi, accounting: free}, {name: data, path: /mnt/d2, requireMountpoint: true}]\n";
     let resource = operator_resource(&format!(
@@ -1078,9 +1078,38 @@ fn operator_mode_carries_the_values_the_resource_has_fields_for_into_it() {
         operator_env("STORAGE_POOLS").as_deref(),
         Some("data=/mnt/d1,reserve=1Gi,accounting=free,data=/mnt/d2,mountpoint")
     );
+    let chart_daemonset = of_kind(&chart, "DaemonSet")[0].clone();
+    let chart_container = chart_daemonset["spec"]["template"]["spec"]["containers"][0].clone();
+    // Block volumes: the same privileged context, and the host's /dev mounted at /dev.
+    assert_eq!(container["securityContext"], chart_container["securityContext"]);
+    assert_eq!(container["securityContext"]["privileged"], true);
+    let dev = |daemonset: &Value, container: &Value| {
+        let volume = daemonset["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["hostPath"]["path"] == "/dev")
+            .map(|v| v["name"].clone());
+        let mount = container["volumeMounts"].as_array().into_iter().flatten().find(|m| m["mountPath"] == "/dev");
+        mount.is_some_and(|m| Some(&m["name"]) == volume.as_ref())
+    };
+    assert!(dev(&operator_daemonset, &container) && dev(&chart_daemonset, &chart_container));
+    // Without Block volumes, the quota's capability, the same on both.
+    let quota_values = "quota: {enabled: true}\npools: [{name: data, path: /mnt/d1}]\n";
+    let quota_resource = operator_resource(&format!(
+        "operator: {{enabled: true, resource: {{workload: {{nodeSelector: {{kubernetes.io/os: linux}}}}}}}}\n{quota_values}"
+    ));
+    let quota_rendered = operator_render(&quota_resource, &environment);
+    let quota_daemonset =
+        quota_rendered.objects.iter().find(|o| o.kind == "DaemonSet").expect("DaemonSet").body.clone();
+    let quota_container = quota_daemonset["spec"]["template"]["spec"]["containers"][0].clone();
+    let chart_quota = render(quota_values, &[]);
+    let chart_quota_container =
+        of_kind(&chart_quota, "DaemonSet")[0]["spec"]["template"]["spec"]["containers"][0].clone();
     let capabilities = |c: &Value| c["securityContext"]["capabilities"]["add"].clone();
-    let chart_container = of_kind(&chart, "DaemonSet")[0]["spec"]["template"]["spec"]["containers"][0].clone();
-    assert_eq!(capabilities(&container), capabilities(&chart_container));
+    assert_eq!(capabilities(&quota_container), capabilities(&chart_quota_container));
+    assert!(capabilities(&quota_container).as_array().is_some_and(|a| a.contains(&json!("SYS_ADMIN"))));
+    assert!(!dev(&quota_daemonset, &quota_container), "no /dev without Block volumes");
     // The legacy pool alone becomes pathConfig.
     let legacy = operator_resource(
         "operator: {enabled: true, resource: {workload: {}}}\npools: [{name: legacy, path: /mnt/disk}]\n",
@@ -1150,8 +1179,8 @@ fn a_capacity_provisioner_name_places_the_marked_classes_and_names_the_csidriver
 
 /// Block volumes (`config.blockVolumes`): off by default, the node container unprivileged; on,
 /// the setting and the device directory reach the binary, and the container runs privileged
-/// with the host's `/dev` (loop devices, device nodes). The SCC follows; operator mode refuses
-/// it (the resource has no field for it yet); a device directory outside `/dev` is refused.
+/// with the host's `/dev` (loop devices, device nodes). The SCC follows; operator mode carries
+/// both values into the resource; a device directory outside `/dev` is refused.
 #[test]
 fn block_volumes_make_the_node_container_privileged_with_the_hosts_dev_only_when_asked_for() {
     let daemonset = |objects: &[Value]| (*of_kind(objects, "DaemonSet").first().expect("DaemonSet")).clone();
@@ -1181,6 +1210,9 @@ fn block_volumes_make_the_node_container_privileged_with_the_hosts_dev_only_when
 
     assert!(refusal("config: {blockDeviceDir: /var/lib/x}").contains("blockDeviceDir"));
     assert!(refusal("storageClasses: [{name: d, parameters: {allocation: thick}}]").contains("allocation"));
-    let operator = refusal("operator: {enabled: true, resource: {workload: {}}}\nconfig: {blockVolumes: true}\n");
-    assert!(operator.contains("config.blockVolumes"), "{operator}");
+    let operator = operator_resource(
+        "operator: {enabled: true, resource: {workload: {}}}\nconfig: {blockVolumes: true, blockDeviceDir: /dev/hpp-block}\n",
+    );
+    assert_eq!(operator.spec.config.block_volumes, Some(true));
+    assert_eq!(operator.spec.config.block_device_dir.as_deref(), Some("/dev/hpp-block"));
 }

@@ -381,3 +381,110 @@ async fn the_quota_line_is_the_daemons_verdict_btrfs_serves_enforce_once_quota_i
     let (_, table) = doctor(&settings, &[]).await;
     assert!(table.contains("btrfs-qgroup (quota: enforce served)"), "{table}");
 }
+
+/// The attached loops whose backing file (as sysfs names it) lies under `dir`.
+fn loops_under(dir: &Path) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(number) = name.strip_prefix("loop").and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file"))
+            && backing.starts_with(&*dir.to_string_lossy())
+        {
+            found.push(number);
+        }
+    }
+    found
+}
+
+/// Detaches, on drop, every loop on a file of `pool`, and removes the device directory.
+struct BlockCleanup {
+    pool: std::path::PathBuf,
+    devices: std::path::PathBuf,
+}
+
+impl Drop for BlockCleanup {
+    fn drop(&mut self) {
+        for number in loops_under(&self.pool) {
+            let _ = std::process::Command::new("losetup").arg("-d").arg(format!("/dev/loop{number}")).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.devices);
+    }
+}
+
+/// The block_* findings of a JSON report, as (severity, check, message).
+fn block_findings(report: &serde_json::Value) -> Vec<(String, String, String)> {
+    let text = |f: &serde_json::Value, k: &str| f[k].as_str().unwrap_or_default().to_owned();
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| text(f, "check").starts_with("block_"))
+        .map(|f| (text(f, "severity"), text(f, "check"), text(f, "message")))
+        .collect()
+}
+
+/// Block volumes (issue #47): the doctor lists each with the loop holding its file and the
+/// loops with their volume; a device node gone, or its loop detached, is a problem naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn block_volumes_are_listed_with_their_loops_and_a_missing_node_or_loop_is_a_problem() {
+    let devices = std::path::PathBuf::from("/dev").join(testbed::unique_name("hpp-e2e-doctor-block"));
+    let devices_env = devices.display().to_string();
+    let mut env = TestEnv::start_with("doctor-block", 1, |spec| {
+        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
+    })
+    .await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let class = env.class("block", |c| c).await;
+    env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
+    let pv = env.wait_bound("disk").await.metadata.name.expect("name");
+    let settings = [
+        ("NODE_NAME", node.clone()),
+        ("PV_DIR", pool.display().to_string()),
+        ("KUBECONFIG", env.cp.kubeconfig_path().display().to_string()),
+        ("PROVISIONER_NAME", env.provisioner.clone()),
+        ("BLOCK_VOLUMES", "true".to_owned()),
+        ("BLOCK_DEVICE_DIR", devices_env.clone()),
+    ];
+    let node_path = devices.join(&pv);
+    let (_, json) = doctor(&settings, &["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    assert_eq!(block_findings(&report), vec![], "a healthy Block volume");
+    let volume = &report["block"]["volumes"][0];
+    assert_eq!((volume["pv"].as_str(), volume["state"].as_str()), (Some(pv.as_str()), Some("ok")), "{report}");
+    assert_eq!(volume["node"], node_path.display().to_string());
+    let number = volume["loop_number"].as_u64().expect("the loop holding its file");
+    assert_eq!(loops_under(&pool), [number as u32]);
+    let listed = report["block"]["loops"].as_array().expect("loops").iter().find(|l| l["number"] == number);
+    assert_eq!(listed.expect("its loop is listed")["volume"], pv.as_str());
+    let (_, table) = doctor(&settings, &[]).await;
+    assert!(table.contains(&format!("  {pv}  {}  loop{number}  ok", node_path.display())), "{table}");
+
+    // The device node removed by hand: the doctor names it, and changes nothing.
+    std::fs::remove_file(&node_path).expect("remove the node");
+    let (code, json) = doctor(&settings, &["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    let found = block_findings(&report);
+    assert_eq!(code, 1, "{found:?}");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((found[0].0.as_str(), found[0].1.as_str()), ("problem", "block_node_missing"));
+    assert!(found[0].2.contains(&pv) && found[0].2.contains(&format!("loop{number}")), "{found:?}");
+    assert!(!node_path.exists(), "the doctor makes no node");
+
+    // Its loop detached too (a reboot, with the provisioner not started again).
+    env.nodes[0].provisioner.terminate();
+    let status = std::process::Command::new("losetup").arg("-d").arg(format!("/dev/loop{number}")).status();
+    assert!(status.expect("losetup").success());
+    testbed::wait_for("loop detached", TIMEOUT, || async { anyhow::Ok(loops_under(&pool).is_empty().then_some(())) })
+        .await
+        .expect("detached");
+    let (code, json) = doctor(&settings, &["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON report");
+    let found = block_findings(&report);
+    assert_eq!(code, 1);
+    assert_eq!(found.iter().map(|f| f.1.as_str()).collect::<Vec<_>>(), ["block_volume_without_loop"], "{found:?}");
+    assert_eq!(report["block"]["volumes"][0]["loop_number"], serde_json::Value::Null);
+    assert!(loops_under(&pool).is_empty(), "the doctor attaches nothing");
+}

@@ -10,6 +10,8 @@
 //! controller, so `kubectl rollout status` answers; without nodes there is nothing to schedule,
 //! and a rollout is complete once the controller has seen the DaemonSet.
 
+#[path = "documented/block_volumes.rs"]
+mod block_volumes;
 #[path = "documented/components.rs"]
 mod components;
 #[path = "documented/kubevirt_operator.rs"]

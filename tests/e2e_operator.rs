@@ -153,6 +153,11 @@ async fn crd_refuses_bad_resources_with_a_message_saying_what_to_change() {
             json!({"pathConfig": {"path": "/var/hp"}, "storagePools": [pool("a", "/var/a")]}),
             "spec.pathConfig and spec.storagePools cannot both be set",
         ),
+        (
+            "Block volumes' device nodes outside the host's /dev",
+            json!({"storagePools": [pool("a", "/var/a")], "config": {"blockVolumes": true, "blockDeviceDir": "/var/dev"}}),
+            "spec.config.blockDeviceDir",
+        ),
         ("neither", json!({"imagePullPolicy": "Always"}), "set spec.pathConfig.path"),
         (
             "unknown pull policy",
@@ -175,6 +180,7 @@ async fn crd_refuses_bad_resources_with_a_message_saying_what_to_change() {
             {"name": "data", "path": "/mnt/disk1", "reserve": "10Gi", "accounting": "requests"},
             {"name": "data", "path": "/mnt/disk2", "reserve": 1048576, "requireMountpoint": true},
         ], "config": {"publishCapacity": true, "provisionerName": "hostpath.example.org"}, "quota": {"enabled": true}}),
+        json!({"storagePools": [pool("a", "/var/a")], "config": {"blockVolumes": true, "blockDeviceDir": "/dev/hpp-block"}}),
     ];
     for spec in fine {
         try_create(&env, &resource("fine", spec.clone())).await.unwrap_or_else(|e| panic!("{spec} refused: {e}"));
@@ -306,6 +312,18 @@ fn node_container(daemonset: &DaemonSet) -> (BTreeMap<String, String>, Option<St
     let container = pod.containers.iter().find(|c| c.name == NODE_DAEMONSET).expect("node container");
     let env = container.env.iter().flatten().filter_map(|e| Some((e.name.clone(), e.value.clone()?))).collect();
     (env, container.image.clone(), container.image_pull_policy.clone())
+}
+
+/// Whether the node container runs privileged with the host's /dev mounted at /dev (Block
+/// volumes); checked all or nothing.
+fn block_privileged(daemonset: &DaemonSet) -> bool {
+    let pod = daemonset.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("pod spec");
+    let container = pod.containers.iter().find(|c| c.name == NODE_DAEMONSET).expect("node container");
+    let privileged = container.security_context.as_ref().and_then(|c| c.privileged) == Some(true);
+    let mounted = container.volume_mounts.iter().flatten().any(|m| m.mount_path == "/dev");
+    let volume = pod.volumes.iter().flatten().any(|v| v.host_path.as_ref().is_some_and(|h| h.path == "/dev"));
+    assert!(privileged == mounted && mounted == volume, "privileged, /dev mounted, /dev a volume: all or none");
+    privileged
 }
 
 async fn wait_daemonset(env: &TestEnv, what: &str, done: impl Fn(&DaemonSet) -> bool) -> DaemonSet {
@@ -860,14 +878,16 @@ async fn operator_mode_turns_on_the_node_features_and_the_operator_renders_them(
     let kubeconfig = cp.kubeconfig_path().to_str().expect("utf-8 path").to_owned();
     let dir = tempfile::tempdir().expect("temp dir");
     let values = dir.path().join("values.yaml");
+    // The upgrade turns publishing off and Block volumes on.
     let write_values = |publish: bool| {
+        let publish_off = !publish;
         std::fs::write(
             &values,
             format!(
                 "operator: {{enabled: true, resource: {{workload: {{nodeSelector: {{kubernetes.io/os: linux}}}}}}}}\n\
                  config: {{provisionerName: hostpath.example.org, publishCapacity: {publish}, \
                  nodeAffinityKeys: example.com/disk-serial, capacityAccounting: requests, maxConcurrency: 4, \
-                 logFormat: json}}\n\
+                 logFormat: json, blockVolumes: {publish_off}, blockDeviceDir: /dev/hpp-block}}\n\
                  quota: {{enabled: true}}\n\
                  pools: [{{name: data, path: /mnt/disk1, reserve: 1Gi}}, {{name: data, path: /mnt/disk2, requireMountpoint: true}}]\n"
             ),
@@ -918,6 +938,7 @@ async fn operator_mode_turns_on_the_node_features_and_the_operator_renders_them(
         ("CAPACITY_ACCOUNTING", "requests"),
         ("MAX_CONCURRENCY", "4"),
         ("LOG_FORMAT", "json"),
+        ("BLOCK_DEVICE_DIR", "/dev/hpp-block"),
         ("STORAGE_POOLS", "data=/mnt/disk1,reserve=1Gi,data=/mnt/disk2,mountpoint"),
     ] {
         assert_eq!(vars.get(variable).map(String::as_str), Some(value), "{variable}");
@@ -928,6 +949,9 @@ async fn operator_mode_turns_on_the_node_features_and_the_operator_renders_them(
     assert!(added.unwrap_or_default().iter().any(|c| c == "SYS_ADMIN"), "quota.enabled: SYS_ADMIN");
     let mounts: Vec<_> = container.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
     assert!(mounts.contains(&"/mnt/disk1") && mounts.contains(&"/mnt/disk2"), "{mounts:?}");
+    // blockVolumes false is the chart's default, so not carried: unset, off.
+    assert_eq!(vars.get("BLOCK_VOLUMES"), None);
+    assert!(!block_privileged(&daemonset), "Block volumes off: unprivileged, no /dev");
     let drivers: Api<k8s_openapi::api::storage::v1::CSIDriver> = Api::all(client.clone());
     let driver = wait_present(&drivers, "hostpath.example.org", true).await;
     assert_eq!(driver.spec.storage_capacity, Some(true));
@@ -954,6 +978,15 @@ async fn operator_mode_turns_on_the_node_features_and_the_operator_renders_them(
     let out = helm_in("upgrade");
     assert!(out.contains("STATUS: deployed"), "{out}");
     wait_present(&drivers, "hostpath.example.org", false).await;
+    // Block volumes turned on by the same upgrade: the operator makes the node container
+    // privileged with the host's /dev mounted (loop devices, device nodes).
+    let block = testbed::wait_for("the privileged node DaemonSet", WAIT, || {
+        let daemonsets = daemonsets.clone();
+        async move { daemonsets.get_opt(NODE_DAEMONSET).await.map(|d| d.filter(block_privileged)) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", operator_process.log()));
+    assert_eq!(node_container(&block).0.get("BLOCK_VOLUMES").map(String::as_str), Some("true"));
 
     // A value the node binary refuses (the schema cannot say it): refused in the status, naming
     // the field, and the DaemonSet left as it was.

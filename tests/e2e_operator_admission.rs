@@ -58,6 +58,30 @@ fn chart(extra: &[&str]) -> Vec<Value> {
 
 const CHART_NAMESPACE: &str = "hpp-system";
 
+/// deploy/openshift with the kustomize component `block-volumes` and its setting, rendered by
+/// the control plane's kubectl from a kustomization in the checkout (kustomize takes relative
+/// paths only).
+fn openshift_with_block_volumes(env: &TestEnv) -> Vec<Value> {
+    let dir = tempfile::Builder::new().prefix(".admission-").tempdir_in(repo()).expect("temp dir in the checkout");
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        "resources: [../deploy/openshift, settings.yaml]\ncomponents: [../deploy/components/block-volumes]\n",
+    )
+    .expect("kustomization");
+    std::fs::write(
+        dir.path().join("settings.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hostpath-provisioner-settings\n  \
+         annotations: {config.kubernetes.io/local-config: \"true\"}\ndata: {BLOCK_DEVICE_DIR: /dev/hostpath-provisioner}\n",
+    )
+    .expect("settings");
+    let output = std::process::Command::new(env.cp.kubectl())
+        .args(["kustomize", dir.path().to_str().expect("utf-8 path")])
+        .output()
+        .expect("kubectl kustomize");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    documents(&String::from_utf8_lossy(&output.stdout))
+}
+
 fn find<'a>(documents: &'a [Value], kind: &str) -> &'a Value {
     documents.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"))
 }
@@ -215,6 +239,28 @@ fn shipped_pods(env: &TestEnv) -> Vec<ShippedPod> {
         scc: Some(made("SecurityContextConstraints", "kubevirt-hostpath-provisioner")),
         granted_by_name: true,
     });
+    // Block volumes on: the node container privileged with the host's /dev, its SCC allowing it.
+    let mut block = example("pvc-template.yaml");
+    block.spec.config.block_volumes = Some(true);
+    let block_rendered = render(&block, &environment);
+    assert!(block_rendered.problems.is_empty(), "{:?}", block_rendered.problems);
+    let block_made = |kind: &str| {
+        block_rendered
+            .objects
+            .iter()
+            .find(|o| o.kind == kind && o.name == "kubevirt-hostpath-provisioner")
+            .map(|o| o.body.clone())
+    };
+    let block_pod = template(&block_made("DaemonSet").expect("the node DaemonSet"));
+    assert_eq!(block_pod["spec"]["containers"][0]["securityContext"]["privileged"], true);
+    pods.push(ShippedPod {
+        what: "the node DaemonSet the operator makes with Block volumes",
+        pod: block_pod,
+        namespace: CHART_NAMESPACE.into(),
+        level: "privileged",
+        scc: Some(block_made("SecurityContextConstraints").expect("the node pods' SCC")),
+        granted_by_name: true,
+    });
     let pool = &rendered.pools_on_claim[0];
     let secrets = environment.image_pull_secrets.clone();
     let objects = PoolObjects {
@@ -255,6 +301,29 @@ fn shipped_pods(env: &TestEnv) -> Vec<ShippedPod> {
         namespace: CHART_NAMESPACE.into(),
         level: "privileged",
         scc: Some(find(&openshift_chart, "SecurityContextConstraints").clone()),
+        granted_by_name: true,
+    });
+    let block_kustomize = openshift_with_block_volumes(env);
+    pods.push(ShippedPod {
+        what: "the node DaemonSet of deploy/openshift with the component block-volumes",
+        pod: template(find(&block_kustomize, "DaemonSet")),
+        namespace: "kubevirt-hostpath-provisioner".into(),
+        level: "privileged",
+        scc: block_kustomize
+            .iter()
+            .find(|d| {
+                d["kind"] == "SecurityContextConstraints" && d["metadata"]["name"] == "kubevirt-hostpath-provisioner"
+            })
+            .cloned(),
+        granted_by_name: true,
+    });
+    let block_chart = chart(&["--set", "openshift.scc.create=true", "--set", "config.blockVolumes=true"]);
+    pods.push(ShippedPod {
+        what: "the node DaemonSet of the chart with Block volumes",
+        pod: template(find(&block_chart, "DaemonSet")),
+        namespace: CHART_NAMESPACE.into(),
+        level: "privileged",
+        scc: Some(find(&block_chart, "SecurityContextConstraints").clone()),
         granted_by_name: true,
     });
     pods
@@ -465,4 +534,7 @@ async fn every_pod_passes_the_rules_of_the_scc_meant_to_admit_it() {
     let node_scc = node.scc.as_ref().expect("the node pods' SCC");
     assert!(!scc_refusals(node_scc, &mounter.pod, &mounter.namespace, true).is_empty());
     assert!(!scc_refusals(&restricted_v2(), &node.pod, &node.namespace, false).is_empty());
+    // A Block volumes' node pod is refused by the node SCC made without them.
+    let block = find_pod("the node DaemonSet the operator makes with Block volumes");
+    assert!(!scc_refusals(node_scc, &block.pod, &block.namespace, true).is_empty());
 }

@@ -29,8 +29,15 @@ const OPERATOR_MODE: usize = 1;
 const KUSTOMIZE: usize = 2;
 const RESOURCE: usize = 3;
 /// The named features of the table, besides parameters and settings.
-const NAMED: [&str; 6] =
-    ["snapshots", "several disks", "released claims", "node-affinity keys", "published capacity", "quota"];
+const NAMED: [&str; 7] = [
+    "snapshots",
+    "several disks",
+    "released claims",
+    "node-affinity keys",
+    "published capacity",
+    "quota",
+    "block volumes",
+];
 /// Settings every install sets for the user, on every path.
 const INSTALL_SET: [&str; 4] = ["NODE_NAME", "POD_NAMESPACE", "PEER_SERVICE", "KUBECONFIG"];
 /// Releasing the claims of removed nodes is not a setting of the node pods on any path but a
@@ -228,6 +235,8 @@ fn the_helm_cells_are_the_charts_schema_and_daemonset() {
     assert!(says_yes(cell(&rows, "quota", HELM)) && cell(&rows, "quota", HELM).contains("`quota.enabled`"));
     assert!(read(&format!("{CHART}/templates/csidriver.yaml")).contains("storageCapacity: true"));
     assert!(cell(&rows, "published capacity", HELM).contains("`csiDriver.create`"));
+    assert!(read(&format!("{CHART}/templates/daemonset.yaml")).contains("if $.Values.config.blockVolumes"));
+    assert!(cell(&rows, "block volumes", HELM) == "yes: `config.blockVolumes`");
     assert!(repo().join(CHART).join("crds/hostpathsnapshots.yaml").exists());
     assert!(says_yes(cell(&rows, "snapshots", HELM)) && says_yes(cell(&rows, "snapshots", OPERATOR_MODE)));
 }
@@ -335,6 +344,10 @@ fn the_operator_mode_cells_are_what_the_chart_carries_or_refuses() {
     let keys = operator_mode("config: {nodeAffinityKeys: example.com/disk}").expect("carried");
     assert_eq!(keys["config"]["nodeAffinityKeys"], "example.com/disk");
     assert!(cell(&rows, "node-affinity keys", OPERATOR_MODE).contains("`spec.config.nodeAffinityKeys`"));
+    let block = operator_mode("config: {blockVolumes: true, blockDeviceDir: /dev/hpp-block}").expect("carried");
+    assert_eq!(block["config"]["blockVolumes"], true);
+    assert_eq!(block["config"]["blockDeviceDir"], "/dev/hpp-block");
+    assert!(cell(&rows, "block volumes", OPERATOR_MODE).contains("`spec.config.blockVolumes`"));
     let refused = operator_mode("csiDriver: {create: true}").expect_err("the operator makes the CSIDriver");
     assert!(refused.contains("csiDriver.create"));
 }
@@ -417,6 +430,27 @@ fn the_kustomize_cells_are_the_components_and_files_that_exist() {
             assert!(allowed.as_array().is_some_and(|a| a.contains(&json!("SYS_ADMIN"))), "{allowed}");
         }
     }
+    // block volumes: the component makes the container privileged with the host's /dev, and the
+    // SCC allow it where there is one.
+    assert!(cell(&rows, "block volumes", KUSTOMIZE).contains("component `block-volumes`"));
+    for base in ["deploy/legacy", "deploy/openshift"] {
+        let objects = kustomize_with_component(base, "block-volumes");
+        let daemonset = objects.iter().find(|o| o["kind"] == "DaemonSet").expect("DaemonSet");
+        let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["securityContext"]["privileged"], true, "{base}");
+        let mounts = container["volumeMounts"].as_array().expect("mounts");
+        assert!(mounts.iter().any(|m| m["mountPath"] == "/dev"), "{base}: {mounts:?}");
+        if base == "deploy/openshift" {
+            let scc = objects
+                .iter()
+                .find(|o| {
+                    o["kind"] == "SecurityContextConstraints"
+                        && o["metadata"]["name"] == "kubevirt-hostpath-provisioner"
+                })
+                .expect("the node pods' SCC");
+            assert_eq!(scc["allowPrivilegedContainer"], true, "{scc}");
+        }
+    }
 }
 
 /// `kubectl kustomize` (the control plane's) of `base` with `component`, from a kustomization in
@@ -433,9 +467,16 @@ fn kustomize_with_component(base: &str, component: &str) -> Vec<Value> {
     let name = dir.path().file_name().expect("name").to_string_lossy().into_owned();
     std::fs::write(
         dir.path().join("kustomization.yaml"),
-        format!("resources: [../{base}]\ncomponents: [../deploy/components/{component}]\n"),
+        format!("resources: [../{base}, settings.yaml]\ncomponents: [../deploy/components/{component}]\n"),
     )
     .expect("kustomization");
+    // The settings the components read (docs/install.md), kept out of the output.
+    std::fs::write(
+        dir.path().join("settings.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hostpath-provisioner-settings\n  \
+         annotations: {config.kubernetes.io/local-config: \"true\"}\ndata: {BLOCK_DEVICE_DIR: /dev/hostpath-provisioner}\n",
+    )
+    .expect("settings");
     let output = std::process::Command::new(format!("{bin}/kubectl"))
         .args(["kustomize", &name])
         .current_dir(repo())
@@ -500,6 +541,10 @@ fn the_resource_cells_are_the_crds_fields() {
         assert!(cell(&rows, "published capacity", RESOURCE).contains(&format!("`spec.config.{field}`")));
     }
     assert!(cell(&rows, "node-affinity keys", RESOURCE) == cell(&rows, &setting_row("NODE_AFFINITY_KEYS"), RESOURCE));
+    assert!(
+        spec["config"]["properties"].get("blockVolumes").is_some()
+            && cell(&rows, "block volumes", RESOURCE).contains("`spec.config.blockVolumes`")
+    );
     assert!(read("deploy/operator/kustomization.yaml").contains("../snapshots"));
     assert!(cell(&rows, "snapshots", RESOURCE).contains("`deploy/snapshots`"));
     // Classes are the user's own objects on this path and kustomize's: the binary reads each

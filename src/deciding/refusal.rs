@@ -176,7 +176,7 @@ pub enum Refusal {
 pub enum BlockClaimRefusal {
     /// The install did not opt in.
     #[error(
-        "Block volumes are off on this install: the provisioner needs the host's /dev and loop devices for them; turn them on with {SETTING} (or use volumeMode Filesystem)"
+        "Block volumes are off on this install: the provisioner needs the host's /dev and loop devices for them; turn them on with {SETTING} (Helm: config.blockVolumes; kustomize: the component block-volumes; the operator: spec.config.blockVolumes), or use volumeMode Filesystem"
     )]
     Disabled,
     /// Not a node volume: the loop device exists on one node only.

@@ -7,7 +7,9 @@
 //! For each pool it reports the filesystem type, whether the root is a mount point, whether it
 //! is on the node's OS disk, space and reserve, reflink and quota support, the SELinux
 //! label where SELinux is on, the trash, and, with API access (`--kubeconfig`/`KUBECONFIG`, or in
-//! a pod), directories that match no PV and this node's PVs whose directory is missing.
+//! a pod), directories that match no PV and this node's PVs whose directory is missing; with
+//! Block volumes on, each Block volume's loop device and device node, checked by the daemon's
+//! rules, and every attached loop with the volume it holds ([`assess_block`]).
 //!
 //! "On the OS disk" is what the `hostpath_provisioner_pool_shares_os_disk` metric reports, by the
 //! same reading and rule ([`crate::filesystem::os_disk`], [`crate::deciding::os_disk`]).
@@ -18,8 +20,10 @@
 //! not be asked.
 
 pub mod assess;
+pub mod assess_block;
 pub mod capabilities;
 pub mod inspect;
+pub mod inspect_block;
 pub mod readyz;
 pub mod report;
 pub mod volume_check;
@@ -41,7 +45,7 @@ pub const SUBCOMMAND: &str = "doctor";
     name = "hostpath-provisioner doctor",
     bin_name = "hostpath-provisioner doctor",
     version,
-    about = "Checks this node's pools: filesystem, mount, space, capabilities, orphan and missing volume directories, trash",
+    about = "Checks this node's pools: filesystem, mount, space, capabilities, orphan and missing volume directories, trash; and its Block volumes' loop devices and device nodes",
     after_help = "Exit codes: 0 healthy (warnings allowed), 1 problems found, 2 invalid configuration, 3 a check could not run (API unreachable).",
     // The daemon's other settings are still read (the pod's environment sets them, and a
     // doctor run validates them as the daemon would) but change nothing in the report: kept out
@@ -59,8 +63,6 @@ pub const SUBCOMMAND: &str = "doctor";
     mut_arg("dir_mode", |a| a.hide(true)),
     mut_arg("pv_finalizer", |a| a.hide(true)),
     mut_arg("publish_capacity", |a| a.hide(true)),
-    mut_arg("block_volumes", |a| a.hide(true)),
-    mut_arg("block_device_dir", |a| a.hide(true)),
     mut_arg("provision_on_node", |a| a.hide(true)),
     mut_arg("max_concurrency", |a| a.hide(true)),
     mut_arg("metrics_addr", |a| a.hide(true)),
@@ -79,7 +81,7 @@ pub struct DoctorArgs {
 
 /// The flags the doctor acts on, the only ones its help shows: the daemon's settings that go
 /// into the report, and its own.
-pub const DOCTOR_READS: [&str; 11] = [
+pub const DOCTOR_READS: [&str; 13] = [
     "--node-name",
     "--pv-dir",
     "--pool",
@@ -90,6 +92,8 @@ pub const DOCTOR_READS: [&str; 11] = [
     "--reserved-space",
     "--capacity-accounting",
     "--node-affinity-keys",
+    "--block-volumes",
+    "--block-device-dir",
     "--output",
 ];
 
@@ -172,10 +176,13 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         (config.node_name.clone(), config.provisioner_name.clone(), config.require_mountpoint);
     let release_claims_setting_ignored = config.release_claims_setting_ignored.clone();
     let shared_affinity = cluster.as_ref().map(|c| c.shared_affinity.clone()).unwrap_or_default();
-    let pools = tokio::task::spawn_blocking(move || {
-        config.pools.iter().map(|pool| inspect::pool_report(pool, &config, cluster.as_ref())).collect()
+    let inspected = tokio::task::spawn_blocking(move || {
+        let pools: Vec<_> =
+            config.pools.iter().map(|pool| inspect::pool_report(pool, &config, cluster.as_ref())).collect();
+        let block = cluster.as_ref().and_then(|cluster| inspect_block::block_report(&config, cluster));
+        (pools, block)
     });
-    let pools: Vec<_> = match pools.await {
+    let (pools, block) = match inspected.await {
         Ok(pools) => pools,
         Err(error) => {
             eprintln!("hostpath-provisioner doctor: inspecting the pools failed: {error}");
@@ -183,10 +190,14 @@ pub async fn main(argv: impl IntoIterator<Item = OsString>) -> i32 {
         }
     };
     let mut findings = assess::findings(&pools, &api, require_mountpoint);
+    let block = block.map(|(block, block_findings)| {
+        findings.extend(block_findings);
+        block
+    });
     findings.extend(assess::setting_findings(release_claims_setting_ignored.as_deref()));
     findings.extend(assess::affinity_findings(&node, &shared_affinity));
     let exit_code = assess::exit_code(&findings, &api);
-    let report = Report { node, provisioner, api, pools, findings, exit_code };
+    let report = Report { node, provisioner, api, pools, block, findings, exit_code };
     match output {
         Output::Table => print!("{}", report::render_table(&report)),
         Output::Json => match serde_json::to_string_pretty(&report) {

@@ -18,6 +18,9 @@ pub struct Report {
     pub api: ApiCheck,
     /// One entry per configured pool, in configuration order.
     pub pools: Vec<PoolReport>,
+    /// This node's Block volumes and the host's loop devices: null unless Block volumes are on
+    /// and the API was asked.
+    pub block: Option<crate::doctor::assess_block::BlockReport>,
     /// Problems and warnings, pool by pool.
     pub findings: Vec<Finding>,
     /// The process's exit code (see the module documentation).
@@ -297,6 +300,9 @@ pub fn render_table(report: &Report) -> String {
             let _ = writeln!(out, "  {key:<width$}  {value}");
         }
     }
+    if let Some(block) = &report.block {
+        render_block(block, &mut out);
+    }
     out.push('\n');
     if report.findings.is_empty() {
         out.push_str("No problems found.\n");
@@ -311,6 +317,27 @@ pub fn render_table(report: &Report) -> String {
     }
     let _ = writeln!(out, "exit code {}", report.exit_code);
     out
+}
+
+/// The Block section: each volume with its loop, then every loop with the volume it holds.
+fn render_block(block: &crate::doctor::assess_block::BlockReport, out: &mut String) {
+    out.push('\n');
+    let _ = writeln!(out, "Block volumes (device nodes in {}):", block.device_dir);
+    if block.volumes.is_empty() {
+        let _ = writeln!(out, "  none on this node");
+    }
+    for volume in &block.volumes {
+        let held = volume.loop_number.map(|n| format!("loop{n}")).unwrap_or_else(|| "no loop".to_owned());
+        let _ = writeln!(out, "  {}  {}  {held}  {}", volume.pv, volume.node, volume.state);
+    }
+    let _ = writeln!(out, "Loop devices:");
+    if block.loops.is_empty() {
+        let _ = writeln!(out, "  none read");
+    }
+    for seen in &block.loops {
+        let volume = seen.volume.as_deref().unwrap_or("(no Block volume of this node)");
+        let _ = writeln!(out, "  loop{}  {}  {volume}", seen.number, seen.backing_file);
+    }
 }
 
 /// A byte count for people, `0 B` included.
@@ -364,6 +391,20 @@ mod tests {
                 }),
                 ..Default::default()
             }],
+            block: Some(crate::doctor::assess_block::BlockReport {
+                device_dir: "/dev/hostpath-provisioner".into(),
+                volumes: vec![crate::doctor::assess_block::BlockVolumeLine {
+                    pv: "pvc-2".into(),
+                    node: "/dev/hostpath-provisioner/pvc-2".into(),
+                    loop_number: Some(3),
+                    state: "ok",
+                }],
+                loops: vec![crate::doctor::assess_block::LoopLine {
+                    number: 3,
+                    backing_file: "/var/hpvolumes/pvc-2/block.img".into(),
+                    volume: Some("pvc-2".into()),
+                }],
+            }),
             findings: vec![Finding {
                 severity: Severity::Problem,
                 pool: Some("legacy".into()),
@@ -393,6 +434,9 @@ mod tests {
             "missing        none",
             "trash          2 entries, 4 KiB, 1 stuck",
             "volumes        3 of this node's PVs here",
+            "Block volumes (device nodes in /dev/hostpath-provisioner):",
+            "  pvc-2  /dev/hostpath-provisioner/pvc-2  loop3  ok",
+            "  loop3  /var/hpvolumes/pvc-2/block.img  pvc-2",
             "PROBLEM [legacy] orphan_directory: pvc-1 holds 8 KiB",
             "exit code 1",
         ] {
@@ -426,6 +470,11 @@ mod tests {
         assert_eq!(json["findings"][0]["severity"], "problem");
         assert_eq!(json["findings"][0]["check"], "orphan_directory");
         assert_eq!(json["exit_code"], 1);
+        assert_eq!(json["block"]["device_dir"], "/dev/hostpath-provisioner");
+        assert_eq!(json["block"]["volumes"][0]["loop_number"], 3);
+        assert_eq!(json["block"]["volumes"][0]["state"], "ok");
+        assert_eq!(json["block"]["loops"][0]["backing_file"], "/var/hpvolumes/pvc-2/block.img");
+        assert_eq!(json["block"]["loops"][0]["volume"], "pvc-2");
         let failed = serde_json::to_value(ApiCheck::Failed("forbidden".into())).unwrap();
         assert_eq!(failed, serde_json::json!({"status": "failed", "detail": "forbidden"}));
     }

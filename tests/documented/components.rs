@@ -15,21 +15,23 @@ const USER_DIR: &str = "my-hostpath-provisioner";
 /// The placeholder value the components write before their replacements set yours.
 const UNSET: &str = "set-in-your-settings";
 /// The variables the doc's settings give, with their values there.
-const SETTINGS: [(&str, &str); 6] = [
+const SETTINGS: [(&str, &str); 7] = [
     ("RELEASE_CLAIMS_OF_REMOVED_NODES", "24h"),
     ("NODE_AFFINITY_KEYS", "node-restriction.kubernetes.io/disk-serial"),
     ("STORAGE_POOLS", "data=/mnt/disk1,data=/mnt/disk2"),
     ("DISK_1", "/mnt/disk1"),
     ("DISK_2", "/mnt/disk2"),
     ("CAPACITY_PROVISIONER_NAME", "hostpath.example.org"),
+    ("BLOCK_DEVICE_DIR", "/dev/hostpath-provisioner"),
 ];
 /// Each component, with the settings it reads that become variables of its workload (the node
 /// DaemonSet, or for release-claims-of-removed-nodes the claim releaser's Deployment).
-const COMPONENTS: [(&str, &[&str]); 4] = [
+const COMPONENTS: [(&str, &[&str]); 5] = [
     ("release-claims-of-removed-nodes", &["RELEASE_CLAIMS_OF_REMOVED_NODES"]),
     ("node-affinity-keys", &["NODE_AFFINITY_KEYS"]),
     ("several-disks", &["STORAGE_POOLS"]),
     ("published-capacity", &["CAPACITY_PROVISIONER_NAME"]),
+    ("block-volumes", &["BLOCK_DEVICE_DIR"]),
 ];
 /// published-capacity's class, of the second provisioner name.
 const CAPACITY_CLASS: &str = "hostpath-provisioner-capacity-aware";
@@ -37,6 +39,8 @@ const CAPACITY_CLASS: &str = "hostpath-provisioner-capacity-aware";
 const RELEASER_COMPONENT: &str = "release-claims-of-removed-nodes";
 const RELEASER: &str = "kubevirt-hostpath-provisioner-claim-releaser";
 const RELEASER_DEPLOYMENT: [&str; 4] = ["deployment", RELEASER, "-n", "kubevirt-hostpath-provisioner"];
+/// The component that makes the node container privileged, with the host's /dev mounted.
+const BLOCK_COMPONENT: &str = "block-volumes";
 /// The extra variable the doc's generic patch sets.
 const PATCHED: (&str, &str) = ("ORPHAN_SNAPSHOT_COPY_GRACE", "24h");
 
@@ -90,6 +94,31 @@ fn assert_doc_settings(settings: &str) {
     }
 }
 
+/// Whether `daemonset`'s node container runs privileged with the host's /dev mounted at /dev
+/// (Block volumes), and otherwise keeps deploy/legacy's dropped capabilities: all or nothing.
+fn block_privileged(daemonset: &Value) -> bool {
+    let pod = &daemonset["spec"]["template"]["spec"];
+    let container = container(daemonset);
+    let context = &container["securityContext"];
+    let dev_volume = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["hostPath"]["path"] == "/dev")
+        .map(|v| v["name"].clone());
+    let dev_mounted = container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["mountPath"] == "/dev" && Some(&m["name"]) == dev_volume.as_ref());
+    let privileged = context["privileged"] == true && context["allowPrivilegeEscalation"] == true;
+    assert_eq!(privileged, dev_mounted, "privileged and /dev mounted go together: {daemonset}");
+    assert_eq!(privileged, context["capabilities"].is_null(), "{context}");
+    assert_eq!(context["readOnlyRootFilesystem"], true, "{context}");
+    assert_eq!(env_value(container, "BLOCK_VOLUMES") == Some("true"), privileged, "{}", container["env"]);
+    privileged
+}
+
 /// Every component's feature is on in the cluster, with the image of release `tag`.
 fn assert_features_on(shell: &Shell, tag: &str) {
     let daemonset = shell.must_get(&LEGACY_DAEMONSET);
@@ -139,6 +168,9 @@ fn assert_features_on(shell: &Shell, tag: &str) {
         shell.must_get(&["storageclass", "hostpath-provisioner"])["provisioner"],
         "kubevirt.io/hostpath-provisioner"
     );
+    // block-volumes: BLOCK_VOLUMES, the privilege and the host's /dev (listed after quota, whose
+    // capability it makes moot).
+    assert!(block_privileged(&daemonset), "{daemonset}");
     // The settings are the build's, not an object of the cluster.
     assert!(
         shell.get(&["configmap", "hostpath-provisioner-settings", "-n", "kubevirt-hostpath-provisioner"]).is_none()
@@ -178,6 +210,7 @@ async fn the_kustomize_components_install_and_upgrade_as_written() {
     shell.kubectl(&["apply", "-k", "deploy/legacy"]);
     let daemonset = shell.must_get(&LEGACY_DAEMONSET);
     assert_eq!(env_value(container(&daemonset), "NODE_AFFINITY_KEYS"), None);
+    assert!(!block_privileged(&daemonset), "deploy/legacy alone is unprivileged again");
     shell.finish();
 }
 
@@ -277,6 +310,8 @@ fn each_kustomize_component_renders_with_deploy_legacy_and_the_binary_starts_wit
                 "{component}: only the releaser's role may delete claims: {role}"
             );
         }
+        let daemonset = objects.iter().find(|o| o["kind"] == "DaemonSet").expect("a DaemonSet");
+        assert_eq!(block_privileged(daemonset), component == BLOCK_COMPONENT, "{component}: privileged");
         let releasers = objects.iter().filter(|o| o["metadata"]["name"] == RELEASER && o["kind"] == "Deployment");
         assert_eq!(releasers.count(), usize::from(component == RELEASER_COMPONENT), "{component}");
         let (code, said) = workload_verdict(component, &vars);
@@ -342,6 +377,7 @@ fn over_the_node_groups_two_components_and_the_patch_set_every_groups_daemonset_
         assert_eq!(env_value(container(daemonset), "RELEASE_CLAIMS_OF_REMOVED_NODES"), None, "{name}");
         assert_eq!(env_value(container(daemonset), PATCHED.0), Some(PATCHED.1), "{name}: the doc's patch");
         assert!(!daemonset.to_string().contains(UNSET), "{daemonset}");
+        assert!(block_privileged(daemonset), "{name}: block-volumes");
     }
     // One claim releaser for all the groups, in their namespace, with their image.
     let releasers: Vec<&Value> =

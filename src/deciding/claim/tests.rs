@@ -255,6 +255,10 @@ fn block_refusal_message_starts_as_the_go_builds_and_names_the_setting() {
         "{message}"
     );
     assert!(message.contains("turn them on with --block-volumes"), "{message}");
+    // Each install path's own switch, so the admin needs no other page.
+    for switch in ["config.blockVolumes", "the component block-volumes", "spec.config.blockVolumes"] {
+        assert!(message.contains(switch), "{switch}: {message}");
+    }
 }
 
 fn block_config() -> DecisionConfig {

@@ -583,6 +583,7 @@ fn daemonset(
             }
         }
     }
+    features::apply_block_volumes(resource, pod, NODE_CONTAINER);
     Ok(daemonset)
 }
 

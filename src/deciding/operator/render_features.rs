@@ -1,9 +1,11 @@
 //! The node provisioner's features a `HostPathProvisioner` turns on besides its pools and
 //! placement: `spec.config` (the chart's `config` values, each one env var of the binary),
-//! per-pool options of STORAGE_POOLS, published capacity (its CSIDriver) and the quota
-//! capability. Kept apart from the rest of rendering, which is the kubevirt operator's API.
+//! per-pool options of STORAGE_POOLS, published capacity (its CSIDriver), the quota
+//! capability and Block volumes' privilege. Kept apart from the rest of rendering, which is the kubevirt operator's API.
 
-use k8s_openapi::api::core::v1::{Capabilities, Container};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, HostPathVolumeSource, PodSpec, SecurityContext, Volume, VolumeMount,
+};
 use serde_json::{Value, json};
 
 use super::super::resource::{HostPathProvisioner, IntOrString, NodeConfig, StoragePool};
@@ -11,7 +13,7 @@ use super::{Desired, desired, set_env, untyped};
 
 /// `spec.config`'s fields and the env var of the node binary each one sets, in the schema's
 /// order. The chart's `config` values of the same names set the same variables.
-pub const CONFIG_FIELDS: [(&str, &str); 16] = [
+pub const CONFIG_FIELDS: [(&str, &str); 18] = [
     ("provisionerName", "PROVISIONER_NAME"),
     ("capacityProvisionerName", "CAPACITY_PROVISIONER_NAME"),
     ("publishCapacity", "PUBLISH_CAPACITY"),
@@ -28,6 +30,8 @@ pub const CONFIG_FIELDS: [(&str, &str); 16] = [
     ("reapVolumesOfRemovedNodes", "REAP_VOLUMES_OF_REMOVED_NODES"),
     ("logFormat", "LOG_FORMAT"),
     ("logLevel", "RUST_LOG"),
+    ("blockVolumes", "BLOCK_VOLUMES"),
+    ("blockDeviceDir", "BLOCK_DEVICE_DIR"),
 ];
 
 /// The capability btrfs asks to set and destroy qgroup limits (`spec.quota.enabled`).
@@ -47,7 +51,7 @@ pub fn field_of_env(env: &str) -> Option<String> {
 pub fn config_env(config: &NodeConfig) -> Vec<(&'static str, String)> {
     let text = |v: &Option<String>| v.clone();
     let switch = |v: &Option<bool>| v.map(|b| b.to_string());
-    let values: [Option<String>; 16] = [
+    let values: [Option<String>; 18] = [
         text(&config.provisioner_name),
         text(&config.capacity_provisioner_name),
         switch(&config.publish_capacity),
@@ -64,6 +68,8 @@ pub fn config_env(config: &NodeConfig) -> Vec<(&'static str, String)> {
         text(&config.reap_volumes_of_removed_nodes),
         text(&config.log_format),
         text(&config.log_level),
+        switch(&config.block_volumes),
+        text(&config.block_device_dir),
     ];
     CONFIG_FIELDS.iter().zip(values).filter_map(|((_, env), value)| Some((*env, value?))).collect()
 }
@@ -110,12 +116,58 @@ pub fn apply_to_container(resource: &HostPathProvisioner, container: &mut Contai
     }
 }
 
+/// The host's /dev volume of Block volumes' node pods.
+pub const HOST_DEV_VOLUME: &str = "host-dev";
+
+pub fn block_volumes_enabled(resource: &HostPathProvisioner) -> bool {
+    resource.spec.config.block_volumes == Some(true)
+}
+
+/// With `spec.config.blockVolumes`: the node container runs privileged with the host's /dev
+/// mounted at /dev, as the chart's `config.blockVolumes` and the kustomize component
+/// `block-volumes` make it. Attaching a loop device (/dev/loop-control) and making a device node
+/// where the kubelet finds it need both. A privileged container has every capability, so the
+/// file's capability list (and the quota's) go with its unprivileged context. Off: the
+/// DaemonSet stays as unprivileged as deploy/legacy's.
+pub fn apply_block_volumes(resource: &HostPathProvisioner, pod: &mut PodSpec, container_name: &str) {
+    if !block_volumes_enabled(resource) {
+        return;
+    }
+    let Some(container) = pod.containers.iter_mut().find(|c| c.name == container_name) else {
+        return;
+    };
+    container.security_context = Some(SecurityContext {
+        run_as_user: Some(0),
+        privileged: Some(true),
+        allow_privilege_escalation: Some(true),
+        read_only_root_filesystem: Some(true),
+        ..SecurityContext::default()
+    });
+    let mounts = container.volume_mounts.get_or_insert_default();
+    if !mounts.iter().any(|m| m.name == HOST_DEV_VOLUME) {
+        mounts.push(VolumeMount { name: HOST_DEV_VOLUME.into(), mount_path: "/dev".into(), ..VolumeMount::default() });
+    }
+    let volumes = pod.volumes.get_or_insert_default();
+    if !volumes.iter().any(|v| v.name == HOST_DEV_VOLUME) {
+        volumes.push(Volume {
+            name: HOST_DEV_VOLUME.into(),
+            host_path: Some(HostPathVolumeSource { path: "/dev".into(), type_: Some("Directory".into()) }),
+            ..Volume::default()
+        });
+    }
+}
+
 pub fn quota_enabled(resource: &HostPathProvisioner) -> bool {
     resource.spec.quota.as_ref().is_some_and(|q| q.enabled)
 }
 
-/// The node pods' SCC allows the quota capability when the resource turns it on.
+/// The node pods' SCC allows the quota capability, and a privileged container for Block
+/// volumes, when the resource turns them on.
 pub fn apply_to_scc(resource: &HostPathProvisioner, scc: &mut Value) {
+    if block_volumes_enabled(resource) {
+        scc["allowPrivilegedContainer"] = json!(true);
+        scc["allowPrivilegeEscalation"] = json!(true);
+    }
     if !quota_enabled(resource) {
         return;
     }

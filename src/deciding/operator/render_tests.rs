@@ -458,7 +458,8 @@ fn every_config_field_becomes_its_env_var_and_unset_ones_keep_the_files() {
         "capacityProvisionerName": "placed.example.org", "nodeAffinityKeys": "example.com/disk-serial", "pvCapacity": "filesystem", "dirMode": "0770",
         "requireMountpoint": true, "pvFinalizer": true, "provisionOnNode": "deny", "reservedSpace": "1Gi",
         "capacityAccounting": "requests", "maxConcurrency": 4, "orphanSnapshotCopyGrace": "2h",
-        "reapVolumesOfRemovedNodes": "24h", "logFormat": "json", "logLevel": "debug"
+        "reapVolumesOfRemovedNodes": "24h", "logFormat": "json", "logLevel": "debug",
+        "blockVolumes": true, "blockDeviceDir": "/dev/hpp-block"
     });
     let rendered = render(
         &with_spec(json!({"storagePools": [{"name": "a", "path": "/var/a"}], "config": config})),
@@ -553,6 +554,61 @@ fn the_quota_capability_is_added_to_the_pods_and_their_scc_only_when_enabled() {
         assert_eq!(allowed.contains(&json!(QUOTA_CAPABILITY)), enabled, "{allowed:?}");
         let mounter = rendered.objects.iter().find(|o| o.name == MOUNTER_SCC && o.kind == "SecurityContextConstraints");
         assert!(!mounter.expect("mounter SCC").body.to_string().contains(QUOTA_CAPABILITY));
+    }
+}
+
+/// Block volumes need more privilege than the rest (loop control, mknod on the host's /dev): the
+/// node container is privileged with /dev mounted, and its SCC allows it, only when the
+/// resource turns them on; off, the DaemonSet is the file's unprivileged one.
+#[test]
+fn block_volumes_make_the_node_container_privileged_with_the_hosts_dev_only_when_on() {
+    let environment = Environment { openshift: true, ..environment() };
+    for on in [None, Some(false), Some(true)] {
+        let mut spec = json!({"storagePools": [{"name": "a", "path": "/var/a"}], "quota": {"enabled": true}});
+        if let Some(on) = on {
+            spec["config"] = json!({"blockVolumes": on, "blockDeviceDir": "/dev/hpp-block"});
+        }
+        let rendered = render(&with_spec(spec), &environment);
+        assert_eq!(rendered.problems, []);
+        let enabled = on == Some(true);
+        let pod = pod(&rendered);
+        let container = node_container(&pod);
+        let context = container.security_context.clone().expect("a security context");
+        assert_eq!(context.privileged, Some(enabled), "{on:?}: {context:?}");
+        assert_eq!(context.allow_privilege_escalation, Some(enabled), "{on:?}");
+        assert_eq!(context.read_only_root_filesystem, Some(true), "{on:?}");
+        if !enabled {
+            // The file's context, with the quota's capability: nothing of the privileged one.
+            let file = the_files_pod();
+            let files = node_container(&file).security_context.clone().expect("the file's context");
+            assert_eq!(
+                context.capabilities.as_ref().and_then(|c| c.drop.clone()),
+                files.capabilities.and_then(|c| c.drop)
+            );
+            assert_eq!(context.seccomp_profile, files.seccomp_profile);
+        }
+        let dev_mounts: Vec<_> =
+            container.volume_mounts.iter().flatten().filter(|m| m.mount_path == "/dev").map(|m| &m.name).collect();
+        let dev_volumes: Vec<_> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter(|v| v.host_path.as_ref().is_some_and(|h| h.path == "/dev"))
+            .map(|v| &v.name)
+            .collect();
+        assert_eq!(dev_mounts.len(), usize::from(enabled), "{on:?}: {dev_mounts:?}");
+        assert_eq!(dev_mounts, dev_volumes, "{on:?}: the mount is of the host's /dev");
+        assert_eq!(env(container, "BLOCK_VOLUMES"), on.map(|b| if b { "true" } else { "false" }));
+        assert_eq!(env(container, "BLOCK_DEVICE_DIR"), on.map(|_| "/dev/hpp-block"));
+        let scc = rendered
+            .objects
+            .iter()
+            .find(|o| o.kind == "SecurityContextConstraints" && o.name == NODE_SCC)
+            .expect("node SCC");
+        assert_eq!(scc.body["allowPrivilegedContainer"], json!(enabled), "{on:?}");
+        assert_eq!(scc.body["allowPrivilegeEscalation"], json!(enabled), "{on:?}");
+        let mounter = rendered.objects.iter().find(|o| o.name == MOUNTER_SCC && o.kind == "SecurityContextConstraints");
+        assert!(mounter.is_some(), "the mounters' SCC is rendered as before");
     }
 }
 

@@ -109,6 +109,12 @@ pub struct NodeConfig {
     pub log_format: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
+    /// Block volumes: also makes the node container privileged with the host's /dev mounted
+    /// (`render::features::apply_block_volumes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_volumes: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_device_dir: Option<String>,
 }
 
 impl NodeConfig {
@@ -349,7 +355,7 @@ mod tests {
             "dirMode": "0777", "requireMountpoint": true, "pvFinalizer": true, "provisionOnNode": "allow",
             "reservedSpace": "1Gi", "capacityAccounting": "free", "maxConcurrency": 4,
             "orphanSnapshotCopyGrace": "1h", "reapVolumesOfRemovedNodes": "24h", "logFormat": "text",
-            "logLevel": "info"
+            "logLevel": "info", "blockVolumes": true, "blockDeviceDir": "/dev/hostpath-provisioner"
         }))
         .expect("config reads");
         assert_eq!(keys(&spec["config"]["properties"]), keys(&serde_json::to_value(&config).expect("serialises")));

@@ -153,8 +153,6 @@
   "listenAddress" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
   "metricsPort" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
   "healthPort" "nowhere: the operator's probes, metrics Service and ServiceMonitor use the file's ports"
-  "blockVolumes" "nowhere yet: the resource has no field for Block volumes"
-  "blockDeviceDir" "nowhere yet: the resource has no field for Block volumes"
 }}
 {{- $set := list }}
 {{- range $key := keys $where | sortAlpha }}
@@ -177,7 +175,7 @@
 
 {{- /* The config values the HostPathProvisioner has a field for (spec.config, same names). */}}
 {{- define "hpp.operatorConfigFields" -}}
-["provisionerName", "capacityProvisionerName", "publishCapacity", "nodeAffinityKeys", "pvCapacity", "dirMode", "requireMountpoint", "pvFinalizer", "provisionOnNode", "reservedSpace", "capacityAccounting", "maxConcurrency", "orphanSnapshotCopyGrace", "reapVolumesOfRemovedNodes", "logFormat", "logLevel"]
+["provisionerName", "capacityProvisionerName", "publishCapacity", "nodeAffinityKeys", "pvCapacity", "dirMode", "requireMountpoint", "pvFinalizer", "provisionOnNode", "reservedSpace", "capacityAccounting", "maxConcurrency", "orphanSnapshotCopyGrace", "reapVolumesOfRemovedNodes", "logFormat", "logLevel", "blockVolumes", "blockDeviceDir"]
 {{- end }}
 
 {{- /* The spec of the chart's HostPathProvisioner (JSON): operator.resource, with the chart's
