@@ -23,6 +23,8 @@ usage: bench --provisioner PATH [options]
   --quick          small sanity run
   --clones-only    only the clone measurement (1 GiB, reflink on XFS and bytes on ext4)
   --memory-only    only the memory scenario (use with --nodes 1)
+  --block-only     only the Block volume I/O (loop device vs its backing file, O_DIRECT) and
+                   the FICLONE of a 1 GiB file on btrfs and XFS (needs root; no control plane)
   --scenarios IDS  only these of the provisioning scenarios, e.g. c or r,c (ids a, b, r, c),
                    each with its provisioners' peak RSS; nothing else runs
   --grow-to N1,N2,...
@@ -66,6 +68,8 @@ pub struct Args {
     pub out: PathBuf,
     pub quick: bool,
     pub clones_only: bool,
+    /// `--block-only`: only `bench/block_io.rs`.
+    pub block_only: bool,
     /// Claims in the cluster for the memory scenario (`bench/memory.rs`); 0: skipped.
     pub memory_claims: usize,
     pub memory_only: bool,
@@ -91,6 +95,7 @@ impl Args {
         let mut values = std::collections::HashMap::new();
         let mut quick = false;
         let mut clones_only = false;
+        let mut block_only = false;
         let mut memory_only = false;
         let mut provisioner_env = Vec::new();
         let mut args = std::env::args().skip(1);
@@ -98,6 +103,7 @@ impl Args {
             match arg.as_str() {
                 "--quick" => quick = true,
                 "--clones-only" => clones_only = true,
+                "--block-only" => block_only = true,
                 "--memory-only" => memory_only = true,
                 "-h" | "--help" => bail!("help requested"),
                 "--provisioner-env" => {
@@ -179,6 +185,7 @@ impl Args {
             out: values.get("out").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/bench-results.json")),
             quick,
             clones_only,
+            block_only,
             memory_claims: number("memory-claims", 100_000.0, 5_000.0)? as usize,
             memory_only,
             scenarios: match values.get("scenarios") {

@@ -3,6 +3,7 @@
 
 pub mod api_count;
 pub mod args;
+pub mod block_io;
 pub mod clones;
 pub mod fanout;
 pub mod many_files;

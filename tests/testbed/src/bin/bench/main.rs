@@ -39,6 +39,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use bench::args::{Args, USAGE};
+use bench::block_io::{self, BlockIo};
 use bench::clones::{self, Clones};
 use bench::many_files::{self, ManyFiles};
 use bench::memory::{self, Memory};
@@ -112,6 +113,8 @@ struct Results {
     idle: Idle,
     many: ManyFiles,
     clones: Clones,
+    /// Block volumes' loop device against its backing file, and FICLONE.
+    block: BlockIo,
     /// The extra latency of a quota volume.
     quota: QuotaLatency,
     /// Per provisioner, before the first scenario (no claims yet) and at the end.
@@ -144,6 +147,12 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         args.clients,
         if args.quick { " (quick)" } else { "" }
     );
+    if args.block_only {
+        let block = tokio::task::spawn_blocking(|| block_io::run(&block_io_dir())).await??;
+        block.print();
+        write_json(&args.out, &json!({ "config": config_json(args), "block": block.json() }))?;
+        return Ok(());
+    }
     let env = slot.insert(setup::start(args).await?);
     if !args.scale_curve.is_empty() {
         let run = scale_curve::run(env, &args.scale_curve, &args.peer_at, true).await?;
@@ -242,6 +251,8 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
     let many = many_files::run(env).await?;
     eprintln!("bench: cloning a 1 GiB volume (reflink on XFS, bytes on ext4)");
     let clones = clones::run(env).await?;
+    eprintln!("bench: Block volume I/O (loop device vs its backing file) and FICLONE of 1 GiB");
+    let block = tokio::task::spawn_blocking(|| block_io::run(&block_io_dir())).await??;
     eprintln!("bench: provisioning latency with and without an enforced quota (btrfs)");
     let quota = quota_latency::run(env).await?;
     let at_end = samples(env)?;
@@ -269,6 +280,7 @@ async fn run(args: &Args, slot: &mut Option<Env>) -> Result<()> {
         idle: idle.context("idle window")?,
         many,
         clones,
+        block,
         at_start,
         at_end,
         own_metric,
@@ -332,6 +344,11 @@ fn save_logs(env: &Env, dir: &std::path::Path) -> Result<()> {
         std::fs::copy(source, dir.join(name)).with_context(|| format!("copying {}", source.display()))?;
     }
     Ok(())
+}
+
+/// Where the Block I/O runs: under `target/`, on the disk the project's pools would use here.
+fn block_io_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-block")
 }
 
 fn print_clones(clones: &Clones) {
@@ -497,6 +514,7 @@ fn print_after_provisioning(
     t.row(vec!["Released -> data gone from the pool".into(), format!("{} s", secs(many.released_to_data_gone))]);
     t.print();
     print_clones(&all.clones);
+    all.block.print();
 
     let q = &all.quota;
     let mut t = Table::new(
@@ -605,6 +623,7 @@ fn to_json(env: &Env, all: &Results) -> Value {
         "scenarios": results.iter().map(scenario_json).collect::<Vec<_>>(),
         "many_files_delete": many.json(),
         "clones": all.clones.json(),
+        "block": all.block.json(),
         "quota_latency": all.quota.json(),
         "idle": {
             "claims_in_cluster": idle.claims_in_cluster,
