@@ -3,50 +3,12 @@
 //! The rules are the daemon's own ([`loop_safety`], [`kept`]): a loop is a volume's only when its
 //! backing file is, by device and inode, the volume's file with the recorded inode and birth.
 
-use serde::Serialize;
-
 use crate::deciding::block::Birth;
 use crate::deciding::block::kept::{self, BlockPvRefusal, BlockVolumeRef};
 use crate::deciding::block::loop_safety::{
     self, Attachment, BackingFile, FileId, LoopFacts, NodeAction, NodeEntry, Volume,
 };
-use crate::doctor::report::{Finding, Severity};
-
-/// One attached loop device of the host, and the Block volume of this node it holds, if any.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct LoopLine {
-    /// N of `/dev/loopN`.
-    pub number: u32,
-    /// Its backing file as the kernel names it (may end in " (deleted)"): never trusted.
-    pub backing_file: String,
-    /// The PV whose file it holds, by device and inode; null for a loop of no Block volume of
-    /// this node (another program's, or a volume's whose file was replaced).
-    pub volume: Option<String>,
-}
-
-/// One Block volume of this node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct BlockVolumeLine {
-    /// The PV.
-    pub pv: String,
-    /// Its device node.
-    pub node: String,
-    /// The loop holding its file; null when none does (or it cannot be told).
-    pub loop_number: Option<u32>,
-    /// `ok`, or the check of the finding about it.
-    pub state: &'static str,
-}
-
-/// The Block part of the report: this node's Block volumes and the host's loops.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct BlockReport {
-    /// `BLOCK_DEVICE_DIR`.
-    pub device_dir: String,
-    /// This node's Block PVs.
-    pub volumes: Vec<BlockVolumeLine>,
-    /// Every attached loop device; empty when they could not be read (a finding says why).
-    pub loops: Vec<LoopLine>,
-}
+use crate::doctor::report::{BlockReport, BlockVolumeLine, Finding, LoopLine, Severity};
 
 /// An attached loop as read: its facts and the kernel's name for its backing file.
 #[derive(Clone, Debug, PartialEq, Eq)]

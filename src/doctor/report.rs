@@ -20,11 +20,47 @@ pub struct Report {
     pub pools: Vec<PoolReport>,
     /// This node's Block volumes and the host's loop devices: null unless Block volumes are on
     /// and the API was asked.
-    pub block: Option<crate::doctor::assess_block::BlockReport>,
+    pub block: Option<BlockReport>,
     /// Problems and warnings, pool by pool.
     pub findings: Vec<Finding>,
     /// The process's exit code (see the module documentation).
     pub exit_code: i32,
+}
+
+/// One attached loop device of the host, and the Block volume of this node it holds, if any.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LoopLine {
+    /// N of `/dev/loopN`.
+    pub number: u32,
+    /// Its backing file as the kernel names it (may end in " (deleted)"): never trusted.
+    pub backing_file: String,
+    /// The PV whose file it holds, by device and inode; null for a loop of no Block volume of
+    /// this node (another program's, or a volume's whose file was replaced).
+    pub volume: Option<String>,
+}
+
+/// One Block volume of this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BlockVolumeLine {
+    /// The PV.
+    pub pv: String,
+    /// Its device node.
+    pub node: String,
+    /// The loop holding its file; null when none does (or it cannot be told).
+    pub loop_number: Option<u32>,
+    /// `ok`, or the check of the finding about it.
+    pub state: &'static str,
+}
+
+/// The Block part of the report: this node's Block volumes and the host's loops.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BlockReport {
+    /// `BLOCK_DEVICE_DIR`.
+    pub device_dir: String,
+    /// This node's Block PVs.
+    pub volumes: Vec<BlockVolumeLine>,
+    /// Every attached loop device; empty when they could not be read (a finding says why).
+    pub loops: Vec<LoopLine>,
 }
 
 /// Whether the API-backed checks (orphans, missing directories) ran.
@@ -320,7 +356,7 @@ pub fn render_table(report: &Report) -> String {
 }
 
 /// The Block section: each volume with its loop, then every loop with the volume it holds.
-fn render_block(block: &crate::doctor::assess_block::BlockReport, out: &mut String) {
+fn render_block(block: &BlockReport, out: &mut String) {
     out.push('\n');
     let _ = writeln!(out, "Block volumes (device nodes in {}):", block.device_dir);
     if block.volumes.is_empty() {
@@ -391,15 +427,15 @@ mod tests {
                 }),
                 ..Default::default()
             }],
-            block: Some(crate::doctor::assess_block::BlockReport {
+            block: Some(BlockReport {
                 device_dir: "/dev/hostpath-provisioner".into(),
-                volumes: vec![crate::doctor::assess_block::BlockVolumeLine {
+                volumes: vec![BlockVolumeLine {
                     pv: "pvc-2".into(),
                     node: "/dev/hostpath-provisioner/pvc-2".into(),
                     loop_number: Some(3),
                     state: "ok",
                 }],
-                loops: vec![crate::doctor::assess_block::LoopLine {
+                loops: vec![LoopLine {
                     number: 3,
                     backing_file: "/var/hpvolumes/pvc-2/block.img".into(),
                     volume: Some("pvc-2".into()),

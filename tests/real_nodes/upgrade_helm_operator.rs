@@ -63,6 +63,14 @@ pub(super) async fn an_earlier_helm_release_in_operator_mode_upgraded_under_a_bu
     take_the_files_of(&ctx.repo, &work, Some(EARLIER_COMMIT))?;
     std::fs::write(work.join("install-values.yaml"), install_values(ctx)?)?;
     let shell = Shell::new(ctx)?.within(&work);
+    // A cluster that never had this release: the HostPathProvisioner CRD the Helm path's upgrade
+    // left (applied by kubectl, the page's step) goes first, no resource being left of it. Else
+    // Helm 4 applies the earlier chart's CRD over it and stops at a conflict with kubectl's
+    // fields: a downgrade, which the earlier release's own install never meets.
+    ctx.lane.cp().run_kubectl(
+        &ctx.repo,
+        &["delete", "crd", "hostpathprovisioners.hostpathprovisioner.kubevirt.io", "--ignore-not-found", "--wait"],
+    )?;
     let said = shell
         .run(&format!(
             "helm install {RELEASE} deploy/helm/hostpath-provisioner -n {RELEASE} --create-namespace -f install-values.yaml"
