@@ -88,6 +88,8 @@ use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothin
 #[path = "real_nodes/upgrade_helm.rs"]
 mod upgrade_helm;
 use upgrade_helm::an_earlier_helm_release_upgraded_under_a_burst_of_claims_and_rolled_back_loses_nothing_two_nodes;
+#[path = "real_nodes/upgrade_checks.rs"]
+mod upgrade_checks;
 #[path = "real_nodes/upgrade_helm_operator.rs"]
 mod upgrade_helm_operator;
 use upgrade_helm_operator::an_earlier_helm_release_in_operator_mode_upgraded_under_a_burst_and_rolled_back_loses_nothing_two_nodes;

@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use testbed::documented_commands::documented_commands;
 
 use super::operator_helm::Shell;
+use super::upgrade_checks::Volumes;
 use super::upgrade_helm::*;
 use super::upgrade_operator::*;
 use super::*;
@@ -118,37 +119,18 @@ pub(super) async fn an_earlier_helm_release_in_operator_mode_upgraded_under_a_bu
         anyhow::Ok(upgrading.elapsed())
     };
     under_a_burst(ctx, NAMESPACE, &ns, None, PINNED_CLASS, steps).await?;
-    let bound = each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
-    still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
-    still_running_with(ctx, &ns, "keeper-2", &node2, "old-2", "old-2").await?;
-    let read = run_on(ctx, &ns, "reader-1", "old-1", &node1, "cat /data/note").await?;
-    ensure!(read.trim() == "old-1", "node 1's old volume read after the upgrade: {read:?}");
-    expand(ctx, &ns, "old-1", "32Mi").await?;
-    reclaim(ctx, &ns, &["keeper-2"], &["old-2".into()]).await?;
-    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
-    println!("    after the upgrade: {bound} claims each bound once; old volumes served, expanded, reclaimed");
+    let volumes = Volumes { ctx, provisioner: PROVISIONER, ns: &ns, baseline: &baseline, node1: &node1, node2: &node2 };
+    volumes.kept_through_the_upgrade(&[]).await?;
 
     // A volume of this release on each node, then `helm rollback` as written.
-    claims.create(&PostParams::default(), &claim(&ns, "new-1", NODE_CLASS, None, false)).await?;
-    run_on(ctx, &ns, "new-writer", "new-1", &node1, "echo new-1 > /data/note").await?;
-    claims.create(&PostParams::default(), &claim(&ns, "new-2", PINNED_CLASS, Some(&node2), false)).await?;
-    wait_bound(ctx, &ns, "new-2").await?;
+    volumes.made_before_the_rollback(NODE_CLASS, PINNED_CLASS).await?;
     let rolling_back = Instant::now();
     let said = shell.run(&rollback).await?;
     ensure!(said.contains("Rollback was a success"), "{said}");
     operator_runs(ctx, &earlier_image()).await?;
     release_runs(ctx, NAMESPACE, &earlier_image()).await?;
     println!("    rolled back in {:.1} s", rolling_back.elapsed().as_secs_f64());
-    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
-    still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
-    let read = run_on(ctx, &ns, "new-reader", "new-1", &node1, "cat /data/note").await?;
-    ensure!(read.trim() == "new-1", "the new release's volume served after the rollback: {read:?}");
-    let mut left: Vec<String> =
-        claims.list(&ListParams::default()).await?.items.into_iter().filter_map(|c| c.metadata.name).collect();
-    left.sort();
-    reclaim(ctx, &ns, &["keeper-1"], &left).await?;
-    ensure!(each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await? == 0, "claims left");
-    ensure!(volume_dirs(ctx, &baseline).is_empty(), "the pools are back as they were");
+    volumes.served_after_the_rollback_and_reclaimed().await?;
 
     // The resource deleted while its operator runs (it removes the node DaemonSet and its own
     // finalizer), then the release uninstalled, deploy/legacy back.

@@ -20,6 +20,7 @@ use std::collections::BTreeSet;
 use testbed::documented_commands::documented_commands;
 
 use super::operator_helm::Shell;
+use super::upgrade_checks::Volumes;
 use super::upgrade_helm::*;
 use super::*;
 
@@ -138,24 +139,14 @@ pub(super) async fn an_earlier_kustomize_install_upgraded_by_applying_the_new_re
         anyhow::Ok(upgrading.elapsed())
     };
     under_a_burst(ctx, DEPLOY_NAMESPACE, &ns, None, PINNED_CLASS, steps).await?;
-    let bound = each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
-    still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
-    still_running_with(ctx, &ns, "keeper-2", &node2, "old-2", "old-2").await?;
-    let read = run_on(ctx, &ns, "reader-1", "old-1", &node1, "cat /data/note").await?;
-    ensure!(read.trim() == "old-1", "node 1's old volume read after the upgrade: {read:?}");
+    let volumes = Volumes { ctx, provisioner: PROVISIONER, ns: &ns, baseline: &baseline, node1: &node1, node2: &node2 };
     let read = run_on(ctx, &ns, "pinned-reader", "old-pinned", &node2, "cat /data/note").await?;
     ensure!(read.trim() == "old-pinned", "the old pinned volume read after the upgrade: {read:?}");
-    expand(ctx, &ns, "old-1", "32Mi").await?;
-    reclaim(ctx, &ns, &["keeper-2"], &["old-2".into(), "old-pinned".into()]).await?;
-    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
-    println!("    after the upgrade: {bound} claims each bound once; old volumes served, expanded, reclaimed");
+    volumes.kept_through_the_upgrade(&["old-pinned"]).await?;
 
     // Volumes of this release on each node, then back: the earlier release's deploy/legacy
     // applied the same way ("Rolling back is the same command from the earlier release's files").
-    claims.create(&PostParams::default(), &claim(&ns, "new-1", NODE_CLASS, None, false)).await?;
-    run_on(ctx, &ns, "new-writer", "new-1", &node1, "echo new-1 > /data/note").await?;
-    claims.create(&PostParams::default(), &claim(&ns, "new-2", PINNED_CLASS, Some(&node2), false)).await?;
-    wait_bound(ctx, &ns, "new-2").await?;
+    volumes.made_before_the_rollback(NODE_CLASS, PINNED_CLASS).await?;
     let rolling_back = Instant::now();
     take_the_legacy_of(ctx, &work, Some(EARLIER_COMMIT), &earlier_image())?;
     shell.run(&apply).await?;
@@ -163,16 +154,7 @@ pub(super) async fn an_earlier_kustomize_install_upgraded_by_applying_the_new_re
     ensure!(said.contains("successfully rolled out"), "{said}");
     release_runs(ctx, DEPLOY_NAMESPACE, &earlier_image()).await?;
     println!("    rolled back in {:.1} s", rolling_back.elapsed().as_secs_f64());
-    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
-    still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
-    let read = run_on(ctx, &ns, "new-reader", "new-1", &node1, "cat /data/note").await?;
-    ensure!(read.trim() == "new-1", "the new release's volume served after the rollback: {read:?}");
-    let mut left: Vec<String> =
-        claims.list(&ListParams::default()).await?.items.into_iter().filter_map(|c| c.metadata.name).collect();
-    left.sort();
-    reclaim(ctx, &ns, &["keeper-1"], &left).await?;
-    ensure!(each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await? == 0, "claims left");
-    ensure!(volume_dirs(ctx, &baseline).is_empty(), "the pools are back as they were");
+    volumes.served_after_the_rollback_and_reclaimed().await?;
 
     // The lane's deploy/legacy back, its rollout no longer held.
     for name in [NODE_CLASS, PINNED_CLASS] {

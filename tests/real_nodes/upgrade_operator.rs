@@ -17,6 +17,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use testbed::documented_commands::documented_commands;
 
 use super::operator_helm::Shell;
+use super::upgrade_checks::Volumes;
 use super::upgrade_helm::*;
 use super::*;
 
@@ -139,38 +140,19 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
         anyhow::Ok(upgrading.elapsed())
     };
     under_a_burst(ctx, NAMESPACE, &ns, None, PINNED_CLASS, steps).await?;
-    let bound = each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
-    still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
-    still_running_with(ctx, &ns, "keeper-2", &node2, "old-2", "old-2").await?;
-    let read = run_on(ctx, &ns, "reader-1", "old-1", &node1, "cat /data/note").await?;
-    ensure!(read.trim() == "old-1", "node 1's old volume read after the upgrade: {read:?}");
-    expand(ctx, &ns, "old-1", "32Mi").await?;
-    reclaim(ctx, &ns, &["keeper-2"], &["old-2".into()]).await?;
-    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
-    println!("    after the upgrade: {bound} claims each bound once; old volumes served, expanded, reclaimed");
+    let volumes = Volumes { ctx, provisioner: PROVISIONER, ns: &ns, baseline: &baseline, node1: &node1, node2: &node2 };
+    volumes.kept_through_the_upgrade(&[]).await?;
 
     // A volume of this release on each node, then back: the earlier deploy/operator applied the
     // same way ("Rolling back the operator").
-    claims.create(&PostParams::default(), &claim(&ns, "new-1", NODE_CLASS, None, false)).await?;
-    run_on(ctx, &ns, "new-writer", "new-1", &node1, "echo new-1 > /data/note").await?;
-    claims.create(&PostParams::default(), &claim(&ns, "new-2", PINNED_CLASS, Some(&node2), false)).await?;
-    wait_bound(ctx, &ns, "new-2").await?;
+    volumes.made_before_the_rollback(NODE_CLASS, PINNED_CLASS).await?;
     let rolling_back = Instant::now();
     take_the_operator_of(&ctx.repo, &work, Some(EARLIER_COMMIT), &earlier_image())?;
     shell.run(&apply).await?;
     operator_runs(ctx, &earlier_image()).await?;
     release_runs(ctx, NAMESPACE, &earlier_image()).await?;
     println!("    rolled back in {:.1} s", rolling_back.elapsed().as_secs_f64());
-    each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
-    still_running_with(ctx, &ns, "keeper-1", &node1, "old-1", "old-1").await?;
-    let read = run_on(ctx, &ns, "new-reader", "new-1", &node1, "cat /data/note").await?;
-    ensure!(read.trim() == "new-1", "the new release's volume served after the rollback: {read:?}");
-    let mut left: Vec<String> =
-        claims.list(&ListParams::default()).await?.items.into_iter().filter_map(|c| c.metadata.name).collect();
-    left.sort();
-    reclaim(ctx, &ns, &["keeper-1"], &left).await?;
-    ensure!(each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await? == 0, "claims left");
-    ensure!(volume_dirs(ctx, &baseline).is_empty(), "the pools are back as they were");
+    volumes.served_after_the_rollback_and_reclaimed().await?;
 
     // The resource deleted (the operator removes its node DaemonSet), the operator scaled away,
     // deploy/legacy back.
