@@ -3,8 +3,8 @@
 //! `deciding::block` first (which PV, which paths) and `filesystem::block` checks each loop by
 //! inode right before it acts.
 
-use std::os::fd::AsFd;
-use std::path::Path;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
 
 use kube::api::{Api, ListParams};
 
@@ -237,6 +237,15 @@ pub async fn expose_at_start(ctx: &Context) {
 
 fn expose_one(ctx: &Context, pv: &KeptVolume, devices: &DeviceDir, devices_path: &Path) -> Result<u32, VolumeError> {
     let found = kept::block_volume(pv, &ctx.config.pools, devices_path).expect("served_here keeps Block PVs only")?;
+    let (fd, dir_path) = open_checked(ctx, &found)?;
+    let node = VolumeDirName::new(&found.pv_name).map_err(PoolError::from)?;
+    let attached = block::expose(&LoopHost::host(), devices, fd.as_fd(), &dir_path, found.volume, &node, DIRECT_IO)?;
+    Ok(attached.facts.number)
+}
+
+/// The directory of the Block volume `found` opened in its pool, with its path, once its backing
+/// file is the one the PV recorded (its birth time; the inode is checked at each loop action).
+fn open_checked(ctx: &Context, found: &BlockVolumeRef) -> Result<(OwnedFd, PathBuf), VolumeError> {
     let pool = ctx
         .pools
         .usable(&found.backing_dir.root)
@@ -247,10 +256,8 @@ fn expose_one(ctx: &Context, pv: &KeptVolume, devices: &DeviceDir, devices_path:
         path: dir_path.join(BACKING_FILE),
         refusal: loop_safety::LoopRefusal::Missing,
     })?;
-    kept::check_birth(&found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
-    let node = VolumeDirName::new(&found.pv_name).map_err(PoolError::from)?;
-    let attached = block::expose(&LoopHost::host(), devices, fd.as_fd(), &dir_path, found.volume, &node, DIRECT_IO)?;
-    Ok(attached.facts.number)
+    kept::check_birth(found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
+    Ok((fd, dir_path))
 }
 
 /// Grows the Block volume of `pv` to `size` bytes online: its paths checked as for start-up
@@ -267,17 +274,7 @@ pub fn grow(
     let devices_path = device_dir(ctx).ok_or_else(|| VolumeError::BlockVolumesOff(pv_name.clone()))?;
     let found = kept::block_volume(pv, &ctx.config.pools, devices_path)
         .ok_or_else(|| VolumeError::BlockPv(kept::BlockPvRefusal::NotLocal(pv_name)))??;
-    let pool = ctx
-        .pools
-        .usable(&found.backing_dir.root)
-        .ok_or_else(|| VolumeError::UnknownPool(found.backing_dir.pool.clone()))??;
-    let dir = VolumeDirName::new(&found.backing_dir.dir_name).map_err(PoolError::from)?;
-    let dir_path = pool.volume_path(&dir);
-    let fd = pool.open_block_volume_dir(&dir)?.ok_or(PoolError::BlockRefused {
-        path: dir_path.join(BACKING_FILE),
-        refusal: loop_safety::LoopRefusal::Missing,
-    })?;
-    kept::check_birth(&found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
+    let (fd, dir_path) = open_checked(ctx, &found)?;
     Ok(block::grow_volume(&LoopHost::host(), fd.as_fd(), &dir_path, found.volume, size, allocation)?)
 }
 

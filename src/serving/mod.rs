@@ -11,5 +11,6 @@ pub mod metrics;
 mod monitoring_files;
 pub mod operator;
 pub mod process;
+pub mod registry;
 pub mod releaser;
 pub mod waiting_claims;

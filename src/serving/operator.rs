@@ -6,14 +6,10 @@
 //! `HostpathProvisionerOperatorDown` tell "no operator runs" from "the operator runs".
 
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::serving::build_info;
 use crate::serving::health::Answers;
-use crate::serving::metrics::BuildLabels;
-use crate::serving::process::ProcessCollector;
 
 /// The operator's metrics.
 pub struct OperatorAnswers {
@@ -36,17 +32,7 @@ impl OperatorAnswers {
     /// Registers the operator's metrics under the `hostpath_provisioner_operator` prefix, the
     /// build's under `hostpath_provisioner`, and the process's under their own names.
     pub fn new() -> Self {
-        let mut root = Registry::default();
-        root.register_collector(Box::new(ProcessCollector));
-        let build = Family::<BuildLabels, Gauge>::default();
-        build
-            .get_or_create(&BuildLabels { version: build_info::VERSION.into(), commit: build_info::COMMIT.into() })
-            .set(1);
-        root.sub_registry_with_prefix("hostpath_provisioner").register(
-            "build_info",
-            "Version and git commit of this binary (always 1)",
-            build,
-        );
+        let mut root = crate::serving::registry::with_process_and_build();
         let registry = root.sub_registry_with_prefix("hostpath_provisioner_operator");
         let leader = Gauge::default();
         registry.register(
@@ -83,10 +69,7 @@ impl Answers for OperatorAnswers {
     }
 
     fn metrics_text(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        crate::serving::registry::encode(&self.registry)
     }
 }
 

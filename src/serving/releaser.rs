@@ -7,14 +7,10 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::serving::build_info;
 use crate::serving::health::Answers;
-use crate::serving::metrics::BuildLabels;
-use crate::serving::process::ProcessCollector;
 
 /// The releaser's metrics and the outcome of its last pass.
 pub struct ReleaserAnswers {
@@ -41,14 +37,8 @@ impl ReleaserAnswers {
     /// Registers the releaser's metrics under the `hostpath_provisioner` prefix, and the
     /// process's under their own names.
     pub fn new() -> Self {
-        let mut root = Registry::default();
-        root.register_collector(Box::new(ProcessCollector));
+        let mut root = crate::serving::registry::with_process_and_build();
         let registry = root.sub_registry_with_prefix("hostpath_provisioner");
-        let build = Family::<BuildLabels, Gauge>::default();
-        build
-            .get_or_create(&BuildLabels { version: build_info::VERSION.into(), commit: build_info::COMMIT.into() })
-            .set(1);
-        registry.register("build_info", "Version and git commit of this binary (always 1)", build);
         let claims_released = Counter::default();
         registry.register(
             "claims_released",
@@ -101,10 +91,7 @@ impl Answers for ReleaserAnswers {
     }
 
     fn metrics_text(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        crate::serving::registry::encode(&self.registry)
     }
 }
 
