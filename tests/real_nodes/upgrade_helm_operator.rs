@@ -26,13 +26,16 @@ const RELEASE: &str = "hostpath-provisioner";
 const NODE_CLASS: &str = "upgrade-helm-operator-node";
 const PINNED_CLASS: &str = "upgrade-helm-operator-pinned";
 
-/// The install's values: the earlier image, operator mode with a resource whose pool is the
-/// lane's node pool on both real nodes.
+/// The install's values: the earlier image, no class of the chart's (so no `helm test` claim),
+/// operator mode with a resource whose pool is the lane's node pool on both real nodes.
 fn install_values(ctx: &Ctx) -> Result<String> {
     let earlier = earlier_image();
     let (_, tag) = earlier.rsplit_once(':').context("a tag in the earlier image")?;
     Ok(format!(
         r#"image: {{registry: localhost, repository: hostpath-provisioner, tag: "{tag}", pullPolicy: IfNotPresent}}
+# The scenario's classes are its own (the chart's default class is deploy/legacy's name on the lane).
+storageClasses: []
+tests: {{enabled: false}}
 operator:
   enabled: true
   replicas: 1
