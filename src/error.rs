@@ -68,6 +68,9 @@ pub mod reason {
     /// Normal, on the node's Node object: a snapshot copy without its snapshot was moved to the
     /// trash after its grace period.
     pub const SNAPSHOT_COPY_REMOVED: &str = "SnapshotCopyRemoved";
+    /// Warning, on a ready `HostPathSnapshot`: its volume-mode annotation was changed and is
+    /// put back as `status.volumeMode` says (a restore never goes by the annotation).
+    pub const SNAPSHOT_MODE_ANNOTATION_RESTORED: &str = "SnapshotModeAnnotationRestored";
     /// Warning, on a released Block PV: its loop device is still open (a pod, a mount); the
     /// kernel detaches it at its last close, and the backing file is trashed after that.
     pub const BLOCK_DEVICE_IN_USE: &str = "BlockDeviceInUse";
