@@ -77,6 +77,9 @@ pub mod reason {
     /// Warning, on a Block PV of this node: it could not be exposed at start (its device node
     /// is missing until that is fixed; a pod of it waits).
     pub const BLOCK_VOLUME_NOT_EXPOSED: &str = "BlockVolumeNotExposed";
+    /// Normal, on a Block PV of this node: released for a deletion that then failed, and kept
+    /// (`Retain`, bound again): its device node is back (`deciding::block::released`).
+    pub const BLOCK_VOLUME_EXPOSED_AGAIN: &str = "BlockVolumeExposedAgain";
 }
 
 /// Whether and how soon to try again.
