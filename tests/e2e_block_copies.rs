@@ -296,6 +296,16 @@ async fn a_tenant_editing_a_snapshots_mode_annotation_changes_nothing() {
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
 
+    // A snapshot of an earlier build, without the status's mode: its copy's record gives it.
+    let unset = serde_json::json!({ "status": { "volumeMode": null } });
+    api.patch_status("of-disk", &PatchParams::default(), &Patch::Merge(&unset)).await.expect("unset the mode");
+    testbed::wait_for("the mode read back from the copy's record", TIMEOUT, || async {
+        let now = api.get("of-disk").await?;
+        anyhow::Ok((status_mode(&now).as_deref() == Some("Block")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+
     // Neither restore made anything: only the two sources are in the pool.
     for claim in ["files-of-disk", "disk-of-files"] {
         let claim = env.claims().get(claim).await.expect("read");

@@ -62,9 +62,10 @@ pub fn snapshot_is_block(snapshot: &HostPathSnapshot) -> bool {
 /// What a ready snapshot's volume-mode annotation must be changed to, when someone changed
 /// it: `Some(Some("Block"))` puts it back on a Block copy's object, `Some(None)` removes one
 /// added to a Filesystem copy's. `None`: it says what the status says (or the snapshot is not
-/// ready, and nothing is said yet).
+/// ready, or its status has no mode yet: a snapshot of an earlier build, whose mode is read
+/// from its copy's record first, and nothing is said yet).
 pub fn mode_annotation_fix(snapshot: &HostPathSnapshot) -> Option<Option<&'static str>> {
-    snapshot.status.as_ref().filter(|s| s.ready_to_use)?;
+    snapshot.status.as_ref().filter(|s| s.ready_to_use && s.volume_mode.is_some())?;
     let annotation =
         snapshot.metadata.annotations.as_ref().and_then(|a| a.get(VOLUME_MODE_ANNOTATION)).map(String::as_str);
     let wanted = snapshot_is_block(snapshot).then_some(BLOCK_MODE);
@@ -138,7 +139,7 @@ pub struct SnapshotStatus {
     pub message: Option<String>,
     /// The volume mode of the copied volume, `Block` or `Filesystem`, written with
     /// `readyToUse`: what a restore goes by ([`snapshot_is_block`]). Absent from snapshots of
-    /// earlier releases (Filesystem copies).
+    /// earlier builds: the holding node writes it from its copy's record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_mode: Option<String>,
 }

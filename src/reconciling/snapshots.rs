@@ -147,6 +147,7 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
     }
     if let Some(status) = snap.status.as_ref().filter(|s| s.ready_to_use) {
         if status.node.as_deref() == Some(ctx.me.node.as_str()) {
+            recreation::keep_status_mode(&ctx, &snap).await?;
             recreation::keep_mode_annotation(&ctx, &snap).await?;
             recreation::keep_current(&ctx, &snap).await?;
         }

@@ -117,6 +117,8 @@ fn a_restore_keeps_the_volume_mode_the_provisioner_wrote_whatever_the_annotation
             }
             let fix = mode_annotation_fix(&snap);
             let changed = match annotation {
+                // No mode in the status yet: its copy's record is read first.
+                _ if status_mode.is_none() => false,
                 Annotation::AsWritten => false,
                 Annotation::Absent => copy_is_block,
                 Annotation::Forged => true,

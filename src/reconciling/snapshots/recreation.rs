@@ -154,6 +154,35 @@ pub(super) async fn keep_current(ctx: &Context, snap: &HostPathSnapshot) -> Resu
     annotate(ctx, snap, uid).await
 }
 
+/// A ready snapshot this node holds without `status.volumeMode` (taken by an earlier build):
+/// the mode its copy's record says (written by the provisioner on the copy, out of the
+/// tenant's reach; no record or none saying Block: Filesystem), written to the status.
+pub(super) async fn keep_status_mode(ctx: &Context, snap: &HostPathSnapshot) -> Result<(), SnapshotError> {
+    if snap.status.as_ref().is_none_or(|s| s.volume_mode.is_some()) {
+        return Ok(());
+    }
+    let Some(uid) = snap.metadata.uid.as_deref() else { return Ok(()) };
+    let dir = VolumeDirName::new(uid).map_err(PoolError::from)?;
+    let mut block = false;
+    for pool_path in &ctx.config.pools {
+        let Some(pool) = ctx.pools.usable(&pool_path.root) else { continue };
+        let pool = pool?;
+        if pool.has_snapshot(&dir)? {
+            block = pool.snapshot_record(&dir)?.as_deref().and_then(CopyRecord::parse).is_some_and(|r| r.block);
+            break;
+        }
+    }
+    let mode = crate::deciding::snapshot::volume_mode_name(block);
+    let status = serde_json::json!({ "status": { "volumeMode": mode } });
+    match api_of(ctx, snap).patch_status(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+        Err(error) => return Err(error.into()),
+    }
+    tracing::info!(snapshot = %key(snap), mode, "snapshot's volume mode written to its status from its copy's record");
+    Ok(())
+}
+
 /// A ready snapshot this node holds whose volume-mode annotation someone changed (added,
 /// removed, edited): put back as the status says, with an Event. Nothing goes by the
 /// annotation; it is kept true only so that whoever reads the object is not misled.
