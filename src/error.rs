@@ -68,12 +68,18 @@ pub mod reason {
     /// Normal, on the node's Node object: a snapshot copy without its snapshot was moved to the
     /// trash after its grace period.
     pub const SNAPSHOT_COPY_REMOVED: &str = "SnapshotCopyRemoved";
+    /// Warning, on a ready `HostPathSnapshot`: its volume-mode annotation was changed and is
+    /// put back as `status.volumeMode` says (a restore never goes by the annotation).
+    pub const SNAPSHOT_MODE_ANNOTATION_RESTORED: &str = "SnapshotModeAnnotationRestored";
     /// Warning, on a released Block PV: its loop device is still open (a pod, a mount); the
     /// kernel detaches it at its last close, and the backing file is trashed after that.
     pub const BLOCK_DEVICE_IN_USE: &str = "BlockDeviceInUse";
     /// Warning, on a Block PV of this node: it could not be exposed at start (its device node
     /// is missing until that is fixed; a pod of it waits).
     pub const BLOCK_VOLUME_NOT_EXPOSED: &str = "BlockVolumeNotExposed";
+    /// Normal, on a Block PV of this node: released for a deletion that then failed, and kept
+    /// (`Retain`, bound again): its device node is back (`deciding::block::released`).
+    pub const BLOCK_VOLUME_EXPOSED_AGAIN: &str = "BlockVolumeExposedAgain";
 }
 
 /// Whether and how soon to try again.

@@ -437,3 +437,58 @@ async fn a_block_claim_grows_online_while_its_device_is_open_keeping_its_data_an
     env.wait_pv_gone(&pv_name).await;
     assert!(loops_under(&pool).is_empty(), "no loop left: {:?}", loops_under(&pool));
 }
+
+/// A Block volume released for a deletion that then failed (a file in place of the trash) is
+/// exposed again, without a restart, once its PV is kept (`Retain`), with a
+/// `BlockVolumeExposedAgain` event and its data; switched back to `Delete` with the trash
+/// fixed, the retried deletion releases it again and completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_volume_released_for_a_failed_deletion_is_exposed_again_once_its_pv_is_kept() {
+    let devices = device_dir();
+    let devices_env = devices.to_string_lossy().into_owned();
+    let env = TestEnv::start_with("block-failed-delete", 1, |spec| {
+        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
+    })
+    .await;
+    let node = env.nodes[0].name.clone();
+    let pool = env.nodes[0].pool_root.clone();
+    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let class = env.class("block", |c| c).await;
+    env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
+    let pv = env.wait_bound("disk").await;
+    let pv_name = pv.metadata.name.clone().expect("name");
+    let pv_uid = pv.metadata.uid.clone().expect("uid");
+    let node_path = PathBuf::from(&pv.spec.as_ref().and_then(|s| s.local.as_ref()).expect("local").path);
+    let data = pattern();
+    {
+        let mut device = std::fs::OpenOptions::new().write(true).open(&node_path).expect("open the device");
+        device.write_all(&data).expect("write the device");
+        device.sync_all().expect("flush the device");
+    }
+
+    // The trash cannot take the directory: the deletion fails after the volume was released.
+    let _ = std::fs::remove_dir(pool.join(TRASH));
+    std::fs::write(pool.join(TRASH), b"not a trash").expect("a file in place of the trash");
+    env.delete_claim("disk").await;
+    env.wait_pv_phase(&pv_name, "Released").await;
+    let note = env.wait_event("default", &pv_uid, "VolumeFailedDelete").await;
+    assert!(note.contains(".hpp-trash"), "{note}");
+    assert!(!node_path.exists() && loops_under(&pool).is_empty(), "released for the deletion");
+
+    // The admin keeps it: exposed again at once, with its data.
+    let retain = serde_json::json!({ "spec": { "persistentVolumeReclaimPolicy": "Retain" } });
+    env.pvs().patch(&pv_name, &PatchParams::default(), &Patch::Merge(&retain)).await.expect("Retain");
+    let note = env.wait_event("default", &pv_uid, "BlockVolumeExposedAgain").await;
+    assert!(note.contains("no longer Delete"), "{note}");
+    let meta = std::fs::metadata(&node_path).expect("device node back");
+    assert!(meta.file_type().is_block_device(), "{} is a block device", node_path.display());
+    assert_eq!(loops_under(&pool).len(), 1, "one loop again");
+    assert!(read_start(&node_path, data.len()) == data, "the device holds the volume's data");
+
+    // Back to Delete with the trash fixed: the retry releases it again and the PV goes.
+    std::fs::remove_file(pool.join(TRASH)).expect("the admin moves the file away");
+    let delete = serde_json::json!({ "spec": { "persistentVolumeReclaimPolicy": "Delete" } });
+    env.pvs().patch(&pv_name, &PatchParams::default(), &Patch::Merge(&delete)).await.expect("Delete");
+    env.wait_pv_gone(&pv_name).await;
+    assert!(!node_path.exists() && loops_under(&pool).is_empty(), "no node and no loop left");
+}

@@ -235,3 +235,82 @@ async fn a_block_clone_on_ext4_is_a_sparse_byte_copy_and_a_filesystem_clone_of_i
     let pool_entries = entries(&env.nodes[0].pool_root);
     assert_eq!(pool_entries.iter().filter(|e| e.starts_with("pvc-")).count(), 1, "only the source: {pool_entries:?}");
 }
+
+/// The volume mode a restore goes by is `status.volumeMode`, which only the provisioner writes;
+/// the annotation is the tenant's to edit and changes nothing. A Block snapshot whose annotation
+/// is removed is still refused to a Filesystem claim (before the annotation is put back: the
+/// claim is made right after the edit), and a Filesystem snapshot with a forged `Block`
+/// annotation is refused to a Block claim, naming both modes; both annotations are put back
+/// with a `SnapshotModeAnnotationRestored` event.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_editing_a_snapshots_mode_annotation_changes_nothing() {
+    let block_env = block_env_on("block-mode-forged", |p| LoopFs::mount(p, 128, None)).await;
+    let env = &block_env.env;
+    let node = env.nodes[0].name.clone();
+    let class = env.class("block", |c| c).await;
+    env.create_claim(fixtures::claim(&env.ns, "disk", &class, "16Mi").provision_on_node(&node).block()).await;
+    env.create_claim(fixtures::claim(&env.ns, "files", &class, "16Mi").provision_on_node(&node)).await;
+    env.wait_bound("disk").await;
+    env.wait_bound("files").await;
+    snapshots::take(env, "of-disk", "disk").await;
+    snapshots::take(env, "of-files", "files").await;
+    let of_disk = snapshots::wait_ready(env, "of-disk").await;
+    let of_files = snapshots::wait_ready(env, "of-files").await;
+    let status_mode = |s: &HostPathSnapshot| s.status.as_ref().and_then(|s| s.volume_mode.clone());
+    assert_eq!(status_mode(&of_disk).as_deref(), Some("Block"));
+    assert_eq!(status_mode(&of_files).as_deref(), Some("Filesystem"));
+    let api = snapshots::snapshots(env);
+    let set_mode = |mode: Option<&str>| serde_json::json!({ "metadata": { "annotations": { VOLUME_MODE: mode } } });
+
+    // The Block snapshot's annotation removed, then a Filesystem claim restoring it at once.
+    api.patch("of-disk", &PatchParams::default(), &Patch::Merge(&set_mode(None))).await.expect("remove");
+    let as_files = env.create_claim(snapshots::restoring(env, "files-of-disk", &class, "16Mi", "of-disk", &node)).await;
+    let note = env.wait_event(&env.ns, &uid(&as_files), "ProvisioningFailed").await;
+    assert!(
+        note.contains("a copy of a volumeMode Block volume and this claim asks for volumeMode Filesystem"),
+        "{note}"
+    );
+    let note =
+        env.wait_event(&env.ns, of_disk.metadata.uid.as_deref().expect("uid"), "SnapshotModeAnnotationRestored").await;
+    assert!(note.contains("volumeMode Block"), "{note}");
+    let of_disk = api.get("of-disk").await.expect("read");
+    let mode = of_disk.metadata.annotations.as_ref().and_then(|a| a.get(VOLUME_MODE)).map(String::as_str);
+    assert_eq!(mode, Some("Block"), "put back");
+
+    // The Filesystem snapshot forged as Block, then a Block claim restoring it.
+    api.patch("of-files", &PatchParams::default(), &Patch::Merge(&set_mode(Some("Block")))).await.expect("forge");
+    let as_disk =
+        env.create_claim(snapshots::restoring(env, "disk-of-files", &class, "16Mi", "of-files", &node).block()).await;
+    let note = env.wait_event(&env.ns, &uid(&as_disk), "ProvisioningFailed").await;
+    assert!(
+        note.contains("a copy of a volumeMode Filesystem volume and this claim asks for volumeMode Block"),
+        "{note}"
+    );
+    let note =
+        env.wait_event(&env.ns, of_files.metadata.uid.as_deref().expect("uid"), "SnapshotModeAnnotationRestored").await;
+    assert!(note.contains("volumeMode Filesystem"), "{note}");
+    testbed::wait_for("the forged annotation removed", TIMEOUT, || async {
+        let now = api.get("of-files").await?;
+        anyhow::Ok(now.metadata.annotations.as_ref().is_none_or(|a| !a.contains_key(VOLUME_MODE)).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+
+    // A snapshot of an earlier build, without the status's mode: its copy's record gives it.
+    let unset = serde_json::json!({ "status": { "volumeMode": null } });
+    api.patch_status("of-disk", &PatchParams::default(), &Patch::Merge(&unset)).await.expect("unset the mode");
+    testbed::wait_for("the mode read back from the copy's record", TIMEOUT, || async {
+        let now = api.get("of-disk").await?;
+        anyhow::Ok((status_mode(&now).as_deref() == Some("Block")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tails()));
+
+    // Neither restore made anything: only the two sources are in the pool.
+    for claim in ["files-of-disk", "disk-of-files"] {
+        let claim = env.claims().get(claim).await.expect("read");
+        assert!(claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty), "not bound");
+    }
+    let pool_entries = entries(&env.nodes[0].pool_root);
+    assert_eq!(pool_entries.iter().filter(|e| e.starts_with("pvc-")).count(), 2, "only the sources: {pool_entries:?}");
+}

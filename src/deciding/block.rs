@@ -22,6 +22,7 @@ use crate::deciding::topology::Topology;
 pub mod claim;
 pub mod kept;
 pub mod loop_safety;
+pub mod released;
 
 /// The node setting that turns Block volumes on: they need the host's `/dev` and
 /// `/dev/loop-control`, more privilege than directory volumes, so each install opts in.

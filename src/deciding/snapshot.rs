@@ -35,16 +35,41 @@ pub const PLURAL: &str = "hostpathsnapshots";
 /// Held by a snapshot whose directory exists, until the node holding it has moved it to the
 /// trash.
 pub const FINALIZER: &str = "hostpath-provisioner.kubevirt.io/snapshot";
-/// Annotation on a snapshot of a Block volume, `Block`, written before it is ready: its copy
-/// is the volume's backing file, restored only into a Block claim (absent: a Filesystem
-/// volume's tree, restored only into a Filesystem claim). A restore also checks on disk that a
-/// Block copy holds its backing file.
+/// Annotation on a snapshot of a Block volume, `Block`: information for whoever reads the
+/// object. Never what a restore goes by: tenants may edit their snapshots' annotations, so the
+/// mode is [`SnapshotStatus::volume_mode`], which only the provisioner writes (tenants get no
+/// `hostpathsnapshots/status`); an edited annotation is put back ([`mode_annotation_fix`]).
 pub const VOLUME_MODE_ANNOTATION: &str = "hostpath-provisioner.kubevirt.io/volume-mode";
 
-/// The volume mode a snapshot is a copy of, as its annotation says.
+/// `status.volumeMode` of a copy of a Block volume.
+pub const BLOCK_MODE: &str = "Block";
+/// `status.volumeMode` of a copy of a Filesystem volume.
+pub const FILESYSTEM_MODE: &str = "Filesystem";
+
+/// The status's `volumeMode` for a copy of a Block volume when `block`.
+pub fn volume_mode_name(block: bool) -> &'static str {
+    if block { BLOCK_MODE } else { FILESYSTEM_MODE }
+}
+
+/// Whether a snapshot is a copy of a Block volume, as the provisioner wrote it in the status
+/// when the copy became ready (or as the copy's on-disk record said when an object made again
+/// got it back). Absent: a snapshot of an earlier release, which copied Filesystem volumes
+/// only. The annotation is never read here.
 pub fn snapshot_is_block(snapshot: &HostPathSnapshot) -> bool {
-    snapshot.metadata.annotations.as_ref().and_then(|a| a.get(VOLUME_MODE_ANNOTATION)).map(String::as_str)
-        == Some("Block")
+    snapshot.status.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some(BLOCK_MODE)
+}
+
+/// What a ready snapshot's volume-mode annotation must be changed to, when someone changed
+/// it: `Some(Some("Block"))` puts it back on a Block copy's object, `Some(None)` removes one
+/// added to a Filesystem copy's. `None`: it says what the status says (or the snapshot is not
+/// ready, or its status has no mode yet: a snapshot of an earlier build, whose mode is read
+/// from its copy's record first, and nothing is said yet).
+pub fn mode_annotation_fix(snapshot: &HostPathSnapshot) -> Option<Option<&'static str>> {
+    snapshot.status.as_ref().filter(|s| s.ready_to_use && s.volume_mode.is_some())?;
+    let annotation =
+        snapshot.metadata.annotations.as_ref().and_then(|a| a.get(VOLUME_MODE_ANNOTATION)).map(String::as_str);
+    let wanted = snapshot_is_block(snapshot).then_some(BLOCK_MODE);
+    (annotation != wanted).then_some(wanted)
 }
 
 /// A point-in-time copy of a claim's volume.
@@ -112,6 +137,11 @@ pub struct SnapshotStatus {
     /// Why it is not ready, while it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The volume mode of the copied volume, `Block` or `Filesystem`, written with
+    /// `readyToUse`: what a restore goes by ([`snapshot_is_block`]). Absent from snapshots of
+    /// earlier builds: the holding node writes it from its copy's record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mode: Option<String>,
 }
 
 fn api_version() -> String {

@@ -122,6 +122,11 @@ pub async fn release_for_deletion(ctx: &Context, pv: &KeptVolume) -> Result<Rele
         return Ok(Release::Done);
     };
     let found = found?;
+    // Remembered before anything is released: a deletion failing after this exposes it again
+    // once its PV is kept ([`after_release`]).
+    if let Some(uid) = pv.metadata.uid.clone() {
+        ctx.block_released.lock().unwrap_or_else(|e| e.into_inner()).insert(uid);
+    }
     let outcome = release(ctx, &found, devices_path)?;
     match outcome {
         Detached::Now => Ok(Release::Done),
@@ -178,6 +183,60 @@ fn release(ctx: &Context, found: &BlockVolumeRef, devices_path: &Path) -> Result
     let dir_path = pool.volume_path(&dir);
     kept::check_birth(found, block::backing_birth(fd.as_fd(), &dir_path)?)?;
     Ok(block::release(&LoopHost::host(), &devices, fd.as_fd(), &dir_path, found.volume, &node)?)
+}
+
+/// A Block PV this process released for a deletion that did not go through, looked at again:
+/// kept now (`Retain`, bound again), it is exposed again at once, with an event; still to be
+/// deleted, it stays released for the retry (`deciding::block::released`).
+pub async fn after_release(
+    ctx: &Context,
+    pv: &KeptVolume,
+    decision: &crate::deciding::volume::VolumeDecision,
+    hostname: &str,
+) {
+    use crate::deciding::block::released::{self, AfterRelease, ReleasedFacts};
+    let Some(uid) = pv.metadata.uid.as_deref() else { return };
+    let released_here = ctx.block_released.lock().unwrap_or_else(|e| e.into_inner()).contains(uid);
+    let facts = ReleasedFacts {
+        released_here,
+        served_here: !kept::served_here(std::slice::from_ref(pv), &ctx.me, hostname).is_empty(),
+        being_deleted: pv.metadata.deletion_timestamp.is_some(),
+    };
+    let why = match released::after_release(facts, decision) {
+        AfterRelease::StayReleased => return,
+        AfterRelease::Forget => {
+            if released_here {
+                ctx.block_released.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+            }
+            return;
+        }
+        AfterRelease::ExposeAgain(why) => why,
+    };
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let Some(devices_path) = device_dir(ctx) else { return };
+    let exposed =
+        DeviceDir::open(devices_path).map_err(VolumeError::from).and_then(|devices| {
+            match kept::block_volume(pv, &ctx.config.pools, devices_path) {
+                Some(_) => expose_one(ctx, pv, &devices, devices_path),
+                None => Err(VolumeError::BlockVolumesOff(pv_name.clone())),
+            }
+        });
+    match exposed {
+        Ok(number) => {
+            ctx.block_released.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+            let note = format!("the Block volume is exposed again ({why}); released for its deletion before");
+            tracing::info!(pv = %pv_name, loop_number = number, %why, "Block volume exposed again after a failed deletion");
+            ctx.normal(&pv_ref(pv), reason::BLOCK_VOLUME_EXPOSED_AGAIN, "Expose", note).await;
+        }
+        Err(error) => {
+            // Kept in memory: the next look at the PV tries again.
+            tracing::warn!(pv = %pv_name, %error, %why, "Block volume released for a failed deletion not exposed again; its pod waits");
+            let note = format!(
+                "the Block volume was released for a deletion that failed and could not be exposed again ({why}), so a pod of it waits: {error}"
+            );
+            ctx.warn(&pv_ref(pv), reason::BLOCK_VOLUME_NOT_EXPOSED, "Expose", note).await;
+        }
+    }
 }
 
 /// At start, before the controllers run (and so before the node reports ready): exposes every

@@ -69,6 +69,10 @@ pub struct Context {
     /// Byte copies in flight and kept (snapshots, restores), by root: what they take beyond the
     /// requests (deciding::copy_room).
     pub copies: Mutex<CopyLedger>,
+    /// UIDs of the Block PVs this process released for their deletion (node removed, loop
+    /// detached): exposed again if the deletion fails and the PV is kept
+    /// (`deciding::block::released`).
+    pub block_released: Mutex<std::collections::HashSet<String>>,
     recorder: Recorder,
     node: tokio::sync::Mutex<Option<NodeFacts>>,
     backoffs: Mutex<HashMap<String, ExponentialBackoff>>,
@@ -135,6 +139,7 @@ impl Context {
             membership,
             reservations: Mutex::new(Reservations::default()),
             copies: Mutex::new(CopyLedger::default()),
+            block_released: Mutex::new(Default::default()),
             recorder,
             node: tokio::sync::Mutex::new(None),
             backoffs: Mutex::new(HashMap::new()),

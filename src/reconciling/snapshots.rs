@@ -147,6 +147,8 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
     }
     if let Some(status) = snap.status.as_ref().filter(|s| s.ready_to_use) {
         if status.node.as_deref() == Some(ctx.me.node.as_str()) {
+            recreation::keep_status_mode(&ctx, &snap).await?;
+            recreation::keep_mode_annotation(&ctx, &snap).await?;
             recreation::keep_current(&ctx, &snap).await?;
         }
         // A byte copy kept on this node (also one taken before a restart): requests accounting
@@ -272,7 +274,7 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
                 recreation::write_record(&pool, &target, &record, &snap);
             }
             if block {
-                // Before it is ready: no restore reads the snapshot without its mode.
+                // Information for whoever reads the object; a restore goes by the status.
                 let mode =
                     serde_json::json!({ "metadata": { "annotations": { snapshot::VOLUME_MODE_ANNOTATION: "Block" } } });
                 api_of(&ctx, &snap).patch(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&mode)).await?;
@@ -284,6 +286,7 @@ async fn reconcile(snap: Arc<HostPathSnapshot>, ctx: Arc<Context>) -> Result<Act
                 "method": report.method.as_str(),
                 "sizeBytes": report.bytes,
                 "creationTime": taken,
+                "volumeMode": snapshot::volume_mode_name(block),
                 "message": null,
             }});
             api_of(&ctx, &snap).patch_status(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;

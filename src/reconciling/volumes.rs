@@ -71,7 +71,11 @@ pub async fn reconcile(pv: Arc<KeptVolume>, ctx: Arc<Context>) -> Result<Action,
         VolumeShape::Node => Vec::new(),
         VolumeShape::Shared | VolumeShape::EveryNode => ctx.live_nodes().await?,
     };
-    let action = match decide_volume(&pv, &ctx.me, &hostname, &ctx.config.pools, &live) {
+    let decision = decide_volume(&pv, &ctx.me, &hostname, &ctx.config.pools, &live);
+    if crate::deciding::volume::is_block(&pv) {
+        crate::reconciling::block_volumes::after_release(&ctx, &pv, &decision, &hostname).await;
+    }
+    let action = match decision {
         VolumeDecision::Ignore(Ignore::ActedOnBy { node, recheck_after }) => {
             tracing::trace!(pv = %name, %node, "another live node acts on it");
             Action::requeue(recheck_after)
@@ -281,6 +285,7 @@ async fn delete_volume(ctx: &Context, pv: &KeptVolume, accepted: &AcceptedPath) 
     Metrics::outcome(&ctx.metrics.deletions, "success", "none");
     if let Some(uid) = pv.metadata.uid.as_deref() {
         ctx.forget_warnings(uid);
+        ctx.block_released.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
     }
     Ok(Action::await_change())
 }

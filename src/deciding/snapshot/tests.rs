@@ -62,30 +62,90 @@ fn a_block_volume_is_copied_from_its_backing_directory_never_from_its_device() {
     );
 }
 
+/// What a tenant may have done to a snapshot's volume-mode annotation.
+#[derive(Clone, Copy, Debug)]
+enum Annotation {
+    /// As the provisioner left it (`Block` on a Block copy, none on a Filesystem one).
+    AsWritten,
+    /// Removed.
+    Absent,
+    /// Set to say the other mode (`Block` on a Filesystem copy, `Filesystem` on a Block one).
+    Forged,
+}
+
+/// A ready snapshot whose status says `status_mode` (`None`: an earlier release's), with its
+/// annotation as `annotation` says.
+fn moded(status_mode: Option<&str>, annotation: Annotation) -> HostPathSnapshot {
+    let mut snap = snapshot(Some(NODE), "1Gi");
+    snap.status.as_mut().expect("status").volume_mode = status_mode.map(str::to_owned);
+    let block = status_mode == Some(BLOCK_MODE);
+    let value = match annotation {
+        Annotation::AsWritten => block.then_some(BLOCK_MODE),
+        Annotation::Absent => None,
+        Annotation::Forged => Some(if block { FILESYSTEM_MODE } else { BLOCK_MODE }),
+    };
+    snap.metadata.annotations = value.map(|v| [(VOLUME_MODE_ANNOTATION.to_owned(), v.to_owned())].into());
+    snap
+}
+
+/// Every combination of annotation (as written, removed, forged), status mode (Block,
+/// Filesystem, absent) and claim mode: the restore goes by the status alone, and an
+/// annotation that differs from it is put back.
 #[test]
-fn a_restore_keeps_its_snapshots_volume_mode() {
+fn a_restore_keeps_the_volume_mode_the_provisioner_wrote_whatever_the_annotation_says() {
     const GIB: u64 = 1 << 30;
-    let filesystem = snapshot(Some(NODE), "1Gi");
-    let mut block = filesystem.clone();
-    block.metadata.annotations = Some([(VOLUME_MODE_ANNOTATION.to_owned(), "Block".to_owned())].into());
-    assert!(matches!(
-        restore_verdict("before-upgrade", "default", Some(&block), GIB, true),
-        RestoreVerdict::Ready { .. }
-    ));
-    assert!(matches!(
-        restore_verdict("before-upgrade", "default", Some(&filesystem), GIB, false),
-        RestoreVerdict::Ready { .. }
-    ));
-    for (snapshot, block, says) in [
-        (&block, false, "a copy of a volumeMode Block volume and this claim asks for volumeMode Filesystem"),
-        (&filesystem, true, "a copy of a volumeMode Filesystem volume and this claim asks for volumeMode Block"),
-    ] {
-        let RestoreVerdict::Refuse(why) = restore_verdict("before-upgrade", "default", Some(snapshot), GIB, block)
-        else {
-            panic!("refused")
-        };
-        assert!(why.contains(says), "{why}");
+    for status_mode in [Some(BLOCK_MODE), Some(FILESYSTEM_MODE), None] {
+        let copy_is_block = status_mode == Some(BLOCK_MODE);
+        for annotation in [Annotation::AsWritten, Annotation::Absent, Annotation::Forged] {
+            let snap = moded(status_mode, annotation);
+            for claim_is_block in [true, false] {
+                let verdict = restore_verdict("before-upgrade", "default", Some(&snap), GIB, claim_is_block);
+                let case = format!("status {status_mode:?}, annotation {annotation:?}, claim Block {claim_is_block}");
+                if copy_is_block == claim_is_block {
+                    assert!(matches!(verdict, RestoreVerdict::Ready { .. }), "{case}: {verdict:?}");
+                } else {
+                    let says = if copy_is_block {
+                        "a copy of a volumeMode Block volume and this claim asks for volumeMode Filesystem"
+                    } else {
+                        "a copy of a volumeMode Filesystem volume and this claim asks for volumeMode Block"
+                    };
+                    assert!(
+                        matches!(&verdict, RestoreVerdict::Refuse(why) if why.contains(says)),
+                        "{case}: {verdict:?}"
+                    );
+                }
+            }
+            let fix = mode_annotation_fix(&snap);
+            let changed = match annotation {
+                // No mode in the status yet: its copy's record is read first.
+                _ if status_mode.is_none() => false,
+                Annotation::AsWritten => false,
+                Annotation::Absent => copy_is_block,
+                Annotation::Forged => true,
+            };
+            let wanted = copy_is_block.then_some(BLOCK_MODE);
+            assert_eq!(fix, changed.then_some(wanted), "status {status_mode:?}, annotation {annotation:?}");
+        }
     }
+}
+
+#[test]
+fn a_snapshot_not_ready_yet_keeps_its_annotation_as_it_is() {
+    let mut snap = moded(Some(BLOCK_MODE), Annotation::Forged);
+    snap.status.as_mut().expect("status").ready_to_use = false;
+    assert_eq!(mode_annotation_fix(&snap), None);
+    snap.status = None;
+    assert_eq!(mode_annotation_fix(&snap), None);
+}
+
+#[test]
+fn the_status_mode_is_written_and_read_as_volume_mode() {
+    let snap = moded(Some(BLOCK_MODE), Annotation::Absent);
+    let json = serde_json::to_value(&snap).expect("serialized");
+    assert_eq!(json["status"]["volumeMode"], "Block");
+    assert!(snapshot_is_block(&serde_json::from_value(json).expect("read back")));
+    assert_eq!(volume_mode_name(true), BLOCK_MODE);
+    assert_eq!(volume_mode_name(false), FILESYSTEM_MODE);
 }
 
 #[test]

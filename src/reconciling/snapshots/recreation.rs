@@ -93,7 +93,7 @@ pub(super) async fn adopt(
     let record = CopyRecord { snapshot_uid: own_uid.clone(), ..record };
     write_record(&pool, &own, &record, snap);
     if record.block {
-        // Before it is ready: a restore reads its mode from the object.
+        // Information for whoever reads the object; a restore goes by the status.
         let mode = serde_json::json!({ "metadata": { "annotations": {
             crate::deciding::snapshot::VOLUME_MODE_ANNOTATION: "Block"
         } } });
@@ -107,6 +107,7 @@ pub(super) async fn adopt(
         "method": record.method,
         "sizeBytes": record.size_bytes,
         "creationTime": record.taken,
+        "volumeMode": crate::deciding::snapshot::volume_mode_name(record.block),
         "message": null,
     }});
     api_of(ctx, snap).patch_status(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
@@ -146,10 +147,61 @@ pub(super) async fn keep_current(ctx: &Context, snap: &HostPathSnapshot) -> Resu
             restore_size: status.restore_size.clone().unwrap_or_else(|| "0".into()),
             size_bytes: status.size_bytes.unwrap_or(0),
             block: crate::deciding::snapshot::snapshot_is_block(snap),
+            // (the status's mode, which only the provisioner writes)
         };
         write_record(&pool, &dir, &record, snap);
     }
     annotate(ctx, snap, uid).await
+}
+
+/// A ready snapshot this node holds without `status.volumeMode` (taken by an earlier build):
+/// the mode its copy's record says (written by the provisioner on the copy, out of the
+/// tenant's reach; no record or none saying Block: Filesystem), written to the status.
+pub(super) async fn keep_status_mode(ctx: &Context, snap: &HostPathSnapshot) -> Result<(), SnapshotError> {
+    if snap.status.as_ref().is_none_or(|s| s.volume_mode.is_some()) {
+        return Ok(());
+    }
+    let Some(uid) = snap.metadata.uid.as_deref() else { return Ok(()) };
+    let dir = VolumeDirName::new(uid).map_err(PoolError::from)?;
+    let mut block = false;
+    for pool_path in &ctx.config.pools {
+        let Some(pool) = ctx.pools.usable(&pool_path.root) else { continue };
+        let pool = pool?;
+        if pool.has_snapshot(&dir)? {
+            block = pool.snapshot_record(&dir)?.as_deref().and_then(CopyRecord::parse).is_some_and(|r| r.block);
+            break;
+        }
+    }
+    let mode = crate::deciding::snapshot::volume_mode_name(block);
+    let status = serde_json::json!({ "status": { "volumeMode": mode } });
+    match api_of(ctx, snap).patch_status(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+        Err(error) => return Err(error.into()),
+    }
+    tracing::info!(snapshot = %key(snap), mode, "snapshot's volume mode written to its status from its copy's record");
+    Ok(())
+}
+
+/// A ready snapshot this node holds whose volume-mode annotation someone changed (added,
+/// removed, edited): put back as the status says, with an Event. Nothing goes by the
+/// annotation; it is kept true only so that whoever reads the object is not misled.
+pub(super) async fn keep_mode_annotation(ctx: &Context, snap: &HostPathSnapshot) -> Result<(), SnapshotError> {
+    let Some(wanted) = crate::deciding::snapshot::mode_annotation_fix(snap) else { return Ok(()) };
+    let key_name = crate::deciding::snapshot::VOLUME_MODE_ANNOTATION;
+    let patch = serde_json::json!({ "metadata": { "annotations": { key_name: wanted } } });
+    match api_of(ctx, snap).patch(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+        Err(error) => return Err(error.into()),
+    }
+    let mode = crate::deciding::snapshot::volume_mode_name(wanted.is_some());
+    let note = format!(
+        "annotation {key_name} put back: this is a copy of a volumeMode {mode} volume (status.volumeMode, written by the provisioner); a restore goes by the status, never by the annotation"
+    );
+    tracing::warn!(snapshot = %key(snap), %note, "snapshot volume-mode annotation was changed");
+    ctx.warn(&snap.object_ref(&()), reason::SNAPSHOT_MODE_ANNOTATION_RESTORED, "Snapshot", note).await;
+    Ok(())
 }
 
 /// Records on a copy whose it is. A copy without a record is only never given back to an
