@@ -56,6 +56,12 @@ async fn a_block_claim_is_a_loop_device_of_its_file_exposed_again_after_a_restar
     let attached = loops_under(&pool);
     assert_eq!(attached.len(), 1, "one loop on the volume's file: {attached:?}");
     assert_eq!(attached[0].1, file.to_string_lossy());
+    // Its metrics: exposed, and direct I/O as the kernel runs the loop.
+    let dio = |number: u32| std::fs::read_to_string(format!("/sys/block/loop{number}/loop/dio")).expect("loop/dio");
+    let metrics = env.nodes[0].provisioner.metrics().await.expect("scrape");
+    assert_eq!(block_series(&metrics, "block_volume_exposed", &pv_name), Some(1.0), "{metrics}");
+    let direct_io = block_series(&metrics, "block_volume_direct_io", &pv_name);
+    assert_eq!(direct_io, dio(attached[0].0).trim().parse().ok(), "as sysfs says: {metrics}");
 
     // A pattern written to the device is read back through the file.
     let data = pattern();
@@ -89,6 +95,8 @@ async fn a_block_claim_is_a_loop_device_of_its_file_exposed_again_after_a_restar
     assert!(!stale.exists(), "a node naming no volume of this node is removed at start");
     assert!(read_start(&node_path, data.len()) == data, "the device holds the same data after the restart");
     assert_eq!(loops_under(&pool).len(), 1);
+    let metrics = env.node_mut(&node).provisioner.metrics().await.expect("scrape");
+    assert_eq!(block_series(&metrics, "block_volume_exposed", &pv_name), Some(1.0), "exposed at start: {metrics}");
 
     // Deletion: no node, no loop, no file.
     env.delete_claim("disk").await;
@@ -98,6 +106,18 @@ async fn a_block_claim_is_a_loop_device_of_its_file_exposed_again_after_a_restar
     assert!(!dir.exists(), "the volume directory went to the trash");
     wait_trash_empty(&pool).await;
     assert!(loops_under(&pool).is_empty());
+    let metrics = env.node_mut(&node).provisioner.metrics().await.expect("scrape");
+    assert!(!metrics.contains(&format!("pv=\"{pv_name}\"")), "no series once released: {metrics}");
+}
+
+/// The value of the Block volume series `name` of PV `pv` in a scrape (any pool).
+fn block_series(metrics: &str, name: &str, pv: &str) -> Option<f64> {
+    let prefix = format!("hostpath_provisioner_{name}{{");
+    let label = format!("pv=\"{pv}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(&label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -332,6 +352,10 @@ async fn replaced_while_down_is_not_exposed(test: &str, replace: fn(&Path), says
     assert!(note.contains(says), "{note}");
     assert!(!node_path.exists(), "no device node: a pod of it waits");
     assert!(loops_under(&pool).is_empty(), "the stranger file is not attached: {:?}", loops_under(&pool));
+    let pv_name = pv.metadata.name.as_deref().expect("name");
+    let metrics = env.node_mut(&node).provisioner.metrics().await.expect("scrape");
+    assert_eq!(block_series(&metrics, "block_volume_exposed", pv_name), Some(0.0), "not exposed: {metrics}");
+    assert_eq!(block_series(&metrics, "block_volume_direct_io", pv_name), None, "no loop: {metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -17,6 +17,7 @@ use crate::error::{VolumeError, reason};
 use crate::filesystem::block::{self, Detached, DeviceDir, LoopHost};
 use crate::filesystem::{Created, PoolError, PoolRoot, VolumeDirName};
 use crate::reconciling::context::Context;
+use crate::serving::metrics::BlockVolumeLabel;
 
 /// A Block volume's directory is never handed to a pod: only this process enters it.
 const BLOCK_DIR_MODE: u32 = 0o700;
@@ -70,6 +71,7 @@ pub fn make(
         let volume = Volume { recorded_inode: Some(id.ino) };
         let attached = block::expose(&LoopHost::host(), &devices, fd.as_fd(), &dir_path, volume, &node, DIRECT_IO)?;
         tracing::info!(pv = %pv_name, backing = %dir_path.join(BACKING_FILE).display(), loop_number = attached.facts.number, direct_io = attached.direct_io, "Block volume attached and exposed");
+        ctx.metrics.block_volume_exposed(&label(pool.name(), pv_name), attached.direct_io);
         Ok((id.ino, birth))
     })();
     match made {
@@ -98,8 +100,22 @@ pub fn undo(ctx: &Context, pool: &PoolRoot, dir: &VolumeDirName, pv_name: &str) 
         block::release(&LoopHost::host(), &devices, fd.as_fd(), &dir_path, Volume { recorded_inode: None }, &node)?;
     }
     block::remove_backing(fd.as_fd(), &dir_path)?;
+    ctx.metrics.block_volume_released(&label(pool.name(), pv_name));
     drop(fd);
     pool.remove_empty_volume_dir(dir)
+}
+
+/// The metrics' labels of Block volume `pv_name` in pool `pool`.
+/// The pool of `pv`'s Block volume, for its metrics' label; empty for a PV refused as one.
+fn pool_of(ctx: &Context, pv: &KeptVolume, devices_path: &Path) -> String {
+    match kept::block_volume(pv, &ctx.config.pools, devices_path) {
+        Some(Ok(found)) => found.backing_dir.pool,
+        _ => String::new(),
+    }
+}
+
+fn label(pool: &str, pv_name: &str) -> BlockVolumeLabel {
+    BlockVolumeLabel { pool: pool.to_owned(), pv: pv_name.to_owned() }
 }
 
 /// Whether a released Block PV's directory may go to the trash now.
@@ -163,7 +179,15 @@ pub fn release_without_pv(ctx: &Context, pv: &KeptVolume) {
     }
 }
 
+/// Releases `found` ([`release_loop`]); once its loop is gone or detaches at its last close,
+/// the volume is no longer served here and its series go.
 fn release(ctx: &Context, found: &BlockVolumeRef, devices_path: &Path) -> Result<Detached, VolumeError> {
+    let released = release_loop(ctx, found, devices_path)?;
+    ctx.metrics.block_volume_released(&label(&found.backing_dir.pool, &found.pv_name));
+    Ok(released)
+}
+
+fn release_loop(ctx: &Context, found: &BlockVolumeRef, devices_path: &Path) -> Result<Detached, VolumeError> {
     let devices = DeviceDir::open(devices_path)?;
     let node = VolumeDirName::new(&found.pv_name).map_err(PoolError::from)?;
     let pool = ctx
@@ -214,6 +238,7 @@ pub async fn after_release(
     };
     let pv_name = pv.metadata.name.clone().unwrap_or_default();
     let Some(devices_path) = device_dir(ctx) else { return };
+    let pool = pool_of(ctx, pv, devices_path);
     let exposed =
         DeviceDir::open(devices_path).map_err(VolumeError::from).and_then(|devices| {
             match kept::block_volume(pv, &ctx.config.pools, devices_path) {
@@ -222,13 +247,15 @@ pub async fn after_release(
             }
         });
     match exposed {
-        Ok(number) => {
+        Ok((number, direct_io)) => {
             ctx.block_released.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+            ctx.metrics.block_volume_exposed(&label(&pool, &pv_name), direct_io);
             let note = format!("the Block volume is exposed again ({why}); released for its deletion before");
             tracing::info!(pv = %pv_name, loop_number = number, %why, "Block volume exposed again after a failed deletion");
             ctx.normal(&pv_ref(pv), reason::BLOCK_VOLUME_EXPOSED_AGAIN, "Expose", note).await;
         }
         Err(error) => {
+            ctx.metrics.block_volume_not_exposed(&label(&pool, &pv_name));
             // Kept in memory: the next look at the PV tries again.
             tracing::warn!(pv = %pv_name, %error, %why, "Block volume released for a failed deletion not exposed again; its pod waits");
             let note = format!(
@@ -268,9 +295,14 @@ pub async fn expose_at_start(ctx: &Context) {
     let served = kept::served_here(&pvs, &ctx.me, &hostname);
     for pv in &served {
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
+        let pool = pool_of(ctx, pv, devices_path);
         match expose_one(ctx, pv, &devices, devices_path) {
-            Ok(number) => tracing::info!(pv = %pv_name, loop_number = number, "Block volume exposed at start"),
+            Ok((number, direct_io)) => {
+                tracing::info!(pv = %pv_name, loop_number = number, direct_io, "Block volume exposed at start");
+                ctx.metrics.block_volume_exposed(&label(&pool, &pv_name), direct_io);
+            }
             Err(error) => {
+                ctx.metrics.block_volume_not_exposed(&label(&pool, &pv_name));
                 tracing::warn!(pv = %pv_name, %error, "Block volume not exposed at start; its pod waits");
                 let note = format!("the Block volume was not exposed at start, so a pod of it waits: {error}");
                 ctx.warn(&pv_ref(pv), reason::BLOCK_VOLUME_NOT_EXPOSED, "Expose", note).await;
@@ -294,12 +326,18 @@ pub async fn expose_at_start(ctx: &Context) {
     }
 }
 
-fn expose_one(ctx: &Context, pv: &KeptVolume, devices: &DeviceDir, devices_path: &Path) -> Result<u32, VolumeError> {
+/// Exposes `pv`'s volume: its loop's number and whether it does direct I/O.
+fn expose_one(
+    ctx: &Context,
+    pv: &KeptVolume,
+    devices: &DeviceDir,
+    devices_path: &Path,
+) -> Result<(u32, bool), VolumeError> {
     let found = kept::block_volume(pv, &ctx.config.pools, devices_path).expect("served_here keeps Block PVs only")?;
     let (fd, dir_path) = open_checked(ctx, &found)?;
     let node = VolumeDirName::new(&found.pv_name).map_err(PoolError::from)?;
     let attached = block::expose(&LoopHost::host(), devices, fd.as_fd(), &dir_path, found.volume, &node, DIRECT_IO)?;
-    Ok(attached.facts.number)
+    Ok((attached.facts.number, attached.direct_io))
 }
 
 /// The directory of the Block volume `found` opened in its pool, with its path, once its backing

@@ -201,6 +201,16 @@ pub struct VolumeLabel {
     pub volume: String,
 }
 
+/// Labels of one Block volume of this node (issue #47): as many series as Block volumes served
+/// here, like [`VolumeLabel`]'s per quota volume.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BlockVolumeLabel {
+    /// Pool name (empty when the PV's backing directory is refused, so unknown).
+    pub pool: String,
+    /// PV name, which the volume's device node is named after.
+    pub pv: String,
+}
+
 /// All metrics of one process.
 pub struct Metrics {
     registry: Registry,
@@ -265,6 +275,12 @@ pub struct Metrics {
     pub pool_quota_capability: Family<QuotaCapabilityLabel, Gauge>,
     /// Quotas: bytes each quota volume references, from the filesystem's quota accounting.
     pub volume_used_bytes: Family<VolumeLabel, Gauge>,
+    /// Block volumes: 1 while the volume's loop is attached and its device node made, 0 when
+    /// exposing it failed (its pod waits); no series once it is released.
+    pub block_volume_exposed: Family<BlockVolumeLabel, Gauge>,
+    /// Block volumes: 1 when the exposed volume's loop does direct I/O on its file, 0 when the
+    /// filesystem refused it and the loop runs buffered (each write cached twice).
+    pub block_volume_direct_io: Family<BlockVolumeLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -425,8 +441,23 @@ impl Metrics {
             "Bytes each quota volume references, from the filesystem's quota accounting (quota volumes only)",
             volume_used_bytes.clone(),
         );
+        // Block volumes: per volume, as the quota volumes' usage.
+        let block_volume_exposed = Family::<BlockVolumeLabel, Gauge>::default();
+        let block_volume_direct_io = Family::<BlockVolumeLabel, Gauge>::default();
+        registry.register(
+            "block_volume_exposed",
+            "Block volumes of this node: 1 while its loop is attached and its device node made, 0 when exposing it failed (its pod waits; see BlockVolumeNotExposed)",
+            block_volume_exposed.clone(),
+        );
+        registry.register(
+            "block_volume_direct_io",
+            "Block volumes exposed on this node: 1 when the loop does direct I/O on its backing file, 0 when the filesystem refused it (buffered: the data is cached twice)",
+            block_volume_direct_io.clone(),
+        );
         Self {
             registry: root,
+            block_volume_exposed,
+            block_volume_direct_io,
             library,
             ready,
             pool_shares_os_disk,
@@ -464,6 +495,24 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Records Block volume `label` as exposed, its loop doing direct I/O or not.
+    pub fn block_volume_exposed(&self, label: &BlockVolumeLabel, direct_io: bool) {
+        self.block_volume_exposed.get_or_create(label).set(1);
+        self.block_volume_direct_io.get_or_create(label).set(i64::from(direct_io));
+    }
+
+    /// Records Block volume `label` as not exposed (no loop, no node: its pod waits).
+    pub fn block_volume_not_exposed(&self, label: &BlockVolumeLabel) {
+        self.block_volume_exposed.get_or_create(label).set(0);
+        self.block_volume_direct_io.remove(label);
+    }
+
+    /// Drops the series of Block volume `label`, released (its PV deleted, or its making undone).
+    pub fn block_volume_released(&self, label: &BlockVolumeLabel) {
+        self.block_volume_exposed.remove(label);
+        self.block_volume_direct_io.remove(label);
     }
 
     /// Counts one outcome.
@@ -515,6 +564,33 @@ mod tests {
         );
         // 0.001 s falls in every bucket, 3 s from 5 s on.
         assert!(buckets[0].ends_with(" 1") && buckets[9].ends_with(" 2"), "{buckets:#?}");
+    }
+
+    #[test]
+    fn a_block_volume_has_a_series_while_served_and_none_once_released() {
+        let metrics = Metrics::new();
+        let disk = BlockVolumeLabel { pool: "ssd".into(), pv: "pvc-1".into() };
+        let waiting = BlockVolumeLabel { pool: "ssd".into(), pv: "pvc-2".into() };
+        metrics.block_volume_exposed(&disk, true);
+        metrics.block_volume_not_exposed(&waiting);
+        let text = metrics.encode();
+        for line in [
+            r#"hostpath_provisioner_block_volume_exposed{pool="ssd",pv="pvc-1"} 1"#,
+            r#"hostpath_provisioner_block_volume_direct_io{pool="ssd",pv="pvc-1"} 1"#,
+            r#"hostpath_provisioner_block_volume_exposed{pool="ssd",pv="pvc-2"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert!(!text.contains(r#"direct_io{pool="ssd",pv="pvc-2"}"#), "a volume not exposed has no loop: {text}");
+        // Exposed again, buffered this time; then released.
+        metrics.block_volume_exposed(&waiting, false);
+        let text = metrics.encode();
+        assert!(text.lines().any(|l| l == r#"hostpath_provisioner_block_volume_exposed{pool="ssd",pv="pvc-2"} 1"#));
+        assert!(text.lines().any(|l| l == r#"hostpath_provisioner_block_volume_direct_io{pool="ssd",pv="pvc-2"} 0"#));
+        metrics.block_volume_released(&disk);
+        metrics.block_volume_released(&waiting);
+        let text = metrics.encode();
+        assert!(!text.contains("pvc-1") && !text.contains("pvc-2"), "no series after release: {text}");
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use crate::serving::metrics::{ClaimClass, Metrics, Outcome, PoolLabel, StuckLabel, VolumeClass, WatchLabel};
+use crate::serving::metrics::{
+    BlockVolumeLabel, ClaimClass, Metrics, Outcome, PoolLabel, StuckLabel, VolumeClass, WatchLabel,
+};
 
 const RULES: &str = "deploy/helm/hostpath-provisioner/files/alerts.rules.yaml";
 const DASHBOARD: &str = "deploy/helm/hostpath-provisioner/files/grafana-dashboard.json";
@@ -122,6 +124,7 @@ fn metrics_with_every_family() -> Metrics {
         .get_or_create(&StuckLabel { pool: "legacy".into(), root: "/var/hpvolumes".into(), reason: "busy".into() })
         .set(1);
     metrics.watch_restarts.get_or_create(&WatchLabel { watch: "claims".into() }).inc();
+    metrics.block_volume_exposed(&BlockVolumeLabel { pool: "legacy".into(), pv: "pvc-1".into() }, true);
     metrics.waiting_claims.report("uid", "node", std::time::Duration::from_secs(60));
     let claim = ClaimClass { class: "hostpath".into(), source: String::new() };
     metrics.library.provisioned(&claim, 1.0);

@@ -111,6 +111,12 @@ pub(super) fn configure(device: BorrowedFd<'_>, file: BorrowedFd<'_>, flags: u32
     let raw = u32::try_from(rustix::fd::AsRawFd::as_raw_fd(&file)).map_err(|_| Errno::BADF)?;
     let mut info = LoopInfo64::zeroed();
     info.lo_flags = flags;
+    // Block size 0: the kernel's default, with direct I/O the logical block size of the backing
+    // file's disk (512 on most), as every Block volume has had since the first. Not the
+    // filesystem's 4096: measured with the Block bench (issue #47, docs/performance.md) it moves
+    // no figure beyond the noise, direct I/O is on either way, and the block size is part of what
+    // a volume holds (a partition table at sector 1, a filesystem made with 512-byte sectors): a
+    // volume exposed again with another would not read back.
     let config = LoopConfig { fd: raw, block_size: 0, info, reserved: [0; 8] };
     // SAFETY: LOOP_CONFIGURE reads one loop_config.
     match unsafe { ioctl(device, Setter::<LOOP_CONFIGURE, LoopConfig>::new(config)) } {

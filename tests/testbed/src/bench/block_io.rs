@@ -1,7 +1,9 @@
 //! Block volumes (issue #47): what the loop device costs. The same I/O, with `O_DIRECT` and
-//! aligned buffers at queue depth 1, on a loop device attached with direct I/O (as the provisioner
-//! attaches a Block volume's file) and on its backing file, on the same disk: sequential 1 MiB
-//! and random 4 KiB, read and write. And the primitive a Block clone shares its backing file
+//! aligned buffers at queue depth 1, on a loop device and on its backing file, on the same disk:
+//! sequential 1 MiB and random 4 KiB, read and write; random 4 KiB again from 4 threads (queue
+//! depth 4). The loop is attached by the provisioner's own code (`LoopHost::attach`, the
+//! `LOOP_CONFIGURE` a Block volume gets), not by `losetup`, so its settings (direct I/O, logical
+//! block size, queue) are the product's; they are read back and printed with the figures. And the primitive a Block clone shares its backing file
 //! with, `FICLONE` (`src/filesystem/clone.rs`), timed on a 1 GiB file on btrfs and XFS. Figures
 //! are reported, never asserted.
 
@@ -13,10 +15,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use hostpath_provisioner::filesystem::block::LoopHost;
 use serde_json::{Value, json};
 
 /// The backing file's size.
 const FILE_BYTES: u64 = 1 << 30;
+/// Threads of the random patterns' second figure, each one request at a time (queue depth 4):
+/// whether the loop's per-request hand-off to its worker still costs when requests overlap.
+const JOBS: usize = 4;
 /// How long each random pattern runs.
 const RANDOM_FOR: Duration = Duration::from_secs(4);
 /// Rounds of file then device, alternated so that neither always runs on a warmer disk; the
@@ -28,9 +34,19 @@ const SCATTERED_WRITES: u64 = 4096;
 /// `FICLONE`, `_IOW(0x94, 9, int)`.
 const FICLONE: libc::c_ulong = 0x4004_9409;
 
+/// The patterns, in the order printed.
+const PATTERNS: [&str; 6] = [
+    "seq-read-1MiB",
+    "seq-write-1MiB",
+    "rand-read-4KiB",
+    "rand-write-4KiB",
+    "rand-read-4KiB-4jobs",
+    "rand-write-4KiB-4jobs",
+];
+
 /// One I/O pattern on one target.
 pub struct Figure {
-    /// `seq-read-1MiB`, `seq-write-1MiB`, `rand-read-4KiB`, `rand-write-4KiB`.
+    /// One of [`PATTERNS`].
     pub pattern: &'static str,
     /// `file` (the backing file) or `device` (its loop device).
     pub target: &'static str,
@@ -53,6 +69,8 @@ pub struct BlockIo {
     pub dir: PathBuf,
     /// Whether the loop runs with direct I/O on its file (sysfs `loop/dio`).
     pub direct_io: bool,
+    /// The loop's queue settings (sysfs name, value).
+    pub queue: Vec<(&'static str, String)>,
     pub figures: Vec<Figure>,
     pub reflinks: Vec<Reflink>,
 }
@@ -147,24 +165,20 @@ fn measure(target: &'static str, path: &Path, out: &mut Vec<Figure>) -> Result<(
         let ios = (FILE_BYTES >> 20) as f64;
         out.push(Figure { pattern, target, mib_per_s: ios / secs, iops: ios / secs });
     }
-    let mut small = Aligned::new(4096);
-    let blocks = FILE_BYTES / 4096;
-    for (pattern, write) in [("rand-write-4KiB", true), ("rand-read-4KiB", false)] {
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    for (pattern, write, jobs) in [
+        ("rand-write-4KiB", true, 1),
+        ("rand-read-4KiB", false, 1),
+        ("rand-write-4KiB-4jobs", true, JOBS),
+        ("rand-read-4KiB-4jobs", false, JOBS),
+    ] {
         let started = Instant::now();
-        let mut ios = 0u64;
-        while started.elapsed() < RANDOM_FOR {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let at = (x % blocks) * 4096;
-            if write {
-                file.write_all_at(small.bytes(), at)?;
-            } else {
-                file.read_exact_at(small.bytes(), at)?;
-            }
-            ios += 1;
-        }
+        let file = &file;
+        let counts: Vec<Result<u64>> = std::thread::scope(|scope| {
+            let workers: Vec<_> =
+                (0..jobs).map(|job| scope.spawn(move || random_4k(file, write, job as u64, started))).collect();
+            workers.into_iter().map(|w| w.join().expect("a random I/O thread")).collect()
+        });
+        let ios: u64 = counts.into_iter().collect::<Result<Vec<u64>>>()?.into_iter().sum();
         let secs = started.elapsed().as_secs_f64();
         out.push(Figure {
             pattern,
@@ -176,12 +190,67 @@ fn measure(target: &'static str, path: &Path, out: &mut Vec<Figure>) -> Result<(
     Ok(())
 }
 
-/// A loop device on `file` with direct I/O, detached on drop.
-struct LoopDevice(String);
+/// Random 4 KiB I/O on `file`, one request at a time, until [`RANDOM_FOR`] after `started`:
+/// the number of requests made. `seed` gives each thread its own sequence of offsets.
+fn random_4k(file: &File, write: bool, seed: u64, started: Instant) -> Result<u64> {
+    let mut small = Aligned::new(4096);
+    let blocks = FILE_BYTES / 4096;
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D ^ (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut ios = 0u64;
+    while started.elapsed() < RANDOM_FOR {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let at = (x % blocks) * 4096;
+        if write {
+            file.write_all_at(small.bytes(), at)?;
+        } else {
+            file.read_exact_at(small.bytes(), at)?;
+        }
+        ios += 1;
+    }
+    Ok(ios)
+}
+
+/// The loop device's queue as the kernel set it up (sysfs), printed with the figures:
+/// `logical_block_size`, `scheduler`, `nr_requests`, `rotational`.
+fn queue_settings(device: &str) -> Vec<(&'static str, String)> {
+    let queue = Path::new("/sys/block").join(device.trim_start_matches("/dev/")).join("queue");
+    ["logical_block_size", "scheduler", "nr_requests", "rotational"]
+        .into_iter()
+        .map(|name| {
+            let value = std::fs::read_to_string(queue.join(name)).map(|v| v.trim().to_owned());
+            (name, value.unwrap_or_else(|e| format!("unreadable: {e}")))
+        })
+        .collect()
+}
+
+/// A loop device on the backing file, attached by the provisioner's own code
+/// (`LoopHost::attach`, direct I/O requested as for every Block volume), detached on drop.
+struct LoopDevice {
+    path: String,
+    number: u32,
+    backing: hostpath_provisioner::deciding::block::loop_safety::FileId,
+    /// Whether the kernel runs it with direct I/O (read back from the loop's status).
+    direct_io: bool,
+}
+
+impl LoopDevice {
+    fn attach(file: &File) -> Result<LoopDevice> {
+        let attached = LoopHost::host().attach(std::os::fd::AsFd::as_fd(file), true)?;
+        let number = attached.facts.number;
+        Ok(LoopDevice {
+            path: format!("/dev/loop{number}"),
+            number,
+            backing: attached.facts.backing,
+            direct_io: attached.direct_io,
+        })
+    }
+}
 
 impl Drop for LoopDevice {
     fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+        let _ = LoopHost::host().detach(self.number, self.backing);
     }
 }
 
@@ -258,19 +327,18 @@ pub fn run(work: &Path) -> Result<BlockIo> {
     let backing = work.join("block.img");
     eprintln!("bench: block: writing a 1 GiB backing file in {}", work.display());
     write_file(&backing, FILE_BYTES)?;
-    let device = LoopDevice(command(Command::new("losetup").args(["-f", "--show", "--direct-io=on"]).arg(&backing))?);
-    // What the provisioner asks for too (direct I/O where the filesystem allows it): read back.
-    let sys = format!("/sys/block/{}/loop/dio", device.0.trim_start_matches("/dev/"));
-    let direct_io = std::fs::read_to_string(&sys).map(|v| v.trim() == "1").unwrap_or(false);
+    let device = LoopDevice::attach(&OpenOptions::new().read(true).write(true).open(&backing)?)?;
+    let direct_io = device.direct_io;
+    let queue = queue_settings(&device.path);
     let mut rounds = Vec::new();
     for round in 1..=ROUNDS {
-        eprintln!("bench: block: round {round}/{ROUNDS}: the backing file, then its loop device {}", device.0);
+        eprintln!("bench: block: round {round}/{ROUNDS}: the backing file, then its loop device {}", device.path);
         measure("file", &backing, &mut rounds)?;
-        measure("device", Path::new(&device.0), &mut rounds)?;
+        measure("device", Path::new(&device.path), &mut rounds)?;
     }
     drop(device);
     let mut figures = Vec::new();
-    for first in rounds.iter().take(8) {
+    for first in rounds.iter().take(PATTERNS.len() * 2) {
         let median = |value: fn(&Figure) -> f64| {
             let mut all: Vec<f64> =
                 rounds.iter().filter(|f| f.pattern == first.pattern && f.target == first.target).map(value).collect();
@@ -291,7 +359,7 @@ pub fn run(work: &Path) -> Result<BlockIo> {
         reflinks.push(reflink(work, filesystem)?);
     }
     let _ = std::fs::remove_dir(work);
-    Ok(BlockIo { dir: work.to_owned(), direct_io, figures, reflinks })
+    Ok(BlockIo { dir: work.to_owned(), direct_io, queue, figures, reflinks })
 }
 
 impl BlockIo {
@@ -301,18 +369,20 @@ impl BlockIo {
 
     pub fn print(&self) {
         println!(
-            "\nBlock volume I/O (O_DIRECT, queue depth 1, median of {ROUNDS} rounds; backing file in {}; loop direct I/O {})",
+            "\nBlock volume I/O (O_DIRECT, queue depth 1, -4jobs: {JOBS} threads, median of {ROUNDS} rounds; backing file in {}; loop direct I/O {})",
             self.dir.display(),
             if self.direct_io { "on" } else { "off" }
         );
+        let queue: Vec<String> = self.queue.iter().map(|(name, value)| format!("{name} {value}")).collect();
+        println!("Loop device as the provisioner attached it: {}", queue.join(", "));
         println!(
-            "{:<16} {:>14} {:>14} {:>12} {:>12} {:>8}",
+            "{:<22} {:>14} {:>14} {:>12} {:>12} {:>8}",
             "pattern", "file MiB/s", "device MiB/s", "file IOPS", "device IOPS", "ratio"
         );
-        for pattern in ["seq-read-1MiB", "seq-write-1MiB", "rand-read-4KiB", "rand-write-4KiB"] {
+        for pattern in PATTERNS {
             if let (Some(file), Some(device)) = (self.figure(pattern, "file"), self.figure(pattern, "device")) {
                 println!(
-                    "{pattern:<16} {:>14.1} {:>14.1} {:>12.0} {:>12.0} {:>8.2}",
+                    "{pattern:<22} {:>14.1} {:>14.1} {:>12.0} {:>12.0} {:>8.2}",
                     file.mib_per_s,
                     device.mib_per_s,
                     file.iops,
@@ -335,6 +405,7 @@ impl BlockIo {
     pub fn json(&self) -> Value {
         json!({
             "loop_direct_io": self.direct_io,
+            "loop_queue": self.queue.iter().map(|(name, value)| (name.to_string(), json!(value))).collect::<serde_json::Map<_, _>>(),
             "figures": self.figures.iter().map(|f| json!({
                 "pattern": f.pattern, "target": f.target, "mib_per_s": f.mib_per_s, "iops": f.iops,
             })).collect::<Vec<_>>(),
