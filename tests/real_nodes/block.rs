@@ -1,11 +1,17 @@
 //! Block volumes (issue #47) on a real kubelet: the DaemonSet turned to `BLOCK_VOLUMES` the way
 //! docs/install.md tells a kustomize admin (the env, a privileged container, the host's `/dev`
 //! mounted at `/dev`, as the Helm chart renders it with `config.blockVolumes`). A pod with
-//! `volumeDevices` writes a pattern on the raw device and a second pod reads it back; a reboot
-//! is simulated (the provisioner stopped, every loop of ours detached and the device nodes gone,
+//! `volumeDevices` writes a pattern on the raw device and a second pod reads it back. A Block
+//! clone of the claim (`dataSource`, the same class and node) gives its pod the pattern, and the
+//! clone's pod's write stays out of the source; a `HostPathSnapshot` of the claim restored into a
+//! Block claim (`dataSourceRef`) gives its pod the pattern; then the claim grows online (its class
+//! has `allowVolumeExpansion`) under a running pod, which sees the new size without restarting,
+//! reads the pattern and writes past the old end into the grown file (`block_lifecycle.rs`). A
+//! reboot is simulated (the provisioner stopped, every loop of ours detached and the device nodes gone,
 //! other files' loops taking the freed numbers) and the volume's pod started before the
 //! provisioner: it waits, never reads another file's data, and runs on its own once the
-//! provisioner is back; deleting the claim leaves no loop, no device node and no file.
+//! provisioner is back, on a loop of the grown size; deleting the three claims leaves no loop,
+//! no device node and no file.
 //!
 //! What the kubelet (v1.36) does with a `local` PV of `volumeMode: Block`, as observed here
 //! (the scenario prints it):
@@ -18,7 +24,18 @@
 //!   `<kubelet root>/plugins/kubernetes.io~local-volume/volumeDevices/<pv>/<pod uid>` and gives
 //!   the container the device at the `devicePath`; it attaches no loop device of its own on the
 //!   node (older kubelets did, as a lock); all of it is undone when the pod goes, so the
-//!   provisioner's loop is closed again and its release detaches it at once.
+//!   provisioner's loop is closed again and its release detaches it at once;
+//! - a clone and a restore are pods like any other: the PV is bound with its device node made,
+//!   and the kubelet maps it as above (a clone bound, read and written in about 3 s);
+//! - the growth is not the kubelet's at all. On the patch the controller-manager's expand
+//!   controller only waits for an external resizer (`ExternalExpanding`); the provisioner puts
+//!   `Resizing=True` and `allocatedResourceStatuses.storage=ControllerResizeInProgress` on the
+//!   claim, grows the file, sets the loop's capacity, then the PV's and the claim's capacity and
+//!   clears both (`Resizing`, `VolumeResizeSuccessful` events), 0.2 s after the patch. No
+//!   `FileSystemResizePending`, nothing on the pod, no word of a resize in the kubelet's log: the
+//!   container's device is the node's loop itself, so the running pod's `blockdev --getsize64`
+//!   reads the new size as soon as the loop has it (within its 0.2 s polling, 1.7 s after the
+//!   patch), restart count 0.
 //!
 //! And of the loop devices: sysfs `loop/backing_file` is a name as the attaching process saw it.
 //! Once the provisioner's container that attached a loop is gone, its mount namespace with it,
