@@ -441,7 +441,7 @@ async fn simulated_reboot(
     let ours = loops_of(backing)?;
     ensure!(ours.len() == 1, "re-attached once: {ours:?}");
     let size = block_lifecycle::loop_size(ours[0].0)?;
-    ensure!(size == 96 << 20, "re-attached with the grown file's size: {size}");
+    ensure!(size == block_lifecycle::GROWN_BYTES, "re-attached with the grown file's size: {size}");
     ctx.lane.delete_pod(ns, "after-reboot").await?;
     Ok(())
 }

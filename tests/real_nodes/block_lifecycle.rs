@@ -18,8 +18,9 @@ const CLONE_PATTERN: &str = "hpp-block-clone2";
 const GROWN_PATTERN: &str = "hpp-block-grown3";
 /// The claims' first size, and what the growth asks for.
 pub(super) const FIRST_SIZE: &str = "64Mi";
+const FIRST_BYTES: u64 = 64 << 20;
 const GROWN_SIZE: &str = "96Mi";
-const GROWN_BYTES: u64 = 96 << 20;
+pub(super) const GROWN_BYTES: u64 = 96 << 20;
 /// Where past the old end the growing pod writes: 1 MiB past 64 MiB.
 const PAST_OLD_END: u64 = 65 << 20;
 
@@ -96,30 +97,34 @@ fn logged(logs: &str, key: &str) -> Option<String> {
     logs.lines().find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_owned))
 }
 
-/// A Block claim of `class` in `ns` whose data comes from `claim` (a clone) or `snapshot`.
-fn copy_claim(
-    ns: &str,
-    name: &str,
-    class: &str,
-    from_claim: Option<&str>,
-    from_snapshot: Option<&str>,
-) -> PersistentVolumeClaim {
+/// Where a copy's data comes from.
+enum CopyOf<'a> {
+    /// A clone of this claim (`dataSource`).
+    Claim(&'a str),
+    /// A restore of this `HostPathSnapshot` (`dataSourceRef`).
+    Snapshot(&'a str),
+}
+
+/// A Block claim of `class` in `ns` whose data comes from `from`.
+fn copy_claim(ns: &str, name: &str, class: &str, from: CopyOf) -> PersistentVolumeClaim {
     let mut claim = fixtures::claim(ns, name, class, FIRST_SIZE).block().build();
     let spec = claim.spec.as_mut().expect("a claim has a spec");
-    if let Some(source) = from_claim {
-        spec.data_source = Some(TypedLocalObjectReference {
-            api_group: None,
-            kind: "PersistentVolumeClaim".into(),
-            name: source.into(),
-        });
-    }
-    if let Some(snapshot) = from_snapshot {
-        spec.data_source_ref = Some(TypedObjectReference {
-            api_group: Some(GROUP.into()),
-            kind: KIND.into(),
-            name: snapshot.into(),
-            namespace: None,
-        });
+    match from {
+        CopyOf::Claim(source) => {
+            spec.data_source = Some(TypedLocalObjectReference {
+                api_group: None,
+                kind: "PersistentVolumeClaim".into(),
+                name: source.into(),
+            })
+        }
+        CopyOf::Snapshot(snapshot) => {
+            spec.data_source_ref = Some(TypedObjectReference {
+                api_group: Some(GROUP.into()),
+                kind: KIND.into(),
+                name: snapshot.into(),
+                namespace: None,
+            })
+        }
     }
     claim
 }
@@ -136,7 +141,7 @@ pub(super) async fn clone_and_restore(
     made: &mut Vec<FileId>,
 ) -> Result<Vec<BlockVolume>> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
-    claims.create(&PostParams::default(), &copy_claim(ns, "copy", class, Some(&source.claim), None)).await?;
+    claims.create(&PostParams::default(), &copy_claim(ns, "copy", class, CopyOf::Claim(&source.claim))).await?;
     let script = format!(
         "echo read=$(dd if={DEVICE_PATH} bs=16 count=1 2>/dev/null); \
          printf {CLONE_PATTERN} | dd of={DEVICE_PATH} conv=fsync 2>/dev/null && \
@@ -176,7 +181,7 @@ pub(super) async fn clone_and_restore(
         snapshot.metadata.annotations.as_ref().and_then(|a| a.get("hostpath-provisioner.kubevirt.io/volume-mode"));
     ensure!(mode.map(String::as_str) == Some("Block"), "the snapshot says its mode: {mode:?}");
     let method = snapshot.status.as_ref().and_then(|s| s.method.clone()).unwrap_or_default();
-    claims.create(&PostParams::default(), &copy_claim(ns, "restored", class, None, Some("before"))).await?;
+    claims.create(&PostParams::default(), &copy_claim(ns, "restored", class, CopyOf::Snapshot("before"))).await?;
     let logs = run_device_pod(ctx, device_pod(ctx, ns, "restore-reader", "restored", &read)).await?;
     ensure!(logs.trim() == OWN_PATTERN, "the restore reads the source's pattern: {logs:?}");
     let restored = BlockVolume::of(ctx, ns, "restored").await?;
@@ -224,7 +229,7 @@ pub(super) async fn grows_under_its_running_pod(ctx: &Ctx, ns: &str, volume: &Bl
     .map_err(|e| e.context(format!("{}\n{}", pod_events(ctx, ns, "holder"), ctx.provisioner_logs())))?;
     let (holder, size) = holder;
     ensure!(phase(&holder) == "Running", "the holder runs: {}", phase(&holder));
-    ensure!(size == (64u64 << 20).to_string(), "the pod sees 64Mi first: {size}");
+    ensure!(size == FIRST_BYTES.to_string(), "the pod sees {FIRST_SIZE} first: {size}");
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), ns);
     let grow = serde_json::json!({"spec": {"resources": {"requests": {"storage": GROWN_SIZE}}}});
