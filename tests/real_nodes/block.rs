@@ -35,7 +35,10 @@
 //!   `FileSystemResizePending`, nothing on the pod, no word of a resize in the kubelet's log: the
 //!   container's device is the node's loop itself, so the running pod's `blockdev --getsize64`
 //!   reads the new size as soon as the loop has it (within its 0.2 s polling, 1.7 s after the
-//!   patch), restart count 0.
+//!   patch), restart count 0. Checked once with `LOOP_SET_CAPACITY` made a no-op in the
+//!   provisioner: the claim and the PV still reach the new size, but the pod never sees it and
+//!   the scenario fails waiting for it ("timed out after 120.2s waiting for pod .../holder
+//!   finished").
 //!
 //! And of the loop devices: sysfs `loop/backing_file` is a name as the attaching process saw it.
 //! Once the provisioner's container that attached a loop is gone, its mount namespace with it,
