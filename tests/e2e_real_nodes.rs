@@ -81,7 +81,9 @@ mod snapshots;
 use snapshots::a_snapshot_of_a_volume_a_pod_wrote_restores_the_files_as_they_were_for_another_pod;
 #[path = "real_nodes/block.rs"]
 mod block;
-use block::a_block_volume_keeps_its_data_across_pods_and_a_reboot_and_a_pod_never_maps_another_file;
+#[path = "real_nodes/block_lifecycle.rs"]
+mod block_lifecycle;
+use block::a_block_volume_keeps_its_data_across_pods_clones_snapshots_growth_and_a_reboot_never_mapping_another_file;
 #[path = "real_nodes/swap.rs"]
 mod swap;
 use swap::a_swap_from_the_go_build_to_this_one_and_back_loses_and_orphans_nothing_two_nodes;
@@ -143,7 +145,7 @@ async fn run(filter: Option<String>) -> ExitCode {
         a_clone_of_a_claim_a_pod_wrote_into_gives_another_pod_the_same_files_and_owners,
         a_snapshot_of_a_volume_a_pod_wrote_restores_the_files_as_they_were_for_another_pod,
         // Turns BLOCK_VOLUMES on (a privileged container) and restores the template after.
-        a_block_volume_keeps_its_data_across_pods_and_a_reboot_and_a_pod_never_maps_another_file,
+        a_block_volume_keeps_its_data_across_pods_clones_snapshots_growth_and_a_reboot_never_mapping_another_file,
         a_local_volume_gets_the_pods_fs_group_and_shows_in_the_kubelets_volume_stats,
         two_pods_of_the_node_share_a_node_volume_with_node_local_sharing,
         a_pod_of_another_user_writes_into_a_class_owned_volume_through_its_group,

@@ -1,11 +1,17 @@
 //! Block volumes (issue #47) on a real kubelet: the DaemonSet turned to `BLOCK_VOLUMES` the way
 //! docs/install.md tells a kustomize admin (the env, a privileged container, the host's `/dev`
 //! mounted at `/dev`, as the Helm chart renders it with `config.blockVolumes`). A pod with
-//! `volumeDevices` writes a pattern on the raw device and a second pod reads it back; a reboot
-//! is simulated (the provisioner stopped, every loop of ours detached and the device nodes gone,
+//! `volumeDevices` writes a pattern on the raw device and a second pod reads it back. A Block
+//! clone of the claim (`dataSource`, the same class and node) gives its pod the pattern, and the
+//! clone's pod's write stays out of the source; a `HostPathSnapshot` of the claim restored into a
+//! Block claim (`dataSourceRef`) gives its pod the pattern; then the claim grows online (its class
+//! has `allowVolumeExpansion`) under a running pod, which sees the new size without restarting,
+//! reads the pattern and writes past the old end into the grown file (`block_lifecycle.rs`). A
+//! reboot is simulated (the provisioner stopped, every loop of ours detached and the device nodes gone,
 //! other files' loops taking the freed numbers) and the volume's pod started before the
 //! provisioner: it waits, never reads another file's data, and runs on its own once the
-//! provisioner is back; deleting the claim leaves no loop, no device node and no file.
+//! provisioner is back, on a loop of the grown size; deleting the three claims leaves no loop,
+//! no device node and no file.
 //!
 //! What the kubelet (v1.36) does with a `local` PV of `volumeMode: Block`, as observed here
 //! (the scenario prints it):
@@ -18,7 +24,21 @@
 //!   `<kubelet root>/plugins/kubernetes.io~local-volume/volumeDevices/<pv>/<pod uid>` and gives
 //!   the container the device at the `devicePath`; it attaches no loop device of its own on the
 //!   node (older kubelets did, as a lock); all of it is undone when the pod goes, so the
-//!   provisioner's loop is closed again and its release detaches it at once.
+//!   provisioner's loop is closed again and its release detaches it at once;
+//! - a clone and a restore are pods like any other: the PV is bound with its device node made,
+//!   and the kubelet maps it as above (a clone bound, read and written in about 3 s);
+//! - the growth is not the kubelet's at all. On the patch the controller-manager's expand
+//!   controller only waits for an external resizer (`ExternalExpanding`); the provisioner puts
+//!   `Resizing=True` and `allocatedResourceStatuses.storage=ControllerResizeInProgress` on the
+//!   claim, grows the file, sets the loop's capacity, then the PV's and the claim's capacity and
+//!   clears both (`Resizing`, `VolumeResizeSuccessful` events), 0.2 s after the patch. No
+//!   `FileSystemResizePending`, nothing on the pod, no word of a resize in the kubelet's log: the
+//!   container's device is the node's loop itself, so the running pod's `blockdev --getsize64`
+//!   reads the new size as soon as the loop has it (within its 0.2 s polling, 1.7 s after the
+//!   patch), restart count 0. Checked once with `LOOP_SET_CAPACITY` made a no-op in the
+//!   provisioner: the claim and the PV still reach the new size, but the pod never sees it and
+//!   the scenario fails waiting for it ("timed out after 120.2s waiting for pod .../holder
+//!   finished").
 //!
 //! And of the loop devices: sysfs `loop/backing_file` is a name as the attaching process saw it.
 //! Once the provisioner's container that attached a loop is gone, its mount namespace with it,
@@ -39,20 +59,20 @@
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use hostpath_provisioner::deciding::block::loop_safety::FileId;
-use hostpath_provisioner::deciding::block::{BACKING_DIR_ANNOTATION, BACKING_FILE};
 use hostpath_provisioner::filesystem::block::LoopHost;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Event, PodTemplateSpec, VolumeDevice};
 
+use super::block_lifecycle::{self, BlockVolume, FIRST_SIZE};
 use super::*;
 
 /// The lane's device directory, its own so that no other provisioner on the host (a
 /// control-plane test's) removes its nodes as naming none of its volumes.
 const DEVICE_DIR: &str = "/dev/hpp-lane-block";
 /// Where the pod sees the raw device.
-const DEVICE_PATH: &str = "/dev/xvda";
+pub(super) const DEVICE_PATH: &str = "/dev/xvda";
 /// What the volume's pods write at offset 0 (16 bytes: one `dd bs=16` read).
-const OWN_PATTERN: &str = "hpp-block-own-01";
+pub(super) const OWN_PATTERN: &str = "hpp-block-own-01";
 /// What the unrelated files hold at offset 0.
 const UNRELATED_PATTERN: &str = "UNRELATED-DATA-9";
 /// A DaemonSet node selector no node has: the provisioner stops on every node.
@@ -60,12 +80,12 @@ const STOPPED_LABEL: &str = "hpp-testbed/provisioner-stopped";
 
 /// The loops whose backing file is `file` (by device and inode, `LOOP_GET_STATUS64`, as the
 /// provisioner reads them), with the name sysfs gives that file.
-fn loops_of(file: FileId) -> Result<Vec<(u32, String)>> {
+pub(super) fn loops_of(file: FileId) -> Result<Vec<(u32, String)>> {
     let loops = LoopHost::host().loops()?;
     Ok(loops.into_iter().filter(|l| l.facts.backing == file).map(|l| (l.facts.number, l.backing_name)).collect())
 }
 
-fn file_id(path: &Path) -> Result<FileId> {
+pub(super) fn file_id(path: &Path) -> Result<FileId> {
     let meta = std::fs::metadata(path).with_context(|| format!("stat {}", path.display()))?;
     Ok(FileId { dev_major: rustix::fs::major(meta.dev()), dev_minor: rustix::fs::minor(meta.dev()), ino: meta.ino() })
 }
@@ -133,7 +153,7 @@ impl Drop for UnrelatedLoops {
 
 /// A busybox pod on the lane's node running `script` with `claim` as the raw device
 /// [`DEVICE_PATH`].
-fn device_pod(ctx: &Ctx, ns: &str, name: &str, claim: &str, script: &str) -> Pod {
+pub(super) fn device_pod(ctx: &Ctx, ns: &str, name: &str, claim: &str, script: &str) -> Pod {
     let mut pod = PodRun::new(ns, name, script).claim(claim).on_node(ctx.lane.node_name()).build();
     for container in pod.spec.as_mut().into_iter().flat_map(|s| s.containers.iter_mut()) {
         container.volume_mounts = None;
@@ -142,12 +162,12 @@ fn device_pod(ctx: &Ctx, ns: &str, name: &str, claim: &str, script: &str) -> Pod
     pod
 }
 
-fn phase(pod: &Pod) -> &str {
+pub(super) fn phase(pod: &Pod) -> &str {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default()
 }
 
 /// Creates the pod and waits until it finished; returns its main container's output.
-async fn run_device_pod(ctx: &Ctx, pod: Pod) -> Result<String> {
+pub(super) async fn run_device_pod(ctx: &Ctx, pod: Pod) -> Result<String> {
     let ns = pod.metadata.namespace.clone().context("namespace")?;
     let name = pod.metadata.name.clone().context("name")?;
     let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), &ns);
@@ -155,7 +175,7 @@ async fn run_device_pod(ctx: &Ctx, pod: Pod) -> Result<String> {
     finished(ctx, &ns, &name).await
 }
 
-async fn finished(ctx: &Ctx, ns: &str, name: &str) -> Result<String> {
+pub(super) async fn finished(ctx: &Ctx, ns: &str, name: &str) -> Result<String> {
     let pods: Api<Pod> = Api::namespaced(ctx.lane.client(), ns);
     let done = testbed::wait_until(
         &format!("pod {ns}/{name} finished"),
@@ -171,7 +191,7 @@ async fn finished(ctx: &Ctx, ns: &str, name: &str) -> Result<String> {
 }
 
 /// The events of pod `name`, one a line, for messages.
-fn pod_events(ctx: &Ctx, ns: &str, name: &str) -> String {
+pub(super) fn pod_events(ctx: &Ctx, ns: &str, name: &str) -> String {
     let selector = format!("involvedObject.name={name}");
     ctx.lane
         .cp()
@@ -249,21 +269,27 @@ async fn start_provisioner(ctx: &Ctx) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn a_block_volume_keeps_its_data_across_pods_and_a_reboot_and_a_pod_never_maps_another_file(
+pub(super) async fn a_block_volume_keeps_its_data_across_pods_clones_snapshots_growth_and_a_reboot_never_mapping_another_file(
     ctx: &Ctx,
 ) -> Result<()> {
     ctx.deployed().await?;
     let before = turn_block_volumes_on(ctx).await?;
     let unrelated = UnrelatedLoops { dir: ctx.lane.dir().join("block-unrelated") };
-    let mut made = None;
-    let outcome = block_scenario(ctx, &unrelated, &mut made).await;
+    let mut made = Vec::new();
+    let mut class = None;
+    let outcome = block_scenario(ctx, &unrelated, &mut made, &mut class).await;
     drop(unrelated);
     if outcome.is_err() {
-        // A failure before the claim's deletion leaves the volume's loop holding its file after
-        // the lane removed it: detached here, by inode.
-        for (number, _) in made.map(loops_of).transpose().ok().flatten().unwrap_or_default() {
-            let _ = losetup(&["-d", &format!("/dev/loop{number}")]);
+        // A failure before the claims' deletion leaves the volumes' loops holding their files
+        // after the lane removed them: detached here, by inode.
+        for file in made {
+            for (number, _) in loops_of(file).unwrap_or_default() {
+                let _ = losetup(&["-d", &format!("/dev/loop{number}")]);
+            }
         }
+    }
+    if let Some(class) = class {
+        let _ = Api::<StorageClass>::all(ctx.lane.client()).delete(&class, &DeleteParams::default()).await;
     }
     // Back to deploy/legacy's template for the scenarios after this one (the first scenario's
     // capability check among them), and no device directory left on the host.
@@ -272,10 +298,21 @@ pub(super) async fn a_block_volume_keeps_its_data_across_pods_and_a_reboot_and_a
     outcome.and(restored)
 }
 
-async fn block_scenario(ctx: &Ctx, unrelated: &UnrelatedLoops, made: &mut Option<FileId>) -> Result<()> {
+async fn block_scenario(
+    ctx: &Ctx,
+    unrelated: &UnrelatedLoops,
+    made: &mut Vec<FileId>,
+    class_made: &mut Option<String>,
+) -> Result<()> {
     let ns = ctx.namespace("block").await?;
+    // deploy/legacy's class but for allowVolumeExpansion, which the growth needs (clones and
+    // restores take their source's class).
+    let class = format!("{ns}-class");
+    let expandable = fixtures::storage_class(&class, "kubevirt.io/hostpath-provisioner").allow_expansion().build();
+    Api::<StorageClass>::all(ctx.lane.client()).create(&PostParams::default(), &expandable).await?;
+    *class_made = Some(class.clone());
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), &ns);
-    claims.create(&PostParams::default(), &fixtures::claim(&ns, "disk", CLASS, "64Mi").block().build()).await?;
+    claims.create(&PostParams::default(), &fixtures::claim(&ns, "disk", &class, FIRST_SIZE).block().build()).await?;
 
     // Written by one pod, which stays a moment so the kubelet's side can be looked at.
     let write = format!(
@@ -293,20 +330,13 @@ async fn block_scenario(ctx: &Ctx, unrelated: &UnrelatedLoops, made: &mut Option
     })
     .await?;
 
-    let pv = ctx.pv_of(&ns, "disk").await?;
-    let pv_name = pv.metadata.name.clone().context("PV name")?;
-    let spec = pv.spec.as_ref().context("spec")?;
-    ensure!(spec.volume_mode.as_deref() == Some("Block"), "a Block PV: {spec:?}");
-    let node_path = PathBuf::from(&spec.local.as_ref().context("a local PV")?.path);
-    ensure!(node_path == Path::new(DEVICE_DIR).join(&pv_name), "the PV names its node: {}", node_path.display());
+    let disk = BlockVolume::of(ctx, &ns, "disk").await?;
+    made.push(disk.file);
+    let node_path = disk.node.clone();
+    ensure!(node_path == Path::new(DEVICE_DIR).join(&disk.pv), "the PV names its node: {}", node_path.display());
     ensure!(std::fs::metadata(&node_path)?.file_type().is_block_device(), "{} is a block device", node_path.display());
-    let backing_dir = PathBuf::from(
-        pv.metadata.annotations.as_ref().and_then(|a| a.get(BACKING_DIR_ANNOTATION)).context("backing dir")?,
-    );
-    let backing = backing_dir.join(BACKING_FILE);
-    let backing_id = file_id(&backing)?;
-    *made = Some(backing_id);
-    let ours = loops_of(backing_id)?;
+    let backing = disk.backing();
+    let ours = loops_of(disk.file)?;
     ensure!(ours.len() == 1, "one loop on {}: {ours:?}", backing.display());
     let own_number = ours[0].0;
     // The kubelet's side while the pod runs: its bind mount of the node and its lock loop.
@@ -314,7 +344,7 @@ async fn block_scenario(ctx: &Ctx, unrelated: &UnrelatedLoops, made: &mut Option
         .lane
         .dir()
         .join("kubelet/plugins/kubernetes.io~local-volume/volumeDevices")
-        .join(&pv_name)
+        .join(&disk.pv)
         .join(writer.metadata.uid.as_deref().unwrap_or_default());
     let kubelet_loops = loops_backed_under(&node_path);
     println!(
@@ -335,18 +365,15 @@ async fn block_scenario(ctx: &Ctx, unrelated: &UnrelatedLoops, made: &mut Option
     ensure!(logs.trim() == OWN_PATTERN, "the reader reads what the writer wrote: {logs:?}");
     ctx.lane.delete_pod(&ns, "reader").await?;
 
-    simulated_reboot(ctx, &ns, &node_path, backing_id, own_number, unrelated).await?;
+    let copies = block_lifecycle::clone_and_restore(ctx, &ns, &class, &disk, made).await?;
+    block_lifecycle::grows_under_its_running_pod(ctx, &ns, &disk).await?;
 
-    // Deleted: no loop, no node, no file.
-    claims.delete("disk", &DeleteParams::default()).await?;
-    let pvs: Api<PersistentVolume> = Api::all(ctx.lane.client());
-    testbed::wait_for(&format!("PV {pv_name} and {} gone", backing_dir.display()), LANE_TIMEOUT, || async {
-        anyhow::Ok((pvs.get_opt(&pv_name).await?.is_none() && !backing_dir.exists()).then_some(()))
-    })
-    .await
-    .map_err(|e| e.context(ctx.provisioner_logs()))?;
-    ensure!(!node_path.exists(), "the device node {} is gone", node_path.display());
-    ensure!(loops_of(backing_id)?.is_empty(), "no loop on the file: {:?}", loops_of(backing_id)?);
+    simulated_reboot(ctx, &ns, &node_path, disk.file, own_number, unrelated).await?;
+
+    // Deleted: no loop, no node, no file, of the clone, the restore and the source.
+    for volume in copies.iter().chain([&disk]) {
+        volume.delete_leaving_nothing(ctx, &ns).await?;
+    }
     ensure!(loops_backed_under(&node_path).is_empty(), "no loop on the node");
     Ok(())
 }
@@ -416,6 +443,8 @@ async fn simulated_reboot(
     );
     let ours = loops_of(backing)?;
     ensure!(ours.len() == 1, "re-attached once: {ours:?}");
+    let size = block_lifecycle::loop_size(ours[0].0)?;
+    ensure!(size == block_lifecycle::GROWN_BYTES, "re-attached with the grown file's size: {size}");
     ctx.lane.delete_pod(ns, "after-reboot").await?;
     Ok(())
 }
