@@ -26,14 +26,7 @@ const BACKING_INODE: &str = "hostpath-provisioner.kubevirt.io/block-backing-inod
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_claim_is_a_loop_device_of_its_file_exposed_again_after_a_restart_and_released_on_deletion() {
-    let devices = device_dir();
-    let devices_env = devices.to_string_lossy().into_owned();
-    let mut env =
-        TestEnv::start_with("block", 1, |spec| spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env))
-            .await;
-    let node = env.nodes[0].name.clone();
-    let pool = env.nodes[0].pool_root.clone();
-    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let BlockNode { mut env, node, pool, devices, _cleanup } = BlockNode::start("block").await;
     let class = env.class("block", |c| c).await;
     let claim =
         env.create_claim(fixtures::claim(&env.ns, "disk", &class, "16Mi").provision_on_node(&node).block()).await;
@@ -136,15 +129,7 @@ async fn a_block_claim_is_refused_naming_the_setting_while_block_volumes_are_off
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_device_still_open_is_waited_for_with_an_event_before_its_file_goes() {
-    let devices = device_dir();
-    let devices_env = devices.to_string_lossy().into_owned();
-    let env = TestEnv::start_with("block-open", 1, |spec| {
-        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
-    })
-    .await;
-    let node = env.nodes[0].name.clone();
-    let pool = env.nodes[0].pool_root.clone();
-    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let BlockNode { env, node, pool, _cleanup, .. } = BlockNode::start("block-open").await;
     let class = env.class("block", |c| c).await;
     env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
     let pv = env.wait_bound("disk").await;
@@ -197,15 +182,7 @@ fn forged_block_pv(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forged_block_pv_naming_another_volumes_node_file_or_a_host_device_is_refused_and_nothing_is_touched() {
     use std::os::unix::fs::MetadataExt;
-    let devices = device_dir();
-    let devices_env = devices.to_string_lossy().into_owned();
-    let env = TestEnv::start_with("block-forged", 1, |spec| {
-        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
-    })
-    .await;
-    let node = env.nodes[0].name.clone();
-    let pool = env.nodes[0].pool_root.clone();
-    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let BlockNode { env, node, pool, _cleanup, .. } = BlockNode::start("block-forged").await;
     let class = env.class("block", |c| c).await;
     let immediate = env.class("imm", |c| c.immediate()).await;
     // The victim: a real Block volume holding data.
@@ -256,15 +233,7 @@ async fn a_forged_block_pv_naming_another_volumes_node_file_or_a_host_device_is_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retained_block_pv_deleted_by_hand_leaves_its_file_but_no_node_nor_loop() {
-    let devices = device_dir();
-    let devices_env = devices.to_string_lossy().into_owned();
-    let env = TestEnv::start_with("block-retain", 1, |spec| {
-        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
-    })
-    .await;
-    let node = env.nodes[0].name.clone();
-    let pool = env.nodes[0].pool_root.clone();
-    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let BlockNode { env, node, pool, _cleanup, .. } = BlockNode::start("block-retain").await;
     let class = env.class("keep", |c| c.reclaim_policy("Retain")).await;
     env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
     let pv = env.wait_bound("disk").await;
@@ -288,15 +257,7 @@ async fn a_retained_block_pv_deleted_by_hand_leaves_its_file_but_no_node_nor_loo
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_volume_that_cannot_be_exposed_is_undone_leaving_no_loop_file_nor_directory() {
-    let devices = device_dir();
-    let devices_env = devices.to_string_lossy().into_owned();
-    let mut env = TestEnv::start_with("block-undo", 1, |spec| {
-        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
-    })
-    .await;
-    let node = env.nodes[0].name.clone();
-    let pool = env.nodes[0].pool_root.clone();
-    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let BlockNode { mut env, node, pool, devices, _cleanup } = BlockNode::start("block-undo").await;
     let class = env.class("block", |c| c).await;
     // The claim is made while the node is down, and a directory put where its device node goes:
     // a directory is never removed from there, so the volume cannot be exposed.
@@ -320,14 +281,7 @@ async fn a_block_volume_that_cannot_be_exposed_is_undone_leaving_no_loop_file_no
 /// gone, as after a reboot): at start it is neither attached nor exposed, with an event saying
 /// `says`, and the node still becomes ready.
 async fn replaced_while_down_is_not_exposed(test: &str, replace: fn(&Path), says: &str) {
-    let devices = device_dir();
-    let devices_env = devices.to_string_lossy().into_owned();
-    let mut env =
-        TestEnv::start_with(test, 1, |spec| spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env))
-            .await;
-    let node = env.nodes[0].name.clone();
-    let pool = env.nodes[0].pool_root.clone();
-    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let BlockNode { mut env, node, pool, _cleanup, .. } = BlockNode::start(test).await;
     let class = env.class("block", |c| c).await;
     env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
     let pv = env.wait_bound("disk").await;
@@ -395,15 +349,7 @@ async fn a_backing_file_made_again_under_its_freed_inode_number_is_not_exposed_a
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_claim_grows_online_while_its_device_is_open_keeping_its_data_and_its_loop() {
-    let devices = device_dir();
-    let devices_env = devices.to_string_lossy().into_owned();
-    let env = TestEnv::start_with("block-grow", 1, |spec| {
-        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
-    })
-    .await;
-    let node = env.nodes[0].name.clone();
-    let pool = env.nodes[0].pool_root.clone();
-    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let BlockNode { env, node, pool, _cleanup, .. } = BlockNode::start("block-grow").await;
     let class = env.class("block-grow", |c| c.allow_expansion()).await;
     let claim =
         env.create_claim(fixtures::claim(&env.ns, "disk", &class, "16Mi").provision_on_node(&node).block()).await;
@@ -468,15 +414,7 @@ async fn a_block_claim_grows_online_while_its_device_is_open_keeping_its_data_an
 /// fixed, the retried deletion releases it again and completes.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_volume_released_for_a_failed_deletion_is_exposed_again_once_its_pv_is_kept() {
-    let devices = device_dir();
-    let devices_env = devices.to_string_lossy().into_owned();
-    let env = TestEnv::start_with("block-failed-delete", 1, |spec| {
-        spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
-    })
-    .await;
-    let node = env.nodes[0].name.clone();
-    let pool = env.nodes[0].pool_root.clone();
-    let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+    let BlockNode { env, node, pool, _cleanup, .. } = BlockNode::start("block-failed-delete").await;
     let class = env.class("block", |c| c).await;
     env.create_claim(fixtures::claim(&env.ns, "disk", &class, "8Mi").provision_on_node(&node).block()).await;
     let pv = env.wait_bound("disk").await;

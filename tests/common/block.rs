@@ -59,3 +59,29 @@ pub fn device_size(path: &Path) -> u64 {
     assert!(out.status.success(), "blockdev --getsize64 {}: {out:?}", path.display());
     String::from_utf8_lossy(&out.stdout).trim().parse().expect("a size")
 }
+
+/// A control plane whose one node serves Block volumes in a device directory of the test's own:
+/// the node's name and pool, and the directory; its loops and the directory go when the
+/// `_cleanup` is dropped (bind it last, so that it goes before the control plane).
+pub struct BlockNode {
+    pub env: super::TestEnv,
+    pub node: String,
+    pub pool: PathBuf,
+    pub devices: PathBuf,
+    pub _cleanup: BlockCleanup,
+}
+
+impl BlockNode {
+    pub async fn start(group: &str) -> Self {
+        let devices = device_dir();
+        let devices_env = devices.to_string_lossy().into_owned();
+        let env = super::TestEnv::start_with(group, 1, |spec| {
+            spec.env("BLOCK_VOLUMES", "true").env("BLOCK_DEVICE_DIR", &devices_env)
+        })
+        .await;
+        let node = env.nodes[0].name.clone();
+        let pool = env.nodes[0].pool_root.clone();
+        let _cleanup = BlockCleanup { pool: pool.clone(), devices: devices.clone() };
+        BlockNode { env, node, pool, devices, _cleanup }
+    }
+}
