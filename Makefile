@@ -103,10 +103,16 @@ test-kubevirt-migration: control-plane
 # same binary in an image on the real-node lane (tests/real_nodes/upgrade_helm.rs and
 # upgrade_operator.rs): a Helm release and an operator of that commit upgraded under a burst of
 # claims by docs/upgrading.md's commands, and rolled back (about 5 min with the lane's start).
+# A second, later pin for what the first predates: snapshots, taken by a release whose CRD had
+# no status.volumeMode, restored after the upgrade, and back (tests/e2e_upgrade_snapshots.rs;
+# the same build, about 20 s of test).
 EARLIER_COMMIT ?= 12b82d297bdf2511c5dcb4140a08407fe805fe2d
+EARLIER_SNAPSHOTS_COMMIT ?= f97ac4e2008c69a35201a27d3fac850c02ba09fc
 test-upgrade: control-plane deploy-tools
 	earlier="$$(bash hack/build-earlier-provisioner.sh $(EARLIER_COMMIT))" && \
+	  snapshots="$$(bash hack/build-earlier-provisioner.sh $(EARLIER_SNAPSHOTS_COMMIT))" && \
 	  HPP_EARLIER_PROVISIONER="$$earlier" $(CARGO) test --test e2e_upgrade_mixed && \
+	  HPP_EARLIER_SNAPSHOTS_PROVISIONER="$$snapshots" $(CARGO) test --test e2e_upgrade_snapshots && \
 	  HPP_EARLIER_PROVISIONER="$$earlier" $(CARGO) test --test e2e_real_nodes -- an_earlier_
 
 # The oldest Kubernetes the project supports (Chart.yaml's kubeVersion, README "Install"): the

@@ -71,6 +71,10 @@ pub mod reason {
     /// Warning, on a ready `HostPathSnapshot`: its volume-mode annotation was changed and is
     /// put back as `status.volumeMode` says (a restore never goes by the annotation).
     pub const SNAPSHOT_MODE_ANNOTATION_RESTORED: &str = "SnapshotModeAnnotationRestored";
+    /// Warning, on a ready `HostPathSnapshot` of an earlier release: its mode cannot be written
+    /// to `status.volumeMode` because the CRD served is an earlier release's; it is not
+    /// restored until this release's CRD is applied (retried with backoff).
+    pub const SNAPSHOT_CRD_OUTDATED: &str = "SnapshotCrdOutdated";
     /// Warning, on a released Block PV: its loop device is still open (a pod, a mount); the
     /// kernel detaches it at its last close, and the backing file is trashed after that.
     pub const BLOCK_DEVICE_IN_USE: &str = "BlockDeviceInUse";

@@ -418,6 +418,14 @@ pub fn restore_verdict(
         let why = snapshot.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_else(|| "not taken yet".into());
         return RestoreVerdict::Wait(format!("{KIND} {name:?} is not ready: {why}"));
     };
+    // A copy taken by a release before `status.volumeMode`: its node writes the mode from the
+    // copy's record, once it runs this release and the CRD has the field. Until then nothing
+    // says which mode it is, and a guess could hand a device image to a Filesystem claim.
+    if snapshot.status.as_ref().is_some_and(|s| s.volume_mode.is_none()) {
+        return RestoreVerdict::Wait(format!(
+            "{KIND} {name:?} has no status.volumeMode yet: it was taken by an earlier release, and its node {node:?} writes the mode from its copy once it runs this release with this release's CustomResourceDefinition (docs/upgrading.md)"
+        ));
+    }
     if snapshot_is_block(snapshot) != block {
         let mode = |block: bool| if block { "Block" } else { "Filesystem" };
         let taken = mode(snapshot_is_block(snapshot));

@@ -54,6 +54,12 @@ pub enum SnapshotError {
     /// the volume's (or its loops could not be flushed).
     #[error("the source Block volume is not copied: {0}")]
     BlockSource(#[from] crate::error::VolumeError),
+    /// The served HostPathSnapshot CRD is an earlier release's: it has no `status.volumeMode`,
+    /// which the API server then drops from every write.
+    #[error(
+        "the HostPathSnapshot CustomResourceDefinition has no status.volumeMode (an earlier release's): apply this release's CRD (docs/upgrading.md); until then this snapshot is not restored"
+    )]
+    CrdOutdated,
 }
 
 /// Whether the API server serves `HostPathSnapshot`s: asked once at start (discovery, which
@@ -437,8 +443,11 @@ fn error_policy(snap: Arc<HostPathSnapshot>, error: &SnapshotError, ctx: Arc<Con
     tracing::warn!(snapshot = %key, %error, retry_in = ?delay, "snapshot failed");
     let regarding = snap.object_ref(&());
     let deleting = snap.metadata.deletion_timestamp.is_some();
-    let note = format!("{}: {error}", if deleting { "cannot remove the copy" } else { "cannot take the copy" });
-    let reason = if deleting { reason::SNAPSHOT_DELETE_WAITING } else { reason::SNAPSHOT_FAILED };
+    let (reason, note) = match error {
+        SnapshotError::CrdOutdated => (reason::SNAPSHOT_CRD_OUTDATED, error.to_string()),
+        _ if deleting => (reason::SNAPSHOT_DELETE_WAITING, format!("cannot remove the copy: {error}")),
+        _ => (reason::SNAPSHOT_FAILED, format!("cannot take the copy: {error}")),
+    };
     tokio::spawn(async move { ctx.warn(&regarding, reason, "Snapshot", note).await });
     Action::requeue(delay)
 }

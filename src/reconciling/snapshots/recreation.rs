@@ -175,6 +175,11 @@ pub(super) async fn keep_status_mode(ctx: &Context, snap: &HostPathSnapshot) -> 
     let mode = crate::deciding::snapshot::volume_mode_name(block);
     let status = serde_json::json!({ "status": { "volumeMode": mode } });
     match api_of(ctx, snap).patch_status(&snap.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await {
+        // The API server drops a field its CRD does not have, and answers as if all went well:
+        // an earlier release's CRD, not applied again before this release's pods started.
+        Ok(written) if written.status.as_ref().is_none_or(|s| s.volume_mode.is_none()) => {
+            return Err(SnapshotError::CrdOutdated);
+        }
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
         Err(error) => return Err(error.into()),

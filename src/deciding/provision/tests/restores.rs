@@ -37,6 +37,7 @@ fn snapshot_on(node: &str, method: &str) -> HostPathSnapshot {
             node: Some(node.into()),
             restore_size: Some("1Gi".into()),
             method: Some(method.into()),
+            volume_mode: Some(crate::deciding::snapshot::FILESYSTEM_MODE.into()),
             ..Default::default()
         }),
     }
