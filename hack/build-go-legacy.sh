@@ -14,6 +14,11 @@ set -euo pipefail
 PINNED_SHA256="e1d29651a215d38a078f5722aed55265de49888fe045bf772df5ca928a2e9c84"
 CACHE_ROOT="${HPP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hostpath-provisioner}"
 OUT="$CACHE_ROOT/go-legacy/$PINNED_SHA256"
+# One run at a time: `make test` and hack/build-lane-tools.sh (beside it under .ci/run) may ask at
+# once, and the build directory below is one for both.
+mkdir -p "$CACHE_ROOT"
+exec 8>"$CACHE_ROOT/.go-legacy.lock"
+flock 8
 
 log() { printf '[go-legacy] %s\n' "$*" >&2; }
 die() { printf '[go-legacy] error: %s\n' "$*" >&2; exit 1; }

@@ -68,6 +68,11 @@ OUT="$CACHE_ROOT/kubevirt-csi/$KEY"
 STANDIN_SRC="$HACK/../tests/kubevirt-sidecars"
 STANDIN_KEY="$(cat "$STANDIN_SRC/go.mod" "$STANDIN_SRC/go.sum" "$STANDIN_SRC/main.go" | sha256sum | cut -c1-16)"
 STANDIN="$OUT/sidecar-standins/$STANDIN_KEY/kubevirt-sidecars"
+# One run at a time: `make test` and hack/build-lane-tools.sh (beside it under .ci/run) may ask at
+# once, and the build directory below is one for both.
+mkdir -p "$CACHE_ROOT"
+exec 6>"$CACHE_ROOT/.kubevirt-csi.lock"
+flock 6
 
 log() { printf '[kubevirt-csi] %s\n' "$*" >&2; }
 die() { printf '[kubevirt-csi] error: %s\n' "$*" >&2; exit 1; }

@@ -16,6 +16,11 @@ set -euo pipefail
 PINNED_SHA256="9dd64c5efaa860f4d6e78471962c0efeae699d41a5698f713411686c21dbe02b"
 CACHE_ROOT="${HPP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hostpath-provisioner}"
 OUT="$CACHE_ROOT/kubevirt-operator/$PINNED_SHA256"
+# One run at a time: `make test` and hack/build-lane-tools.sh (beside it under .ci/run) may ask at
+# once, and the build directory below is one for both.
+mkdir -p "$CACHE_ROOT"
+exec 7>"$CACHE_ROOT/.kubevirt-operator.lock"
+flock 7
 
 log() { printf '[kubevirt-operator] %s\n' "$*" >&2; }
 die() { printf '[kubevirt-operator] error: %s\n' "$*" >&2; exit 1; }
