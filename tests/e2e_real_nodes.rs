@@ -92,6 +92,8 @@ mod upgrade_helm;
 use upgrade_helm::an_earlier_helm_release_upgraded_under_a_burst_of_claims_and_rolled_back_loses_nothing_two_nodes;
 #[path = "real_nodes/upgrade_checks.rs"]
 mod upgrade_checks;
+#[path = "real_nodes/upgrade_claim_pool.rs"]
+mod upgrade_claim_pool;
 #[path = "real_nodes/upgrade_helm_operator.rs"]
 mod upgrade_helm_operator;
 use upgrade_helm_operator::an_earlier_helm_release_in_operator_mode_upgraded_under_a_burst_and_rolled_back_loses_nothing_two_nodes;

@@ -114,7 +114,7 @@ impl LoopDisk {
     }
 }
 
-fn run(command: &mut std::process::Command) -> Result<String> {
+pub(super) fn run(command: &mut std::process::Command) -> Result<String> {
     let output = command.output().with_context(|| format!("running {command:?}"))?;
     ensure!(output.status.success(), "{command:?} failed: {}", String::from_utf8_lossy(&output.stderr).trim());
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())

@@ -7,7 +7,8 @@
 //! runs another release for a while. The same checks as the Helm path
 //! (`upgrade_helm.rs`, whose helpers this uses): every claim bound to one PV made once, nothing
 //! orphaned, pods keep their data, old volumes served, expanded and reclaimed by the new
-//! release, the new release's volumes served and deleted by the earlier one.
+//! release, the new release's volumes served and deleted by the earlier one. A pool on a claim
+//! per node goes through both applies too (`upgrade_claim_pool.rs`).
 //!
 //! Run by `make test-upgrade` ([`EARLIER_ENV`]).
 
@@ -18,6 +19,7 @@ use testbed::documented_commands::documented_commands;
 
 use super::operator_helm::Shell;
 use super::upgrade_checks::Volumes;
+use super::upgrade_claim_pool::{self, ClaimPool};
 use super::upgrade_helm::*;
 use super::*;
 
@@ -93,26 +95,34 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
     let apply = documented("kubectl apply --server-side --force-conflicts -k deploy/operator")?;
     let get = documented("kubectl get hostpathprovisioners")?;
 
-    // The earlier operator, from its own files, and a resource with one pool on both nodes.
+    // The earlier operator, from its own files, and a resource on both nodes with two pools: a
+    // directory, and one on a claim per node (upgrade_claim_pool.rs).
     let work = ctx.lane.dir().join("upgrade-operator");
     take_the_operator_of(&ctx.repo, &work, Some(EARLIER_COMMIT), &earlier_image())?;
     let shell = Shell::new(ctx)?.within(&work);
     shell.run(&apply).await?;
     operator_runs(ctx, &earlier_image()).await?;
+    let mut claim_pool = ClaimPool::create(ctx, &work).await?;
     let resource = serde_json::json!({
         "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1", "kind": "HostPathProvisioner",
         "metadata": {"name": RESOURCE},
         "spec": {
             "imagePullPolicy": "IfNotPresent",
-            "storagePools": [{"name": "local", "path": ctx.lane.pool_root()}],
+            "storagePools": [{"name": "local", "path": ctx.lane.pool_root()}, claim_pool.resource_entry()],
             "workload": {"nodeSelector": {NODE_LABEL: "yes"}},
         },
     });
     resources(ctx).create(&PostParams::default(), &serde_json::from_value(resource)?).await?;
     release_runs(ctx, NAMESPACE, &earlier_image()).await?;
+    claim_pool.served_by(ctx, &earlier_image()).await?;
     for (name, immediate) in [(NODE_CLASS, false), (PINNED_CLASS, true)] {
         Api::<StorageClass>::all(ctx.lane.client()).create(&PostParams::default(), &class(name, immediate)).await?;
     }
+    let on_claim = fixtures::storage_class(upgrade_claim_pool::CLASS, PROVISIONER)
+        .parameter("storagePool", upgrade_claim_pool::POOL)
+        .immediate()
+        .build();
+    Api::<StorageClass>::all(ctx.lane.client()).create(&PostParams::default(), &on_claim).await?;
     println!(
         "    earlier operator and its node pods running on both nodes at {:.1} s",
         started.elapsed().as_secs_f64()
@@ -126,6 +136,17 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
     keep_writing(ctx, &ns, "keeper-1", "old-1", &node1, "old-1").await?;
     keep_writing(ctx, &ns, "keeper-2", "old-2", &node2, "old-2").await?;
     each_claim_once_and_nothing_orphaned(ctx, PROVISIONER, &ns, &baseline).await?;
+    // A volume in the pool on a claim of node 2, with a pod writing into it.
+    let claimed_ns = ctx.namespace("upgrade-op-claimed").await?;
+    let claimed: Api<PersistentVolumeClaim> = Api::namespaced(ctx.lane.client(), &claimed_ns);
+    claimed
+        .create(&PostParams::default(), &claim(&claimed_ns, "on-claim", upgrade_claim_pool::CLASS, Some(&node2), false))
+        .await?;
+    keep_writing(ctx, &claimed_ns, "keeper-claimed", "on-claim", &node2, "on-claim").await?;
+    ensure!(
+        claim_pool.note(ctx, &claimed_ns, "on-claim", &node2).await? == "on-claim\n",
+        "the volume on node 2's claim disk written"
+    );
 
     // The upgrade: the new release's deploy/operator applied as the page writes it.
     take_the_operator_of(&ctx.repo, &work, None, &new_image())?;
@@ -142,6 +163,27 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
     under_a_burst(ctx, NAMESPACE, &ns, None, PINNED_CLASS, steps).await?;
     let volumes = Volumes { ctx, provisioner: PROVISIONER, ns: &ns, baseline: &baseline, node1: &node1, node2: &node2 };
     volumes.kept_through_the_upgrade(&[]).await?;
+    // The pool on a claim: the same claims, the new mounters on the same mounts, the pod on its
+    // data, and a new volume on node 1's claim disk.
+    claim_pool.served_by(ctx, &new_image()).await?;
+    still_running(ctx, &claimed_ns, "keeper-claimed").await?;
+    ensure!(
+        claim_pool.note(ctx, &claimed_ns, "on-claim", &node2).await? == "on-claim\n",
+        "the volume on node 2's claim disk kept its data"
+    );
+    claimed
+        .create(
+            &PostParams::default(),
+            &claim(&claimed_ns, "new-on-claim", upgrade_claim_pool::CLASS, Some(&node1), false),
+        )
+        .await?;
+    wait_bound(ctx, &claimed_ns, "new-on-claim").await?;
+    run_on(ctx, &claimed_ns, "new-on-claim-writer", "new-on-claim", &node1, "echo new-on-claim > /data/note").await?;
+    let new_dir = claim_pool.volume_dir(ctx, &claimed_ns, "new-on-claim", &node1).await?;
+    ensure!(
+        std::fs::read_to_string(new_dir.join("note"))? == "new-on-claim\n",
+        "the new volume on node 1's claim disk"
+    );
 
     // A volume of this release on each node, then back: the earlier deploy/operator applied the
     // same way ("Rolling back the operator").
@@ -153,6 +195,18 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
     release_runs(ctx, NAMESPACE, &earlier_image()).await?;
     println!("    rolled back in {:.1} s", rolling_back.elapsed().as_secs_f64());
     volumes.served_after_the_rollback_and_reclaimed().await?;
+    // The pool on a claim under the earlier release again: its mounters, the same mounts, the
+    // pod on its data, the new release's volume read; then both volumes reclaimed by it.
+    claim_pool.served_by(ctx, &earlier_image()).await?;
+    still_running(ctx, &claimed_ns, "keeper-claimed").await?;
+    ensure!(
+        claim_pool.note(ctx, &claimed_ns, "on-claim", &node2).await? == "on-claim\n",
+        "the volume on node 2's claim disk kept its data"
+    );
+    let read = run_on(ctx, &claimed_ns, "new-on-claim-reader", "new-on-claim", &node1, "cat /data/note").await?;
+    ensure!(read.trim() == "new-on-claim", "the new release's volume on a claim served after the rollback: {read:?}");
+    reclaim(ctx, &claimed_ns, &["keeper-claimed"], &["on-claim".to_owned(), "new-on-claim".to_owned()]).await?;
+    println!("    the pool on a claim kept its claims, mounts and data through both applies");
 
     // The resource deleted (the operator removes its node DaemonSet), the operator scaled away,
     // deploy/legacy back.
@@ -161,6 +215,7 @@ pub(super) async fn an_earlier_operator_upgraded_by_applying_the_new_release_und
         anyhow::Ok(resources(ctx).get_opt(RESOURCE).await?.is_none().then_some(()))
     })
     .await?;
+    claim_pool.remove(ctx).await?;
     ctx.lane.cp().run_kubectl(&ctx.repo, &["-n", NAMESPACE, "delete", "deployment", OPERATOR, "--wait"])?;
     for name in [NODE_CLASS, PINNED_CLASS] {
         Api::<StorageClass>::all(ctx.lane.client()).delete(name, &DeleteParams::default()).await?;
